@@ -1,0 +1,59 @@
+"""`pileprep inspect`: a human summary of a manifest, and a few examples decoded back to text."""
+from __future__ import annotations
+
+import os
+
+from model_contract import decode_example, iter_records, load_manifest, resolve_shard_path
+from model_contract.manifest import MANIFEST_NAME
+
+
+def summary_table(manifest: dict) -> str:
+    c = manifest["contract"]
+    rec = manifest["records"]
+    lines = [
+        f"pileprep {manifest.get('pileprep_version', '?')}  generation {manifest.get('generation', '?')}  "
+        f"contract {c['version']}  seq_len {c['seq_len']}  vocab {c['tokenizer']['vocab_size']}  "
+        f"tokenizer sha256 {c['tokenizer']['model_sha256'][:12]}",
+        f"{'split':<6} {'shards':>6} {'examples':>10} {'documents':>10} {'tokens':>14} {'padding':>9}",
+    ]
+    for split, s in manifest["splits"].items():
+        pad = s["padding_tokens"] / max(1, s["examples"] * c["seq_len"])
+        lines.append(f"{split:<6} {s['shards']:>6} {s['examples']:>10} {s['documents']:>10} {s['tokens']:>14} "
+                     f"{pad:>8.3%}")
+    lines.append(f"{'source':<24} " + " ".join(f"{s + ' docs':>12} {s + ' tokens':>14}" for s in manifest["splits"]))
+    for source, per in manifest["sources"].items():
+        cells = " ".join(f"{per.get(s, {}).get('documents', 0):>12} {per.get(s, {}).get('tokens', 0):>14}"
+                         for s in manifest["splits"])
+        lines.append(f"{source[:24]:<24} {cells}")
+    lines.append(f"records: read {rec['read']} = written {rec['written']} + filtered "
+                 f"{sum(rec['filtered'].values())} {rec['filtered'] or ''} + dead-lettered "
+                 f"{sum(rec['dead_lettered'].values())} {rec['dead_lettered'] or ''}")
+    lines.append(f"padding fraction {manifest['padding_fraction']:.4%}; dead-letter files: "
+                 f"{len(manifest['dead_letters'])}")
+    return "\n".join(lines)
+
+
+def inspect(dataset: str, examples: int = 2, tokenizer_path: str | None = None) -> str:
+    manifest = load_manifest(dataset)
+    manifest_file = dataset if dataset.endswith(".json") else os.path.join(dataset, MANIFEST_NAME)
+    out = [summary_table(manifest.to_dict())]
+    if examples <= 0 or not manifest.shards:
+        return "\n".join(out)
+    sp = None
+    path = tokenizer_path or manifest.config.get("tokenizer")
+    if path and os.path.exists(path):
+        import sentencepiece as spm  # noqa: PLC0415
+
+        sp = spm.SentencePieceProcessor(model_file=path)
+    shard = manifest.shards[0]
+    for i, record in enumerate(iter_records(open(resolve_shard_path(manifest_file, shard), "rb"))):
+        if i >= examples:
+            break
+        ex = decode_example(record)
+        seg = ex["segment_ids"]
+        out.append(f"--- {shard.path} example {i}: {int((seg > 0).sum())} tokens in {int(seg.max())} pieces, "
+                   f"docs {[hex(d) for d in ex['piece_doc_ids'][:4]]}")
+        first = ex["input_ids"][seg == 1].tolist()
+        text = sp.decode(first) if sp else str(first[:64])
+        out.append(text[:400] + ("…" if len(text) > 400 else ""))
+    return "\n".join(out)

@@ -1,0 +1,114 @@
+"""Assembling the manifest from the stages' small results: pure functions, no I/O.
+
+This is also where "nothing is lost" is enforced: for every input file, records read must equal documents
+written + filtered + dead-lettered. If they do not, the run fails instead of committing a manifest that lies.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import posixpath
+
+from model_contract import DataContract, Manifest, ShardInfo
+from pipeline.config import BYTES_PER_TOKEN_ESTIMATE, PILEPREP_VERSION, ShardConfig
+from transforms.documents import SPLITS
+from transforms.stages import ShardTask, _new_file_stats, merge_file_stats
+
+
+class ReconciliationError(RuntimeError):
+    """Counts do not add up: a record went missing somewhere. Never committed."""
+
+
+def plan_shard_tasks(units: list, config: ShardConfig) -> list:
+    """How many shards each split gets, from the token counts the tokenize stage reported."""
+    totals = [sum(u.split_tokens[s] for u in units) for s in range(len(SPLITS))]
+    if config.num_shards:
+        tokens_per_shard = max(1, math.ceil(totals[0] / config.num_shards)) if totals[0] else None
+    else:
+        tokens_per_shard = max(1, int(config.target_shard_mb * (1 << 20) / BYTES_PER_TOKEN_ESTIMATE))
+    tasks = []
+    for split, tokens in enumerate(totals):
+        if tokens == 0:
+            continue
+        if split == 0 and config.num_shards:
+            n = config.num_shards
+        elif tokens_per_shard is None:
+            n = 1
+        else:
+            n = max(1, math.ceil(tokens / tokens_per_shard))
+        tasks.extend(ShardTask(split, i, n) for i in range(n))
+    return tasks
+
+
+def _relative(path: str, base: str) -> str:
+    if "://" in base:
+        return path[len(base.rstrip("/")) + 1:]
+    return posixpath.relpath(path.replace("\\", "/"), base.replace("\\", "/"))
+
+
+def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, generation: str, output_dir: str,
+                   split_results: list, unit_results: list, shard_results: list) -> Manifest:
+    files = {path: _new_file_stats() for path, _size in ledger}
+    for r in split_results:
+        merge_file_stats(files[r.input_path], r.stats)
+    for u in unit_results:
+        merge_file_stats(files[u.input_path], u.stats)
+    shard_results = sorted(shard_results, key=lambda s: (s.task.split, s.task.shard))
+    sources: dict = collections.defaultdict(dict)
+    splits = {}
+    for s in shard_results:
+        for path, n in s.written_per_file.items():
+            files[path]["written"] += n
+        for path, n in s.duplicates_per_file.items():
+            files[path]["filtered"]["duplicate"] = files[path]["filtered"].get("duplicate", 0) + n
+        name = SPLITS[s.task.split]
+        agg = splits.setdefault(name, {"documents": 0, "tokens": 0, "padding_tokens": 0, "examples": 0,
+                                       "shards": 0})
+        agg["documents"] += s.documents
+        agg["tokens"] += s.tokens
+        agg["padding_tokens"] += s.padding_tokens
+        agg["examples"] += s.examples
+        agg["shards"] += 1
+        for source, counts in s.sources.items():
+            per = sources[source].setdefault(name, {"documents": 0, "tokens": 0})
+            per["documents"] += counts["documents"]
+            per["tokens"] += counts["tokens"]
+
+    problems = []
+    totals = {"read": 0, "written": 0, "filtered": {}, "dead_lettered": {}}
+    inputs = []
+    for path, size in ledger:
+        st = files[path]
+        settled = st["written"] + sum(st["filtered"].values()) + sum(st["dead_lettered"].values())
+        if settled != st["read"]:
+            problems.append(f"{path}: read {st['read']} but written+filtered+dead-lettered = {settled}")
+        merge_file_stats(totals, st)
+        inputs.append({"path": path, "bytes": size, "read": st["read"], "written": st["written"],
+                       "filtered": dict(sorted(st["filtered"].items())),
+                       "dead_lettered": dict(sorted(st["dead_lettered"].items()))})
+    if problems:
+        raise ReconciliationError("record counts do not reconcile:\n  " + "\n  ".join(problems))
+    totals["filtered"] = dict(sorted(totals["filtered"].items()))
+    totals["dead_lettered"] = dict(sorted(totals["dead_lettered"].items()))
+
+    examples = sum(s.examples for s in shard_results)
+    padding = sum(s.padding_tokens for s in shard_results)
+    dead_letters = sorted(_relative(p, output_dir) for p in
+                          [r.dead_letter_path for r in split_results] + [u.dead_letter_path for u in unit_results]
+                          if p)
+    shards = [ShardInfo(path=_relative(s.path, output_dir), split=SPLITS[s.task.split], examples=s.examples,
+                        tokens=s.tokens, padding_tokens=s.padding_tokens, documents=s.documents, bytes=s.bytes,
+                        sha256=s.sha256) for s in shard_results]
+    return Manifest(
+        contract=contract,
+        shards=shards,
+        splits=splits,
+        sources={k: dict(sorted(v.items())) for k, v in sorted(sources.items())},
+        padding_fraction=round(padding / (examples * config.seq_len), 8) if examples else 0.0,
+        records=totals,
+        inputs=inputs,
+        dead_letters=dead_letters,
+        config=config.to_manifest_dict(),
+        pileprep_version=PILEPREP_VERSION,
+        extra={"generation": generation},
+    )
