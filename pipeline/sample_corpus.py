@@ -1,0 +1,191 @@
+"""A Pile-format sample corpus built at run time from text every Python installation already has.
+
+`make shard` and the tests need real text (so tokenizer training, packing and throughput figures mean
+something) without downloading anything or committing third-party text to the repository. Two sources:
+
+- "StdlibCode": the standard library's `*.py` files, its test suite included (`site-packages` excluded);
+- "PackageDocs": READMEs, licences and `METADATA` of the installed distributions (`*.txt`, `*.rst`, `*.md`,
+  `LICENSE*`, `*.dist-info/METADATA`) under site-packages, plus the stdlib's own text files;
+- "PackageCode", only on installations too small to reach the target otherwise (e.g. a distro Python without
+  its test suite): the `*.py` files of the installed packages fill the remainder.
+
+Layout (the Pile's): `train/00.jsonl.zst … 07.jsonl.zst`, `val.jsonl.zst`, `test.jsonl.zst`, one JSON line per
+document: `{"text": ..., "meta": {"pile_set_name": source, "path": path relative to its root}}`.
+
+Determinism: candidate files are listed, sorted by path, then visited in the order of a keyed hash of their
+relative path (a spread over the whole tree rather than the alphabetically first packages, and independent of
+the filesystem's listing order). Nothing depends on time or unseeded randomness, so two runs on one
+installation write identical bytes. Files are written under a temporary name and renamed, so a crash never
+leaves a half-written `.zst`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sysconfig
+from dataclasses import dataclass
+
+import zstandard
+
+STDLIB_CODE = "StdlibCode"
+PACKAGE_DOCS = "PackageDocs"
+PACKAGE_CODE = "PackageCode"  # filler, only when the two main sources fall short of the target
+NUM_TRAIN_FILES = 8
+# Every HOLDOUT_PERIOD-th document of a source goes to val (index 1) and test (index 2): ~1.6% each, and
+# never empty once a source has 3 documents.
+HOLDOUT_PERIOD = 64
+DOCS_SHARE = 0.25  # at most this share of the target comes from PackageDocs (only a few MB exist anyway)
+MAX_FILE_BYTES = 1 << 20  # skip giant generated files (data tables, bundled notices)
+ZSTD_LEVEL = 3
+_SKIP_DIRS = {"__pycache__", "site-packages", "dist-packages"}
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    root: str
+    rel: str  # relative to root, "/"-separated
+
+
+def _is_doc_name(name: str) -> bool:
+    return name.endswith((".txt", ".rst", ".md")) or name.startswith("LICENSE")
+
+
+def _walk(root: str, want, skip_dirs=_SKIP_DIRS) -> list[_Candidate]:
+    found = []
+    if not root or not os.path.isdir(root):
+        return found
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d not in skip_dirs)
+        rel_dir = os.path.relpath(dirpath, root)
+        for name in sorted(filenames):
+            rel = name if rel_dir == "." else os.path.join(rel_dir, name)
+            if want(rel, name):
+                found.append(_Candidate(root, rel.replace(os.sep, "/")))
+    return found
+
+
+def _spread_order(cands: list[_Candidate]) -> list[_Candidate]:
+    """Sorted by path, then by a keyed hash of the path: a deterministic spread over the whole tree."""
+    def key(c: _Candidate):
+        return hashlib.blake2b(c.rel.encode("utf-8"), digest_size=8, person=b"pileprep-samp").digest(), c.rel
+    return sorted(sorted(cands, key=lambda c: (c.rel, c.root)), key=key)
+
+
+def _site_roots() -> list[str]:
+    paths = sysconfig.get_paths()
+    return sorted({os.path.realpath(paths[k]) for k in ("purelib", "platlib") if paths.get(k)})
+
+
+def _stdlib_root() -> str:
+    return os.path.realpath(sysconfig.get_paths()["stdlib"])
+
+
+def stdlib_code_candidates() -> list[_Candidate]:
+    return _walk(_stdlib_root(), lambda rel, name: name.endswith(".py"))
+
+
+def package_doc_candidates() -> list[_Candidate]:
+    cands = []
+    for root in _site_roots():
+        cands += _walk(root, lambda rel, name: _is_doc_name(name) or (
+            name == "METADATA" and rel.split(os.sep)[0].endswith(".dist-info")), skip_dirs={"__pycache__"})
+    cands += _walk(_stdlib_root(), lambda rel, name: _is_doc_name(name))
+    return cands
+
+
+def package_code_candidates() -> list[_Candidate]:
+    cands = []
+    for root in _site_roots():
+        cands += _walk(root, lambda rel, name: name.endswith(".py"), skip_dirs={"__pycache__"})
+    return cands
+
+
+def _read_text(c: _Candidate) -> str | None:
+    """The file's text, or None when it is too big, not UTF-8, or blank."""
+    path = os.path.join(c.root, c.rel)
+    try:
+        if os.path.getsize(path) > MAX_FILE_BYTES:
+            return None
+        with open(path, "rb") as f:
+            text = f.read().decode("utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text if text.strip() else None
+
+
+def _collect(source: str, cands: list[_Candidate], budget: int) -> list[bytes]:
+    """JSON lines (with "\\n") of one source, in spread order, until `budget` bytes are reached."""
+    lines, total, seen = [], 0, set()
+    for c in _spread_order(cands):
+        if total >= budget:
+            break
+        if c.rel in seen:  # the same relative path under two roots: keep the first
+            continue
+        text = _read_text(c)
+        if text is None:
+            continue
+        seen.add(c.rel)
+        line = (json.dumps({"text": text, "meta": {"pile_set_name": source, "path": c.rel}},
+                           ensure_ascii=False) + "\n").encode("utf-8")
+        lines.append(line)
+        total += len(line)
+    return lines
+
+
+def _write_zst(path: str, data: bytes) -> int:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    blob = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return len(blob)
+
+
+def write_sample_corpus(output_dir: str, *, target_mb: float = 24.0) -> dict:
+    """Write the sample corpus under `output_dir` (a local path); return a summary of what was written."""
+    if target_mb <= 0:
+        raise ValueError(f"target_mb must be positive, got {target_mb}")
+    target = int(target_mb * 1e6)
+    by_source = {PACKAGE_DOCS: _collect(PACKAGE_DOCS, package_doc_candidates(), int(target * DOCS_SHARE))}
+    docs_bytes = sum(map(len, by_source[PACKAGE_DOCS]))
+    by_source[STDLIB_CODE] = _collect(STDLIB_CODE, stdlib_code_candidates(), target - docs_bytes)
+    short = target - docs_bytes - sum(map(len, by_source[STDLIB_CODE]))
+    if short > 0:
+        by_source[PACKAGE_CODE] = _collect(PACKAGE_CODE, package_code_candidates(), short)
+
+    train = [[] for _ in range(NUM_TRAIN_FILES)]
+    holdout = {"val": [], "test": []}
+    for source in sorted(by_source):
+        n_train = 0
+        for i, line in enumerate(by_source[source]):
+            slot = i % HOLDOUT_PERIOD
+            if slot == 1:
+                holdout["val"].append(line)
+            elif slot == 2:
+                holdout["test"].append(line)
+            else:  # per-source round-robin: every train file mixes both sources
+                train[n_train % NUM_TRAIN_FILES].append(line)
+                n_train += 1
+
+    outputs = {f"train/{i:02d}.jsonl.zst": lines for i, lines in enumerate(train)}
+    outputs.update({f"{name}.jsonl.zst": lines for name, lines in holdout.items()})
+    files, compressed, uncompressed = [], 0, 0
+    for rel, lines in outputs.items():
+        data = b"".join(lines)
+        compressed += _write_zst(os.path.join(output_dir, rel), data)
+        uncompressed += len(data)
+        files.append(rel)
+    return {
+        "output_dir": output_dir,
+        "files": files,
+        "documents": {s: len(v) for s, v in sorted(by_source.items())},
+        "uncompressed_bytes_by_source": {s: sum(map(len, v)) for s, v in sorted(by_source.items())},
+        "documents_by_split": {"train": sum(map(len, train)), "val": len(holdout["val"]),
+                               "test": len(holdout["test"])},
+        "uncompressed_bytes": uncompressed,
+        "compressed_bytes": compressed,
+    }

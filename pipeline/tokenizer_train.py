@@ -1,0 +1,201 @@
+"""Training a SentencePiece model on a Pile-format corpus, deterministically and within a size bound.
+
+Documents are read with the pipeline's own reader (`iter_raw_records` + `parse_record`), so the tokenizer sees
+exactly the text the shards will hold; damaged files and bad records are counted, not fatal. Each document is
+cut into pieces of whole lines (at most `max_sentence_chars`, longer lines cut), and a seeded hash of
+(file, line, piece index) keeps at most `max_sentences` pieces: the same input gives the same sample, whatever
+the file listing order. Pieces keep their newlines and indentation, so the model learns "\\n" and
+whitespace-run pieces that code is full of.
+
+The model round-trips text exactly: identity normalisation, no dummy prefix, no whitespace collapsing, and
+byte fallback for anything outside the vocabulary (no <unk> for an emoji or a rare CJK character).
+
+Special ids (fixed, the contract reads them from the model): pad=0, unk=1, bos=2, eos=3.
+"""
+from __future__ import annotations
+
+import hashlib
+import heapq
+import io
+import os
+import struct
+import time
+from dataclasses import dataclass, field
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+MIN_VOCAB_SIZE = 4 + 256 + 1  # specials + the 256 byte pieces + at least one learned piece
+
+
+@dataclass
+class _ReadStats:
+    files: int = 0
+    documents: int = 0
+    rejected: dict = field(default_factory=dict)  # reason -> count (file damage and record rejections)
+
+
+def _list_inputs(input_globs: list[str]) -> list[str]:
+    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415 - heavy import, only when training
+
+    if not input_globs:
+        raise ValueError("no --input given: pass one or more file globs of jsonl / jsonl.zst / jsonl.gz files")
+    paths = set()
+    for pattern in input_globs:
+        try:
+            found = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+        except Exception as e:  # noqa: BLE001 - Beam raises BeamIOError / OSError depending on the filesystem
+            raise ValueError(f"cannot list input glob {pattern!r}: {e}") from None
+        if not found:
+            raise ValueError(f"input glob {pattern!r} matched no files")
+        paths.update(found)
+    return sorted(paths)
+
+
+def _pieces(text: str, max_chars: int):
+    """Cut a document into runs of whole lines ("\\n" kept) of at most max_chars; over-long lines are cut."""
+    buf, size = [], 0
+    for line in text.split("\n"):
+        line += "\n"
+        while len(line) > max_chars:
+            if buf:
+                yield "".join(buf)
+                buf, size = [], 0
+            yield line[:max_chars]
+            line = line[max_chars:]
+        if size + len(line) > max_chars and buf:
+            yield "".join(buf)
+            buf, size = [], 0
+        buf.append(line)
+        size += len(line)
+    if buf:
+        last = "".join(buf)[:-1]  # the final "\n" was added by the split, not in the text
+        if last.strip():
+            yield last
+
+
+def _rank(seed: int, path: str, line: int, index: int) -> int:
+    h = hashlib.blake2b(digest_size=8, person=b"pileprep-tok")
+    h.update(struct.pack("<qqq", seed, line, index))
+    h.update(path.encode("utf-8"))
+    return struct.unpack("<Q", h.digest())[0]
+
+
+def _sample_sentences(paths: list[str], max_sentences: int, max_chars: int, seed: int,
+                      stats: _ReadStats) -> list[str]:
+    """The max_sentences pieces with the smallest seeded rank, in input order (a bottom-k sample)."""
+    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+
+    from transforms.documents import Document, parse_record  # noqa: PLC0415
+    from transforms.read_records import FileDamage, compression_of, iter_raw_records  # noqa: PLC0415
+
+    heap: list[tuple[int, int, str]] = []  # (-rank, order, piece): the max_sentences smallest ranks
+    order = 0
+    for path in paths:
+        stats.files += 1
+        with FileSystems.open(path, compression_type="uncompressed") as stream:
+            for item in iter_raw_records(stream, compression_of(path)):
+                if isinstance(item, FileDamage):
+                    stats.rejected[item.reason] = stats.rejected.get(item.reason, 0) + 1
+                    continue
+                result = parse_record(item.data)
+                if not isinstance(result, Document):
+                    stats.rejected[result.reason] = stats.rejected.get(result.reason, 0) + 1
+                    continue
+                stats.documents += 1
+                for i, piece in enumerate(_pieces(result.text, max_chars)):
+                    entry = (-_rank(seed, path, item.line, i), order, piece)
+                    order += 1
+                    if len(heap) < max_sentences:
+                        heapq.heappush(heap, entry)
+                    elif entry > heap[0]:  # smaller rank than the largest kept
+                        heapq.heapreplace(heap, entry)
+    return [piece for _, _, piece in sorted(heap, key=lambda e: e[1])]
+
+
+def train_tokenizer(input_globs: list[str], output_path: str, vocab_size: int, *,
+                    max_sentences: int = 200_000, max_sentence_chars: int = 4096,
+                    model_type: str = "bpe", seed: int = 0) -> dict:
+    """Train a byte-fallback SentencePiece model on the documents of `input_globs`; write it to output_path."""
+    import sentencepiece as spm  # noqa: PLC0415
+
+    if isinstance(input_globs, str):
+        input_globs = [input_globs]
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"--vocab-size {vocab_size} is too small: byte fallback needs 4 special + 256 byte "
+                         f"pieces, so use at least {MIN_VOCAB_SIZE}")
+    if model_type not in ("bpe", "unigram"):
+        raise ValueError(f"model_type must be 'bpe' or 'unigram', got {model_type!r}")
+    if max_sentences < 1 or max_sentence_chars < 16:
+        raise ValueError("max_sentences must be >= 1 and max_sentence_chars >= 16")
+
+    start = time.perf_counter()
+    paths = _list_inputs(list(input_globs))
+    stats = _ReadStats()
+    sentences = _sample_sentences(paths, max_sentences, max_sentence_chars, seed, stats)
+    if not sentences:
+        raise ValueError(f"the inputs {list(input_globs)} ({len(paths)} files) hold no usable documents "
+                         f"(rejected: {stats.rejected})")
+    read_s = time.perf_counter() - start
+
+    model = io.BytesIO()
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(sentences), model_writer=model,
+            model_type=model_type, vocab_size=vocab_size,
+            byte_fallback=True, character_coverage=0.9995,
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            normalization_rule_name="identity", add_dummy_prefix=False, remove_extra_whitespaces=False,
+            split_digits=True, allow_whitespace_only_pieces=True, split_by_whitespace=True,
+            max_sentence_length=max_sentence_chars * 4,  # bytes: never silently drop a sampled piece
+            input_sentence_size=0, shuffle_input_sentence=False,  # we sampled already, deterministically
+            # Fixed, not os.cpu_count(): the model bytes depend on the thread count (1 and 2 threads give different,
+            # each repeatable, models), so a fixed count keeps the sha256 the same on every machine.
+            num_threads=1,
+            minloglevel=2,
+        )
+    except RuntimeError as e:
+        msg = str(e)
+        if "smaller than required_chars" in msg:
+            raise ValueError(f"--vocab-size {vocab_size} is too small for the distinct characters of this data "
+                             f"({msg.strip()}); raise --vocab-size") from None
+        if "Vocabulary size" in msg or "vocab_size" in msg:
+            raise ValueError(f"--vocab-size {vocab_size} is too large for this data ({len(sentences)} sentences, "
+                             f"{stats.documents} documents): {msg.strip()}; lower --vocab-size or give more "
+                             f"input") from None
+        raise ValueError(f"SentencePiece training failed: {msg.strip()}") from None
+    blob = model.getvalue()
+
+    parent = os.path.dirname(output_path)
+    if parent and "://" not in output_path:
+        os.makedirs(parent, exist_ok=True)
+    _write_atomically(output_path, blob)
+    return {
+        "output": output_path,
+        "vocab_size": vocab_size,
+        "model_type": model_type,
+        "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
+        "files": stats.files,
+        "documents": stats.documents,
+        "rejected": dict(sorted(stats.rejected.items())),
+        "sentences": len(sentences),
+        "sentence_chars": sum(map(len, sentences)),
+        "model_sha256": hashlib.sha256(blob).hexdigest(),
+        "model_bytes": len(blob),
+        "read_seconds": round(read_s, 3),
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+
+
+def _write_atomically(path: str, blob: bytes) -> None:
+    """Local paths: temp file + rename. Remote (s3://): Beam's FileSystems.create, an atomic upload."""
+    if "://" in path:
+        from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+
+        with FileSystems.create(path) as f:
+            f.write(blob)
+        return
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(blob)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
