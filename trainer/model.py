@@ -1,0 +1,174 @@
+"""A GPT decoder (nanoGPT-shaped) whose attention respects packed-document boundaries.
+
+The model is written as *stages*: `GPTStage(cfg, layers, first, last)` holds the embeddings when `first`, the
+blocks whose indices are in `layers`, and the final LayerNorm + vocabulary head when `last`. The whole model
+is simply the stage that is both first and last, so pipeline stages are the same code, and parameter names
+(`blocks.7.attn.qkv.weight`) are the same in every layout: checkpoints move between pipeline layouts.
+
+Attention mask: position i attends to j iff j <= i and segment_ids[i] == segment_ids[j]. Packed documents
+never see each other; padding (segment 0) only sees padding, so no row is empty (no NaN).
+
+Initialisation is per unit from a generator seeded by (seed, unit): every rank builds bit-identical weights
+for the layers it owns without building the rest of the model.
+"""
+from __future__ import annotations
+
+import math
+from typing import Iterable, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from trainer.config import ModelConfig
+
+IGNORE_INDEX = -100
+
+
+def attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Boolean [B, 1, T, T] mask: causal and same segment."""
+    t = segment_ids.shape[-1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=segment_ids.device).tril()
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return (same & causal)[:, None]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.out = nn.Linear(cfg.d_ff, cfg.d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), mask)
+        return x + self.mlp(self.ln2(x))
+
+
+def _generator(seed: int, unit: str) -> torch.Generator:
+    # A stable per-unit seed (Python's hash() is salted per process, so derive it by hand).
+    h = 1469598103934665603
+    for ch in f"{seed}/{unit}".encode():
+        h = ((h ^ ch) * 1099511628211) & (2**63 - 1)
+    return torch.Generator().manual_seed(h)
+
+
+def init_block_(block: Block, cfg: ModelConfig, seed: int, index: int) -> None:
+    g = _generator(seed, f"block{index}")
+    resid_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)  # GPT-2: scale residual projections
+    with torch.no_grad():
+        for name, p in block.named_parameters():
+            if name.endswith("bias"):
+                p.zero_()
+            elif name.startswith("ln"):
+                p.fill_(1.0)
+            else:
+                std = resid_std if name in ("attn.proj.weight", "mlp.out.weight") else cfg.init_std
+                p.copy_(torch.randn(p.shape, generator=g) * std)
+
+
+class GPTStage(nn.Module):
+    """A contiguous slice of the GPT. first: embeddings; last: final LN + head; blocks: `layers`.
+
+    Inputs/outputs:
+      first stage:  (input_ids, positions, segment_ids)
+      other stages: (hidden, segment_ids)
+      non-last stages return (hidden, segment_ids); the last returns logits [B, T, vocab].
+    """
+
+    def __init__(self, cfg: ModelConfig, layers: Iterable[int], first: bool, last: bool, seed: int = 0):
+        super().__init__()
+        self.cfg, self.first, self.last = cfg, first, last
+        self.layer_ids = list(layers)
+        if first:
+            self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+            self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        # ModuleDict keyed by the global layer index keeps parameter names identical in every layout.
+        self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in self.layer_ids})
+        if last:
+            self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.reset_parameters(seed)
+        if first and last and cfg.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
+
+    def reset_parameters(self, seed: int) -> None:
+        cfg = self.cfg
+        with torch.no_grad():
+            emb = torch.randn(cfg.vocab_size, cfg.d_model, generator=_generator(seed, "tok_emb")) * cfg.init_std
+            if self.first:
+                self.tok_emb.weight.copy_(emb)
+                self.pos_emb.weight.copy_(
+                    torch.randn(cfg.seq_len, cfg.d_model, generator=_generator(seed, "pos_emb")) * cfg.init_std)
+            for i in self.layer_ids:
+                init_block_(self.blocks[str(i)], cfg, seed, i)
+            if self.last:
+                self.ln_f.weight.fill_(1.0)
+                self.ln_f.bias.zero_()
+                if cfg.tie_embeddings:  # a separate copy on a later stage starts equal to the embedding
+                    self.head.weight.copy_(emb)
+                else:
+                    self.head.weight.copy_(
+                        torch.randn(cfg.vocab_size, cfg.d_model, generator=_generator(seed, "head")) * cfg.init_std)
+
+    def forward(self, *args):
+        if self.first:
+            input_ids, positions, segment_ids = args
+            x = self.tok_emb(input_ids) + self.pos_emb(positions)
+        else:
+            x, segment_ids = args
+        mask = attention_mask(segment_ids)
+        for block in self.blocks.values():
+            x = block(x, mask)
+        if self.last:
+            return self.head(self.ln_f(x))
+        return x, segment_ids
+
+    def tied_weight(self) -> Optional[nn.Parameter]:
+        """The parameter that is tied across the first and last stage (None if untied or on a middle stage)."""
+        if not self.cfg.tie_embeddings:
+            return None
+        if self.first:
+            return self.tok_emb.weight
+        if self.last:
+            return self.head.weight
+        return None
+
+
+def build_gpt(cfg: ModelConfig, seed: int = 0) -> GPTStage:
+    """The whole, unpipelined model."""
+    return GPTStage(cfg, range(cfg.n_layers), first=True, last=True, seed=seed)
+
+
+def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Sum of cross-entropy over positions whose label is not IGNORE_INDEX (fp32)."""
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
+                           ignore_index=IGNORE_INDEX, reduction="sum")
