@@ -31,6 +31,14 @@ def _add_shard_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unit-mb", type=float, default=32.0, help="raw text per tokenization work unit")
     p.add_argument("--max-line-mb", type=float, default=256.0, help="longer lines are dead-lettered")
     p.add_argument("--staging-dir", default=None, help="where spill files go (default <output>/_staging)")
+    ops = p.add_argument_group("operations (docs/OPERATIONS.md)")
+    ops.add_argument("--incremental", action="store_true",
+                     help="add only input files the dataset does not hold yet, as a new generation; changed or "
+                          "removed inputs are an error; nothing new = nothing to do")
+    ops.add_argument("--run-log", default=None, metavar="PATH",
+                     help="append a JSON-lines run log (start, plan, progress, committed, summary, error)")
+    ops.add_argument("--progress-every", type=float, default=10.0, metavar="SECONDS",
+                     help="progress line period: docs/s, tokens/s, MB/s, ETA (0 = off)")
 
 
 def _shard_config(args) -> ShardConfig:
@@ -45,7 +53,8 @@ def cmd_shard(args, beam_args) -> int:
     from pipeline import shard_pipeline  # noqa: PLC0415 - Beam import only for commands that need it
     from pipeline.inspect_dataset import summary_table  # noqa: PLC0415
 
-    manifest = shard_pipeline.run(_shard_config(args), beam_args)
+    manifest = shard_pipeline.run(_shard_config(args), beam_args, incremental_run=args.incremental,
+                                  run_log=args.run_log, progress_every_s=args.progress_every)
     print(summary_table(manifest))
     return 0
 

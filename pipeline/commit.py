@@ -44,3 +44,40 @@ def publish_manifest(output_dir: str, manifest_json: str) -> str:
     else:
         io_utils.write_bytes(path, data)
     return path
+
+
+class ConcurrentCommitError(RuntimeError):
+    """Another run committed to the same output while this one was running; nothing was published."""
+
+
+def committed_generation(output_dir: str) -> Optional[str]:
+    m = read_committed(output_dir)
+    return None if m is None else m.extra.get("generation")
+
+
+def commit_dataset(output_dir: str, manifest: Manifest, expected_previous: Optional[str], staging_dir: str,
+                   previous: Optional[Manifest] = None) -> str:
+    """Publish `manifest` (the commit point), then clean up what no manifest references any more.
+
+    `expected_previous` is the generation the run started from; if the committed manifest moved meanwhile
+    (a concurrent run on the same output), refuse instead of silently dropping the other run's generation.
+    Re-running a commit that already happened (Beam retrying the bundle) is a no-op publish of equal bytes.
+    Order matters for crash safety: the new shards are complete before this is called, the manifest flips in
+    one step, and only then are staging and unreferenced generations deleted (a crash in between leaves
+    garbage, never a dangling reference).
+    """
+    from pipeline import incremental  # noqa: PLC0415 - avoid a cycle at import time
+
+    current = read_committed(output_dir)
+    current_gen = None if current is None else current.extra.get("generation")
+    new_gen = manifest.extra.get("generation")
+    if current_gen not in (expected_previous, new_gen):
+        raise ConcurrentCommitError(
+            f"{output_dir}: the committed generation changed from {expected_previous} to {current_gen} while this "
+            f"run was writing {new_gen}; run one job per output at a time. Nothing was published.")
+    path = publish_manifest(output_dir, manifest.to_json())
+    io_utils.delete_tree(staging_dir)
+    keep = incremental.referenced_generations(manifest)
+    for gen in sorted(incremental.referenced_generations(previous) - keep):
+        io_utils.delete_tree(io_utils.join(output_dir, gen))
+    return path

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Optional
 
 import apache_beam as beam
 from apache_beam.io.filesystems import FileSystems
@@ -16,7 +17,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from model_contract import DataContract
-from pipeline import commit
+from pipeline import commit, incremental, progress, runlog
 from pipeline.config import PILEPREP_VERSION, ConfigError, ShardConfig, fingerprint
 from pipeline.manifest_builder import build_manifest, plan_shard_tasks
 from transforms import io_utils, tokenizer, stages
@@ -35,6 +36,22 @@ class JobPlan:
     generation: str
     data_dir: str
     staging_dir: str
+    # Ops (pipeline/incremental.py, pipeline/commit.py): the ledger rows {path, bytes, mtime[, etag]} of the
+    # files this generation ingests, the committed manifest the run started from, and whether to add to it.
+    input_rows: tuple = ()
+    previous_json: Optional[str] = None
+    incremental: bool = False
+    nothing_to_do: bool = False
+
+    @property
+    def previous(self):
+        from model_contract import Manifest  # noqa: PLC0415
+
+        return None if self.previous_json is None else Manifest.from_json(self.previous_json)
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(size for _path, size in self.ledger)
 
 
 def resolve_inputs(globs) -> list:
@@ -53,31 +70,56 @@ def resolve_inputs(globs) -> list:
     return sorted(found.items())
 
 
-def prepare(config: ShardConfig) -> JobPlan:
-    """Validate the config, list inputs and load the tokenizer: all failures happen here, before any work."""
+def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
+    """Validate the config, list inputs and load the tokenizer: all failures happen here, before any work.
+
+    With `incremental_run`, only input files the committed dataset does not hold yet are planned (changed or
+    removed ones are an error, see pipeline/incremental.py); `nothing_to_do` says there are none.
+    """
     config.validate()
-    ledger = resolve_inputs(config.inputs)
+    rows = incremental.list_inputs(config.inputs)
     model_bytes = tokenizer.read_model_bytes(config.tokenizer)
     sp = tokenizer.load_processor(model_bytes, config.tokenizer)
     contract = DataContract.for_tokens(config.seq_len, tokenizer.describe(sp, model_bytes))
+    previous = commit.read_committed(config.output)
+    if incremental_run and previous is not None:
+        incremental.check_compatible(previous, contract.to_dict(), config.to_manifest_dict())
+        diff = incremental.diff_ledger(incremental.ledger_of(previous), rows)
+        LOG.info("--incremental over %s: %s", config.output, diff.summary())
+        for row in diff.touched:
+            LOG.info("%s: mtime/ETag changed but the bytes did not (sha256 matches); not re-ingested", row["path"])
+        incremental.raise_for_changes(diff, config.output)
+        rows = diff.new
+    ledger = [(r["path"], r["bytes"]) for r in rows]
     generation = "gen-" + fingerprint(config, contract.tokenizer.model_sha256, ledger)
     staging_root = config.staging_dir or io_utils.join(config.output, "_staging")
     return JobPlan(config, ledger, model_bytes, contract, generation, io_utils.join(config.output, generation),
-                   io_utils.join(staging_root, generation))
+                   io_utils.join(staging_root, generation), input_rows=tuple(rows),
+                   previous_json=None if previous is None else previous.to_json(),
+                   incremental=incremental_run and previous is not None, nothing_to_do=not rows)
 
 
 class SplitInputFile(beam.DoFn):
+    """Main output: SplitResult. DIGESTS output: (path, bytes, sha256) of the input file, for the ledger."""
+    DIGESTS = "digests"
+
     def __init__(self, plan: JobPlan):
         self.plan = plan
         self.records = Metrics.counter("pileprep", "input_files")
+        self.input_bytes = Metrics.counter("pileprep", "input_bytes")
 
     def process(self, element):
         file_idx, path = element
         cfg = self.plan.config
         result = stages.split_input_file(file_idx, path, self.plan.staging_dir, self.plan.data_dir,
                                          cfg.unit_bytes, cfg.max_line_bytes)
+        size, sha = incremental.file_sha256(path)
         self.records.inc()
+        self.input_bytes.inc(size)
+        progress.write_marker(self.plan.staging_dir, f"split-f{file_idx:06d}", {
+            "input_files": 1, "input_bytes": size, "split_raw_bytes": sum(c.raw_bytes for c in result.chunks)})
         yield result
+        yield beam.pvalue.TaggedOutput(self.DIGESTS, (path, size, sha))
 
 
 class TokenizeChunk(beam.DoFn):
@@ -104,6 +146,9 @@ class TokenizeChunk(beam.DoFn):
         self.tokens.inc(sum(unit.split_tokens))
         self.records.inc(unit.stats["read"])
         self.raw_bytes.inc(chunk.raw_bytes)
+        progress.write_marker(self.plan.staging_dir, "unit-" + unit.name, {
+            "documents": unit.n_docs, "tokens": sum(unit.split_tokens), "records": unit.stats["read"],
+            "raw_bytes": chunk.raw_bytes})
         yield unit
 
 
@@ -123,11 +168,17 @@ def _sorted_units(units):
     return sorted(units, key=lambda u: u.name)
 
 
-def _commit(shard_results, plan: JobPlan, split_results, unit_results):
+def _commit(shard_results, plan: JobPlan, split_results, unit_results, digests=()):
     manifest = build_manifest(plan.config, plan.contract, plan.ledger, plan.generation, plan.config.output,
                               split_results, _sorted_units(unit_results), shard_results)
-    commit.publish_manifest(plan.config.output, manifest.to_json())
-    io_utils.delete_tree(plan.staging_dir)
+    manifest = incremental.add_ledger(manifest, plan.generation, list(plan.input_rows),
+                                      {path: (size, sha) for path, size, sha in digests})
+    previous = plan.previous
+    if plan.incremental:
+        manifest = incremental.merge(previous, manifest)
+    commit.commit_dataset(plan.config.output, manifest,
+                          None if previous is None else previous.extra.get("generation"), plan.staging_dir,
+                          previous)
     return manifest.to_dict()
 
 
@@ -136,7 +187,10 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     files = (p
              | "ListInputs" >> beam.Create([(i, path) for i, (path, _size) in enumerate(plan.ledger)])
              | "SpreadFiles" >> beam.Reshuffle())
-    splits = files | "SplitIntoChunks" >> beam.ParDo(SplitInputFile(plan))
+    split_outputs = files | "SplitIntoChunks" >> beam.ParDo(SplitInputFile(plan)).with_outputs(
+        SplitInputFile.DIGESTS, main="splits")
+    splits = split_outputs.splits
+    digest_list = split_outputs[SplitInputFile.DIGESTS] | "CollectDigests" >> beam.combiners.ToList()
     units = (splits
              | "Chunks" >> beam.FlatMap(lambda r: r.chunks)
              | "SpreadChunks" >> beam.Reshuffle()
@@ -150,7 +204,8 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
     return (shards
             | "CollectShards" >> beam.combiners.ToList()
             | "CommitManifest" >> beam.Map(_commit, plan, split_results=beam.pvalue.AsSingleton(split_list),
-                                           unit_results=beam.pvalue.AsSingleton(unit_list)))
+                                           unit_results=beam.pvalue.AsSingleton(unit_list),
+                                           digests=beam.pvalue.AsSingleton(digest_list)))
 
 
 def pipeline_options(beam_args) -> PipelineOptions:
@@ -160,18 +215,68 @@ def pipeline_options(beam_args) -> PipelineOptions:
     return PipelineOptions(args)
 
 
-def run(config: ShardConfig, beam_args=None) -> dict:
-    """Run the shard job to completion and return the committed manifest as a dict."""
-    plan = prepare(config)
-    committed = commit.read_committed(config.output)
-    if committed is not None and committed.extra.get("generation") == plan.generation:
+def run(config: ShardConfig, beam_args=None, incremental_run: bool = False, run_log: Optional[str] = None,
+        progress_every_s: float = 10.0) -> dict:
+    """Run the shard job to completion and return the committed manifest as a dict.
+
+    `incremental_run`: add only new input files as a new generation (pipeline/incremental.py). `run_log`:
+    JSON-lines event log (pipeline/runlog.py). `progress_every_s`: progress line period (0 = off).
+    """
+    options = pipeline_options(beam_args)
+    FileSystems.set_options(options)  # the driver lists inputs and reads the manifest with the job's S3 settings
+    log = runlog.RunLog(run_log)
+    log.event("start", output=config.output, inputs=list(config.inputs), incremental=incremental_run,
+              runner=options.get_all_options().get("runner"), config=config.to_manifest_dict())
+    try:
+        return _run(config, options, incremental_run, log, progress_every_s)
+    except Exception as e:
+        log.event("error", type=type(e).__name__, message=incremental.redact(str(e)))
+        raise
+    finally:
+        log.close()
+
+
+def _run(config, options, incremental_run, log, progress_every_s) -> dict:
+    plan = prepare(config, incremental_run)
+    committed = plan.previous
+    log.event("plan", generation=plan.generation, files=len(plan.ledger), input_bytes=plan.input_bytes,
+              incremental=plan.incremental)
+    if plan.nothing_to_do:
+        LOG.warning("%s: every input file is already in the dataset: nothing to do", config.output)
+        print(f"pileprep: nothing to do: {config.output} already holds every input file", flush=True)
+        log.event("nothing_to_do", generation=committed.extra.get("generation") if committed else None)
+        return committed.to_dict()
+    if committed is not None and not plan.incremental and committed.extra.get("generation") == plan.generation:
         LOG.info("%s already holds generation %s: nothing to do", config.output, plan.generation)
+        print(f"pileprep: nothing to do: {config.output} already holds generation {plan.generation}", flush=True)
+        log.event("nothing_to_do", generation=plan.generation)
         return committed.to_dict()
     started = time.time()
-    with beam.Pipeline(options=pipeline_options(beam_args)) as p:
+    holder: dict = {}
+    markers = progress.MarkerReader(plan.staging_dir)
+    reporter = progress.ProgressReporter(
+        [markers.snapshot, lambda: progress.counters_from_result(holder["result"]) if "result" in holder else {}],
+        plan.input_bytes, len(plan.ledger), progress_every_s,
+        on_progress=lambda pr: log.event("progress", **pr.to_dict()))
+    with reporter:
+        p = beam.Pipeline(options=options)
         build_pipeline(p, plan)
-    LOG.info("shard job finished in %.1fs (pileprep %s)", time.time() - started, PILEPREP_VERSION)
+        holder["result"] = result = p.run()  # FnApiRunner returns when done; portable runners return at once
+        result.wait_until_finish()
+    elapsed = time.time() - started
+    state = str(getattr(result, "state", "DONE"))
+    if "FAIL" in state.upper() or "CANCEL" in state.upper():
+        raise RuntimeError(f"the pipeline ended in state {state}; nothing was committed")
+    counters = progress.merge_snapshots(progress.counters_from_result(result), markers.snapshot())
+    counters.pop("split_raw_bytes", None)
+    LOG.info("shard job finished in %.1fs (pileprep %s)", elapsed, PILEPREP_VERSION)
     committed = commit.read_committed(config.output)
     if committed is None or committed.extra.get("generation") != plan.generation:
         raise RuntimeError("the pipeline finished but did not commit a manifest")
+    final = progress.Progress(elapsed, counters, plan.input_bytes, len(plan.ledger))
+    log.event("committed", manifest=commit.manifest_location(config.output), generation=plan.generation,
+              generations=len(committed.extra.get("generations", [])), shards=len(committed.shards),
+              splits=committed.splits)
+    log.event("summary", wall_s=round(elapsed, 3), **{k: v for k, v in final.to_dict().items() if k != "eta_s"})
+    print(progress.summary_table(counters, elapsed), flush=True)
     return committed.to_dict()

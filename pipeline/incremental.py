@@ -1,0 +1,289 @@
+"""Incremental runs: an input ledger in the manifest, a diff against the current listing, generations.
+
+A dataset is a list of *generations*. Each generation is one run's shards in `<output>/gen-<fingerprint>/`,
+built from a set of input files that no other generation holds. The manifest carries:
+
+  extra["ledger"]       one row per input file the dataset holds: path, bytes, mtime, etag (object stores),
+                        sha256 of the file's bytes, and the generation that holds it;
+  extra["generations"]  one row per generation, in commit order, with its totals;
+  extra["generation"]   the newest generation (what a plain re-run compares against).
+
+`--incremental` lists the inputs, diffs them against the ledger and processes only the new files into a
+new generation; the new manifest lists every generation's shards with totals summed. A file that changed
+or disappeared since it was ingested is an error naming the files (mixing two versions of a file silently
+would make the dataset unreproducible); rebuild without `--incremental` to take such changes.
+
+Change detection is cheap first: size, then mtime (local) or ETag (object stores). A file whose size is the
+same but whose mtime/ETag moved (a `touch`, a re-upload of the same bytes) is re-hashed on the driver and is
+unchanged if its sha256 still matches.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+from apache_beam.io.filesystems import FileSystems
+
+from model_contract import Manifest
+from pipeline.config import ConfigError
+from transforms import io_utils
+
+LOG = logging.getLogger("pileprep.incremental")
+HASH_BLOCK = 8 << 20
+# Config fields that may differ between generations: they decide how many shards a run writes and how work
+# is cut, not what a document becomes. Everything else must match (it shapes every example).
+NON_SHAPING_CONFIG = ("inputs", "num_shards", "target_shard_mb", "unit_mb")
+
+
+class InputsChangedError(ConfigError):
+    """Files the dataset already holds changed or disappeared; the message names them."""
+
+
+class IncompatibleGenerationError(ConfigError):
+    """The new run would produce examples that do not match the committed dataset's contract/config."""
+
+
+# ------------------------------------------------------------------------------------------------ listing
+def list_inputs(globs) -> list:
+    """Expand globs to sorted ledger rows {path, bytes, mtime[, etag]}; a glob matching nothing is an error."""
+    found = {}
+    for pattern in globs:
+        try:
+            metadata = FileSystems.match([pattern])[0].metadata_list
+        except Exception as e:  # noqa: BLE001 - Beam raises BeamIOError with nested causes
+            raise ConfigError(f"--input {pattern}: cannot list it ({redact(str(e))})") from None
+        files = [m for m in metadata if not m.path.endswith("/")]
+        if not files:
+            raise ConfigError(f"--input {pattern}: no such file (nothing matches)")
+        for m in files:
+            row = {"path": m.path, "bytes": int(m.size_in_bytes), "mtime": float(m.last_updated_in_seconds or 0.0)}
+            if not io_utils.is_local(m.path):
+                try:
+                    row["etag"] = str(FileSystems.checksum(m.path)).strip('"')
+                except Exception:  # noqa: BLE001 - a store without ETags falls back to size + mtime
+                    pass
+            found[m.path] = row
+    return [found[p] for p in sorted(found)]
+
+
+def file_sha256(path: str) -> tuple:
+    """(bytes, sha256) of a file's raw bytes, streamed."""
+    sha, n = hashlib.sha256(), 0
+    with io_utils.open_read(path) as f:
+        while True:
+            block = f.read(HASH_BLOCK)
+            if not block:
+                break
+            sha.update(block)
+            n += len(block)
+    return n, sha.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------- diff
+@dataclass
+class LedgerDiff:
+    new: list = field(default_factory=list)  # current rows not in the ledger
+    unchanged: list = field(default_factory=list)
+    changed: list = field(default_factory=list)  # (old row, current row)
+    removed: list = field(default_factory=list)  # old rows no longer listed
+    touched: list = field(default_factory=list)  # same bytes, new mtime/etag (not a change)
+
+    def problems(self) -> list:
+        out = []
+        for old, cur in self.changed:
+            what = (f"size {old.get('bytes')} -> {cur['bytes']}" if old.get("bytes") != cur["bytes"]
+                    else "same size, different content (sha256)")
+            out.append(f"changed since generation {old.get('generation', '?')}: {cur['path']} ({what})")
+        for old in self.removed:
+            out.append(f"removed since generation {old.get('generation', '?')}: {old['path']}")
+        return out
+
+    def summary(self) -> str:
+        return (f"{len(self.new)} new, {len(self.unchanged)} already held, {len(self.changed)} changed, "
+                f"{len(self.removed)} removed")
+
+
+def _same_version_key(old: dict, cur: dict) -> bool:
+    if "etag" in old and "etag" in cur:
+        return old["etag"] == cur["etag"]
+    return "mtime" in old and old["mtime"] == cur.get("mtime")
+
+
+def diff_ledger(ledger: list, current: list, hasher=file_sha256) -> LedgerDiff:
+    """Compare the committed ledger with the current listing (see the module doc for the rules)."""
+    held = {row["path"]: row for row in ledger}
+    diff = LedgerDiff()
+    for cur in current:
+        old = held.pop(cur["path"], None)
+        if old is None:
+            diff.new.append(cur)
+        elif old.get("bytes") != cur["bytes"]:
+            diff.changed.append((old, cur))
+        elif _same_version_key(old, cur):
+            diff.unchanged.append(cur)
+        elif old.get("sha256"):
+            _size, sha = hasher(cur["path"])
+            if sha == old["sha256"]:
+                diff.touched.append(cur)
+                diff.unchanged.append(cur)
+            else:
+                diff.changed.append((old, cur))
+        else:  # a ledger row without a checksum: size is all we can compare, and it matched
+            diff.unchanged.append(cur)
+    diff.removed = sorted(held.values(), key=lambda r: r["path"])
+    return diff
+
+
+def raise_for_changes(diff: LedgerDiff, output: str) -> None:
+    problems = diff.problems()
+    if problems:
+        raise InputsChangedError(
+            f"--incremental: {len(problems)} input file(s) the dataset at {output} already holds changed or "
+            "disappeared; an incremental run only adds new files and will not mix versions:\n  "
+            + "\n  ".join(problems)
+            + "\nRestore those files, or rebuild the dataset without --incremental (into a new --output to keep "
+              "the current one readable meanwhile).")
+
+
+# ------------------------------------------------------------------------------------------- compatibility
+def _shaping(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k not in NON_SHAPING_CONFIG}
+
+
+def check_compatible(previous: Manifest, contract_dict: dict, config_dict: dict) -> None:
+    """A new generation must produce the same kind of example as the ones already committed."""
+    problems = []
+    old_c, new_c = previous.contract.to_dict(), contract_dict
+    for key in sorted(set(old_c) | set(new_c)):
+        if old_c.get(key) != new_c.get(key):
+            problems.append(f"contract.{key}: committed {old_c.get(key)!r}, this run {new_c.get(key)!r}")
+    old_s, new_s = _shaping(previous.config), _shaping(config_dict)
+    for key in sorted(set(old_s) | set(new_s)):
+        if old_s.get(key) != new_s.get(key):
+            problems.append(f"config.{key}: committed {old_s.get(key)!r}, this run {new_s.get(key)!r}")
+    if problems:
+        raise IncompatibleGenerationError(
+            "--incremental: this run would write examples unlike the committed dataset's, so they cannot be one "
+            "dataset:\n  " + "\n  ".join(problems) + "\nUse the committed settings (--seq-len, --tokenizer, ...) or "
+            "write a new dataset to another --output.")
+
+
+# ----------------------------------------------------------------------------------------- manifest merge
+def ledger_of(manifest: Optional[Manifest]) -> list:
+    """The ledger rows of a committed manifest (synthesized from `inputs` for manifests that predate it)."""
+    if manifest is None:
+        return []
+    if "ledger" in manifest.extra:
+        return list(manifest.extra["ledger"])
+    gen = manifest.extra.get("generation", "")
+    return [{"path": i["path"], "bytes": i.get("bytes"), "generation": gen} for i in manifest.inputs]
+
+
+def generations_of(manifest: Optional[Manifest]) -> list:
+    if manifest is None:
+        return []
+    if "generations" in manifest.extra:
+        return list(manifest.extra["generations"])
+    gen = manifest.extra.get("generation")
+    return [_generation_row(gen, manifest)] if gen else []
+
+
+def _generation_row(name: str, manifest: Manifest) -> dict:
+    return {"name": name, "inputs": len(manifest.inputs), "shards": len(manifest.shards),
+            "examples": sum(s.examples for s in manifest.shards), "tokens": sum(s.tokens for s in manifest.shards),
+            "documents": sum(s.documents for s in manifest.shards)}
+
+
+def referenced_generations(manifest: Optional[Manifest]) -> set:
+    """Generation directories a manifest's shards and dead letters live in."""
+    if manifest is None:
+        return set()
+    names = {g["name"] for g in generations_of(manifest)}
+    for rel in [s.path for s in manifest.shards] + list(manifest.dead_letters):
+        head = rel.split("/", 1)[0]
+        if head.startswith("gen-"):
+            names.add(head)
+    return names
+
+
+def _sum_into(into: dict, other: dict) -> None:
+    for k, v in other.items():
+        if isinstance(v, dict):
+            _sum_into(into.setdefault(k, {}), v)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            into[k] = into.get(k, 0) + v
+        else:
+            into[k] = v
+
+
+def _sorted_nested(d: dict) -> dict:
+    return {k: (_sorted_nested(v) if isinstance(v, dict) else v) for k, v in sorted(d.items())}
+
+
+def add_ledger(manifest: Manifest, generation: str, rows: list, digests: dict) -> Manifest:
+    """Give a one-generation manifest its ledger (with sha256 from the workers) and generations sections."""
+    ledger = []
+    for row in rows:
+        size, sha = digests.get(row["path"], (None, None))
+        if size is not None and size != row["bytes"]:
+            raise InputsChangedError(f"{row['path']}: listed with {row['bytes']} bytes but {size} bytes were read; "
+                                     "the file changed during the run. Re-run once it is stable.")
+        entry = dict(row, generation=generation)
+        if sha:
+            entry["sha256"] = sha
+        ledger.append(entry)
+    manifest.extra["ledger"] = sorted(ledger, key=lambda r: r["path"])
+    manifest.extra["generations"] = [_generation_row(generation, manifest)]
+    return manifest
+
+
+def merge(previous: Manifest, new: Manifest) -> Manifest:
+    """The dataset after committing `new` (one generation) on top of `previous` (any number of generations)."""
+    splits: dict = {}
+    for m in (previous, new):
+        _sum_into(splits, m.splits)
+    sources: dict = {}
+    for m in (previous, new):
+        _sum_into(sources, m.sources)
+    records: dict = {}
+    for m in (previous, new):
+        _sum_into(records, m.records)
+    shards = list(previous.shards) + list(new.shards)
+    examples = sum(s.examples for s in shards)
+    padding = sum(s.padding_tokens for s in shards)
+    seq_len = new.contract.seq_len
+    extra = dict(new.extra)
+    extra["generations"] = generations_of(previous) + generations_of(new)
+    extra["ledger"] = sorted(ledger_of(previous) + ledger_of(new), key=lambda r: r["path"])
+    return Manifest(
+        contract=new.contract,
+        shards=shards,
+        splits=_sorted_nested(splits),
+        sources=_sorted_nested(sources),
+        padding_fraction=round(padding / (examples * seq_len), 8) if examples else 0.0,
+        records=_sorted_nested(records),
+        inputs=sorted(list(previous.inputs) + list(new.inputs), key=lambda r: r["path"]),
+        dead_letters=sorted(set(previous.dead_letters) | set(new.dead_letters)),
+        config=new.config,
+        pileprep_version=new.pileprep_version,
+        extra=extra,
+    )
+
+
+# ----------------------------------------------------------------------------------------------- redaction
+def redact(text: str, secrets=None) -> str:
+    """Remove credential values from a message (error texts from clients sometimes echo request details)."""
+    import os  # noqa: PLC0415
+
+    values = list(secrets or [])
+    values += [os.environ.get(k, "") for k in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")]
+    opts = FileSystems._pipeline_options  # noqa: SLF001 - the options Beam's S3 client was built from
+    if opts is not None:
+        d = opts.get_all_options(drop_default=True)
+        values += [str(d.get(k) or "") for k in ("s3_secret_access_key", "s3_session_token", "s3_access_key_id")]
+    for v in values:
+        if v and len(v) >= 4:
+            text = text.replace(v, "***")
+    return text
