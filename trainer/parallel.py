@@ -134,12 +134,35 @@ def agree_on(obj, src: int = 0):
 
 # ---------------------------------------------------------------------------------------------- wrappers
 def wrap_data_parallel(module: nn.Module, env: ParallelEnv) -> nn.Module:
-    if env.dp == 1:
+    """DDP for pure data parallelism. With pp > 1 the stage stays unwrapped and `allreduce_grads` averages
+    gradients after the schedule: DDP's reducer expects one backward per forward and, with several
+    micro-batches in flight, torch 2.13 fails in bucket rebuilding (INTERNAL ASSERT in reducer.cpp)."""
+    if env.dp == 1 or env.pp > 1:
         return module
     from torch.nn.parallel import DistributedDataParallel as DDP
     return DDP(module, process_group=env.dp_group,
                device_ids=[env.device.index] if env.device.type == "cuda" else None,
                broadcast_buffers=False)
+
+
+def allreduce_grads(module: nn.Module, env: ParallelEnv, bucket_bytes: int = 25 << 20) -> None:
+    """Average gradients over the data-parallel group in flat buckets (pp > 1 path)."""
+    if env.dp == 1 or env.pp == 1:
+        return
+    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    bucket, size = [], 0
+    for g in grads + [None]:
+        if g is not None:
+            bucket.append(g)
+            size += g.numel() * g.element_size()
+        if bucket and (g is None or size >= bucket_bytes):
+            flat = _flatten_dense_tensors(bucket)
+            flat.div_(env.dp)
+            dist.all_reduce(flat, group=env.dp_group)
+            for dst, src in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
+                dst.copy_(src)
+            bucket, size = [], 0
 
 
 def build_optimizer(module: nn.Module, lr: float, weight_decay: float, betas, zero: bool, env: ParallelEnv):

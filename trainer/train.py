@@ -28,7 +28,7 @@ from trainer.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig,
 from trainer.data import ShardLoader, merge_states, open_dataset
 from trainer.metrics import MetricsLogger
 from trainer.model import IGNORE_INDEX, token_loss_sum
-from trainer.parallel import (agree_on, build_optimizer, build_schedule, build_stage, clip_grad_norm,
+from trainer.parallel import (agree_on, allreduce_grads, build_optimizer, build_schedule, build_stage, clip_grad_norm,
                               init_distributed, profile_unit_times, sync_tied_grad, wrap_data_parallel)
 from trainer.partition import StageSpec, describe, model_units, partition_model, unit_costs
 
@@ -71,8 +71,12 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
     p.add_argument("--metrics-file")
     p.add_argument("--no-bf16", action="store_true")
     p.add_argument("--max-seconds", type=float, default=0.0)
+    p.add_argument("--stop-at-step", type=int, default=0,
+                   help="checkpoint and exit at this step (e.g. a job time limit); the LR schedule still "
+                        "runs to --steps, so a resumed run continues exactly")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per process (0 = default)")
+    p.add_argument("--dump-grads", help="debug/tests: save each rank's gradients after the first step here")
     a = p.parse_args(argv)
 
     seq_len = a.seq_len
@@ -94,7 +98,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
         global_batch=a.global_batch, steps=a.steps, seed=a.seed, log_every=a.log_every,
         checkpoint_dir=a.checkpoint_dir, checkpoint_every=a.checkpoint_every, keep_checkpoints=a.keep_checkpoints,
         resume=not a.no_resume, metrics_file=a.metrics_file, bf16=not a.no_bf16, max_seconds=a.max_seconds,
-        device=a.device)
+        device=a.device, dump_grads=a.dump_grads, stop_at_step=a.stop_at_step)
     if a.threads:
         torch.set_num_threads(a.threads)
     return cfg
@@ -213,7 +217,12 @@ def train(cfg: TrainConfig) -> list:
                     schedule.step()
             local_loss = float(sum(l.detach().float() for l in losses)) if env.is_last_stage else 0.0
 
+        allreduce_grads(module, env)  # pp > 1 only; DDP already did it otherwise
         sync_tied_grad(module, env)
+        if cfg.dump_grads and step == start_step:
+            os.makedirs(cfg.dump_grads, exist_ok=True)
+            grads = {n: p.grad.detach().cpu().clone() for n, p in module.named_parameters() if p.grad is not None}
+            torch.save(grads, os.path.join(cfg.dump_grads, f"grads-rank{env.rank}.pt"))
         grad_norm = clip_grad_norm(module, cfg.optim.grad_clip, env)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -227,6 +236,7 @@ def train(cfg: TrainConfig) -> list:
         metrics.record_step(loss=loss_value, step_seconds=time.perf_counter() - t0, read=read, decode=decode,
                             h2d=h2d, tokens=cfg.global_batch * mcfg.seq_len)
         stop = cfg.max_seconds > 0 and agree_on(time.perf_counter() - t_train > cfg.max_seconds)
+        stop = stop or step == cfg.stop_at_step
         if step % cfg.log_every == 0 or step == cfg.steps or stop:
             metrics.flush(step, lr, grad_norm, {"epoch": loader.epoch})
         if cfg.checkpoint_dir and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
@@ -253,7 +263,12 @@ def save_checkpoint(cfg: TrainConfig, env, step: int, module, optimizer, loader)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    train(parse_args(argv))
+    from model_contract import ContractMismatchError
+    try:
+        train(parse_args(argv))
+    except ContractMismatchError as e:  # a config error, not a crash: no traceback, every mismatch listed
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
     return 0
 
 
