@@ -5,6 +5,7 @@ import os
 
 from model_contract import decode_example, iter_records, load_manifest, resolve_shard_path
 from model_contract.manifest import MANIFEST_NAME
+from transforms.documents import SPLITS
 
 
 def summary_table(manifest: dict) -> str:
@@ -16,14 +17,16 @@ def summary_table(manifest: dict) -> str:
         f"tokenizer sha256 {c['tokenizer']['model_sha256'][:12]}",
         f"{'split':<6} {'shards':>6} {'examples':>10} {'documents':>10} {'tokens':>14} {'padding':>9}",
     ]
-    for split, s in manifest["splits"].items():
+    splits = [name for name in SPLITS if name in manifest["splits"]]
+    for split in splits:
+        s = manifest["splits"][split]
         pad = s["padding_tokens"] / max(1, s["examples"] * c["seq_len"])
         lines.append(f"{split:<6} {s['shards']:>6} {s['examples']:>10} {s['documents']:>10} {s['tokens']:>14} "
                      f"{pad:>8.3%}")
-    lines.append(f"{'source':<24} " + " ".join(f"{s + ' docs':>12} {s + ' tokens':>14}" for s in manifest["splits"]))
+    lines.append(f"{'source':<24} " + " ".join(f"{s + ' docs':>12} {s + ' tokens':>14}" for s in splits))
     for source, per in manifest["sources"].items():
         cells = " ".join(f"{per.get(s, {}).get('documents', 0):>12} {per.get(s, {}).get('tokens', 0):>14}"
-                         for s in manifest["splits"])
+                         for s in splits)
         lines.append(f"{source[:24]:<24} {cells}")
     lines.append(f"records: read {rec['read']} = written {rec['written']} + filtered "
                  f"{sum(rec['filtered'].values())} {rec['filtered'] or ''} + dead-lettered "

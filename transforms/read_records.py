@@ -143,6 +143,9 @@ def iter_raw_records(stream: BinaryIO, compression: str,
                 piece = block[start:nl]
                 start = nl + 1
                 line_no += 1
+                if not skipping and pending_len + len(piece) > max_line_bytes:
+                    skipping = True
+                    pending = [(b"".join(pending) + piece[:EXCERPT_CHARS * 4])[:EXCERPT_CHARS * 4]]
                 if skipping:
                     yield FileDamage(line_no, "line_too_long",
                                      f"line longer than max_line_bytes={max_line_bytes}", excerpt_of(pending[0]))

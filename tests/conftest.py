@@ -1,0 +1,57 @@
+"""Shared fixtures: a small SentencePiece model trained here, real data from ../shared/data when present."""
+from __future__ import annotations
+
+import os
+import pathlib
+import sysconfig
+
+import pytest
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def shared_data(*parts: str) -> pathlib.Path:
+    """A file from ../shared/data, or skip the test with the reason (a fresh clone outside CI has none)."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"real sample data not available: {path} is absent (it exists beside the repo in CI)")
+    return path
+
+
+def stdlib_texts(limit_bytes: int, skip: int = 0) -> list:
+    """Real text every machine with Python has: standard library sources, in a fixed order."""
+    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    out, total = [], 0
+    for path in sorted(root.glob("*.py"))[skip:]:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        if not text.strip():
+            continue
+        out.append((path.name, text))
+        total += len(text)
+        if total >= limit_bytes:
+            break
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory) -> str:
+    """A 1,000-piece BPE model with byte fallback, trained on stdlib text (a few seconds)."""
+    import io
+
+    import sentencepiece as spm
+
+    model = io.BytesIO()
+    sentences = [line for _, text in stdlib_texts(3_000_000) for line in text.splitlines() if line.strip()]
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences[:60_000]), model_writer=model, vocab_size=1000, model_type="bpe",
+        byte_fallback=True, pad_id=0, unk_id=1, bos_id=2, eos_id=3, normalization_rule_name="identity",
+        remove_extra_whitespaces=False, num_threads=1, minloglevel=2)
+    path = tmp_path_factory.mktemp("tok") / "tiny.model"
+    path.write_bytes(model.getvalue())
+    return str(path)

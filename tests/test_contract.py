@@ -1,0 +1,85 @@
+"""model_contract: codecs agree with TensorFlow, JSON round trips, compatibility errors list every mismatch."""
+import io
+import json
+
+import numpy as np
+import pytest
+
+from model_contract import (ContractError, ContractMismatchError, DataContract, Expectation, Manifest, RetrievalSpec,
+                            ShardInfo, TFRecordCorruptError, TokenizerInfo, check_compatible, decode_example,
+                            encode_example, frame_record, iter_records, tf_feature_spec)
+from model_contract.example_codec import decode_varints, encode_varints
+
+TOK = TokenizerInfo("sentencepiece", "ab" * 32, 1000, 2, 3, 0, 1)
+
+
+def test_varints_round_trip_edge_values():
+    values = np.array([0, 1, 127, 128, 16383, 16384, 2 ** 31, 2 ** 62, 2 ** 63 - 1, -1, -(2 ** 63)], dtype=np.int64)
+    assert (decode_varints(encode_varints(values)) == values).all()
+    rng = np.random.default_rng(0)
+    random = rng.integers(-2 ** 63, 2 ** 63 - 1, 5000, dtype=np.int64)
+    assert (decode_varints(encode_varints(random)) == random).all()
+
+
+def test_example_codec_matches_tensorflow_both_ways():
+    tf = pytest.importorskip("tensorflow")
+    feats = {"input_ids": np.arange(40) * 997, "segment_ids": np.ones(40, dtype=np.int64),
+             "piece_doc_ids": np.array([2 ** 62 + 7]), "empty": np.zeros(0, dtype=np.int64)}
+    ours = encode_example(feats)
+    parsed = tf.train.Example.FromString(ours)
+    for k, v in feats.items():
+        assert list(parsed.features.feature[k].int64_list.value) == v.tolist()
+    back = decode_example(parsed.SerializeToString())
+    for k, v in feats.items():
+        assert (back[k] == v).all()
+
+
+def test_tfrecord_framing_read_by_tf_data_and_corruption_detected(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    payloads = [encode_example({"x": np.arange(i + 1)}) for i in range(5)]
+    path = tmp_path / "a.tfrecord"
+    path.write_bytes(b"".join(frame_record(p) for p in payloads))
+    assert [bytes(r.numpy()) for r in tf.data.TFRecordDataset(str(path))] == payloads
+    assert list(iter_records(io.BytesIO(path.read_bytes()))) == payloads
+    damaged = bytearray(path.read_bytes())
+    damaged[30] ^= 0xFF
+    with pytest.raises(TFRecordCorruptError):
+        list(iter_records(io.BytesIO(bytes(damaged))))
+    with pytest.raises(TFRecordCorruptError):
+        list(iter_records(io.BytesIO(path.read_bytes()[:-3])))
+
+
+def test_contract_json_round_trip_and_tf_spec():
+    c = DataContract.for_tokens(64, TOK, RetrievalSpec(16, 2, 32))
+    again = DataContract.from_dict(json.loads(json.dumps(c.to_dict())))
+    assert again == c
+    assert c.feature("neighbours").shape == (4, 2, 32)
+    pytest.importorskip("tensorflow")
+    spec = tf_feature_spec(c)
+    assert spec["input_ids"].shape == [64] and type(spec["piece_doc_ids"]).__name__ == "VarLenFeature"
+
+
+def test_check_compatible_lists_every_mismatch():
+    manifest = Manifest(contract=DataContract.for_tokens(64, TOK), shards=[ShardInfo("a", "train", 1, 1, 0, 1, 1, "x")])
+    assert check_compatible(manifest, Expectation(seq_len=64, vocab_size=1024)) == manifest.contract
+    with pytest.raises(ContractMismatchError) as err:
+        check_compatible(manifest.to_dict(), Expectation(seq_len=128, vocab_size=512, tokenizer_sha256="cd" * 32,
+                                                         required_features=("input_ids", "labels"),
+                                                         retrieval=RetrievalSpec(64, 2, 128)))
+    text = str(err.value)
+    assert len(err.value.mismatches) == 6
+    for word in ("seq_len", "vocab_size", "tokenizer", "'labels'", "input_ids", "retrieval"):
+        assert word in text
+
+
+def test_newer_major_version_is_refused_clearly():
+    d = DataContract.for_tokens(8, TOK).to_dict()
+    d["version"] = "2.0"
+    with pytest.raises(ContractError, match="newer than this reader"):
+        DataContract.from_dict(d)
+
+
+def test_manifest_json_is_canonical():
+    m = Manifest(contract=DataContract.for_tokens(8, TOK), shards=[], extra={"generation": "gen-x"})
+    assert Manifest.from_json(m.to_json()).to_json() == m.to_json()
+    assert Manifest.from_json(m.to_json()).extra["generation"] == "gen-x"
