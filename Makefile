@@ -40,3 +40,22 @@ bench: $(STAMP) $(SAMPLE_DIR)/.done $(TOKENIZER)
 
 clean:
 	rm -rf out
+
+# ---- trainer: the tiny GPT on `make shard`'s output, real torchrun processes on CPU (gloo).
+# `make train` = PP=2 (2 processes); `make train DP=2` = DP=2 x PP=2 (4 processes). RESUME=1 continues the
+# last run from out/train/ckpt instead of starting fresh.
+DP ?= 1
+PP ?= 2
+NPROC ?= $(shell expr $(DP) \* $(PP))
+STEPS ?= 40
+MICROBATCHES ?= 4
+TRAIN_DIR ?= out/train
+TRAIN_ARGS ?=
+train: $(STAMP)
+	test -f out/sample/manifest.json || $(MAKE) shard
+	$(if $(RESUME),,rm -rf $(TRAIN_DIR))
+	mkdir -p $(TRAIN_DIR)
+	$(BIN)/torchrun --standalone --nproc-per-node $(NPROC) -m trainer.train --data out/sample --model tiny \
+	  --seq-len-from-manifest --dp $(DP) --pp $(PP) --microbatches $(MICROBATCHES) --global-batch 8 \
+	  --steps $(STEPS) --log-every 5 --threads 1 --checkpoint-dir $(TRAIN_DIR)/ckpt --checkpoint-every 20 \
+	  --metrics-file $(TRAIN_DIR)/metrics.jsonl $(TRAIN_ARGS)

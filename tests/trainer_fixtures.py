@@ -24,10 +24,10 @@ def make_documents(n_docs: int, vocab: int, seed: int = 0, min_len: int = 5, max
 
 
 def write_dataset(out_dir: str, *, seq_len: int = 32, vocab: int = 64, n_docs: int = 400, n_shards: int = 3,
-                  seed: int = 0, generation: str = "gen-test") -> str:
+                  seed: int = 0, generation: str = "gen-test", min_len: int = 5, max_len: int = 60) -> str:
     """Write <out_dir>/manifest.json + <out_dir>/<generation>/train-0000i-of-0000n.tfrecord; return out_dir."""
     os.makedirs(os.path.join(out_dir, generation), exist_ok=True)
-    docs = list(make_documents(n_docs, vocab, seed))
+    docs = list(make_documents(n_docs, vocab, seed, min_len, max_len))
     shard_docs = [docs[i::n_shards] for i in range(n_shards)]
     shards = []
     for i, group in enumerate(shard_docs):

@@ -137,6 +137,7 @@ class TrainConfig:
     bf16: bool = True  # autocast on GPU only; CPU runs fp32
     max_seconds: float = 0.0  # stop after this much training time (benchmarks); 0 = no limit
     device: str = "auto"  # auto | cpu | cuda
+    compile: bool = False  # torch.compile (pp = 1)
     stop_at_step: int = 0  # checkpoint and exit here; the LR schedule still spans `steps`
     dump_grads: Optional[str] = None  # tests: directory for each rank's first-step gradients
 

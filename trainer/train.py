@@ -70,6 +70,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
     p.add_argument("--no-resume", action="store_true")
     p.add_argument("--metrics-file")
     p.add_argument("--no-bf16", action="store_true")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (pp = 1; GPU runs)")
     p.add_argument("--max-seconds", type=float, default=0.0)
     p.add_argument("--stop-at-step", type=int, default=0,
                    help="checkpoint and exit at this step (e.g. a job time limit); the LR schedule still "
@@ -98,7 +99,7 @@ def parse_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
         global_batch=a.global_batch, steps=a.steps, seed=a.seed, log_every=a.log_every,
         checkpoint_dir=a.checkpoint_dir, checkpoint_every=a.checkpoint_every, keep_checkpoints=a.keep_checkpoints,
         resume=not a.no_resume, metrics_file=a.metrics_file, bf16=not a.no_bf16, max_seconds=a.max_seconds,
-        device=a.device, dump_grads=a.dump_grads, stop_at_step=a.stop_at_step)
+        device=a.device, dump_grads=a.dump_grads, compile=a.compile, stop_at_step=a.stop_at_step)
     if a.threads:
         torch.set_num_threads(a.threads)
     return cfg
@@ -154,6 +155,10 @@ def train(cfg: TrainConfig) -> list:
                   f"now dp={env.dp} pp={env.pp})", flush=True)
 
     model = wrap_data_parallel(module, env)
+    if cfg.compile:
+        if env.pp > 1:
+            raise ValueError("--compile supports pp = 1 only (pipeline stages run eagerly)")
+        model = torch.compile(model)  # `module` keeps the parameter names for checkpoints
 
     class _Scale:
         value = 1.0
@@ -199,7 +204,7 @@ def train(cfg: TrainConfig) -> list:
             m = pcfg.microbatches
             chunks = {k: v.chunk(m) for k, v in batch.items()}
             for i in range(m):
-                sync = contextlib.nullcontext() if (env.dp == 1 or i == m - 1) else model.no_sync()
+                sync = contextlib.nullcontext() if (env.dp == 1 or i == m - 1) else _no_sync(model)
                 with sync:
                     with autocast:
                         logits = model(chunks["input_ids"][i], chunks["positions"][i], chunks["segment_ids"][i])
@@ -250,6 +255,10 @@ def train(cfg: TrainConfig) -> list:
     dist.barrier()
     dist.destroy_process_group()
     return metrics.history
+
+
+def _no_sync(model):
+    return getattr(model, "_orig_mod", model).no_sync()
 
 
 def save_checkpoint(cfg: TrainConfig, env, step: int, module, optimizer, loader) -> None:

@@ -1,0 +1,1 @@
+"""Launchers for p4d.24xlarge: multi-node torchrun, Slurm, SageMaker."""
