@@ -175,7 +175,7 @@ def bench_bubble(microbatches, schedules, pp: int, iters: int, d_model: int, seq
     for schedule in schedules:
         for m in microbatches:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(pp),
-                   os.path.abspath(__file__), "_bubble_worker", "--schedule", schedule, "--m", str(m),
+                   os.path.abspath(__file__), "_bubble_worker", "--schedule", schedule, "--num-microbatches", str(m),
                    "--iters", str(iters), "--d-model", str(d_model), "--seq-len", str(seq_len),
                    "--mb-size", str(mb_size)]
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     bu.add_argument("--mb-size", type=int, default=4)
     w = sub.add_parser("_bubble_worker")
     w.add_argument("--schedule")
-    w.add_argument("--m", type=int)
+    w.add_argument("--num-microbatches", type=int, dest="m")
     w.add_argument("--iters", type=int)
     w.add_argument("--d-model", type=int)
     w.add_argument("--seq-len", type=int)

@@ -30,15 +30,15 @@ def reference_grads(dataset, tmp_path_factory):
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_pipeline_gradients_equal_unpipelined(dataset, reference_grads, tmp_path, schedule):
+@pytest.mark.parametrize("schedule,partition", [("gpipe", "flops"), ("1f1b", "profile")])
+def test_pipeline_gradients_equal_unpipelined(dataset, reference_grads, tmp_path, schedule, partition):
     """PP=2 with 4 micro-batches: every parameter's gradient equals the single-process model's.
 
     3 blocks + embed + head over 2 stages is uneven: the partition must place every block somewhere. The model is
     tied, so the last stage's head.weight gradient (after the tied all-reduce) must equal the whole tied gradient.
     """
     run_trainer(2, ["--data", dataset, *TINY, "--steps", "1", "--pp", "2", "--microbatches", "4",
-                    "--schedule", schedule, "--dump-grads", str(tmp_path)])
+                    "--schedule", schedule, "--partition", partition, "--dump-grads", str(tmp_path)])
     got = _grads(tmp_path)
     blocks = {n.split(".")[1] for n in got if n.startswith("blocks.")}
     assert blocks == {"0", "1", "2"}, "a layer was dropped by the partition"
