@@ -6,6 +6,7 @@ output is byte-identical whatever the runner or the number of workers.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from model_contract import DataContract
-from pipeline import commit, incremental, progress, runlog
+from pipeline import commit, incremental, progress, runlog, storage
 from pipeline.config import PILEPREP_VERSION, ConfigError, ShardConfig, fingerprint
 from pipeline.manifest_builder import build_manifest, plan_shard_tasks
 from transforms import io_utils, tokenizer, stages
@@ -42,6 +43,7 @@ class JobPlan:
     previous_json: Optional[str] = None
     incremental: bool = False
     nothing_to_do: bool = False
+    filesystem_options: Optional["FilesystemOptions"] = None
 
     @property
     def previous(self):
@@ -52,6 +54,40 @@ class JobPlan:
     @property
     def input_bytes(self) -> int:
         return sum(size for _path, size in self.ledger)
+
+
+class FilesystemOptions:
+    """The job's filesystem options (s3_*), re-applied on workers.
+
+    FnApiRunner's worker processes and some worker pools start without the job's pipeline options, so Beam's
+    S3 filesystem there would ignore `--s3_endpoint_url` & co. The plan carries them and every DoFn applies
+    them in setup(). The repr hides the values (credentials may be among them).
+    """
+
+    def __init__(self, options: dict):
+        self.options = dict(options)
+
+    def __repr__(self):
+        return f"FilesystemOptions({sorted(self.options)})"
+
+    @classmethod
+    def from_pipeline_options(cls, options: PipelineOptions) -> Optional["FilesystemOptions"]:
+        d = options.get_all_options(drop_default=True)
+        picked = {k: v for k, v in d.items() if k.startswith("s3_") and v is not None}
+        return cls(picked) if picked else None
+
+    def apply(self) -> None:
+        current = FileSystems._pipeline_options  # noqa: SLF001 - Beam keeps the worker's options here
+        d = current.get_all_options(drop_default=True) if current is not None else {}
+        if all(d.get(k) == v for k, v in self.options.items()):
+            return
+        d.update(self.options)
+        FileSystems.set_options(PipelineOptions.from_dictionary(d))
+
+
+def _apply_filesystem_options(plan: "JobPlan") -> None:
+    if plan.filesystem_options is not None:
+        plan.filesystem_options.apply()
 
 
 def resolve_inputs(globs) -> list:
@@ -108,6 +144,9 @@ class SplitInputFile(beam.DoFn):
         self.records = Metrics.counter("pileprep", "input_files")
         self.input_bytes = Metrics.counter("pileprep", "input_bytes")
 
+    def setup(self):
+        _apply_filesystem_options(self.plan)
+
     def process(self, element):
         file_idx, path = element
         cfg = self.plan.config
@@ -133,6 +172,7 @@ class TokenizeChunk(beam.DoFn):
         self.raw_bytes = Metrics.counter("pileprep", "raw_bytes")
 
     def setup(self):
+        _apply_filesystem_options(self.plan)
         self.sp = tokenizer.load_processor(self.plan.model_bytes, self.plan.config.tokenizer)
         self.dtype = tokenizer.token_dtype(self.plan.contract.tokenizer.vocab_size)
         cfg = self.plan.config
@@ -157,6 +197,9 @@ class PackShard(beam.DoFn):
         self.plan = plan
         self.examples = Metrics.counter("pileprep", "examples")
 
+    def setup(self):
+        _apply_filesystem_options(self.plan)
+
     def process(self, task, units):
         t = self.plan.contract.tokenizer
         result = stages.pack_shard(task, units, self.plan.config.seq_len, t.eos_id, t.pad_id, self.plan.data_dir)
@@ -169,6 +212,7 @@ def _sorted_units(units):
 
 
 def _commit(shard_results, plan: JobPlan, split_results, unit_results, digests=()):
+    _apply_filesystem_options(plan)
     manifest = build_manifest(plan.config, plan.contract, plan.ledger, plan.generation, plan.config.output,
                               split_results, _sorted_units(unit_results), shard_results)
     manifest = incremental.add_ledger(manifest, plan.generation, list(plan.input_rows),
@@ -237,7 +281,9 @@ def run(config: ShardConfig, beam_args=None, incremental_run: bool = False, run_
 
 
 def _run(config, options, incremental_run, log, progress_every_s) -> dict:
-    plan = prepare(config, incremental_run)
+    fs_options = FilesystemOptions.from_pipeline_options(options)
+    storage.preflight(config.inputs, config.output, config.staging_dir, fs_options.options if fs_options else {})
+    plan = dataclasses.replace(prepare(config, incremental_run), filesystem_options=fs_options)
     committed = plan.previous
     log.event("plan", generation=plan.generation, files=len(plan.ledger), input_bytes=plan.input_bytes,
               incremental=plan.incremental)
