@@ -18,7 +18,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from model_contract import DataContract
-from pipeline import commit, incremental, progress, runlog, storage
+from pipeline import commit, incremental, progress, runlog, runners, storage
 from pipeline.config import PILEPREP_VERSION, ConfigError, ShardConfig, fingerprint
 from pipeline.manifest_builder import build_manifest, plan_shard_tasks
 from transforms import io_utils, tokenizer, stages
@@ -281,6 +281,7 @@ def run(config: ShardConfig, beam_args=None, incremental_run: bool = False, run_
 
 
 def _run(config, options, incremental_run, log, progress_every_s) -> dict:
+    runners.preflight(options.get_all_options())
     fs_options = FilesystemOptions.from_pipeline_options(options)
     storage.preflight(config.inputs, config.output, config.staging_dir, fs_options.options if fs_options else {})
     plan = dataclasses.replace(prepare(config, incremental_run), filesystem_options=fs_options)
