@@ -1,0 +1,141 @@
+"""Issue 4.2: input and output on s3:// through Beam's S3 filesystem (boto3), against a real S3-compatible
+server (moto's server mode) on 127.0.0.1 that the tests start and kill themselves.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+
+import pytest
+
+from tests.ops_fixtures import (Service, dataset_files, free_port, real_corpus, run_cli, s3_env,  # noqa: F401
+                                s3_server, shard_args, subprocess_env, VENV_BIN)
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _upload(client, bucket, prefix, paths):
+    for p in paths:
+        client.upload_file(str(p), bucket, f"{prefix}/{p.name}")
+
+
+def _keys(client, bucket, prefix):
+    resp = client.list_objects_v2(Bucket=bucket, Prefix=prefix)
+    return sorted(o["Key"] for o in resp.get("Contents", []))
+
+
+def test_s3_end_to_end_commit_listing_and_incremental(tmp_path, s3_server, s3_env, record_property):
+    client = s3_server.client()
+    client.create_bucket(Bucket="pile-in")
+    client.create_bucket(Bucket="pile-out")
+    corpus = real_corpus(tmp_path / "corpus")
+    first = sorted(corpus.iterdir())[:-1]
+    _upload(client, "pile-in", "raw", first)
+
+    # The same job on local disk, for bytes and wall time.
+    local_dir = tmp_path / "local"
+    local_dir.mkdir()
+    for p in first:
+        os.link(p, local_dir / p.name)
+    t0 = time.monotonic()
+    local = run_cli(shard_args([str(local_dir / "*")], tmp_path / "local-out"), timeout_s=150, env=s3_env)
+    t_local = time.monotonic() - t0
+    assert local.returncode == 0, local.stderr[-3000:]
+
+    t0 = time.monotonic()
+    res = run_cli(shard_args(["s3://pile-in/raw/*"], "s3://pile-out/ds", "--incremental", *s3_server.beam_args()),
+                  timeout_s=150, env=s3_env)
+    t_s3 = time.monotonic() - t0
+    assert res.returncode == 0, res.stderr[-3000:]
+
+    keys = _keys(client, "pile-out", "ds/")
+    manifest = json.loads(client.get_object(Bucket="pile-out", Key="ds/manifest.json")["Body"].read())
+    assert not [k for k in keys if "_staging" in k], keys  # staging is gone after the commit
+    assert sorted("ds/" + s["path"] for s in manifest["shards"]) == [k for k in keys if k != "ds/manifest.json"]
+    for s in manifest["shards"]:  # every listed shard is there, whole
+        body = client.get_object(Bucket="pile-out", Key="ds/" + s["path"])["Body"].read()
+        assert hashlib.sha256(body).hexdigest() == s["sha256"] and len(body) == s["bytes"]
+    # Same bytes as on local disk (document ids do not depend on where the input lives).
+    local_manifest = json.loads((tmp_path / "local-out" / "manifest.json").read_text())
+    assert [s["sha256"] for s in manifest["shards"]] == [s["sha256"] for s in local_manifest["shards"]]
+    ledger = manifest["ledger"]
+    assert [r["path"] for r in ledger] == sorted(f"s3://pile-in/raw/{p.name}" for p in first)
+    assert all(r.get("etag") and len(r["sha256"]) == 64 for r in ledger)
+    record_property("s3_over_local_wall", round(t_s3 / t_local, 3))
+    print(f"\nwall time: local disk {t_local:.1f}s, S3 (moto on 127.0.0.1) {t_s3:.1f}s, ratio {t_s3 / t_local:.2f}")
+
+    # Incremental on S3: a new object becomes a second generation; the same schedule again does nothing.
+    _upload(client, "pile-in", "raw", [sorted(corpus.iterdir())[-1]])
+    res = run_cli(shard_args(["s3://pile-in/raw/*"], "s3://pile-out/ds", "--incremental", *s3_server.beam_args()),
+                  timeout_s=150, env=s3_env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    m2 = json.loads(client.get_object(Bucket="pile-out", Key="ds/manifest.json")["Body"].read())
+    assert len(m2["generations"]) == 2 and len(m2["ledger"]) == len(first) + 1
+    again = run_cli(shard_args(["s3://pile-in/raw/*"], "s3://pile-out/ds", "--incremental", *s3_server.beam_args()),
+                    timeout_s=150, env=s3_env)
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+    assert client.get_object(Bucket="pile-out", Key="ds/manifest.json")["Body"].read() == json.dumps(
+        m2, sort_keys=True, indent=1, ensure_ascii=False).encode() + b"\n"
+
+
+@pytest.mark.parametrize("which", ["input", "output"])
+def test_missing_bucket_is_a_clear_error(tmp_path, s3_server, s3_env, which):
+    client = s3_server.client()
+    client.create_bucket(Bucket="exists-in")
+    corpus = real_corpus(tmp_path / "corpus", names=("pile/val.jsonl.zst",))
+    _upload(client, "exists-in", "raw", list(corpus.iterdir()))
+    inp = "s3://no-such-bucket/raw/*" if which == "input" else "s3://exists-in/raw/*"
+    out = "s3://no-such-bucket/ds" if which == "output" else "s3://exists-in/ds"
+    res = run_cli(shard_args([inp], out, *s3_server.beam_args()), timeout_s=60, env=s3_env)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert f"--{which}" in res.stderr and "'no-such-bucket'" in res.stderr and "does not exist" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+@pytest.fixture
+def auth_s3(tmp_path):
+    """A second moto server that enforces credentials (after 3 unauthenticated IAM calls that make a user)."""
+    import boto3
+
+    port = free_port()
+    env = subprocess_env(INITIAL_NO_AUTH_ACTION_COUNT="3")
+    service = Service([os.path.join(VENV_BIN, "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                      tmp_path / "moto-auth.log", env=env)
+    try:
+        service.wait_port(port)
+        endpoint = f"http://127.0.0.1:{port}"
+        iam = boto3.client("iam", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="bootstrap",
+                           aws_secret_access_key="bootstrap")
+        iam.create_user(UserName="ci")
+        key = iam.create_access_key(UserName="ci")["AccessKey"]
+        iam.put_user_policy(UserName="ci", PolicyName="s3", PolicyDocument=json.dumps({
+            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        s3 = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
+                          aws_access_key_id=key["AccessKeyId"], aws_secret_access_key=key["SecretAccessKey"])
+        s3.create_bucket(Bucket="guarded")
+        yield endpoint, key, s3
+    finally:
+        service.stop()
+
+
+@pytest.mark.parametrize("how", ["environment", "pipeline-option"])
+def test_wrong_credentials_are_a_clear_error_that_prints_no_secret(tmp_path, auth_s3, how):
+    endpoint, key, s3 = auth_s3
+    corpus = real_corpus(tmp_path / "corpus", names=("pile/val.jsonl.zst",))
+    s3.upload_file(str(corpus / "val.jsonl.zst"), "guarded", "raw/val.jsonl.zst")
+    secret = "Wr0ngS3cretValue-do-not-print"
+    env = subprocess_env(PYTHONPATH=str(REPO), AWS_PROFILE=None, AWS_ACCESS_KEY_ID=None, AWS_SECRET_ACCESS_KEY=None,
+                         AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"))
+    extra = [f"--s3_endpoint_url={endpoint}", "--s3_region_name=us-east-1"]
+    if how == "environment":
+        env.update(AWS_ACCESS_KEY_ID=key["AccessKeyId"], AWS_SECRET_ACCESS_KEY=secret)
+    else:
+        extra += [f"--s3_access_key_id={key['AccessKeyId']}", f"--s3_secret_access_key={secret}"]
+    res = run_cli(shard_args(["s3://guarded/raw/*"], "s3://guarded/ds", *extra), timeout_s=60, env=env)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "credentials" in res.stderr and "'guarded'" in res.stderr
+    assert secret not in res.stderr + res.stdout
+    assert "Traceback" not in res.stderr
