@@ -155,5 +155,5 @@ def test_incompatible_settings_are_refused_by_name(scheduled):
 def test_a_third_generation_with_a_different_shard_size_is_fine(scheduled):
     """Non-shaping knobs (shard count/size, work unit) may change between scheduled runs."""
     shutil.copy(scheduled["files"][4], scheduled["inbox"] / scheduled["files"][4].name)
-    third = _run(_config(scheduled["inbox"], scheduled["out"], target_shard_mb=None, num_shards=1, unit_mb=1.0))
+    third = _run(_config(scheduled["inbox"], scheduled["out"], target_shard_mb=1024.0, num_shards=1, unit_mb=1.0))
     assert len(third["generations"]) == 3 and len(third["ledger"]) == 5
