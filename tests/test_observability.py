@@ -1,0 +1,174 @@
+"""Issue 4.5 (progress, summary, JSON-lines run log) and the schedule examples of 4.4 (cron, Airflow DAG,
+Dataflow Flex Template), validated here without Airflow or Google Cloud.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import pathlib
+import shlex
+import sys
+import types
+
+import pytest
+
+from pipeline import progress, runlog, shard_pipeline
+from pipeline.cli import build_parser
+from pipeline.config import ConfigError, ShardConfig
+from tests.conftest import REPO
+from tests.ops_fixtures import FAST_LOCAL, real_corpus, tokenizer_path
+
+pytestmark = pytest.mark.timeout(180)
+SCHEDULE = REPO / "pipeline" / "schedule"
+
+
+# ------------------------------------------------------------------------------------------------ rates
+def test_rates_and_eta_from_counters():
+    counters = {"documents": 1000, "tokens": 2_000_000, "raw_bytes": 50_000_000, "input_bytes": 20_000_000,
+                "split_raw_bytes": 60_000_000, "input_files": 2}
+    p = progress.Progress(10.0, counters, total_input_bytes=100_000_000, total_input_files=10)
+    assert p.docs_per_s == 100 and p.tokens_per_s == 200_000 and p.mb_per_s == 5.0
+    # 3 bytes of text per input byte so far -> 300 MB in all, 250 MB left at 5 MB/s.
+    assert p.eta_s == pytest.approx(50.0)
+    assert p.fraction == pytest.approx(10 / 60)
+    line = p.line()
+    assert "files 2/10" in line and "(100/s)" in line and "(200,000/s)" in line and "5.00 MB/s" in line
+    assert "ETA 50s" in line
+    assert progress.Progress(10.0, {"documents": 5}, 0, 0).eta_s is None  # input size unknown: no ETA
+
+
+def test_reporter_merges_sources_and_reports_periodically():
+    ticks = iter([0.0, 2.0, 4.0])
+    seen = []
+    metrics = {"documents": 10, "tokens": 100}
+    markers = {"documents": 12, "tokens": 90, "raw_bytes": 1000}
+    rep = progress.ProgressReporter([lambda: metrics, lambda: markers, lambda: 1 / 0], 0, 1, every_s=0,
+                                    on_progress=seen.append, clock=lambda: next(ticks))
+    p1 = rep.poll()
+    assert p1.counters == {"documents": 12, "tokens": 100, "raw_bytes": 1000} and p1.elapsed_s == 2.0
+    rep.poll()
+    assert len(seen) == 2 and seen[1].elapsed_s == 4.0
+
+
+def test_summary_table_lists_every_counter_with_rate():
+    table = progress.summary_table({"documents": 20, "tokens": 4000}, 2.0)
+    assert "documents" in table and "2,000.0" in table and "wall time" in table
+
+
+# ------------------------------------------------------------------------------------------- end to end
+def test_run_log_has_every_event_and_counter(tmp_path, capsys):
+    corpus = real_corpus(tmp_path / "corpus", names=("pile/00.jsonl.zst", "other/arxiv.jsonl"))
+    log_path = tmp_path / "logs" / "run.jsonl"
+    cfg = ShardConfig(inputs=(str(corpus / "*"),), output=str(tmp_path / "out"), tokenizer=tokenizer_path(),
+                      seq_len=256, num_shards=2, unit_mb=0.1)
+    manifest = shard_pipeline.run(cfg, FAST_LOCAL, run_log=str(log_path), progress_every_s=0.2)
+    out = capsys.readouterr().out
+    events = runlog.read_run_log(str(log_path))
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[1] == "plan" and kinds[-2:] == ["committed", "summary"]
+    assert "progress" in kinds
+    assert len({e["run_id"] for e in events}) == 1 and all("ts" in e for e in events)
+    ticks = [e for e in events if e["event"] == "progress"]
+    for a, b in zip(ticks, ticks[1:]):  # counters only grow
+        assert all(b["counters"][k] >= v for k, v in a["counters"].items())
+        assert {"docs_per_s", "tokens_per_s", "mb_per_s", "eta_s"} <= set(b)
+    summary = events[-1]
+    c = summary["counters"]
+    assert set(progress.COUNTERS) <= set(c)
+    assert c["input_files"] == 2 and c["records"] == manifest["records"]["read"]
+    assert c["examples"] == sum(s["examples"] for s in manifest["shards"])
+    assert c["input_bytes"] == sum(p.stat().st_size for p in corpus.iterdir())
+    assert summary["wall_s"] > 0 and summary["tokens_per_s"] > 0 and summary["mb_per_s"] > 0
+    assert events[-2]["shards"] == len(manifest["shards"])
+    assert "per second" in out and "tokens" in out  # the final summary table
+
+
+def test_run_log_records_errors(tmp_path):
+    log_path = tmp_path / "run.jsonl"
+    cfg = ShardConfig(inputs=(str(tmp_path / "missing" / "*"),), output=str(tmp_path / "out"),
+                      tokenizer=tokenizer_path(), seq_len=256)
+    with pytest.raises(ConfigError):
+        shard_pipeline.run(cfg, FAST_LOCAL, run_log=str(log_path), progress_every_s=0)
+    events = runlog.read_run_log(str(log_path))
+    assert [e["event"] for e in events] == ["start", "error"]
+    assert events[-1]["type"] == "ConfigError" and "nothing matches" in events[-1]["message"]
+
+
+# -------------------------------------------------------------------------------------------- schedules
+def _parse_shard(argv):
+    args, beam_args = build_parser().parse_known_args(argv)
+    assert args.command == "shard"
+    return args, beam_args
+
+
+def test_cron_line_is_valid_and_runs_an_incremental_shard():
+    lines = [l for l in (SCHEDULE / "pileprep.cron").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    assert len(lines) == 1
+    fields = lines[0].split(None, 5)
+    ranges = [(0, 59), (0, 23), (1, 31), (1, 12), (0, 7)]
+    for f, (lo, hi) in zip(fields[:5], ranges):
+        assert f == "*" or lo <= int(f) <= hi, f
+    assert "%" not in fields[5]  # cron would turn it into a newline
+    words = shlex.split(fields[5])
+    cmd = words[words.index(next(w for w in words if w.endswith("/bin/pileprep"))) + 1:]
+    cmd = cmd[:cmd.index(">>")] if ">>" in cmd else cmd
+    args, beam_args = _parse_shard(cmd)
+    assert args.incremental and args.run_log and not beam_args
+
+
+def test_airflow_dag_file_imports_and_builds_the_task(monkeypatch):
+    """With Airflow installed the real import is used; otherwise a stand-in records what the file builds."""
+    built = {}
+    if importlib.util.find_spec("airflow") is None:
+        class DAG:
+            def __init__(self, dag_id, **kw):
+                built["dag"] = (dag_id, kw)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                return False
+
+        class BashOperator:
+            def __init__(self, task_id, bash_command, **kw):
+                built["task"] = (task_id, bash_command, kw)
+
+        airflow = types.ModuleType("airflow")
+        airflow.DAG = DAG
+        ops = types.ModuleType("airflow.operators")
+        bash = types.ModuleType("airflow.operators.bash")
+        bash.BashOperator = BashOperator
+        for name, mod in (("airflow", airflow), ("airflow.operators", ops), ("airflow.operators.bash", bash)):
+            monkeypatch.setitem(sys.modules, name, mod)
+    spec = importlib.util.spec_from_file_location("pileprep_dag", SCHEDULE / "airflow_dag.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.dag is not None
+    argv = shlex.split(module.shard_command())[1:]
+    args, _ = _parse_shard(argv)
+    assert args.incremental
+    if built:
+        assert built["dag"][0] == "pileprep_incremental_shard" and built["dag"][1]["max_active_runs"] == 1
+        assert built["task"][1] == module.shard_command()
+
+
+def test_flex_template_spec_maps_onto_the_cli():
+    meta = json.loads((SCHEDULE / "flex_template" / "metadata.json").read_text())
+    spec = importlib.util.spec_from_file_location("flex_main", SCHEDULE / "flex_template" / "main.py")
+    flex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(flex)
+    names = {p["name"] for p in meta["parameters"]}
+    assert names <= flex.PILEPREP_FLAGS
+    required = [p["name"] for p in meta["parameters"] if not p.get("isOptional")]
+    sample = {"input": "gs://c/a/*.jsonl.zst,gs://c/b/*.jsonl.zst", "output": "gs://d/pile", "tokenizer": "/t/m.model",
+              "seq_len": "2048", "target_shard_mb": "512", "incremental": "true", "run_log": "gs://d/log.jsonl"}
+    assert set(required) <= set(sample)
+    argv = flex.translate([f"--{k}={v}" for k, v in sample.items()] + ["--project=p", "--region=europe-west4",
+                                                                        "--temp_location=gs://d/tmp"])
+    args, beam_args = _parse_shard(argv)
+    assert args.input == ["gs://c/a/*.jsonl.zst", "gs://c/b/*.jsonl.zst"] and args.seq_len == 2048
+    assert args.incremental and args.target_shard_mb == 512.0
+    assert beam_args == ["--project=p", "--region=europe-west4", "--temp_location=gs://d/tmp"]
+    assert not flex.translate(["--incremental=false"])[1:]
+    assert pathlib.Path(SCHEDULE / "flex_template" / "Dockerfile").read_text().count("FLEX_TEMPLATE_PYTHON_PY_FILE")
