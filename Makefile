@@ -13,7 +13,7 @@ export OMP_WAIT_POLICY := PASSIVE
 .PHONY: setup shard test bench train clean
 
 setup: $(STAMP)
-$(STAMP): setup.py
+$(STAMP): setup.py model_contract/_varint.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q -e '.[all]'

@@ -3,7 +3,7 @@
 This file is the one place where dependency versions are pinned. Beam ships it to remote workers with
 `--setup_file ./setup.py`; workers install only the base requirements (the pipeline's), not the trainer's.
 """
-from setuptools import find_packages, setup
+from setuptools import Extension, find_packages, setup
 
 VERSION = "0.1.0"
 
@@ -34,6 +34,8 @@ setup(
     packages=find_packages(include=["pipeline", "pipeline.*", "transforms", "transforms.*", "model_contract",
                                     "model_contract.*", "trainer", "trainer.*"]),
     python_requires=">=3.10",
+    # Optional C accelerator for Example varints; without a compiler the install still works (numpy path).
+    ext_modules=[Extension("model_contract._varint", ["model_contract/_varint.c"], optional=True)],
     install_requires=BASE,
     extras_require=EXTRAS,
     entry_points={"console_scripts": ["pileprep = pipeline.cli:main"]},

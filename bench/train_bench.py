@@ -36,7 +36,7 @@ def bench_loader(data: str, split: str, max_examples: int, sizes, mfu: float, pe
     n = 0
     for p in paths:
         for rec in read_records(p):
-            ex = decode_example(rec)
+            decode_example(rec)
             n += 1
             if n >= max_examples:
                 break

@@ -19,9 +19,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from model_contract import DataContract
 from pipeline import commit, incremental, progress, runlog, runners, storage
-from pipeline.config import PILEPREP_VERSION, ConfigError, ShardConfig, fingerprint
+from pipeline.config import PILEPREP_VERSION, ShardConfig, fingerprint
 from pipeline.manifest_builder import build_manifest, plan_shard_tasks
-from transforms import io_utils, tokenizer, stages
+from transforms import io_utils, memory, stages, tokenizer
 
 LOG = logging.getLogger("pileprep.shard")
 DEFAULT_BEAM_ARGS = ["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
@@ -90,22 +90,6 @@ def _apply_filesystem_options(plan: "JobPlan") -> None:
         plan.filesystem_options.apply()
 
 
-def resolve_inputs(globs) -> list:
-    """Expand globs to a sorted (path, size) ledger; a glob that matches nothing is a config error."""
-    found = {}
-    for pattern in globs:
-        try:
-            metadata = FileSystems.match([pattern])[0].metadata_list
-        except Exception as e:  # noqa: BLE001 - Beam raises BeamIOError with nested causes
-            raise ConfigError(f"--input {pattern}: cannot list it ({e})") from None
-        files = [m for m in metadata if not m.path.endswith("/")]
-        if not files:
-            raise ConfigError(f"--input {pattern}: no such file (nothing matches)")
-        for m in files:
-            found[m.path] = m.size_in_bytes
-    return sorted(found.items())
-
-
 def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
     """Validate the config, list inputs and load the tokenizer: all failures happen here, before any work.
 
@@ -146,6 +130,7 @@ class SplitInputFile(beam.DoFn):
 
     def setup(self):
         _apply_filesystem_options(self.plan)
+        memory.pin_mmap_threshold()
 
     def process(self, element):
         file_idx, path = element
@@ -173,6 +158,7 @@ class TokenizeChunk(beam.DoFn):
 
     def setup(self):
         _apply_filesystem_options(self.plan)
+        memory.pin_mmap_threshold()
         self.sp = tokenizer.load_processor(self.plan.model_bytes, self.plan.config.tokenizer)
         self.dtype = tokenizer.token_dtype(self.plan.contract.tokenizer.vocab_size)
         cfg = self.plan.config
@@ -199,6 +185,7 @@ class PackShard(beam.DoFn):
 
     def setup(self):
         _apply_filesystem_options(self.plan)
+        memory.pin_mmap_threshold()
 
     def process(self, task, units):
         t = self.plan.contract.tokenizer
@@ -267,6 +254,7 @@ def run(config: ShardConfig, beam_args=None, incremental_run: bool = False, run_
     JSON-lines event log (pipeline/runlog.py). `progress_every_s`: progress line period (0 = off).
     """
     options = pipeline_options(beam_args)
+    memory.configure_child_processes()
     FileSystems.set_options(options)  # the driver lists inputs and reads the manifest with the job's S3 settings
     log = runlog.RunLog(run_log)
     log.event("start", output=config.output, inputs=list(config.inputs), incremental=incremental_run,

@@ -83,3 +83,22 @@ def test_manifest_json_is_canonical():
     m = Manifest(contract=DataContract.for_tokens(8, TOK), shards=[], extra={"generation": "gen-x"})
     assert Manifest.from_json(m.to_json()).to_json() == m.to_json()
     assert Manifest.from_json(m.to_json()).extra["generation"] == "gen-x"
+
+
+def test_c_accelerator_and_numpy_paths_give_identical_bytes():
+    from model_contract import example_codec
+
+    if example_codec._fast is None:
+        pytest.skip("model_contract._varint was not built (no compiler): only the numpy path exists here")
+    rng = np.random.default_rng(7)
+    for values in (rng.integers(-2 ** 63, 2 ** 63 - 1, 4000, dtype=np.int64), np.arange(5000),
+                   rng.integers(0, 32000, 2048).astype(np.int32), np.zeros(0, dtype=np.int64)):
+        fast = example_codec.encode_varints(values)
+        assert fast == example_codec._encode_varints_numpy(values)
+        assert (example_codec.decode_varints(fast) == values).all()
+        assert (example_codec._decode_varints_numpy(fast) == values).all()
+    for broken in (b"\x80", b"\x05\xff"):
+        with pytest.raises(ValueError):
+            example_codec.decode_varints(broken)
+        with pytest.raises(ValueError):
+            example_codec._decode_varints_numpy(broken)

@@ -124,7 +124,6 @@ def test_killed_run_leaves_previous_dataset_and_rerun_gives_same_bytes(tmp_path,
 # ------------------------------------------------------------------------------------- commit unit tests
 def _manifest(tmp_path, generation):
     from model_contract import DataContract, Manifest, ShardInfo
-    from model_contract.contract import TokenizerInfo  # noqa: F401  (shape check only)
 
     src = json.loads((tmp_path / "seed.json").read_text()) if (tmp_path / "seed.json").exists() else None
     m = Manifest.from_dict(src)

@@ -24,7 +24,6 @@ padding, and the last position of each example has no target.
 from __future__ import annotations
 
 import io
-import os
 import struct
 import time
 from dataclasses import dataclass, field

@@ -18,7 +18,7 @@ import torch.nn as nn
 
 from trainer.config import ModelConfig, ParallelConfig
 from trainer.model import Block, GPTStage
-from trainer.partition import StageSpec, model_units
+from trainer.partition import StageSpec
 
 
 @dataclass

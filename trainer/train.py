@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from trainer import checkpoint as ckpt
-from trainer.config import DataConfig, ModelConfig, OptimConfig, ParallelConfig, TrainConfig, model_config
+from trainer.config import DataConfig, OptimConfig, ParallelConfig, TrainConfig, model_config
 from trainer.data import ShardLoader, merge_states, open_dataset
 from trainer.metrics import MetricsLogger
 from trainer.model import IGNORE_INDEX, token_loss_sum
