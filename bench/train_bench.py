@@ -23,9 +23,22 @@ sys.path.insert(0, REPO)
 
 
 # ---------------------------------------------------------------------------------------------- loader
+def _first_records(paths, limit: int):
+    """The first `limit` records across shards, in order (framing and CRC verified)."""
+    from model_contract import read_records
+
+    n = 0
+    for p in paths:
+        for rec in read_records(p):
+            yield rec
+            n += 1
+            if n >= limit:
+                return
+
+
 def bench_loader(data: str, split: str, max_examples: int, sizes, mfu: float, peak: float) -> dict:
     import numpy as np
-    from model_contract import decode_example, load_manifest, manifest_path, read_records, resolve_shard_path
+    from model_contract import decode_example, load_manifest, manifest_path, resolve_shard_path
     mfile = manifest_path(data)
     manifest = load_manifest(mfile)
     seq_len = manifest.contract.seq_len
@@ -34,26 +47,14 @@ def bench_loader(data: str, split: str, max_examples: int, sizes, mfu: float, pe
 
     t0 = time.perf_counter()
     n = 0
-    for p in paths:
-        for rec in read_records(p):
-            decode_example(rec)
-            n += 1
-            if n >= max_examples:
-                break
-        if n >= max_examples:
-            break
+    for rec in _first_records(paths, max_examples):
+        decode_example(rec)
+        n += 1
     dt = time.perf_counter() - t0
     out["tf_free"] = {"examples": n, "examples_per_s": n / dt, "tokens_per_s": n * seq_len / dt}
 
     t0 = time.perf_counter()
-    n = 0
-    for p in paths:
-        for _ in read_records(p):
-            n += 1
-            if n >= max_examples:
-                break
-        if n >= max_examples:
-            break
+    n = sum(1 for _ in _first_records(paths, max_examples))
     dt = time.perf_counter() - t0
     out["tf_free_framing_only"] = {"tokens_per_s": n * seq_len / dt}
 

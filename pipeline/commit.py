@@ -7,7 +7,6 @@ or not at all). A run killed at any moment therefore leaves the previous dataset
 """
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 from model_contract import MANIFEST_NAME, Manifest
@@ -29,18 +28,7 @@ def publish_manifest(output_dir: str, manifest_json: str) -> str:
     path = manifest_location(output_dir)
     data = manifest_json.encode("utf-8")
     if io_utils.is_local(path):
-        os.makedirs(output_dir, exist_ok=True)
-        tmp = path + ".tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        dir_fd = os.open(output_dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        io_utils.replace_atomically(path, data)
     else:
         io_utils.write_bytes(path, data)
     return path

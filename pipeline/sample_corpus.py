@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 import zstandard
 
+from transforms import io_utils
+
 STDLIB_CODE = "StdlibCode"
 PACKAGE_DOCS = "PackageDocs"
 PACKAGE_CODE = "PackageCode"  # filler, only when the two main sources fall short of the target
@@ -134,14 +136,8 @@ def _collect(source: str, cands: list[_Candidate], budget: int) -> list[bytes]:
 
 
 def _write_zst(path: str, data: bytes) -> int:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     blob = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    io_utils.replace_atomically(path, blob)
     return len(blob)
 
 

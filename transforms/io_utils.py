@@ -33,6 +33,24 @@ def write_bytes(path: str, data: bytes) -> None:
         f.write(data)
 
 
+def replace_atomically(path: str, data: bytes) -> None:
+    """Local files only: write a temp file, fsync it, rename it over `path`, fsync the directory. A reader
+    sees the old file or the new one, never a part (EFS/FSx included: rename within a directory is atomic)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 def read_bytes(path: str) -> bytes:
     with open_read(path) as f:
         return f.read()
