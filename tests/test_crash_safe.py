@@ -16,6 +16,7 @@ import pytest
 
 from model_contract import load_manifest, resolve_shard_path
 from pipeline import commit
+from transforms import io_utils
 from tests.conftest import REPO
 from tests.ops_fixtures import FAST_LOCAL, dataset_files, kill_group, real_corpus, run_cli, shard_args, subprocess_env
 
@@ -176,7 +177,7 @@ def test_manifest_replace_is_atomic_a_crash_before_rename_leaves_old_manifest(se
     def crash(*_a, **_k):
         raise KeyboardInterrupt("killed between the temp write and the rename")
 
-    monkeypatch.setattr(commit.os, "replace", crash)
+    monkeypatch.setattr(io_utils.os, "replace", crash)  # the rename inside io_utils.replace_atomically
     with pytest.raises(KeyboardInterrupt):
         commit.publish_manifest(str(out), m_b.to_json())
     assert (out / "manifest.json").read_bytes() == old
