@@ -80,8 +80,13 @@ class ShardConfig:
         return d
 
 
-def fingerprint(config: ShardConfig, tokenizer_sha256: str, ledger: list) -> str:
-    """Identity of a dataset generation: config + tokenizer + input ledger (path, size)."""
-    blob = json.dumps({"config": config.to_manifest_dict(), "tokenizer": tokenizer_sha256, "inputs": ledger,
-                       "version": PILEPREP_VERSION}, sort_keys=True)
+def fingerprint(config: ShardConfig, tokenizer_sha256: str, ledger: list, parents=()) -> str:
+    """Identity of a dataset generation: config + tokenizer + input ledger (path, size), and for a generation
+    that builds on committed ones (incremental), the names of those parents, so that it can never share a name
+    (and a directory) with a full build over the same files."""
+    identity = {"config": config.to_manifest_dict(), "tokenizer": tokenizer_sha256, "inputs": ledger,
+                "version": PILEPREP_VERSION}
+    if parents:
+        identity["parents"] = sorted(parents)
+    blob = json.dumps(identity, sort_keys=True)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]

@@ -111,12 +111,19 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
         incremental.raise_for_changes(diff, config.output)
         rows = diff.new
     ledger = [(r["path"], r["bytes"]) for r in rows]
-    generation = "gen-" + fingerprint(config, contract.tokenizer.model_sha256, ledger)
+    live = incremental.referenced_generations(previous)
+    incremental_plan = incremental_run and previous is not None
+    generation = "gen-" + fingerprint(config, contract.tokenizer.model_sha256, ledger,
+                                      parents=live if incremental_plan else ())
+    if not incremental_plan and generation in live and live != {generation}:
+        # A full build whose name a committed, multi-generation dataset already uses: never rewrite a live
+        # generation's files in place (a reader or a crash would see them half-written); take a new name.
+        generation = "gen-" + fingerprint(config, contract.tokenizer.model_sha256, ledger, parents=live)
     staging_root = config.staging_dir or io_utils.join(config.output, "_staging")
     return JobPlan(config, ledger, model_bytes, contract, generation, io_utils.join(config.output, generation),
                    io_utils.join(staging_root, generation), input_rows=tuple(rows),
                    previous_json=None if previous is None else previous.to_json(),
-                   incremental=incremental_run and previous is not None, nothing_to_do=not rows)
+                   incremental=incremental_plan, nothing_to_do=not rows)
 
 
 class SplitInputFile(beam.DoFn):
@@ -281,7 +288,8 @@ def _run(config, options, incremental_run, log, progress_every_s) -> dict:
         print(f"pileprep: nothing to do: {config.output} already holds every input file", flush=True)
         log.event("nothing_to_do", generation=committed.extra.get("generation") if committed else None)
         return committed.to_dict()
-    if committed is not None and not plan.incremental and committed.extra.get("generation") == plan.generation:
+    if (committed is not None and not plan.incremental
+            and incremental.referenced_generations(committed) == {plan.generation}):
         LOG.info("%s already holds generation %s: nothing to do", config.output, plan.generation)
         print(f"pileprep: nothing to do: {config.output} already holds generation {plan.generation}", flush=True)
         log.event("nothing_to_do", generation=plan.generation)

@@ -157,3 +157,25 @@ def test_a_third_generation_with_a_different_shard_size_is_fine(scheduled):
     shutil.copy(scheduled["files"][4], scheduled["inbox"] / scheduled["files"][4].name)
     third = _run(_config(scheduled["inbox"], scheduled["out"], target_shard_mb=1024.0, num_shards=1, unit_mb=1.0))
     assert len(third["generations"]) == 3 and len(third["ledger"]) == 5
+
+
+def test_generation_names_never_reuse_a_live_generation(tmp_path):
+    """An incremental generation is named by its parents too, and a full rebuild whose name a live,
+    multi-generation dataset already uses takes a new one: no generation is ever rewritten in place."""
+    files = sorted(real_corpus(tmp_path / "corpus").iterdir())
+    inbox, out = tmp_path / "inbox", tmp_path / "out"
+    inbox.mkdir()
+    shutil.copy(files[0], inbox / files[0].name)
+    first = _run(_config(inbox, out))
+    shutil.copy(files[1], inbox / files[1].name)
+    second = _run(_config(inbox, out))
+    live = {g["name"] for g in second["generations"]}
+    assert live == {first["generation"], second["generation"]}
+    # a full build over both files is not the incremental generation that added the second one
+    full_both = shard_pipeline.prepare(_config(inbox, out), incremental_run=False)
+    assert full_both.generation not in live
+    # the second file goes away; a full rebuild over the first alone would be named like generation 1
+    (inbox / files[1].name).unlink()
+    rebuild = shard_pipeline.prepare(_config(inbox, out), incremental_run=False)
+    assert rebuild.generation not in live
+    assert not rebuild.nothing_to_do

@@ -62,3 +62,21 @@ def test_compression_of():
     assert compression_of("s3://b/00.jsonl.zst") == "zstd"
     assert compression_of("/x/c4.json.gz") == "gzip"
     assert compression_of("a.jsonl") == "none"
+
+
+def test_spill_chunk_round_trip_and_truncation_is_an_error():
+    from transforms.spill import ChunkWriter, iter_chunk
+
+    buf = io.BytesIO()
+    writer = ChunkWriter(buf)
+    records = [(1, b'{"text": "a"}'), (2, b""), (5, b"x" * 100_000)]
+    for line, data in records:
+        writer.add(line, data)
+    writer.close()
+    blob = buf.getvalue()
+    assert list(iter_chunk(io.BytesIO(blob))) == records
+    # cut inside the last record: the reader must raise, not yield a shorter list
+    plain = b"".join(__import__("struct").pack("<QQ", line, len(d)) + d for line, d in records)
+    cut = zstandard.ZstdCompressor().compress(plain[:-10])
+    with pytest.raises(IOError):
+        list(iter_chunk(io.BytesIO(cut)))

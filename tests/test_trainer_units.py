@@ -194,3 +194,45 @@ def test_incomplete_checkpoint_is_never_latest(tmp_path):
     (root / "step_00000008.tmp").mkdir()  # the interrupted save
     assert latest_checkpoint(str(root)) == str(root / "step_00000004")
     assert latest_checkpoint(str(tmp_path / "none")) is None
+
+
+def test_loader_refuses_a_checkpoint_taken_on_another_shard_list(dataset, tmp_path):
+    """An --incremental commit adds shards: saved (shard index, offset) positions would point elsewhere."""
+    state = merge_states([_loader(dataset).state_dict()])
+    grown = write_dataset(str(tmp_path / "grown"), seq_len=32, vocab=64, n_docs=500)
+    other = _loader(grown)
+    with pytest.raises(ValueError, match="shard list changed"):
+        other.load_state_dict(state)
+    same = _loader(dataset)
+    same.load_state_dict(state)  # the same dataset resumes fine
+
+
+def test_checkpoint_pruning_never_deletes_the_one_just_published(tmp_path):
+    """A directory holding a longer earlier run (steps 80, 100): saving step 10 keeps step 10 as `latest`."""
+    import socket
+    import types
+
+    import torch.distributed as dist
+
+    from trainer import checkpoint
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.AdamW(model.parameters())
+        env = types.SimpleNamespace(rank=0)
+        root = str(tmp_path / "ckpt")
+        for step in (80, 100, 10):
+            checkpoint.save(root, step, model, opt, {}, env, keep=2)
+        assert latest_checkpoint(root) == os.path.join(root, "step_00000010")
+        assert os.path.exists(os.path.join(root, "step_00000010", "meta.json"))
+        assert {"step_00000080", "step_00000100"} <= set(os.listdir(root))
+        for step in (20, 30):
+            checkpoint.save(root, step, model, opt, {}, env, keep=2)
+        kept = sorted(d for d in os.listdir(root) if d.startswith("step_00000") and int(d[5:]) <= 30)
+        assert kept == ["step_00000020", "step_00000030"]  # older steps of this run pruned to keep=2
+    finally:
+        dist.destroy_process_group()

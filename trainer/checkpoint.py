@@ -93,8 +93,11 @@ def save(root: str, step: int, module: torch.nn.Module, optimizer, meta: dict, e
             os.fsync(f.fileno())
         os.replace(os.path.join(root, LATEST + ".tmp"), os.path.join(root, LATEST))
         _fsync_dir(root)
-        done = sorted(d for d in os.listdir(root) if d.startswith("step_") and not d.endswith(".tmp"))
-        for old in done[:-keep] if keep > 0 else []:
+        # Keep the checkpoint just published (the one `latest` names) and the keep-1 before it; never touch a
+        # higher step left by another run in this directory (sorting by name alone could delete `latest`).
+        older = sorted(d for d in os.listdir(root)
+                       if d.startswith("step_") and not d.endswith(".tmp") and d < _name(step))
+        for old in older[:max(0, len(older) - (keep - 1))] if keep > 0 else []:
             shutil.rmtree(os.path.join(root, old), ignore_errors=True)
     dist.barrier()
     return final

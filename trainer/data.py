@@ -23,6 +23,8 @@ padding, and the last position of each example has no target.
 """
 from __future__ import annotations
 
+import hashlib
+
 import io
 import struct
 import time
@@ -238,6 +240,8 @@ class ShardLoader:
         self.my_streams = list(range(dp_rank * S // dp_size, (dp_rank + 1) * S // dp_size))
         shards = manifest.shards_for(cfg.split)
         self.files = ShardFiles([resolve_shard_path(manifest_file, s) for s in shards], verify=cfg.verify_crc)
+        # Loader state points into these shards by index and byte offset: it is only valid for this exact list.
+        self.shard_set = hashlib.sha256("\n".join(f"{s.path} {s.sha256}" for s in shards).encode()).hexdigest()
         total = sum(s.examples for s in shards)
         self.steps_per_epoch = (total // S) // self.per_stream
         if self.steps_per_epoch == 0:
@@ -258,7 +262,7 @@ class ShardLoader:
     def state_dict(self) -> dict:
         """This rank's streams; merge all ranks' with `merge_states` to get a dp-independent state."""
         return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "streams": self.cfg.streams,
-                "seed": self.cfg.seed, "global_batch": self.global_batch,
+                "seed": self.cfg.seed, "global_batch": self.global_batch, "shard_set": self.shard_set,
                 "stream_states": {str(s): st.snapshot().to_dict() for s, st in self.streams.items()}}
 
     def load_state_dict(self, state: dict) -> None:
@@ -266,6 +270,10 @@ class ShardLoader:
             if state[key] != mine:
                 raise ValueError(f"checkpoint's data loader has {key}={state[key]}, this run has {mine}: "
                                  f"resuming would change the data order (keep --{key.replace('_', '-')} fixed)")
+        if state.get("shard_set", self.shard_set) != self.shard_set:
+            raise ValueError("the manifest's shard list changed since this checkpoint (e.g. an --incremental run "
+                             "committed a new generation): the saved loader positions do not apply to it; resume "
+                             "against the dataset the run started with, or start a new run (--no-resume)")
         states = {int(k): StreamState.from_dict(v) for k, v in state["stream_states"].items()}
         missing = [s for s in self.my_streams if s not in states]
         if missing:

@@ -54,14 +54,19 @@ class ChunkWriter:
 
 
 def iter_chunk(stream: BinaryIO) -> Iterator[tuple]:
-    """Yield (line, bytes) from a chunk file written by ChunkWriter."""
+    """Yield (line, bytes) from a chunk file written by ChunkWriter; a cut-short file is an IOError."""
     reader = zstandard.ZstdDecompressor().stream_reader(stream, read_across_frames=True)
     while True:
         header = _read_exact(reader, _RECORD_HEADER.size)
         if not header:
             return
+        if len(header) != _RECORD_HEADER.size:
+            raise IOError("spill chunk truncated inside a record header")
         line, length = _RECORD_HEADER.unpack(header)
-        yield line, _read_exact(reader, length)
+        data = _read_exact(reader, length)
+        if len(data) != length:
+            raise IOError(f"spill chunk truncated: line {line} wants {length} bytes, got {len(data)}")
+        yield line, data
 
 
 def _read_exact(reader, n: int) -> bytes:
@@ -73,10 +78,7 @@ def _read_exact(reader, n: int) -> bytes:
             break
         parts.append(part)
         got += len(part)
-    data = b"".join(parts)
-    if data and len(data) != n:
-        raise IOError(f"spill chunk truncated: wanted {n} bytes, got {len(data)}")
-    return data
+    return b"".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------- units

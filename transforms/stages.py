@@ -190,6 +190,8 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
             else:
                 _bump(stats["filtered"], result.reason)
     flush()
+    if stats["read"] != chunk.records:  # the spill file lost records: fail loudly, never drop them
+        raise IOError(f"{chunk.chunk_path}: holds {stats['read']} records, the split stage wrote {chunk.records}")
 
     index = np.zeros(len(rows), dtype=INDEX_DTYPE)
     if rows:
