@@ -63,6 +63,10 @@ def commit_dataset(output_dir: str, manifest: Manifest, expected_previous: Optio
         raise ConcurrentCommitError(
             f"{output_dir}: the committed generation changed from {expected_previous} to {current_gen} while this "
             f"run was writing {new_gen}; run one job per output at a time. Nothing was published.")
+    # Durable before referenced: a power loss after the manifest's fsync must not leave it naming lost shards.
+    io_utils.fsync_files(io_utils.join(output_dir, rel) for rel in
+                         [s.path for s in manifest.shards if s.path.startswith(str(new_gen) + "/")] +
+                         [d for d in manifest.dead_letters if d.startswith(str(new_gen) + "/")])
     path = publish_manifest(output_dir, manifest.to_json())
     io_utils.delete_tree(staging_dir)
     keep = incremental.referenced_generations(manifest)

@@ -51,6 +51,27 @@ def replace_atomically(path: str, data: bytes) -> None:
         os.close(dir_fd)
 
 
+def fsync_files(paths) -> None:
+    """Local files only: flush the data of already-written files (and their directories) to stable storage.
+    Beam's FileSystems streams cannot fsync; the commit calls this before the manifest that references them."""
+    directories = set()
+    for path in paths:
+        if not is_local(path):
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        directories.add(os.path.dirname(os.path.abspath(path)))
+    for directory in sorted(directories):
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
 def read_bytes(path: str) -> bytes:
     with open_read(path) as f:
         return f.read()
