@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 
 from model_contract import encode_example, frame_record
-from transforms import io_utils
+from transforms import io_utils, tokenizer
 from transforms.documents import (DEAD_LETTER, SPLITS, Document, parse_record, shard_key_range, sort_key,
                                   split_of)
 from transforms.packing import pack_documents
@@ -161,7 +161,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
         nonlocal batch, batch_chars
         if not batch:
             return
-        encoded = sp.encode([doc.text for _, doc in batch], out_type=int, num_threads=1)
+        encoded = tokenizer.encode_batch(sp, [doc.text for _, doc in batch])
         for (line, doc), ids in zip(batch, encoded):
             arr = np.array(ids, dtype=np.int64)
             if arr.size and int(arr.max()) > max_id:
