@@ -50,8 +50,8 @@ def _shard_config(args) -> ShardConfig:
 
 
 def cmd_shard(args, beam_args) -> int:
-    from pipeline import shard_pipeline  # noqa: PLC0415 - Beam import only for commands that need it
-    from pipeline.inspect_dataset import summary_table  # noqa: PLC0415
+    from pipeline.shard import shard_pipeline  # noqa: PLC0415 - Beam import only for commands that need it
+    from pipeline.tools.inspect_dataset import summary_table  # noqa: PLC0415
 
     manifest = shard_pipeline.run(_shard_config(args), beam_args, incremental_run=args.incremental,
                                   run_log=args.run_log, progress_every_s=args.progress_every)
@@ -60,21 +60,21 @@ def cmd_shard(args, beam_args) -> int:
 
 
 def cmd_sample(args, _beam_args) -> int:
-    from pipeline.sample_corpus import write_sample_corpus  # noqa: PLC0415
+    from pipeline.tools.sample_corpus import write_sample_corpus  # noqa: PLC0415
 
     print(json.dumps(write_sample_corpus(args.output), indent=1, sort_keys=True))
     return 0
 
 
 def cmd_tokenizer_train(args, _beam_args) -> int:
-    from pipeline.tokenizer_train import train_tokenizer  # noqa: PLC0415
+    from pipeline.tools.tokenizer_train import train_tokenizer  # noqa: PLC0415
 
     print(json.dumps(train_tokenizer(args.input, args.output, args.vocab_size), indent=1, sort_keys=True))
     return 0
 
 
 def cmd_inspect(args, _beam_args) -> int:
-    from pipeline.inspect_dataset import inspect  # noqa: PLC0415
+    from pipeline.tools.inspect_dataset import inspect  # noqa: PLC0415
 
     print(inspect(args.dataset, examples=args.examples, tokenizer_path=args.tokenizer))
     return 0

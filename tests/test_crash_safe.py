@@ -15,7 +15,7 @@ import time
 import pytest
 
 from model_contract import load_manifest, resolve_shard_path
-from pipeline import commit
+from pipeline.ops import commit
 from transforms import io_utils
 from tests.conftest import REPO
 from tests.ops_fixtures import FAST_LOCAL, dataset_files, kill_group, real_corpus, run_cli, shard_args, subprocess_env

@@ -10,7 +10,8 @@ import shutil
 import pytest
 
 from model_contract import Manifest
-from pipeline import incremental, shard_pipeline
+from pipeline.ops import incremental
+from pipeline.shard import shard_pipeline
 from pipeline.cli import main as cli_main
 from pipeline.config import ShardConfig
 from tests.ops_fixtures import FAST_LOCAL, real_corpus, tokenizer_path

@@ -12,14 +12,15 @@ import types
 
 import pytest
 
-from pipeline import progress, runlog, shard_pipeline
+from pipeline.ops import progress, runlog
+from pipeline.shard import shard_pipeline
 from pipeline.cli import build_parser
 from pipeline.config import ConfigError, ShardConfig
 from tests.conftest import REPO
 from tests.ops_fixtures import FAST_LOCAL, real_corpus, tokenizer_path
 
 pytestmark = pytest.mark.timeout(180)
-SCHEDULE = REPO / "pipeline" / "schedule"
+SCHEDULE = REPO / "pipeline" / "ops" / "schedule"
 
 
 # ------------------------------------------------------------------------------------------------ rates

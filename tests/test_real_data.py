@@ -10,7 +10,7 @@ import pytest
 import sentencepiece as spm
 
 from model_contract import decode_example, read_records
-from pipeline import shard_pipeline
+from pipeline.shard import shard_pipeline
 from pipeline.config import ShardConfig
 from tests.conftest import shared_data
 from transforms.documents import Document, parse_record

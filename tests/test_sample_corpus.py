@@ -5,7 +5,7 @@ import os
 import pytest
 import zstandard
 
-from pipeline.sample_corpus import NUM_TRAIN_FILES, PACKAGE_DOCS, STDLIB_CODE, write_sample_corpus
+from pipeline.tools.sample_corpus import NUM_TRAIN_FILES, PACKAGE_DOCS, STDLIB_CODE, write_sample_corpus
 
 EXPECTED_FILES = [f"train/{i:02d}.jsonl.zst" for i in range(NUM_TRAIN_FILES)] + ["val.jsonl.zst",
                                                                                   "test.jsonl.zst"]

@@ -14,7 +14,7 @@ import pytest
 import sentencepiece as spm
 
 from model_contract import Expectation, check_compatible, decode_example, load_manifest, read_records
-from pipeline import shard_pipeline
+from pipeline.shard import shard_pipeline
 from pipeline.config import ConfigError, ShardConfig
 from tests.corpus_fixtures import write_bad_inputs, write_good_corpus
 from transforms.documents import document_id

@@ -6,8 +6,8 @@ import json
 import pytest
 import sentencepiece as spm
 
-from pipeline.sample_corpus import write_sample_corpus
-from pipeline.tokenizer_train import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
+from pipeline.tools.sample_corpus import write_sample_corpus
+from pipeline.tools.tokenizer_train import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
 
 VOCAB = 1000
 

@@ -54,7 +54,7 @@ def commit_dataset(output_dir: str, manifest: Manifest, expected_previous: Optio
     one step, and only then are staging and unreferenced generations deleted (a crash in between leaves
     garbage, never a dangling reference).
     """
-    from pipeline import incremental  # noqa: PLC0415 - avoid a cycle at import time
+    from pipeline.ops import incremental  # noqa: PLC0415 - avoid a cycle at import time
 
     current = read_committed(output_dir)
     current_gen = None if current is None else current.extra.get("generation")

@@ -18,9 +18,9 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from model_contract import DataContract
-from pipeline import commit, incremental, progress, runlog, runners, storage
+from pipeline.ops import commit, incremental, progress, runlog, runners, storage
 from pipeline.config import PILEPREP_VERSION, ShardConfig, fingerprint
-from pipeline.manifest_builder import build_manifest, plan_shard_tasks
+from pipeline.shard.manifest_builder import build_manifest, plan_shard_tasks
 from transforms import io_utils, memory, stages, tokenizer
 
 LOG = logging.getLogger("pileprep.shard")
@@ -37,7 +37,7 @@ class JobPlan:
     generation: str
     data_dir: str
     staging_dir: str
-    # Ops (pipeline/incremental.py, pipeline/commit.py): the ledger rows {path, bytes, mtime[, etag]} of the
+    # Ops (pipeline/ops/incremental.py, pipeline/ops/commit.py): the ledger rows {path, bytes, mtime[, etag]} of the
     # files this generation ingests, the committed manifest the run started from, and whether to add to it.
     input_rows: tuple = ()
     previous_json: Optional[str] = None
@@ -94,7 +94,7 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
     """Validate the config, list inputs and load the tokenizer: all failures happen here, before any work.
 
     With `incremental_run`, only input files the committed dataset does not hold yet are planned (changed or
-    removed ones are an error, see pipeline/incremental.py); `nothing_to_do` says there are none.
+    removed ones are an error, see pipeline/ops/incremental.py); `nothing_to_do` says there are none.
     """
     config.validate()
     rows = incremental.list_inputs(config.inputs)
@@ -257,8 +257,8 @@ def run(config: ShardConfig, beam_args=None, incremental_run: bool = False, run_
         progress_every_s: float = 10.0) -> dict:
     """Run the shard job to completion and return the committed manifest as a dict.
 
-    `incremental_run`: add only new input files as a new generation (pipeline/incremental.py). `run_log`:
-    JSON-lines event log (pipeline/runlog.py). `progress_every_s`: progress line period (0 = off).
+    `incremental_run`: add only new input files as a new generation (pipeline/ops/incremental.py). `run_log`:
+    JSON-lines event log (pipeline/ops/runlog.py). `progress_every_s`: progress line period (0 = off).
     """
     options = pipeline_options(beam_args)
     memory.configure_child_processes()

@@ -1,0 +1,1 @@
+"""The shard job: Beam wiring and manifest assembly."""

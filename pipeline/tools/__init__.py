@@ -1,0 +1,1 @@
+"""Tools beside the jobs: the sample corpus, tokenizer training, dataset inspection."""
