@@ -1,0 +1,78 @@
+"""Configuration of the retrieval jobs: one typed place each, validated before any work (exit 2, one line)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from pipeline.config import ConfigError
+from transforms.retrieval_encoders import ENCODERS
+from transforms.retrieval_index import validate_spec
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    dataset: str  # committed shard dataset (directory with manifest.json)
+    output: str  # chunk database directory
+    chunk_len: int = 64
+    splits: tuple = ("train",)  # which splits of the dataset go into the database
+    encoder: str = "bm25"
+    index: str = "auto"  # Faiss index_factory spec for dense encoders
+    nprobe: int = 64
+    train_size: int = 100_000
+    seed: int = 0
+    num_db_shards: int = 4
+    doc_fraction: float = 1.0  # keep documents whose id falls in the first fraction of the id space
+    device: str = "cpu"  # dense encoder device (cuda on GPU workers)
+    batch_size: int = 64  # dense encoder batch
+    sources: bool = True  # join each document's source from the dataset's input files
+
+    def validate(self) -> None:
+        problems = []
+        if self.chunk_len < 1:
+            problems.append(f"--chunk-len must be positive, got {self.chunk_len}")
+        if self.encoder not in ENCODERS:
+            problems.append(f"--encoder must be one of {', '.join(ENCODERS)}, got {self.encoder!r}")
+        spec_problem = validate_spec(self.index)
+        if spec_problem:
+            problems.append(f"--index: {spec_problem}")
+        if self.num_db_shards < 1:
+            problems.append(f"--num-db-shards must be at least 1, got {self.num_db_shards}")
+        if not 0.0 < self.doc_fraction <= 1.0:
+            problems.append(f"--doc-fraction must be in (0, 1], got {self.doc_fraction}")
+        if self.batch_size < 1 or self.nprobe < 1:
+            problems.append("--batch-size and --nprobe must be positive")
+        bad = [s for s in self.splits if s not in ("train", "val", "test")]
+        if bad:
+            problems.append(f"--splits: unknown split(s) {bad}")
+        if problems:
+            raise ConfigError("invalid retrieval build configuration:\n  " + "\n  ".join(problems))
+
+    def identity(self) -> dict:
+        """What shapes the database (not where or how it ran)."""
+        return {"chunk_len": self.chunk_len, "splits": list(self.splits), "encoder": self.encoder,
+                "index": self.index, "nprobe": self.nprobe, "train_size": self.train_size, "seed": self.seed,
+                "num_db_shards": self.num_db_shards, "doc_fraction": self.doc_fraction, "sources": self.sources}
+
+
+@dataclass(frozen=True)
+class NeighboursConfig:
+    dataset: str  # committed shard dataset
+    db: str  # committed chunk database
+    output: str  # sidecar directory
+    num_neighbours: int = 2
+    neighbour_len: int = 128
+    batch_size: int = 64
+    device: str = "cpu"
+    nprobe: Optional[int] = None  # default: the database's
+
+    def validate(self, chunk_len: Optional[int] = None) -> None:
+        problems = []
+        if self.num_neighbours < 1:
+            problems.append(f"--num-neighbours must be positive, got {self.num_neighbours}")
+        if self.neighbour_len < 1:
+            problems.append(f"--neighbour-len must be positive, got {self.neighbour_len}")
+        if chunk_len is not None and self.neighbour_len < chunk_len:
+            problems.append(f"--neighbour-len {self.neighbour_len} is shorter than the database's chunk_len "
+                            f"{chunk_len} (RETRO uses chunk + continuation = 2 x chunk_len)")
+        if problems:
+            raise ConfigError("invalid retrieval neighbours configuration:\n  " + "\n  ".join(problems))
