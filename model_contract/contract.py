@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-CONTRACT_VERSION = "1.0"
+CONTRACT_VERSION = "1.1"  # 1.1: retrieval sidecars (model_contract/retrieval.py); shard features unchanged
 SUPPORTED_MAJOR = 1
 
 # Feature names. segment_ids: 0 = padding, 1..n = n-th document piece in the example; positions: position
@@ -21,6 +21,11 @@ POSITIONS = "positions"
 PIECE_DOC_IDS = "piece_doc_ids"
 PIECE_OFFSETS = "piece_offsets"
 NEIGHBOURS = "neighbours"
+# Retrieval sidecar features (model_contract/retrieval.py): neighbour tokens as raw little-endian bytes of
+# token_dtype, and the database chunk id (document id, chunk index) of every neighbour (-1 = none).
+NEIGHBOUR_TOKENS = "neighbour_tokens"
+NEIGHBOUR_DOC_IDS = "neighbour_doc_ids"
+NEIGHBOUR_CHUNK_INDEX = "neighbour_chunk_index"
 
 
 class ContractError(ValueError):
@@ -76,17 +81,34 @@ class TokenizerInfo:
 
 @dataclass(frozen=True)
 class RetrievalSpec:
-    """RETRO-style retrieval shape: each training chunk of chunk_len tokens has k neighbours of neighbour_len."""
+    """RETRO-style retrieval shape: each training chunk of chunk_len tokens has k neighbours of neighbour_len.
+
+    `fingerprint` names the database + encoder + index + neighbour settings the neighbours came from (empty in
+    an Expectation = accept any); `token_dtype` is how neighbour token ids are stored (uint16 when the
+    vocabulary fits, see model_contract/retrieval.py).
+    """
     chunk_len: int
     num_neighbours: int
     neighbour_len: int
+    fingerprint: str = ""
+    token_dtype: str = "uint16"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RetrievalSpec":
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls) if f.name in d})
+
+    def mismatches(self, expected: "RetrievalSpec") -> list:
+        """What differs from an expectation (an empty expected fingerprint accepts any)."""
+        out = [f"retrieval {name}: data has {getattr(self, name)}, trainer expects {getattr(expected, name)}"
+               for name in ("chunk_len", "num_neighbours", "neighbour_len")
+               if getattr(self, name) != getattr(expected, name)]
+        if expected.fingerprint and expected.fingerprint != self.fingerprint:
+            out.append(f"retrieval fingerprint: neighbours were built as {self.fingerprint or '(none)'}, trainer "
+                       f"pins {expected.fingerprint} (rebuild with `pileprep retrieval neighbours` or unpin)")
+        return out
 
 
 def token_features(seq_len: int) -> tuple:
@@ -191,16 +213,15 @@ def check_compatible(contract_or_manifest: Any, expected: Expectation) -> DataCo
         spec = names.get(name)
         if spec is None:
             problems.append(f"feature {name!r}: missing from data (data has {sorted(names)})")
-        elif spec.dtype != "int64":
+        elif spec.dtype != "int64" and name != NEIGHBOUR_TOKENS:
             problems.append(f"feature {name!r}: dtype {spec.dtype}, trainer reads int64")
         elif name in (INPUT_IDS, SEGMENT_IDS, POSITIONS) and tuple(spec.shape) != (expected.seq_len,):
             problems.append(f"feature {name!r}: shape {list(spec.shape)}, trainer expects [{expected.seq_len}]")
     if expected.retrieval is not None:
         if contract.retrieval is None:
             problems.append("retrieval: trainer expects neighbours but the data has no retrieval features")
-        elif contract.retrieval != expected.retrieval:
-            problems.append(f"retrieval: data has {contract.retrieval.to_dict()}, trainer expects "
-                            f"{expected.retrieval.to_dict()}")
+        else:
+            problems.extend(contract.retrieval.mismatches(expected.retrieval))
     if problems:
         raise ContractMismatchError(problems)
     return contract

@@ -80,6 +80,12 @@ def cmd_inspect(args, _beam_args) -> int:
     return 0
 
 
+def cmd_retrieval(args, beam_args) -> int:
+    from pipeline.retrieval import cli as retrieval_cli  # noqa: PLC0415 - Beam/Faiss only for this command
+
+    return retrieval_cli.run(args, beam_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pileprep", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -102,13 +108,16 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--examples", type=int, default=2)
     inspect.add_argument("--tokenizer", default=None, help="decode with this model (default: the manifest's)")
     inspect.set_defaults(func=cmd_inspect)
+    from pipeline.retrieval.cli import add_parser as add_retrieval_parser  # noqa: PLC0415
+
+    add_retrieval_parser(sub, cmd_retrieval)
     return parser
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
-    if beam_args and args.command != "shard":
+    if beam_args and args.command not in ("shard", "retrieval"):
         parser.error(f"unrecognized arguments: {' '.join(beam_args)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")

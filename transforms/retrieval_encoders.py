@@ -64,33 +64,88 @@ def bm25_info() -> EncoderInfo:
 
 
 class BM25Scorer:
-    """bm25s index over chunk token ids; scores a batch of queries against every chunk at once."""
+    """bm25s scores over chunk token ids, held as term → postings (CSR [terms, chunks]) for sparse queries.
 
-    def __init__(self, chunk_tokens: Sequence[np.ndarray]):
-        import bm25s  # noqa: PLC0415 - the retrieval extra
+    A query is scored on its `max_terms` (default 8) rarest distinct tokens (ties by token id). Why: a chunk's common
+    tokens (spaces, newlines, punctuation) carry almost no BM25 weight but have postings over most of the
+    database, and scoring them makes lexical search quadratic; the rarest terms give the same top-k in
+    practice at a small fraction of the cost. The limit is part of the index identity in the manifest.
+    """
+
+    def __init__(self, vocab: np.ndarray, data: np.ndarray, indices: np.ndarray, indptr: np.ndarray,
+                 num_chunks: int):
         import scipy.sparse as sp  # noqa: PLC0415
+
+        self.vocab_ids = np.asarray(vocab, np.int64)  # sorted token ids; position = term row
+        self.num_chunks = int(num_chunks)
+        self.postings = sp.csr_matrix((data, indices, indptr), shape=(len(self.vocab_ids), self.num_chunks))
+        self.df = np.diff(np.asarray(indptr))
+
+    @classmethod
+    def build(cls, chunk_tokens: Sequence[np.ndarray]) -> "BM25Scorer":
+        import bm25s  # noqa: PLC0415 - the retrieval extra
 
         params = dict(BM25_DEFAULTS)
+        # bm25s wants contiguous ids 0..V-1: map the token ids present (sorted) onto term rows
+        present = np.unique(np.concatenate([np.asarray(t, np.int64) for t in chunk_tokens])) if len(chunk_tokens) \
+            else np.zeros(0, np.int64)
+        lookup = np.full(int(present.max()) + 1 if len(present) else 1, -1, np.int64)
+        lookup[present] = np.arange(len(present))
+        ids = [lookup[np.asarray(t, np.int64)].tolist() for t in chunk_tokens]
         retriever = bm25s.BM25(k1=params["k1"], b=params["b"], method=params["method"])
-        retriever.index([[int(t) for t in toks] for toks in chunk_tokens], show_progress=False)
+        retriever.index(bm25s.tokenization.Tokenized(ids=ids, vocab={str(int(t)): i for i, t in enumerate(present)}),
+                        show_progress=False)
         s = retriever.scores
-        self.num_chunks = int(s["num_docs"])
-        self.vocab = dict(retriever.vocab_dict)  # token id -> column
-        self.matrix = sp.csc_matrix((s["data"], s["indices"], s["indptr"]),
-                                    shape=(self.num_chunks, len(s["indptr"]) - 1)).tocsr()
+        return cls(present, np.asarray(s["data"], np.float32), np.asarray(s["indices"], np.int32),
+                   np.asarray(s["indptr"], np.int64), len(chunk_tokens))
 
-    def scores(self, queries: Sequence[np.ndarray]) -> np.ndarray:
-        """[len(queries), num_chunks] float32 BM25 scores (each distinct query token counted once)."""
+    def arrays(self) -> dict:
+        return {"vocab": self.vocab_ids, "data": self.postings.data.astype(np.float32),
+                "indices": self.postings.indices.astype(np.int32), "indptr": self.postings.indptr.astype(np.int64),
+                "num_chunks": np.asarray([self.num_chunks], np.int64)}
+
+    @classmethod
+    def from_arrays(cls, a: dict) -> "BM25Scorer":
+        return cls(a["vocab"], a["data"], a["indices"], a["indptr"], int(a["num_chunks"][0]))
+
+    def query_terms(self, tokens: np.ndarray, max_terms: int) -> np.ndarray:
+        t = np.unique(np.asarray(tokens, np.int64))
+        pos = np.searchsorted(self.vocab_ids, t)
+        ok = (pos < len(self.vocab_ids)) & (self.vocab_ids[np.minimum(pos, len(self.vocab_ids) - 1)] == t)
+        rows = pos[ok]
+        return rows[np.lexsort((rows, self.df[rows]))][:max_terms]
+
+    def search(self, queries: Sequence[np.ndarray], exclusions: Sequence, k: int, max_terms: int = 8) -> tuple:
+        """(scores [n, k] float32, ids [n, k] int64; -1 = none) with exclusions; ties broken by lower id."""
         import scipy.sparse as sp  # noqa: PLC0415
 
+        n = len(queries)
+        out_s = np.full((n, k), -np.inf, np.float32)
+        out_i = np.full((n, k), -1, np.int64)
         rows, cols = [], []
         for i, q in enumerate(queries):
-            for c in sorted({self.vocab[int(t)] for t in q if int(t) in self.vocab}):
-                rows.append(i)
-                cols.append(c)
-        qm = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)),
-                           shape=(len(queries), self.matrix.shape[1]))
-        return np.asarray((qm @ self.matrix.T).toarray(), dtype=np.float32)
+            terms = self.query_terms(q, max_terms)
+            rows.extend([i] * len(terms))
+            cols.extend(terms.tolist())
+        qm = sp.csr_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(n, len(self.vocab_ids)))
+        result = (qm @ self.postings).tocsr()
+        for r in range(n):
+            a, b = result.indptr[r], result.indptr[r + 1]
+            ids = result.indices[a:b]
+            sc = result.data[a:b].astype(np.float32, copy=True)
+            for lo, hi in exclusions[r].ranges:
+                sc[(ids >= lo) & (ids < hi)] = 0.0
+            if exclusions[r].ids:
+                sc[np.isin(ids, np.asarray(exclusions[r].ids))] = 0.0
+            if len(sc) > k:
+                kth = np.partition(sc, len(sc) - k)[len(sc) - k]
+                pick = np.flatnonzero(sc >= max(kth, np.float32(np.finfo(np.float32).tiny)))
+            else:
+                pick = np.flatnonzero(sc > 0)
+            order = pick[np.lexsort((ids[pick], -sc[pick]))][:k]
+            out_i[r, :len(order)] = ids[order]
+            out_s[r, :len(order)] = sc[order]
+        return out_s, out_i
 
 
 # ----------------------------------------------------------------------------------------------- MiniLM

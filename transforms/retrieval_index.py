@@ -131,6 +131,16 @@ class Exclusion:
     def key(self) -> tuple:
         return (self.ranges, self.ids)
 
+    def contains(self, ids: np.ndarray) -> np.ndarray:
+        """Boolean per id: True where excluded."""
+        ids = np.asarray(ids, np.int64)
+        out = np.zeros(ids.shape, dtype=bool)
+        for lo, hi in self.ranges:
+            out |= (ids >= lo) & (ids < hi)
+        if self.ids:
+            out |= np.isin(ids, np.asarray(self.ids, np.int64))
+        return out
+
     def mask(self, n: int) -> np.ndarray:
         """Boolean [n], True where excluded."""
         m = np.zeros(n, dtype=bool)

@@ -228,6 +228,31 @@ def write_embeddings(element, plan: BuildPlan):
     return k, {"path": rel, "bytes": nbytes, "sha256": sha, "rows": len(vecs)}
 
 
+BM25_ARRAYS = ("vocab", "data", "indices", "indptr", "num_chunks")
+BM25_QUERY_TERMS = 8
+
+
+def build_bm25(shard_results: list, plan: BuildPlan) -> dict:
+    """The BM25 postings over every chunk, in database order, as plain .npy files (deterministic bytes)."""
+    plan.apply_filesystem_options()
+    tokens = []
+    for r in sorted(shard_results, key=lambda r: r["shard"]):
+        tokens += store.read_parquet(io_utils.join(plan.config.output, r["path"]), ["tokens"])["tokens"]
+    arrays = retrieval_encoders.BM25Scorer.build(tokens).arrays()
+    files = {}
+    for name in BM25_ARRAYS:
+        rel = f"{plan.generation}/index/bm25-{name}.npy"
+        nbytes, sha = store.write_npy(io_utils.join(plan.config.output, rel), arrays[name])
+        files[name] = {"path": rel, "bytes": nbytes, "sha256": sha}
+    return {"files": files, "query_terms": BM25_QUERY_TERMS}
+
+
+def load_bm25(root: str, index: dict) -> "retrieval_encoders.BM25Scorer":
+    arrays = {name: store.read_npy(io_utils.join(root, store.contained(f["path"])))
+              for name, f in index["files"].items()}
+    return retrieval_encoders.BM25Scorer.from_arrays(arrays)
+
+
 def train_index(shard_results: list, embedding_results: list, plan: BuildPlan) -> dict:
     """Train the index on a seeded sample of every vector (ids are global dense ids); write trained.faiss."""
     plan.apply_filesystem_options()
@@ -290,8 +315,8 @@ def build_manifest(plan: BuildPlan, shard_results: list, embeddings=(), trained=
             for key in t:
                 t[key] += d[key]
     cfg = plan.config
-    index = {"kind": "bm25", "params": plan.encoder["params"]} if cfg.encoder == retrieval_encoders.BM25 else \
-        {"kind": "faiss", **(trained or {})}
+    index = {"kind": "bm25", "params": plan.encoder["params"], **(trained or {})} \
+        if cfg.encoder == retrieval_encoders.BM25 else {"kind": "faiss", **(trained or {})}
     return {
         "format": store.DB_FORMAT,
         "pileprep_version": PILEPREP_VERSION,
@@ -316,6 +341,7 @@ def manifest_files(manifest: dict) -> list:
     files += [s["index_part"]["path"] for s in manifest["shards"] if "index_part" in s]
     if manifest["index"].get("trained"):
         files.append(manifest["index"]["trained"]["path"])
+    files += [f["path"] for f in manifest["index"].get("files", {}).values()]
     return files
 
 
@@ -344,7 +370,8 @@ def build_pipeline(p: beam.Pipeline, plan: BuildPlan):
     all_results = ((written, empties) | "AllShards" >> beam.Flatten()
                    | "CollectAllShards" >> beam.combiners.ToList())
     if cfg.encoder == retrieval_encoders.BM25:
-        return all_results | "Commit" >> beam.Map(commit_db, plan)
+        bm25 = all_results | "BuildBM25" >> beam.Map(build_bm25, plan)
+        return all_results | "Commit" >> beam.Map(commit_db, plan, trained=beam.pvalue.AsSingleton(bm25))
     handler = KeyedModelHandler(MiniLMHandler(cfg.device, cfg.batch_size))
     embeddings = ((written, empties) | "ShardsToEncode" >> beam.Flatten()
                   | "ChunkTexts" >> beam.ParDo(ChunkTexts(plan))
