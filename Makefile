@@ -10,7 +10,7 @@ SEQ_LEN ?= 2048
 # torch's OpenMP threads spin and slow TF/Beam in the same process; passive waits cost nothing here.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup shard test bench train clean
+.PHONY: setup shard test bench train clean retrieval retrieval-bench
 
 setup: $(STAMP)
 $(STAMP): setup.py model_contract/_varint.c
@@ -59,3 +59,22 @@ train: $(STAMP)
 	  --seq-len-from-manifest --dp $(DP) --pp $(PP) --microbatches $(MICROBATCHES) --global-batch 8 \
 	  --steps $(STEPS) --log-every 5 --threads 1 --checkpoint-dir $(TRAIN_DIR)/ckpt --checkpoint-every 20 \
 	  --metrics-file $(TRAIN_DIR)/metrics.jsonl $(TRAIN_ARGS)
+
+# ---- retrieval (docs/RETRIEVAL.md): chunk database, index and neighbours for `make shard`'s output.
+# RETRIEVAL_ENCODER=bm25 (default: the whole sample, no model) or minilm (all-MiniLM-L6-v2 on CPU over a capped
+# subset: RETRIEVAL_DOC_FRACTION of the documents). Neighbours go to a sidecar beside the dataset.
+RETRIEVAL_ENCODER ?= bm25
+RETRIEVAL_DOC_FRACTION ?= $(if $(filter minilm,$(RETRIEVAL_ENCODER)),0.05,1.0)
+RETRIEVAL_ARGS ?=
+retrieval: $(STAMP)
+	test -f out/sample/manifest.json || $(MAKE) shard
+	$(BIN)/pileprep retrieval build --dataset out/sample --output out/retrieval/db-$(RETRIEVAL_ENCODER) \
+	  --encoder $(RETRIEVAL_ENCODER) --doc-fraction $(RETRIEVAL_DOC_FRACTION) $(RETRIEVAL_ARGS)
+	$(BIN)/pileprep retrieval neighbours --dataset out/sample --db out/retrieval/db-$(RETRIEVAL_ENCODER) \
+	  --output out/retrieval/neighbours-$(RETRIEVAL_ENCODER)
+	$(BIN)/pileprep retrieval show --dataset out/sample --db out/retrieval/db-$(RETRIEVAL_ENCODER) \
+	  --neighbours out/retrieval/neighbours-$(RETRIEVAL_ENCODER)
+
+retrieval-bench: $(STAMP)
+	test -f out/sample/manifest.json || $(MAKE) shard
+	$(BIN)/python bench/retrieval_bench.py --dataset out/sample

