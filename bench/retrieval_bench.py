@@ -1,0 +1,143 @@
+"""Retrieval benchmark: MiniLM chunks encoded/s, index build time and bytes/vector, queries/s, and recall@2 of
+each index against exact search on held-out queries, all with same-document exclusion.
+
+    python bench/retrieval_bench.py --dataset out/sample [--chunks 20000] [--queries 1000]
+
+Chunks are the first --chunks rows (document order, so whole documents) of a chunk database built from the
+dataset's shards (BM25 database from `make retrieval`, or built here in-process from the shards' provenance);
+queries are a seeded sample of those chunks that the IVF training sample does not contain. Embeddings are
+cached under out/retrieval/bench-cache so a rerun measures only the index side (pass --fresh to re-encode).
+Figures are relative to exact search measured in the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from pipeline.retrieval import store  # noqa: E402
+from transforms import retrieval_encoders, retrieval_index, tokenizer  # noqa: E402
+from transforms.retrieval_index import Exclusion, IndexConfig  # noqa: E402
+
+
+def load_chunks(args):
+    db = store.ChunkDatabase.load(args.db)
+    n = min(args.chunks, len(db))
+    return db, n
+
+
+def encode(db, n, args, cache):
+    if os.path.exists(cache) and not args.fresh:
+        vecs = np.load(cache)
+        if len(vecs) >= n:
+            return vecs[:n], None
+    model_file = json.load(open(os.path.join(args.dataset, "manifest.json")))["config"]["tokenizer"]
+    sp = tokenizer.load_processor(tokenizer.read_model_bytes(model_file))
+    texts = [sp.decode([int(t) for t in db.tokens[i]]) for i in range(n)]
+    import torch
+
+    torch.set_num_threads(args.threads)
+    model = retrieval_encoders.load_minilm("cpu")
+    if args.bf16:
+        model = model.to(torch.bfloat16)
+    retrieval_encoders.minilm_encode(model, texts[:64], args.batch_size)  # warm-up
+    t = time.perf_counter()
+    vecs = retrieval_encoders.minilm_encode(model, texts, args.batch_size)
+    rate = n / (time.perf_counter() - t)
+    os.makedirs(os.path.dirname(cache), exist_ok=True)
+    np.save(cache, vecs)
+    return vecs, rate
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="out/sample")
+    p.add_argument("--db", default="out/retrieval/db-bm25", help="chunk database to take chunks from")
+    p.add_argument("--chunks", type=int, default=20_000)
+    p.add_argument("--queries", type=int, default=1000)
+    p.add_argument("--k", type=int, default=2)
+    p.add_argument("--nprobe", type=int, default=64)
+    p.add_argument("--specs", nargs="+", default=None, help="index specs (default: Flat, IVF Flat/SQ8/PQ)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--bf16", action="store_true")
+    p.add_argument("--fresh", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", default=None, help="also write the figures here")
+    args = p.parse_args(argv)
+
+    db, n = load_chunks(args)
+    if n < args.chunks:
+        print(f"note: the database has only {n} chunks (asked for {args.chunks})")
+    cache = os.path.join("out", "retrieval", "bench-cache", f"minilm-{db.manifest['fingerprint']}.npy")
+    vecs, rate = encode(db, n, args, cache)
+    doc_ids = db.doc_ids[:n]
+    nlist = 1 << max(4, int(round(np.log2(4 * np.sqrt(n)))))
+    specs = args.specs or ["Flat", f"IVF{nlist},Flat", f"IVF{nlist},SQ8", f"IVF{nlist},PQ48np"]
+    rng = np.random.default_rng(args.seed)
+    train_ids = retrieval_index.training_sample(n, min(n, 50 * nlist), args.seed)
+    pool = np.setdiff1d(np.arange(n), train_ids) if len(train_ids) < n else np.arange(n)
+    q_rows = np.sort(rng.choice(pool, size=min(args.queries, len(pool)), replace=False))
+    excl = []
+    for r in q_rows:
+        lo, hi = db.doc_range(int(doc_ids[r]))
+        excl.append(Exclusion(((lo, min(hi, n)),)))
+    queries = vecs[q_rows]
+    t = time.perf_counter()
+    _, exact = retrieval_index.exact_search(vecs, queries, excl, args.k)
+    exact_qps = len(q_rows) / (time.perf_counter() - t)
+    own_top1 = np.mean(
+        doc_ids[retrieval_index.exact_search(vecs, queries, [Exclusion()] * len(q_rows), 2)[1][:, 1]]
+        == doc_ids[q_rows])
+    rows = []
+    for spec in specs:
+        cfg = IndexConfig(spec, args.nprobe, len(train_ids), args.seed)
+        t = time.perf_counter()
+        trained = retrieval_index.serialize(retrieval_index.train_index(vecs.shape[1], cfg, vecs[train_ids]))
+        bounds = np.linspace(0, n, 5).astype(int)
+        parts = [retrieval_index.serialize(retrieval_index.fill_part(trained, vecs[a:b], int(a)))
+                 for a, b in zip(bounds, bounds[1:])]
+        index = retrieval_index.merge_parts(trained, parts)
+        build_s = time.perf_counter() - t
+        nbytes = len(retrieval_index.serialize(index))
+        t = time.perf_counter()
+        _, got = retrieval_index.dense_search(index, queries, excl, args.k, args.nprobe)
+        qps = len(q_rows) / (time.perf_counter() - t)
+        recall = float(np.mean([len(set(g) & set(x)) / args.k for g, x in zip(got, exact)]))
+        leaked = int(sum(e.contains(g[g >= 0]).sum() for e, g in zip(excl, got)))
+        rows.append({"index": spec, "build_s": round(build_s, 2), "bytes_per_vector": round(nbytes / n, 1),
+                     "queries_per_s": round(qps, 1), f"recall@{args.k}": round(recall, 4), "excluded_leaks": leaked})
+    # BM25 on the same chunks and queries, for the lexical baseline's speed
+    t = time.perf_counter()
+    bm25 = retrieval_encoders.BM25Scorer.build(db.tokens[:n])
+    bm25_build = time.perf_counter() - t
+    t = time.perf_counter()
+    bm25.search([db.tokens[r] for r in q_rows], excl, args.k)
+    bm25_qps = len(q_rows) / (time.perf_counter() - t)
+    out = {"chunks": n, "queries": int(len(q_rows)), "dim": int(vecs.shape[1]),
+           "minilm_chunks_per_s": None if rate is None else round(rate, 1), "minilm_threads": args.threads,
+           "exact_queries_per_s": round(exact_qps, 1), "exact_top1_from_own_document": round(float(own_top1), 3),
+           "indexes": rows, "bm25_build_s": round(bm25_build, 2), "bm25_queries_per_s": round(bm25_qps, 1)}
+    print(f"{n:,} chunks, {len(q_rows):,} held-out queries, same-document exclusion; MiniLM "
+          f"{out['minilm_chunks_per_s'] or '(cached)'} chunks/s on {args.threads} threads; exact search "
+          f"{exact_qps:,.0f} q/s; exact top-1 (no exclusion) from the query's own document: {own_top1:.0%}")
+    print(f"{'index':22s} {'build s':>8s} {'B/vector':>9s} {'q/s':>9s} {'recall@' + str(args.k):>9s} {'leaks':>6s}")
+    for r in rows:
+        print(f"{r['index']:22s} {r['build_s']:8.2f} {r['bytes_per_vector']:9.1f} {r['queries_per_s']:9.1f} "
+              f"{r[f'recall@{args.k}']:9.4f} {r['excluded_leaks']:6d}")
+    print(f"BM25 (8 rarest query terms): build {bm25_build:.2f}s, {bm25_qps:,.0f} q/s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1, sort_keys=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
