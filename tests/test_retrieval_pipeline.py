@@ -207,3 +207,16 @@ def test_cli_bad_configuration_exits_2_with_one_line(dataset, tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "PQ<m>np" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_trainer_reads_the_sidecar_for_a_shard_record(dataset, sidecar):
+    torch = pytest.importorskip("torch")
+    from trainer.retro import SidecarReader
+
+    data, side = load_manifest(str(dataset)), load_manifest(str(sidecar))
+    reader = SidecarReader(data, str(sidecar), side, RetrievalSpec(CHUNK, 2, 2 * CHUNK))
+    got = reader.get(0, 1)
+    assert got["neighbour_tokens"].shape == (SEQ_LEN // CHUNK, 2, 2 * CHUNK)
+    assert got["neighbour_tokens"].dtype == torch.int64
+    with pytest.raises(ContractMismatchError, match="neighbour_len"):
+        SidecarReader(data, str(sidecar), side, RetrievalSpec(CHUNK, 2, 3 * CHUNK))
