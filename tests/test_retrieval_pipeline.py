@@ -20,6 +20,7 @@ from pipeline.retrieval import build, neighbours, store
 from pipeline.retrieval.config import BuildConfig, NeighboursConfig
 from pipeline.shard import shard_pipeline
 from tests.corpus_fixtures import write_good_corpus
+from tests.ops_fixtures import s3_env, s3_server, subprocess_env  # noqa: F401 - fixtures
 from transforms import io_utils, retrieval_chunks
 
 SEQ_LEN = 128
@@ -220,3 +221,24 @@ def test_trainer_reads_the_sidecar_for_a_shard_record(dataset, sidecar):
     assert got["neighbour_tokens"].dtype == torch.int64
     with pytest.raises(ContractMismatchError, match="neighbour_len"):
         SidecarReader(data, str(sidecar), side, RetrievalSpec(CHUNK, 2, 3 * CHUNK))
+
+
+def test_database_and_sidecar_on_s3_are_the_local_bytes(dataset, db, sidecar, s3_server, s3_env):
+    client = s3_server.client()
+    client.create_bucket(Bucket="retrieval")
+    base = [sys.executable, "-m", "pipeline.cli", "retrieval"]
+    beam = IN_MEMORY + s3_server.beam_args()
+    runs = [["build", "--dataset", str(dataset), "--output", "s3://retrieval/db", "--chunk-len", str(CHUNK),
+             "--num-db-shards", "3"],
+            ["neighbours", "--dataset", str(dataset), "--db", "s3://retrieval/db", "--output", "s3://retrieval/nb",
+             "--neighbour-len", str(2 * CHUNK)]]
+    for args in runs:
+        proc = subprocess.run(base + args + beam, capture_output=True, text=True, env=s3_env, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    for prefix, local in (("db", db), ("nb", sidecar)):
+        keys = sorted(o["Key"] for o in client.list_objects_v2(Bucket="retrieval", Prefix=prefix + "/")["Contents"])
+        want = sorted(f"{prefix}/{p.relative_to(local)}" for p in local.rglob("*") if p.is_file())
+        assert keys == want
+        for key in keys:
+            body = client.get_object(Bucket="retrieval", Key=key)["Body"].read()
+            assert body == (local / key.split("/", 1)[1]).read_bytes(), key
