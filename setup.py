@@ -24,8 +24,10 @@ EXTRAS = {
     # Exactly 2.13.0: the CPU wheel on local disk; a looser pin pulls a multi-GB CUDA build.
     "train": ["torch==2.13.0"],
     "test": ["pytest==9.2.0", "pytest-timeout", "moto[server]"],
+    # Beam's DaskRunner and the Dask scheduler/worker processes it talks to (driver and workers alike).
+    "dask": ["apache-beam[dask]==2.77.0", "dask[distributed]==2026.8.0", "distributed==2026.8.0"],
 }
-EXTRAS["all"] = sorted({r for name in ("tf", "train", "test") for r in EXTRAS[name]})
+EXTRAS["all"] = sorted({r for name in ("tf", "train", "test", "dask") for r in EXTRAS[name]})
 
 setup(
     name="pileprep",
