@@ -10,7 +10,7 @@ SEQ_LEN ?= 2048
 # torch's OpenMP threads spin and slow TF/Beam in the same process; passive waits cost nothing here.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup shard test bench train clean
+.PHONY: setup shard test bench train clean airflow
 
 setup: $(STAMP)
 $(STAMP): setup.py model_contract/_varint.c
@@ -31,6 +31,14 @@ shard: $(STAMP) $(SAMPLE_DIR)/.done $(TOKENIZER)
 	  '$(SAMPLE_DIR)/test.jsonl.zst' --output out/sample --tokenizer $(TOKENIZER) --seq-len $(SEQ_LEN) \
 	  --num-shards 4
 	$(BIN)/pileprep inspect out/sample --examples 1
+
+# Real Airflow for the DAG test, in its own venv: its pins do not co-install with Beam's.
+AIRFLOW_VERSION ?= 3.3.2
+airflow: .venv-airflow/.installed
+.venv-airflow/.installed:
+	test -x .venv-airflow/bin/python || $(PY) -m venv .venv-airflow
+	.venv-airflow/bin/pip install -q "apache-airflow==$(AIRFLOW_VERSION)"
+	touch $@
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests
