@@ -17,6 +17,8 @@ BASE = [
     "pyarrow==25.0.1",
     "google-crc32c",
     "boto3",
+    # Exact fast tokenizer path (transforms/tokenizer_backends.py); the job falls back to SentencePiece without it.
+    "kitoken==0.11.1",
 ]
 EXTRAS = {
     # TensorFlow only to read shards with tf.data (tests, users' own input pipelines).

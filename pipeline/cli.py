@@ -31,6 +31,9 @@ def _add_shard_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unit-mb", type=float, default=32.0, help="raw text per tokenization work unit")
     p.add_argument("--max-line-mb", type=float, default=256.0, help="longer lines are dead-lettered")
     p.add_argument("--staging-dir", default=None, help="where spill files go (default <output>/_staging)")
+    p.add_argument("--tokenizer-backend", choices=("auto", "sentencepiece", "kitoken"), default="auto",
+                   help="exact fast tokenizer path: auto uses kitoken on BPE models after id-for-id parity with "
+                        "SentencePiece on the run's sample (default auto)")
     ops = p.add_argument_group("operations (docs/OPERATIONS.md)")
     ops.add_argument("--incremental", action="store_true",
                      help="add only input files the dataset does not hold yet, as a new generation; changed or "
@@ -46,7 +49,8 @@ def _shard_config(args) -> ShardConfig:
                        seq_len=args.seq_len, num_shards=args.num_shards, target_shard_mb=args.target_shard_mb,
                        val_fraction=args.val_fraction, test_fraction=args.test_fraction, seed=args.seed,
                        text_field=args.text_field, source_fields=tuple(args.source_fields), unit_mb=args.unit_mb,
-                       max_line_mb=args.max_line_mb, staging_dir=args.staging_dir)
+                       max_line_mb=args.max_line_mb, staging_dir=args.staging_dir,
+                       tokenizer_backend=args.tokenizer_backend)
 
 
 def cmd_shard(args, beam_args) -> int:

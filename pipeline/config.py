@@ -37,6 +37,10 @@ class ShardConfig:
     unit_mb: float = 32.0  # raw text per tokenization work unit (the parallelism grain)
     max_line_mb: float = 256.0
     staging_dir: Optional[str] = None  # default: <output>/_staging
+    # auto | sentencepiece | kitoken: which encoder produces SentencePiece's ids (transforms/tokenizer_backends.py).
+    # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
+    tokenizer_backend: str = field(default="auto", metadata={"help": "exact fast tokenizer path: auto uses kitoken "
+                                   "on BPE models after id-for-id parity with SentencePiece on the run's sample"})
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -56,6 +60,8 @@ class ShardConfig:
                 problems.append(f"{name} must be in [0, 1), got {value}")
         if self.val_fraction + self.test_fraction >= 1.0:
             problems.append("--val-fraction + --test-fraction must leave something for train")
+        if self.tokenizer_backend not in ("auto", "sentencepiece", "kitoken"):
+            problems.append(f"--tokenizer-backend must be auto, sentencepiece or kitoken, got {self.tokenizer_backend!r}")
         if self.unit_mb <= 0 or self.max_line_mb <= 0:
             problems.append("--unit-mb and --max-line-mb must be positive")
         if problems:
@@ -72,7 +78,7 @@ class ShardConfig:
     def to_manifest_dict(self) -> dict:
         """What goes into the manifest: everything that shapes the data, nothing about where or how it ran."""
         d = dataclasses.asdict(self)
-        for key in ("output", "staging_dir", "extra"):
+        for key in ("output", "staging_dir", "extra", "tokenizer_backend"):
             d.pop(key)
         d["inputs"] = list(self.inputs)
         d["source_fields"] = list(self.source_fields)

@@ -22,7 +22,7 @@ from model_contract import DataContract
 from pipeline.ops import commit, incremental, progress, runlog, runners, storage
 from pipeline.config import PILEPREP_VERSION, ShardConfig, fingerprint
 from pipeline.shard.manifest_builder import build_manifest, plan_shard_tasks
-from transforms import io_utils, memory, stages, tokenizer
+from transforms import io_utils, memory, stages, tokenizer, tokenizer_backends
 
 LOG = logging.getLogger("pileprep.shard")
 DEFAULT_BEAM_ARGS = ["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
@@ -45,6 +45,7 @@ class JobPlan:
     incremental: bool = False
     nothing_to_do: bool = False
     filesystem_options: Optional["FilesystemOptions"] = None
+    tokenizer_backend: Optional["tokenizer_backends.BackendChoice"] = None
 
     @property
     def previous(self):
@@ -121,10 +122,32 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
         # generation's files in place (a reader or a crash would see them half-written); take a new name.
         generation = "gen-" + fingerprint(config, contract.tokenizer.model_sha256, ledger, parents=live)
     staging_root = config.staging_dir or io_utils.join(config.output, "_staging")
+    backend = tokenizer_backends.choose_backend(config.tokenizer_backend, model_bytes, sp,
+                                                _parity_sample(config, [path for path, _size in ledger]))
     return JobPlan(config, ledger, model_bytes, contract, generation, io_utils.join(config.output, generation),
                    io_utils.join(staging_root, generation), input_rows=tuple(rows),
                    previous_json=None if previous is None else previous.to_json(),
-                   incremental=incremental_plan, nothing_to_do=not rows)
+                   incremental=incremental_plan, nothing_to_do=not rows, tokenizer_backend=backend)
+
+
+def _parity_sample(config: ShardConfig, paths: list) -> list:
+    """About 1 MB of the run's own documents (seeded choice of files), read and parsed as the job does."""
+    from transforms.documents import Document, parse_record  # noqa: PLC0415
+    from transforms.read_records import RawRecord, compression_of, iter_raw_records  # noqa: PLC0415
+
+    def read(path):
+        with io_utils.open_read(path) as f:
+            for rec in iter_raw_records(f, compression_of(path), config.max_line_bytes):
+                if isinstance(rec, RawRecord):
+                    yield rec.line, rec.data
+
+    def parse(data):
+        doc = parse_record(data, config.text_field, tuple(config.source_fields))
+        return doc.text if isinstance(doc, Document) else None
+
+    if config.tokenizer_backend == "sentencepiece":
+        return []
+    return tokenizer_backends.sample_documents(paths, config.text_field, config.seed, read=read, parse=parse)
 
 
 @dataclass(frozen=True)
@@ -176,7 +199,9 @@ class TokenizeChunk(beam.DoFn):
     def setup(self):
         _apply_filesystem_options(self.plan)
         memory.pin_mmap_threshold()
-        self.sp = tokenizer.load_processor(self.plan.model_bytes, self.plan.config.tokenizer)
+        sp = tokenizer.load_processor(self.plan.model_bytes, self.plan.config.tokenizer)
+        self.sp = sp if self.plan.tokenizer_backend is None else tokenizer_backends.make_encoder(
+            self.plan.tokenizer_backend, self.plan.model_bytes, sp)
         self.dtype = tokenizer.token_dtype(self.plan.contract.tokenizer.vocab_size)
         cfg = self.plan.config
         self.settings = stages.TokenizeSettings(cfg.text_field, tuple(cfg.source_fields), cfg.val_fraction,
@@ -239,6 +264,8 @@ def _commit(grouped, plan: JobPlan):
     previous = plan.previous
     if plan.incremental:
         manifest = incremental.merge(previous, manifest)
+    if plan.tokenizer_backend is not None:  # how this generation was tokenized; the only backend-dependent field
+        manifest.extra["tokenizer_backend"] = plan.tokenizer_backend.to_manifest()
     commit.commit_dataset(plan.config.output, manifest,
                           None if previous is None else previous.extra.get("generation"), plan.staging_dir,
                           previous)
