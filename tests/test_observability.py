@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.ops import progress, runlog
 from pipeline.shard import shard_pipeline
-from pipeline.cli import build_parser
+from pipeline.cli import parse
 from pipeline.config import ConfigError, ShardConfig
 from tests.conftest import REPO
 from tests.ops_fixtures import FAST_LOCAL, real_corpus, tokenizer_path
@@ -97,7 +97,8 @@ def test_run_log_records_errors(tmp_path):
 
 # -------------------------------------------------------------------------------------------- schedules
 def _parse_shard(argv):
-    args, beam_args = build_parser().parse_known_args(argv)
+    """The CLI's own parsing: unknown options (a flag set drifting from the CLI) are a UsageError."""
+    args, beam_args = parse(argv)
     assert args.command == "shard"
     return args, beam_args
 
@@ -168,8 +169,30 @@ def test_flex_template_spec_maps_onto_the_cli():
     argv = flex.translate([f"--{k}={v}" for k, v in sample.items()] + ["--project=p", "--region=europe-west4",
                                                                         "--temp_location=gs://d/tmp"])
     args, beam_args = _parse_shard(argv)
-    assert args.input == ["gs://c/a/*.jsonl.zst", "gs://c/b/*.jsonl.zst"] and args.seq_len == 2048
+    assert args.inputs == ["gs://c/a/*.jsonl.zst", "gs://c/b/*.jsonl.zst"] and args.seq_len == 2048
     assert args.incremental and args.target_shard_mb == 512.0
     assert beam_args == ["--project=p", "--region=europe-west4", "--temp_location=gs://d/tmp"]
     assert not flex.translate(["--incremental=false"])[1:]
     assert pathlib.Path(SCHEDULE / "flex_template" / "Dockerfile").read_text().count("FLEX_TEMPLATE_PYTHON_PY_FILE")
+
+
+def test_flex_template_metadata_is_generated_from_the_config():
+    """Drift test: metadata.json lists every shard option (it once lacked --source-field, which Dataflow then
+    dropped silently); `make flex-template` regenerates it."""
+    from pipeline import options
+    from pipeline.config import RunOptions
+
+    meta = json.loads((SCHEDULE / "flex_template" / "metadata.json").read_text())
+    assert meta == options.template_metadata(), "stale metadata.json: run `make flex-template`"
+    names = {p["name"] for p in meta["parameters"]}
+    assert "source_fields" not in names and "source_field" in names
+    every = {s.key for cls in (ShardConfig, RunOptions) for s in options.specs(cls)} - options.TEMPLATE_EXCLUDED
+    assert names == every
+    spec = importlib.util.spec_from_file_location("flex_main", SCHEDULE / "flex_template" / "main.py")
+    flex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(flex)
+    argv = flex.translate(["--input=gs://c/*.zst", "--output=gs://d", "--tokenizer=/t.model",
+                           "--source_field=meta.pile_set_name,source", "--text_field=content"])
+    args, beam_args = _parse_shard(argv)
+    assert args.source_fields == ["meta.pile_set_name", "source"] and args.text_field == "content"
+    assert not beam_args
