@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import re
 import sys
 import traceback
@@ -61,7 +62,10 @@ class Parser(argparse.ArgumentParser):
         if m:
             choices = re.findall(r"'([^']*)'", m.group(2))
             hint = options.did_you_mean(m.group(1), choices)
-            message = f"{self.prog}: unknown command {m.group(1)!r}{hint}; choose from {', '.join(choices)}"
+            if message.startswith("argument COMMAND"):
+                message = f"{self.prog}: unknown command {m.group(1)!r}{hint}; choose from {', '.join(choices)}"
+            else:
+                message += hint
         raise UsageError(message)
 
 
@@ -74,11 +78,18 @@ def _verbosity(parser: argparse.ArgumentParser, top: bool) -> None:
                    help="no progress, only errors")
 
 
-def _subcommand(sub, name: str, func, help_text: str, beam_args: bool = False, **kw) -> argparse.ArgumentParser:
+def _subcommand(sub, name: str, func, help_text: str, beam_args: bool = False, path_errors: bool = True,
+                **kw) -> argparse.ArgumentParser:
+    """A subcommand with -v/-q. `path_errors`: a missing or unwritable path in this command names a path the
+    user gave (inspect DIR, sample --output), so OSErrors about paths are user errors; in `shard` they can
+    also come from the run itself (a vanished staging file), which is a failed run."""
     p = sub.add_parser(name, help=help_text, description=help_text, **kw)
     _verbosity(p, top=False)
-    p.set_defaults(func=func, accepts_beam_args=beam_args, subparser=p)
+    p.set_defaults(func=func, accepts_beam_args=beam_args, subparser=p, path_errors=path_errors)
     return p
+
+
+PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError)
 
 
 # -------------------------------------------------------------------------------------------- commands
@@ -156,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
 
     shard = _subcommand(sub, "shard", cmd_shard, "tokenize, pack and shard a corpus into TFRecords + manifest",
-                        beam_args=True, epilog="Other options go to Apache Beam (--runner, --project, "
+                        beam_args=True, path_errors=False, epilog="Other options go to Apache Beam (--runner, --project, "
                                                "--temp_location, ...), see README 'Running on Dataflow, Flink "
                                                "or Spark'.")
     shard.add_argument("--config", metavar="FILE.toml", default=None,
@@ -265,6 +276,7 @@ def _configure_logging(args=None) -> None:
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = 0
+    args = None
     _configure_logging()
     try:
         args, beam_args = parse(argv)
@@ -274,8 +286,14 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("pileprep: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `pileprep inspect DIR | head`: the reader left; say nothing, like other tools
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
+        except OSError:
+            pass
+        return 141
     except Exception as e:  # noqa: BLE001 - the one place that turns exceptions into exit codes
-        if is_user_error(e):
+        if is_user_error(e) or (isinstance(e, PATH_ERRORS) and getattr(args, "path_errors", False)):
             print(f"pileprep: error: {one_line(e)}", file=sys.stderr)
             return 2
         _report_failure(e if isinstance(e, RunFailed) else RunFailed(e, [], None), verbose)
