@@ -122,7 +122,7 @@ def cmd_shard(args, beam_args) -> int:
     except Exception as e:
         if is_user_error(e):
             raise
-        raise RunFailed(e, worker_log.tail(), worker_log.keep()) from e
+        raise RunFailed(e, worker_log.last_lines, worker_log.keep()) from e
     from pipeline.tools.inspect_dataset import summary_table  # noqa: PLC0415
 
     print(summary_table(manifest))

@@ -196,3 +196,67 @@ def test_flex_template_metadata_is_generated_from_the_config():
     args, beam_args = _parse_shard(argv)
     assert args.source_fields == ["meta.pile_set_name", "source"] and args.text_field == "content"
     assert not beam_args
+
+
+# ----------------------------------------------------------------------------- what a user sees (issue 11 §1)
+def test_a_normal_shard_run_keeps_stderr_short_and_shows_progress(tmp_path):
+    """Default runner (FnApiRunner, 2 worker processes), stderr not a terminal: plain progress lines with rates
+    and dead letters, at most 15 other lines (Beam's ~45 INFO lines go to the worker log), summary on stdout."""
+    from tests.ops_fixtures import run_cli
+
+    corpus = real_corpus(tmp_path / "corpus", names=("pile/00.jsonl.zst", "pile/val.jsonl.zst"))
+    out = tmp_path / "out"
+    res = run_cli(["shard", "--input", str(corpus / "*"), "--output", str(out), "--tokenizer", tokenizer_path(),
+                   "--seq-len", "256", "--num-shards", "2", "--progress-every", "0.2"], timeout_s=170)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stderr.splitlines()
+    progress_lines = [l for l in lines if l.startswith(progress.Display.PREFIX)]
+    other = [l for l in lines if not l.startswith(progress.Display.PREFIX)]
+    assert len(other) <= 15, other
+    assert progress_lines and all(k in progress_lines[-1] for k in ("docs", "/s", "MB/s", "ETA", "dead letters"))
+    assert "\r" not in res.stderr  # not a terminal: no in-place refresh
+    assert "per second" in res.stdout and "records: read" in res.stdout  # the summaries
+    assert not list(out.rglob("*.log"))  # the worker log is removed after a successful run
+
+
+def test_quiet_shows_no_progress(tmp_path):
+    from tests.ops_fixtures import run_cli
+
+    corpus = real_corpus(tmp_path / "corpus", names=("pile/val.jsonl.zst",))
+    res = run_cli(["shard", "--input", str(corpus / "*"), "--output", str(tmp_path / "out"), "--tokenizer",
+                   tokenizer_path(), "--seq-len", "256", "-q", *FAST_LOCAL], timeout_s=120)
+    assert res.returncode == 0 and res.stderr == "", res.stderr[-2000:]
+
+
+FAILING_RUN = """
+import os, subprocess, sys
+from pipeline.shard import shard_pipeline
+def fake_run(config, beam_args=None, **kw):
+    os.makedirs(os.path.join(config.output, "_staging"), exist_ok=True)  # a real run creates its staging root
+    subprocess.run([sys.executable, "-c", "import sys; [print('worker line', i, file=sys.stderr) for i in range(60)]"])
+    print("driver noise", file=sys.stderr)
+    raise RuntimeError("a worker crashed")
+shard_pipeline.run = fake_run
+from pipeline.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_failed_run_prints_the_worker_log_tail_and_keeps_it_in_staging(tmp_path):
+    import subprocess
+
+    from tests.ops_fixtures import subprocess_env
+
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-c", FAILING_RUN, "shard", "--input", "x", "--output", str(out),
+                          "--tokenizer", "t"], capture_output=True, text=True, timeout=120,
+                         env=subprocess_env(PYTHONPATH=str(REPO)), cwd=str(REPO))
+    assert res.returncode == 1, res.stderr
+    err = res.stderr.splitlines()
+    assert err[-1].startswith("pileprep: failed: RuntimeError: a worker crashed")
+    assert "worker line 59" in res.stderr and "worker line 0\n" not in res.stderr  # only the tail
+    assert len(err) <= 25 and "Traceback" not in res.stderr
+    logs = list((out / "_staging" / "logs").glob("*.log"))
+    assert len(logs) == 1 and str(logs[0]) in res.stderr
+    kept = logs[0].read_text()
+    assert "worker line 0\n" in kept and "driver noise" in kept and "Traceback" in kept  # the whole story

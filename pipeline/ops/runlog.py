@@ -72,6 +72,7 @@ class WorkerLog:
         self.staging_root = staging_root
         self.path: Optional[str] = None
         self.stderr = None
+        self.last_lines: list = []
         self._saved_fd: Optional[int] = None
 
     def __enter__(self) -> "WorkerLog":
@@ -92,6 +93,11 @@ class WorkerLog:
 
     def __exit__(self, exc_type, exc, tb):
         if exc is not None and self.path:
+            try:
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+            self.last_lines = self.tail()  # what the workers said, before the traceback is added below
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write("".join(traceback.format_exception(exc_type, exc, tb)))
         if self._saved_fd is not None:

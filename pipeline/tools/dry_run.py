@@ -36,19 +36,24 @@ ENCODE_EXAMPLES = 256  # examples packed and encoded to measure output bytes per
 
 
 class _CountingReader:
-    """Counts the bytes the decompressor has pulled from the file (the compressed bytes consumed)."""
+    """Counts the bytes the decompressor has pulled from the file (the compressed bytes consumed). Reads are
+    capped at STEP bytes (short reads are legal for a raw stream), so that a sample that stops in the middle of
+    a file knows how far it got to within STEP, not within the reader's 1 MiB blocks."""
+
+    STEP = 16 << 10
 
     def __init__(self, raw):
         self.raw = raw
         self.count = 0
 
     def read(self, n=-1):
-        data = self.raw.read(n)
+        data = self.raw.read(self.STEP if n is None or n < 0 else min(n, self.STEP))
         self.count += len(data)
         return data
 
     def readinto(self, buf):
-        n = self.raw.readinto(buf)
+        view = memoryview(buf)[:self.STEP]
+        n = self.raw.readinto(view)
         self.count += n or 0
         return n
 
