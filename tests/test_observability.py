@@ -51,6 +51,33 @@ def test_reporter_merges_sources_and_reports_periodically():
     assert len(seen) == 2 and seen[1].elapsed_s == 4.0
 
 
+def test_display_refreshes_one_line_on_a_terminal_and_prints_lines_otherwise():
+    import io
+    import logging
+
+    counters = {"documents": 500, "tokens": 90_000, "raw_bytes": 4_000_000, "input_bytes": 1_000_000,
+                "split_raw_bytes": 8_000_000, "dead_letters": 7, "input_files": 1}
+    p = progress.Progress(4.0, counters, total_input_bytes=2_000_000, total_input_files=2)
+    record = logging.LogRecord("pileprep.progress", logging.INFO, __file__, 1, "progress", (), None)
+    record.progress = p
+    term, plain = io.StringIO(), io.StringIO()
+    tty, lines = progress.Display(term, tty=True), progress.Display(plain, tty=False)
+    for _ in range(3):
+        tty.emit(record)
+        lines.emit(record)
+    tty.finish()
+    assert term.getvalue().count("\r\x1b[K") == 3 and term.getvalue().count("\n") == 1  # one line, redrawn
+    bar = term.getvalue().split("\r\x1b[K")[-1]
+    assert "[" in bar and "%" in bar and "500 docs 125/s" in bar and "22,500 tok/s" in bar and "dead 7" in bar
+    assert "ETA" in bar and "1.00 MB/s" in bar
+    assert plain.getvalue().count("\n") == 3 and "\r" not in plain.getvalue()
+    assert all(l.startswith(progress.Display.PREFIX) and "dead letters 7" in l
+               for l in plain.getvalue().splitlines())
+    other = logging.LogRecord("pileprep", logging.WARNING, __file__, 1, "not progress", (), None)
+    lines.emit(other)  # only progress records are shown by the display
+    assert plain.getvalue().count("\n") == 3
+
+
 def test_summary_table_lists_every_counter_with_rate():
     table = progress.summary_table({"documents": 20, "tokens": 4000}, 2.0)
     assert "documents" in table and "2,000.0" in table and "wall time" in table
