@@ -43,7 +43,8 @@ class HelpFormatter(argparse.HelpFormatter):
         text = action.help or ""
         default = action.default
         if ("%(default)" not in text and action.option_strings and default is not None
-                and default is not argparse.SUPPRESS and not isinstance(default, bool) and default not in ([], "")):
+                and default is not argparse.SUPPRESS and not isinstance(default, bool) and default not in ([], "")
+                and not isinstance(action, argparse._CountAction)):  # noqa: SLF001
             shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
             text += f" (default: {shown})"
         return text
@@ -160,7 +161,8 @@ def cmd_env(args, _beam_args) -> int:
 
 # ---------------------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="pileprep", description=__doc__.split("\n\n")[0],
+    parser = Parser(prog="pileprep", description="The Pile (or any JSON-lines corpus) -> tokenized, packed "
+                                                 "TFRecord shards with a manifest, on Apache Beam.",
                     epilog="`pileprep COMMAND --help` lists a command's options and their defaults.")
     parser.add_argument("--version", action="version", version=f"pileprep {PILEPREP_VERSION}")
     _verbosity(parser, top=True)
@@ -309,7 +311,12 @@ def _report_failure(e: RunFailed, verbose: int) -> None:
             print("  " + line, file=sys.stderr)
     if verbose > 1:
         traceback.print_exception(cause)
-    print(f"pileprep: failed: {type(cause).__name__}: {one_line(cause)}"
+    lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()] or [type(cause).__name__]
+    # Beam wraps a worker's error with the worker's traceback: its first and last lines say what happened.
+    message = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    if len(message) > 500:
+        message = message[:497] + "..."
+    print(f"pileprep: failed: {type(cause).__name__}: {message}"
           + ("" if verbose > 1 else " (-vv for the traceback)"), file=sys.stderr)
 
 
