@@ -216,7 +216,7 @@ class TokenizeChunk(beam.DoFn):
         self.raw_bytes.inc(chunk.raw_bytes)
         progress.write_marker(self.plan.staging_dir, "unit-" + unit.name, {
             "documents": unit.n_docs, "tokens": sum(unit.split_tokens), "records": unit.stats["read"],
-            "raw_bytes": chunk.raw_bytes})
+            "raw_bytes": chunk.raw_bytes, "dead_letters": sum(unit.stats["dead_lettered"].values())})
         yield unit
 
 
