@@ -29,7 +29,10 @@ def _add_shard_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source-field", nargs="+", default=["meta.pile_set_name"], dest="source_fields",
                    help="fields naming the document's source, first present wins (e.g. 'source' for Dolma)")
     p.add_argument("--unit-mb", type=float, default=32.0, help="raw text per tokenization work unit")
-    p.add_argument("--max-line-mb", type=float, default=256.0, help="longer lines are dead-lettered")
+    p.add_argument("--max-line-mb", type=float, default=ShardConfig.max_line_mb,
+                   help="longer lines are dead-lettered (line_too_long); a document at the limit tokenizes in ~1 GB")
+    p.add_argument("--max-zstd-window-mb", type=float, default=ShardConfig.max_zstd_window_mb,
+                   help="largest zstd window read (held in memory); files needing more are dead-lettered")
     p.add_argument("--staging-dir", default=None, help="where spill files go (default <output>/_staging)")
     ops = p.add_argument_group("operations (docs/OPERATIONS.md)")
     ops.add_argument("--incremental", action="store_true",
@@ -46,7 +49,8 @@ def _shard_config(args) -> ShardConfig:
                        seq_len=args.seq_len, num_shards=args.num_shards, target_shard_mb=args.target_shard_mb,
                        val_fraction=args.val_fraction, test_fraction=args.test_fraction, seed=args.seed,
                        text_field=args.text_field, source_fields=tuple(args.source_fields), unit_mb=args.unit_mb,
-                       max_line_mb=args.max_line_mb, staging_dir=args.staging_dir)
+                       max_line_mb=args.max_line_mb, max_zstd_window_mb=args.max_zstd_window_mb,
+                       staging_dir=args.staging_dir)
 
 
 def cmd_shard(args, beam_args) -> int:

@@ -15,6 +15,12 @@ from transforms.documents import SPLITS
 
 PILEPREP_VERSION = "0.1.0"
 BYTES_PER_TOKEN_ESTIMATE = 6.0  # serialized int64 varints of 3 features + framing, measured on the sample
+# Packing holds one example at a time: 3 int64 features, their serialized form and the framed record, measured
+# at 86 bytes per token (tracemalloc, seq_len 262144). The upper bound keeps one example under ~100 MiB, so a
+# typo (`--seq-len 1000000000`) fails before any work instead of growing until the kernel kills the job.
+EXAMPLE_BYTES_PER_TOKEN = 96
+MAX_SEQ_LEN = 1 << 20
+ZSTD_MAX_WINDOW_MB = 2048  # zstd's own limit (window log 31)
 
 
 class ConfigError(ValueError):
@@ -35,7 +41,12 @@ class ShardConfig:
     text_field: str = "text"
     source_fields: tuple = ("meta.pile_set_name",)
     unit_mb: float = 32.0  # raw text per tokenization work unit (the parallelism grain)
-    max_line_mb: float = 256.0
+    max_line_mb: float = field(default=16.0, metadata={"help": (
+        "longer input lines are dead-lettered (line_too_long); bounds reader and tokenizer memory: a document at "
+        "the limit tokenizes within ~1 GB (README, Limits)")})
+    max_zstd_window_mb: float = field(default=512.0, metadata={"help": (
+        "largest zstd decompression window read (held in memory per file being read; `zstd --long=N` files need "
+        "2^N bytes); files that need more are dead-lettered (zstd_window_too_large)")})
     staging_dir: Optional[str] = None  # default: <output>/_staging
     extra: dict = field(default_factory=dict)
 
@@ -47,6 +58,10 @@ class ShardConfig:
             problems.append("--output: give an output directory")
         if self.seq_len < 2:
             problems.append(f"--seq-len must be at least 2, got {self.seq_len}")
+        elif self.seq_len > MAX_SEQ_LEN:
+            problems.append(f"--seq-len {self.seq_len} is above the limit {MAX_SEQ_LEN}: one example needs about "
+                            f"{EXAMPLE_BYTES_PER_TOKEN} bytes per token in memory while it is packed "
+                            f"({self.seq_len * EXAMPLE_BYTES_PER_TOKEN / (1 << 30):.1f} GiB)")
         if self.num_shards is not None and self.num_shards < 1:
             problems.append(f"--num-shards must be at least 1, got {self.num_shards}")
         if self.target_shard_mb <= 0:
@@ -58,6 +73,9 @@ class ShardConfig:
             problems.append("--val-fraction + --test-fraction must leave something for train")
         if self.unit_mb <= 0 or self.max_line_mb <= 0:
             problems.append("--unit-mb and --max-line-mb must be positive")
+        if not 0 < self.max_zstd_window_mb <= ZSTD_MAX_WINDOW_MB:
+            problems.append(f"--max-zstd-window-mb must be in (0, {ZSTD_MAX_WINDOW_MB}] (zstd's largest window), "
+                            f"got {self.max_zstd_window_mb}")
         if problems:
             raise ConfigError("invalid shard configuration:\n  " + "\n  ".join(problems))
 
@@ -68,6 +86,10 @@ class ShardConfig:
     @property
     def max_line_bytes(self) -> int:
         return int(self.max_line_mb * (1 << 20))
+
+    @property
+    def max_zstd_window_bytes(self) -> int:
+        return int(self.max_zstd_window_mb * (1 << 20))
 
     def to_manifest_dict(self) -> dict:
         """What goes into the manifest: everything that shapes the data, nothing about where or how it ran."""

@@ -60,6 +60,14 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
 
 
+TOKEN_ID_DTYPE = np.dtype(np.int32)  # SentencePiece ids are int32 in its own API; 4 bytes, not a Python int's 36
+
+
 def encode_batch(sp: spm.SentencePieceProcessor, texts: list) -> list:
-    """Token ids of each text, exactly `sp.encode(text)`; one thread, because Beam workers are the parallelism."""
-    return sp.encode(texts, out_type=int, num_threads=1)
+    """Token ids of each text as an int32 array, exactly `sp.encode(text)`; one thread, because Beam workers are
+    the parallelism. Each Python list is swapped for its array as soon as it is converted, so the lists of a
+    batch are not all alive at once beside their arrays."""
+    encoded = sp.encode(texts, out_type=int, num_threads=1)
+    for i, ids in enumerate(encoded):
+        encoded[i] = np.array(ids, dtype=TOKEN_ID_DTYPE)
+    return encoded
