@@ -108,7 +108,8 @@ def run_case(case: str, tmp: str, tokenizer: str, workers: int, code_root: str, 
             "--direct_running_mode=" + ("multi_processing" if workers > 1 else "in_memory")]
     env = dict(os.environ, PYTHONPATH=code_root, OMP_WAIT_POLICY="PASSIVE")
     start = time.perf_counter()
-    child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                             cwd=code_root)  # `python -c` puts the working directory first on sys.path
     peak = [0]
     done = threading.Event()
 

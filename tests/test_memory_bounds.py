@@ -38,7 +38,7 @@ HOSTILE_RECORDS = [pile_line("a good document", "S"),
 def run_cli_measured(args: list, timeout: int = 300) -> tuple[subprocess.CompletedProcess, float]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", _MEASURED, *args], capture_output=True, text=True, env=env,
-                          timeout=timeout)
+                          timeout=timeout, cwd=REPO)  # `python -c` puts the working directory first on sys.path
     peak = proc.stdout.split("PEAK_KB")[1].split()[0] if "PEAK_KB" in proc.stdout else "0"
     return proc, int(peak) / 1024
 
@@ -133,3 +133,34 @@ def test_tokenizer_training_reader_is_bounded_the_same_way(tmp_path):
         tracemalloc.stop()
     assert summary["rejected"] == {"line_too_long": 1, "number_too_long": 1, "duplicate_key": 1}
     assert peak < 32 * MiB, f"Python heap peaked at {peak / MiB:.0f} MiB while reading a 64 MiB line"
+
+
+def test_many_tiny_records_are_cut_into_bounded_chunks(tmp_path, tiny_tokenizer):
+    """Blank, broken or tiny lines cost the tokenize stage a few hundred bytes each (index row, dead-letter row);
+    main cut chunks by raw bytes alone, so 32 MiB of 1-byte lines was one chunk of 16 Mi records on one worker."""
+    import numpy as np
+
+    from transforms import stages, tokenizer
+
+    path = tmp_path / "tiny.jsonl"
+    path.write_bytes(b"x\n\n" * 7_000 + b'{"text": "a"}\n' * 7_000)
+    unit_bytes = 512 << 10
+    result = stages.split_input_file(0, str(path), str(tmp_path / "st"), str(tmp_path / "data"), unit_bytes, MiB)
+    assert sum(c.records for c in result.chunks) == 21_000
+    assert max(c.records for c in result.chunks) <= unit_bytes // stages.RECORD_OVERHEAD_BYTES + 1
+    sp = tokenizer.load_processor(pathlib.Path(tiny_tokenizer).read_bytes())
+    settings = stages.TokenizeSettings("text", ("meta.pile_set_name",), 0.0, 0.0, 0)
+    units = []
+    for i, chunk in enumerate(result.chunks):
+        if i == 0:
+            tracemalloc.start()
+        try:
+            units.append(stages.tokenize_chunk(chunk, sp, np.dtype("<u2"), settings, str(tmp_path / "st"),
+                                               str(tmp_path / "data")))
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        # one chunk of at most unit_bytes / 256 records stays small; main's one chunk held all 21,000 records
+        assert i > 0 or peak < 2 * MiB, f"one chunk's tokenize held {peak / MiB:.1f} MiB"
+    assert sum(u.stats["dead_lettered"].get("invalid_json", 0) for u in units) == 7_000
+    assert sum(u.n_docs for u in units) == 7_000

@@ -25,6 +25,10 @@ from transforms.spill import INDEX_DTYPE, ChunkWriter, iter_chunk, read_index_ra
 
 TOKENIZE_BATCH_DOCS = 64
 TOKENIZE_BATCH_CHARS = 1 << 20
+# What one record costs the tokenize stage beyond its bytes (index row, token array, or a dead-letter row:
+# measured 225-480 bytes). A chunk closes at unit_bytes of raw bytes *plus* this per record, so 32 MiB of tiny or
+# blank or broken lines cannot become tens of millions of records held by one worker.
+RECORD_OVERHEAD_BYTES = 256
 
 
 def _new_file_stats() -> dict:
@@ -109,7 +113,7 @@ def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir:
                 writer = ChunkWriter(stream)
                 chunks.append(ChunkRef(file_idx, input_path, idx, path, 0, 0))
             writer.add(item.line, item.data)
-            if writer.raw_bytes >= unit_bytes:
+            if writer.raw_bytes + writer.records * RECORD_OVERHEAD_BYTES >= unit_bytes:
                 close_chunk()
     close_chunk()
     dl_path = None
