@@ -44,8 +44,11 @@ def run_cli_measured(args: list, timeout: int = 300) -> tuple[subprocess.Complet
 
 
 def shard_args(inputs: str, out: pathlib.Path, tokenizer: str, *extra: str) -> list:
+    # SentencePiece itself: the fast backend's memory on texts up to FAST_BACKEND_MAX_CHARS (1 MiB, the scaled-down
+    # limit here) is its own figure (bench/memory_bench.py at the default limit; test_long_texts_... below)
     return ["shard", "--input", inputs, "--output", str(out), "--tokenizer", tokenizer, "--seq-len", "256",
-            "--num-shards", "1", "--val-fraction", "0", "--test-fraction", "0", *extra, *IN_MEMORY]
+            "--num-shards", "1", "--val-fraction", "0", "--test-fraction", "0", "--tokenizer-backend",
+            "sentencepiece", *extra, *IN_MEMORY]
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -164,3 +167,34 @@ def test_many_tiny_records_are_cut_into_bounded_chunks(tmp_path, tiny_tokenizer)
         assert i > 0 or peak < 2 * MiB, f"one chunk's tokenize held {peak / MiB:.1f} MiB"
     assert sum(u.stats["dead_lettered"].get("invalid_json", 0) for u in units) == 7_000
     assert sum(u.n_docs for u in units) == 7_000
+
+
+def test_long_texts_bypass_the_fast_backend_with_identical_ids(tiny_tokenizer):
+    """kitoken needs ~125 bytes per byte of a long word (SentencePiece ~57): texts above FAST_BACKEND_MAX_CHARS go
+    to the SentencePiece reference, ids unchanged, int32 from the tokenizer on."""
+    pytest.importorskip("kitoken")
+    import numpy as np
+
+    from transforms import tokenizer
+    from transforms.tokenizer_backends import KitokenEncoder
+
+    model = pathlib.Path(tiny_tokenizer).read_bytes()
+    sp = tokenizer.load_processor(model)
+    encoder = KitokenEncoder(model, sp, spot_check_every=0)
+    seen = []
+
+    class Spy:  # records what reaches kitoken, encodes with the real one
+        def __init__(self, kt):
+            self.kt = kt
+
+        def encode(self, text, special):
+            seen.append(len(text))
+            return self.kt.encode(text, special)
+
+    encoder._kt = Spy(encoder._kt)
+    long_text = "z" * (tokenizer.FAST_BACKEND_MAX_CHARS + 1)
+    texts = ["def f(x):\n    return x\n", long_text, "short"]
+    got = tokenizer.encode_batch(encoder, texts)
+    assert [a.dtype for a in got] == [np.dtype(np.int32)] * 3
+    assert [a.tolist() for a in got] == sp.encode(texts, out_type=int)
+    assert sorted(seen) == sorted([len(texts[0]), len(texts[2])])  # the long one never reached kitoken
