@@ -34,6 +34,10 @@ def chunked_loss_sum(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.T
     """
     h = hidden.reshape(-1, hidden.shape[-1])
     y = labels.reshape(-1)
+    # The pipeline infers stage output shapes by running the last stage on *uninitialised* inputs, labels
+    # included; out-of-range labels there must not raise. Real labels are range-checked by the contract check
+    # before training starts, so this never hides a data error.
+    y = torch.where((y >= 0) & (y < weight.shape[0]), y, torch.full_like(y, IGNORE_INDEX))
     total = h.new_zeros((), dtype=torch.float32)
     for start in range(0, h.shape[0], chunk_tokens):
         sl = slice(start, start + chunk_tokens)

@@ -76,9 +76,17 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        self.ac_mode = "none"  # activation checkpointing: none | selective | full (trainer.fsdp)
+
+    def _forward(self, x: torch.Tensor, mask) -> torch.Tensor:
         x = x + self.attn(self.ln1(x), mask)
         return x + self.mlp(self.ln2(x))
+
+    def forward(self, x: torch.Tensor, mask) -> torch.Tensor:
+        if self.ac_mode == "none":
+            return self._forward(x, mask)
+        from trainer.fsdp import checkpointed
+        return checkpointed(self._forward, self.ac_mode, x, mask)
 
 
 def _generator(seed: int, unit: str) -> torch.Generator:
@@ -188,6 +196,23 @@ class GPTStage(nn.Module):
         if self.last:
             return self.head.weight
         return None
+
+
+def stage_view(parent: GPTStage, layers: Iterable[int], first: bool, last: bool) -> GPTStage:
+    """A stage that *shares* `parent`'s modules for a subset of its units (interleaved pipeline schedules: one
+    rank runs several virtual stages). The parent owns the parameters, their names and the optimizer; the views
+    own nothing and are what the pipeline runs."""
+    v = GPTStage.__new__(GPTStage)
+    nn.Module.__init__(v)
+    v.cfg, v.first, v.last = parent.cfg, first, last
+    v.attention, v.loss_mode, v.loss_chunk_tokens = parent.attention, parent.loss_mode, parent.loss_chunk_tokens
+    v.layer_ids = list(layers)
+    if first:
+        v.tok_emb, v.pos_emb = parent.tok_emb, parent.pos_emb
+    v.blocks = nn.ModuleDict({str(i): parent.blocks[str(i)] for i in v.layer_ids})
+    if last:
+        v.ln_f, v.head = parent.ln_f, parent.head
+    return v
 
 
 def build_gpt(cfg: ModelConfig, seed: int = 0) -> GPTStage:
