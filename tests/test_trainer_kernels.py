@@ -86,3 +86,22 @@ def test_chunked_model_loss_equals_logits_path():
     torch.testing.assert_close(lb[0], la, rtol=1e-5, atol=1e-5)
     for (n, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
         torch.testing.assert_close(pb.grad, pa.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+@pytest.mark.parametrize("name,peak", [
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.0),
+    ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-40GB", 312.0), ("NVIDIA A100 80GB PCIe", 312.0),
+    ("NVIDIA GeForce RTX 3090", None),
+])
+def test_peak_flops_by_exact_device_name(name, peak):
+    from trainer.metrics import peak_tflops_for_name
+    assert peak_tflops_for_name(name) == peak
+
+
+def test_metrics_accept_device_loss_without_sync():
+    from trainer.metrics import MetricsLogger
+    m = MetricsLogger(1e6, 1, torch.device("cpu"), is_writer=False)
+    for v in (1.0, 3.0):
+        m.record_step(loss=torch.tensor(v), step_seconds=0.1, read=0, decode=0, h2d=0, tokens=10)
+    rec = m.flush(2, 1e-3, torch.tensor(0.5))
+    assert rec["loss"] == pytest.approx(2.0) and rec["grad_norm"] == pytest.approx(0.5)
