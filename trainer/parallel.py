@@ -305,3 +305,29 @@ def clip_grad_norm(module: GPTStage, max_norm: float, env: ParallelEnv, as_tenso
         coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
         torch._foreach_mul_([_local(p.grad) for p in params], coef)  # local shards share the grads' storage
     return norm if as_tensor else float(norm)
+
+
+def parallelize(owner: GPTStage, views: list, env: ParallelEnv, *, fsdp: bool = False, ac: str = "none",
+                compile: bool = False, bf16: bool = True) -> list:
+    """Apply this layout's parallelisms to the rank's stage(s), in the order they compose: tensor parallel
+    (DTensor per block), activation checkpointing, compile per block, then FSDP2 over dp (or DDP for a plain
+    dp-only run). Returns the modules to run: [the stage] (or DDP of it), or the interleaved views."""
+    from trainer.fsdp import apply_activation_checkpointing, apply_fsdp
+    from trainer.model import compile_blocks
+    from trainer.tensor_parallel import apply_tensor_parallel, check_tp
+    if env.tp > 1:
+        check_tp(owner.cfg, env.tp)
+        apply_tensor_parallel(owner, env.tp_mesh)
+    apply_activation_checkpointing(owner, ac)
+    if compile:
+        compile_blocks(owner)
+    if fsdp:
+        if len(views) > 1:
+            raise ValueError("--fsdp with --virtual-stages > 1 is not supported yet: use 1f1b or drop --fsdp")
+        apply_fsdp(owner, env.dp_mesh, env.device, bf16, reshard_after_forward=env.pp == 1)
+        return [owner]
+    if len(views) > 1:
+        return views
+    if env.tp > 1:
+        return [owner]  # DDP does not take DTensor parameters: allreduce_grads(always=True) averages over dp
+    return [wrap_data_parallel(owner, env)]
