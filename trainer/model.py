@@ -223,11 +223,11 @@ def build_gpt(cfg: ModelConfig, seed: int = 0) -> GPTStage:
 token_loss_sum = plain_loss_sum  # the name train.py uses
 
 
-def compile_blocks(stage: GPTStage) -> GPTStage:
+def compile_blocks(stage: GPTStage, backend: str = "inductor") -> GPTStage:
     """torch.compile each block in place (`Module.compile` keeps parameter names, so checkpoints, FSDP and the
     pipeline stage see the same module tree). Per block rather than whole-model: one compiled graph reused by
     every layer, it composes with pipeline stages and activation checkpointing, and compile time does not grow
     with depth."""
     for block in stage.blocks.values():
-        block.compile(dynamic=False)
+        block.compile(dynamic=False, backend=backend)
     return stage
