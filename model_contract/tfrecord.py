@@ -58,3 +58,41 @@ def read_records(path: str, *, verify: bool = True) -> Iterator[bytes]:
     """Yield the records of a local TFRecord file."""
     with open(path, "rb", buffering=1 << 20) as f:
         yield from iter_records(f, verify=verify, name=path)
+
+
+def read_record_at(stream: BinaryIO, offset: int, *, verify: bool = True, name: str = "<stream>") -> bytes:
+    """The payload of the record starting at byte `offset` (random access through a record-offset index)."""
+    stream.seek(offset)
+    header = stream.read(12)
+    if len(header) < 12:
+        raise TFRecordCorruptError(f"{name}@{offset}: truncated record header")
+    if verify and _U32.unpack(header[8:])[0] != masked_crc32c(header[:8]):
+        raise TFRecordCorruptError(f"{name}@{offset}: record length checksum mismatch")
+    (length,) = _U64.unpack(header[:8])
+    body = stream.read(length + 4)
+    if len(body) < length + 4:
+        raise TFRecordCorruptError(f"{name}@{offset}: truncated record")
+    data = body[:length]
+    if verify and _U32.unpack(body[length:])[0] != masked_crc32c(data):
+        raise TFRecordCorruptError(f"{name}@{offset}: record data checksum mismatch")
+    return data
+
+
+def record_offsets(stream: BinaryIO, *, verify: bool = True, name: str = "<stream>") -> list:
+    """Byte offset of every record, walking headers only (length CRCs checked); the file must end on a record
+    boundary. Readers cache this index so each record is then read once, by seeking."""
+    offsets, offset = [], 0
+    while True:
+        stream.seek(offset)
+        header = stream.read(12)
+        if not header:
+            return offsets
+        if len(header) < 12:
+            raise TFRecordCorruptError(f"{name}: record {len(offsets)} has a truncated header")
+        if verify and _U32.unpack(header[8:])[0] != masked_crc32c(header[:8]):
+            raise TFRecordCorruptError(f"{name}: record {len(offsets)} length checksum mismatch")
+        offsets.append(offset)
+        offset += 16 + _U64.unpack(header[:8])[0]
+        stream.seek(offset - 1)
+        if len(stream.read(1)) < 1:
+            raise TFRecordCorruptError(f"{name}: record {len(offsets) - 1} is truncated")
