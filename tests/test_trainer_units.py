@@ -338,3 +338,94 @@ def test_global_clip_norm_spans_pipeline_stages(tmp_path):
         for name, grad in r["grads"].items():
             ref = expected["tok_emb.weight" if name == "head.weight" else name].grad
             torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7, msg=f"clipped gradient of {name}")
+
+
+# ---------------------------------------------------------------------------------------------- damaged data
+def _shard(d, i=0, n=3):
+    return os.path.join(d, "gen-test", f"train-{i:05d}-of-{n:05d}.tfrecord")
+
+
+def _records(path):
+    from model_contract.tfrecord import read_records
+    return list(read_records(path))
+
+
+def _damaged(tmp_path, how):
+    """A fresh dataset with shard 0 damaged in one of the ways a copy goes wrong."""
+    from model_contract import frame_record
+    d = write_dataset(str(tmp_path / how), seq_len=32, vocab=64, n_docs=200)
+    path = _shard(d)
+    if how == "cut":  # a copy that stopped at a record boundary: every record left is intact
+        recs = _records(path)
+        open(path, "wb").write(b"".join(frame_record(r) for r in recs[:-3]))
+    elif how == "empty":
+        open(path, "wb").close()
+    elif how == "swapped":  # another valid shard of the dataset in its place
+        assert os.path.getsize(_shard(d, 1)) != os.path.getsize(path)
+        open(path, "wb").write(open(_shard(d, 1), "rb").read())
+    elif how == "reordered":  # same size, same record count, valid framing: only the sha256 tells
+        recs = _records(path)
+        open(path, "wb").write(b"".join(frame_record(r) for r in reversed(recs)))
+    return d
+
+
+@pytest.mark.parametrize("how", ["cut", "empty", "swapped"])
+def test_damaged_shard_is_refused_on_open_naming_it(tmp_path, how):
+    from trainer.data import DataIntegrityError
+    d = _damaged(tmp_path, how)
+    with pytest.raises(DataIntegrityError, match="shard gen-test/train-00000-of-00003.tfrecord: .* manifest says"):
+        _loader(d, streams=2)
+
+
+def test_verify_data_catches_a_same_size_replacement(tmp_path):
+    from trainer.data import prepare_shards
+    d = _damaged(tmp_path, "reordered")
+    manifest, mfile = open_dataset(DataConfig(path=d), CFG)
+    _loader(d, streams=2)  # size and record count agree: only the content hash can tell
+    cfg = DataConfig(path=d, verify_data=True)
+    errors = prepare_shards(manifest, mfile, cfg, str(tmp_path / "idx"))
+    assert len(errors) == 1 and "shard gen-test/train-00000-of-00003.tfrecord: sha256" in errors[0]
+    # once per shard per node: split over the node's ranks, every shard checked by exactly one of them
+    split = [prepare_shards(manifest, mfile, cfg, str(tmp_path / "idx"), r, 2) for r in range(2)]
+    assert sum(split, []) == errors and split[0] == errors  # shard 0 is local rank 0's
+
+
+def test_shard_path_outside_the_dataset_is_refused(tmp_path, dataset):
+    import json
+    from trainer.data import DataIntegrityError
+    d = tmp_path / "escape"
+    d.mkdir()
+    m = json.loads(open(os.path.join(dataset, "manifest.json")).read())
+    m["shards"][0]["path"] = "../" + os.path.basename(dataset) + "/" + m["shards"][0]["path"]
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises((DataIntegrityError, ValueError), match=r"\.\./"):
+        _loader(str(d), streams=2)
+
+
+def test_tokenizer_pin_is_checked_against_the_contract(dataset, tmp_path):
+    from model_contract import load_manifest, manifest_path
+    from trainer.data import tokenizer_pin
+    model = tmp_path / "tok.model"
+    model.write_bytes(b"not the tokenizer the data was made with")
+    with pytest.raises(ContractMismatchError, match="tokenizer"):
+        open_dataset(DataConfig(path=dataset, tokenizer=str(model)), CFG)
+    sha = load_manifest(manifest_path(dataset)).contract.tokenizer.model_sha256
+    open_dataset(DataConfig(path=dataset, tokenizer=sha), CFG)  # the right pin passes
+    assert tokenizer_pin(str(model)) != sha
+
+
+def test_record_offsets_are_cached_once_and_reused(dataset, tmp_path, monkeypatch):
+    """The first loader walks each shard's headers once and caches the offsets; the next only reads the cache."""
+    import trainer.data as data
+    walks = []
+    real = data.record_offsets
+    monkeypatch.setattr(data, "record_offsets", lambda f, **k: walks.append(k["name"]) or real(f, **k))
+    manifest, mfile = open_dataset(DataConfig(path=dataset), CFG)
+    cfg = DataConfig(path=dataset, streams=4, shuffle_buffer=16, index_dir=str(tmp_path / "idx"))
+    a = ShardLoader(manifest, mfile, cfg, 32, 8)
+    assert len(walks) == len(manifest.shards)
+    b = ShardLoader(manifest, mfile, cfg, 32, 8)
+    assert len(walks) == len(manifest.shards)
+    assert [_ids(next(a)) for _ in range(3)] == [_ids(next(b)) for _ in range(3)]
+    a.close()
+    b.close()
