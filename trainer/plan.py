@@ -266,6 +266,37 @@ def choose_micro_batch(cfg: ModelConfig, lay: Layout, global_batch: int, gpu: st
                            f"({last.total / GiB:.1f} GiB): shard more (--fsdp, --tp, --pp) or checkpoint (--ac)")
 
 
+def local_gpu() -> Optional[str]:
+    """The GPUS key of this machine's CUDA device 0 (None without CUDA or for an unknown model)."""
+    import torch
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(0)
+    mem = torch.cuda.get_device_properties(0).total_memory
+    if "H200" in name:
+        return "H200"
+    if "H100" in name:
+        return "H100"
+    if "A100" in name:
+        return "A100-80GB" if mem > 50 * GiB else "A100-40GB"
+    return None
+
+
+def plan_for_config(cfg) -> Plan:
+    """The plan of a resolved trainer.config.TrainConfig (after resolve_layout) on cfg.gpu or the local GPU; a
+    CPU run (no GPU named, none present, or --device cpu) gets a CPU plan, which always "fits"."""
+    p = cfg.parallel
+    gpu = cfg.gpu or (local_gpu() if cfg.device != "cpu" else None)
+    if gpu is not None and gpu not in GPUS:
+        from trainer.config import ConfigError
+        raise ConfigError(f"unknown --gpu {gpu!r}; choose one of {', '.join(GPUS)}")
+    attention = cfg.attention if cfg.attention != "auto" else ("flex" if gpu else "sdpa")
+    lay = Layout(dp=p.dp, pp=p.pp, tp=p.tp, fsdp=p.fsdp, zero=p.zero, micro_batch=p.microbatch_size,
+                 microbatches=p.microbatches, schedule=p.schedule, virtual_stages=p.virtual_stages, ac=p.ac,
+                 loss=cfg.loss, bf16=cfg.bf16, device="cuda" if gpu else "cpu", attention=attention)
+    return estimate(cfg.model, lay, gpu or "A100-40GB")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="trainer.plan", description=__doc__.split("\n")[0])
     p.add_argument("--model", default="1.3B")
