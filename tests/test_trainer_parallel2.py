@@ -50,3 +50,27 @@ def test_layout_matches_unparallelised_model(results, name):
         held |= set(r["params"])
     # every block's parameters are held by some rank: no layer dropped by the partition
     assert {n.split(".")[1] for n in held if n.startswith("blocks.")} == {"0", "1", "2"}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    from tests.trainer_fixtures import write_dataset
+    return write_dataset(str(tmp_path_factory.mktemp("p2-data")), seq_len=32, vocab=64, n_docs=400)
+
+
+@pytest.mark.timeout(400)
+def test_cli_fsdp_x_tp_trains_checkpoints_and_resumes_like_one_process(dataset, tmp_path):
+    """`trainer.train --dp 2 --tp 2 --fsdp --ac selective` (4 processes): stopped at step 2, resumed from its
+    checkpoint (DTensor parameters and optimizer state through DCP), every step's loss equals one process's."""
+    from tests.trainer_launch import TINY, losses, run_trainer
+    common = ["--data", dataset, *TINY, "--steps", "3", "--log-every", "1"]
+    run_trainer(1, common + ["--metrics-file", str(tmp_path / "one.jsonl")])
+    par = common + ["--dp", "2", "--tp", "2", "--fsdp", "--ac", "selective", "--microbatches", "2",
+                    "--checkpoint-dir", str(tmp_path / "ck"), "--metrics-file", str(tmp_path / "par.jsonl")]
+    run_trainer(4, par + ["--stop-at-step", "2"], timeout=200)
+    proc = run_trainer(4, par, timeout=200)
+    assert "resumed from" in proc.stdout and "at step 2" in proc.stdout
+    one, got = losses(tmp_path / "one.jsonl"), losses(tmp_path / "par.jsonl")
+    assert sorted(got) == [1, 2, 3]
+    for step in one:
+        assert got[step] == pytest.approx(one[step], rel=1e-5), step

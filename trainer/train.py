@@ -228,10 +228,11 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
 
         loss_t = local_loss.detach().to(torch.float64).reshape(1)
-        dist.all_reduce(loss_t)  # only last stages contribute; each replica's share sums to dp x its mean
+        # only last stages contribute; each replica's share sums to dp x its mean, once per tensor-parallel rank
+        dist.all_reduce(loss_t)
         self.step += 1
         # loss and grad_norm stay device tensors; the metrics read them once per logging interval
-        return {"loss": loss_t[0] / env.dp, "lr": lr, "grad_norm": grad_norm, "wait": wait, "h2d": h2d,
+        return {"loss": loss_t[0] / (env.dp * env.tp), "lr": lr, "grad_norm": grad_norm, "wait": wait, "h2d": h2d,
                 "seconds": time.perf_counter() - t0}
 
     def on_step_end(self, step: int) -> None:
