@@ -169,8 +169,16 @@ def test_contract_mismatch_is_one_clear_error(dataset):
 
 
 @pytest.mark.timeout(120)
-def test_too_few_microbatches_is_a_clear_error(dataset):
-    proc = run_trainer(2, ["--data", dataset, *TINY, "--pp", "2", "--microbatches", "1", "--steps", "1"],
-                       check=False, timeout=90)
+def test_damaged_shard_stops_every_rank_with_one_line(dataset, tmp_path):
+    """A shard cut short: each rank's share of the shard checks is gathered, so every rank exits 2 with the same
+    one-line error naming the shard, before any training step (no hang while one rank trains alone)."""
+    d = tmp_path / "data"
+    shutil.copytree(dataset, d)
+    shard = d / "gen-test" / "train-00002-of-00003.tfrecord"
+    shard.write_bytes(shard.read_bytes()[:100])
+    proc = run_trainer(2, ["--data", str(d), *TINY, "--pp", "2", "--steps", "1"], check=False, timeout=90)
     assert proc.returncode != 0
-    assert "--microbatches 1 < pipeline stages 2" in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 2 and len(set(errors)) == 1, proc.stderr[-3000:]
+    assert "shard gen-test/train-00002-of-00003.tfrecord: 100 bytes, the manifest says" in errors[0]
+    assert "step " not in proc.stdout

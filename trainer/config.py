@@ -182,9 +182,8 @@ class TrainConfig:
                                                                 "(auto: flex on CUDA, dense-mask SDPA on CPU)")
     loss: Literal["chunked", "logits"] = opt("chunked", "chunked: cross-entropy over token chunks, never the "
                                                          "[B,T,V] fp32 logits; logits: the plain path")
-    gpu: Optional[str] = opt(None, "GPU model for the memory plan (A100-40GB, A100-80GB, H100, H200; default: "
-                                   "the local device)")
-    dry_run: bool = opt(False, "validate the config, print the memory plan and exit (2 if it does not fit)")
+    gpu: Optional[str] = opt(None, "GPU model for the memory plan that --check-only prints and every start "
+                                   "enforces (A100-40GB, A100-80GB, H100, H200; default: the local device)")
     stop_at_step: int = opt(0, "checkpoint and exit at this step (e.g. a job time limit); the LR schedule still "
                                "runs to --steps, so a resumed run continues exactly")
     threads: int = opt(0, "torch intra-op threads per process (0 = default)")

@@ -95,12 +95,18 @@ def default_streams(examples: int) -> int:
 
 # ------------------------------------------------------------------------------------------ shard index
 def shard_paths(manifest_file: str, shards: list) -> list:
+    """Local paths of the shards; a path outside the dataset directory (absolute, `..`, a symlink out) is refused:
+    a manifest must not make the trainer read arbitrary files."""
+    root = os.path.realpath(os.path.dirname(os.path.abspath(manifest_file)))
     out = []
     for s in shards:
         try:
-            out.append(resolve_shard_path(manifest_file, s))
-        except ValueError as e:  # the contract refuses paths outside the dataset directory
+            path = resolve_shard_path(manifest_file, s)  # the contract's own containment check
+        except ValueError as e:
             raise DataIntegrityError(f"shard {s.path!r}: {e}") from None
+        if os.path.isabs(s.path) or os.path.commonpath([root, os.path.realpath(path)]) != root:
+            raise DataIntegrityError(f"shard {s.path!r}: outside the dataset directory {root}: refused")
+        out.append(path)
     return out
 
 

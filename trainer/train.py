@@ -38,9 +38,18 @@ from trainer.partition import StageSpec, describe, model_units, partition_model,
 
 
 # ---------------------------------------------------------------------------------------------- CLI
+def _parser():
+    p = build_parser(description=__doc__.split("\n")[0])
+    p.add_argument("--check-only", action="store_true",
+                   help="validate the configuration for WORLD_SIZE processes (layout, batch rules, data contract "
+                        "when the data is reachable), print the resolved layout and exit; launchers run it first")
+    return p
+
+
 def parse_args(argv: Optional[Sequence[str]] = None, world: Optional[int] = None) -> TrainConfig:
-    """The full, validated config: every batch rule and the data contract checked here (ConfigError)."""
-    ns = build_parser(description=__doc__.split("\n")[0]).parse_args(argv)
+    """The full, validated config: every batch rule, and the data contract when the dataset is reachable from
+    here, checked now (ConfigError / ContractMismatchError) — not after the processes have met."""
+    ns = _parser().parse_args(argv)
     model_args, cfg = from_namespace(ns)
     contract = None
     if os.path.exists(cfg.data.path):
@@ -48,11 +57,22 @@ def parse_args(argv: Optional[Sequence[str]] = None, world: Optional[int] = None
     cfg.model = resolve_model(model_args, contract)
     world = world if world is not None else int(os.environ.get("WORLD_SIZE", "1"))
     resolve_layout(cfg, world)
-    plan = plan_for_config(cfg)  # the memory plan: a layout over the GPU's memory is refused here (exit 2)
-    if not plan.fits:
-        raise ConfigError(plan.format().splitlines()[-1].strip() + "; see `python -m trainer.plan`: shard more "
-                          "(--fsdp, --tp, --pp), checkpoint activations (--ac) or lower --microbatch-size")
+    if contract is not None:
+        open_dataset(cfg.data, cfg.model)
+    cfg.check_only = ns.check_only  # an action of this CLI, not part of the training config
+    cfg.plan = plan_for_config(cfg)  # the memory plan: a layout over the GPU's memory is refused here (exit 2)
+    if not cfg.plan.fits:
+        raise ConfigError(cfg.plan.format().splitlines()[-1].strip() + "; see `python -m trainer.plan`: shard "
+                          "more (--fsdp, --tp, --pp), checkpoint activations (--ac) or lower --microbatch-size")
     return cfg
+
+
+def describe_layout(cfg: TrainConfig) -> str:
+    p = cfg.parallel
+    return (f"model {cfg.model.name} ({cfg.model.num_params() / 1e6:.0f}M params, seq_len {cfg.model.seq_len}, "
+            f"vocab {cfg.model.vocab_size}); global batch {cfg.global_batch} = dp {p.dp} x {p.microbatches} "
+            f"micro-batches x {p.microbatch_size} sequences; pp {p.pp} ({p.schedule}); tp {p.tp}; "
+            f"fsdp {p.fsdp}; activation checkpointing {p.ac}")
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -289,8 +309,9 @@ def main(argv: Optional[Sequence[str]] = None, trainer_cls=Trainer) -> int:
     from model_contract import ContractMismatchError
     try:
         cfg = parse_args(argv)
-        if cfg.dry_run:
-            print(plan_for_config(cfg).format())
+        if cfg.check_only:
+            print(f"ok: {describe_layout(cfg)}", flush=True)
+            print(cfg.plan.format(), flush=True)
             return 0
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
