@@ -84,3 +84,33 @@ def test_6_7b_tp_pp_dp_on_four_p4d_nodes_picks_a_fitting_micro_batch():
     assert plan.fits and plan.layout["microbatches"] >= 4 * 2
     with pytest.raises(LayoutDoesNotFit, match="does not fit on A100-40GB"):
         choose_micro_batch(cfg, Layout(dp=32), 512, "A100-40GB")  # 6.7B replicated: 107 GB of weights + Adam
+
+
+def _launcher_args(script: str, world: int) -> list:
+    from tests.test_trainer_launch import LAUNCH, _dry_run, _header_example, _trainer_args
+    cmd = _dry_run(LAUNCH / script, _header_example(script), NNODES=str(world // 8), SLURM_NNODES=str(world // 8),
+                   SLURM_JOB_ID="1", SLURM_SUBMIT_DIR=str(LAUNCH.parents[1]))
+    return _trainer_args(cmd)
+
+
+@pytest.mark.parametrize("script", ["torchrun_multinode.sh", "p4d.sbatch"])
+def test_launchers_header_layouts_fit_p4d(script):
+    """Each launcher's resolved command passes the trainer's validation *and* the memory plan on A100-40GB
+    (on the p4d node the GPU is detected; here it is named)."""
+    from trainer.train import parse_args
+    cfg = parse_args(_launcher_args(script, 32) + ["--gpu", "A100-40GB"], world=32)
+    assert cfg.plan.fits and cfg.plan.gpu == "A100-40GB" and cfg.plan.total < 40 * GiB
+
+
+def test_the_trainer_refuses_a_layout_over_the_gpu_and_takes_6_7b_as_tp_x_pp_x_dp():
+    from trainer.config import ConfigError
+    from trainer.train import parse_args
+    common = ["--data", "/nonexistent", "--gpu", "A100-40GB", "--device", "cuda", "--global-batch", "512"]
+    with pytest.raises(ConfigError, match=r"memory plan: \d+\.\d GiB per GPU does not fit the A100-40GB"):
+        parse_args(["--model", "6.7B", "--pp", "4", *common], world=16)  # pipeline alone: ~125 GiB
+    cfg = parse_args(["--model", "6.7B", "--tp", "8", "--pp", "2", "--ac", "selective", "--microbatch-size", "4",
+                      *common], world=32)
+    p = cfg.parallel
+    assert (p.dp, p.pp, p.tp) == (2, 2, 8) and p.microbatches >= 4 * p.pp and cfg.plan.fits
+    cfg = parse_args(["--model", "1.3B", "--fsdp", "--ac", "selective", "--microbatch-size", "4", *common], world=8)
+    assert cfg.parallel.fsdp and cfg.plan.fits  # 1.3B as plain FSDP on one p4d node at micro-batch 4

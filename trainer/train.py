@@ -62,8 +62,9 @@ def parse_args(argv: Optional[Sequence[str]] = None, world: Optional[int] = None
     cfg.check_only = ns.check_only  # an action of this CLI, not part of the training config
     cfg.plan = plan_for_config(cfg)  # the memory plan: a layout over the GPU's memory is refused here (exit 2)
     if not cfg.plan.fits:
-        raise ConfigError(cfg.plan.format().splitlines()[-1].strip() + "; see `python -m trainer.plan`: shard "
-                          "more (--fsdp, --tp, --pp), checkpoint activations (--ac) or lower --microbatch-size")
+        raise ConfigError(f"memory plan: {cfg.plan.total / 2**30:.1f} GiB per GPU does not fit the {cfg.plan.gpu}'s "
+                          f"{cfg.plan.capacity / 2**30:.0f} GiB (python -m trainer.plan shows the parts): shard more "
+                          f"(--fsdp, --tp, --pp), checkpoint activations (--ac) or lower --microbatch-size")
     return cfg
 
 
