@@ -75,7 +75,8 @@ class Plan:
                  + ", ".join(f"{k}={v}" for k, v in self.layout.items() if k in
                              ("dp", "pp", "tp", "fsdp", "zero", "micro_batch", "microbatches", "schedule",
                               "virtual_stages", "ac", "loss"))]
-        lines.append(f"  params on the most loaded rank: {self.stage_params / 1e6:,.1f}M")
+        lines.append(f"  params of the most loaded stage (per tp rank, before FSDP sharding): "
+                     f"{self.stage_params / 1e6:,.1f}M")
         for k, v in self.parts.items():
             lines.append(f"  {k:<28} {v / GiB:8.2f} GiB")
         verdict = "fits" if self.fits else "DOES NOT FIT"
