@@ -6,10 +6,9 @@ import json
 from pipeline.retrieval.config import BuildConfig, NeighboursConfig
 
 
-def add_parser(sub, func) -> None:
-    r = sub.add_parser("retrieval", help="retrieval-context corpora: chunk database, index, neighbours (RETRO)")
-    rsub = r.add_subparsers(dest="retrieval_command", required=True)
-    b = rsub.add_parser("build", help="chunk database (+ embeddings + index) from a committed shard dataset")
+def add_parsers(subcommand) -> None:
+    """Define `retrieval build | neighbours | show`; `subcommand(name, help)` makes each parser (pipeline/cli.py)."""
+    b = subcommand("build", "chunk database (+ embeddings + index) from a committed shard dataset")
     b.add_argument("--dataset", required=True, help="committed shard dataset (directory with manifest.json)")
     b.add_argument("--output", required=True, help="chunk database directory (local or s3://)")
     b.add_argument("--chunk-len", type=int, default=64)
@@ -27,8 +26,7 @@ def add_parser(sub, func) -> None:
     b.add_argument("--batch-size", type=int, default=64, help="dense encoder batch (256-1024 on a GPU)")
     b.add_argument("--no-sources", dest="sources", action="store_false",
                    help="do not read the dataset's input files for each document's source")
-    b.set_defaults(func=func)
-    n = rsub.add_parser("neighbours", help="top-k neighbours per training chunk, as a sidecar of a shard generation")
+    n = subcommand("neighbours", "top-k neighbours per training chunk, as a sidecar of a shard generation")
     n.add_argument("--dataset", required=True)
     n.add_argument("--db", required=True, help="chunk database built by `pileprep retrieval build`")
     n.add_argument("--output", required=True, help="sidecar directory")
@@ -37,14 +35,12 @@ def add_parser(sub, func) -> None:
     n.add_argument("--nprobe", type=int, default=None, help="IVF lists probed (default: the database's)")
     n.add_argument("--device", default="cpu")
     n.add_argument("--batch-size", type=int, default=64)
-    n.set_defaults(func=func)
-    s = rsub.add_parser("show", help="summary of a database + sidecar with a decoded chunk and its neighbours")
+    s = subcommand("show", "summary of a database + sidecar with a decoded chunk and its neighbours")
     s.add_argument("--dataset", required=True)
     s.add_argument("--db", required=True)
     s.add_argument("--neighbours", required=True, help="sidecar directory")
     s.add_argument("--example", type=int, default=0)
     s.add_argument("--chunk", type=int, default=None, help="chunk of the example (default: first with neighbours)")
-    s.set_defaults(func=func)
 
 
 def run(args, beam_args) -> int:
