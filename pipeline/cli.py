@@ -6,11 +6,16 @@ same command runs locally or on Dataflow / Flink / Spark.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
 
 from pipeline.config import ConfigError, ShardConfig
+
+
+def _help(name: str) -> str:
+    return next(f.metadata["help"] for f in dataclasses.fields(ShardConfig) if f.name == name)
 
 
 def _add_shard_args(p: argparse.ArgumentParser) -> None:
@@ -22,8 +27,12 @@ def _add_shard_args(p: argparse.ArgumentParser) -> None:
     size = p.add_mutually_exclusive_group()
     size.add_argument("--num-shards", type=int, default=None, help="train shards (val/test proportional)")
     size.add_argument("--target-shard-mb", type=float, default=1024.0, help="target shard size (default 1 GiB)")
-    p.add_argument("--val-fraction", type=float, default=0.01)
-    p.add_argument("--test-fraction", type=float, default=0.01)
+    p.add_argument("--val-input", nargs="+", default=[], metavar="GLOB", dest="val_inputs",
+                   help=_help("val_inputs"))
+    p.add_argument("--test-input", nargs="+", default=[], metavar="GLOB", dest="test_inputs",
+                   help=_help("test_inputs"))
+    p.add_argument("--val-fraction", type=float, default=None, help=_help("val_fraction"))
+    p.add_argument("--test-fraction", type=float, default=None, help=_help("test_fraction"))
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--text-field", default="text", help="JSON field with the text (dotted path)")
     p.add_argument("--source-field", nargs="+", default=["meta.pile_set_name"], dest="source_fields",
@@ -46,7 +55,8 @@ def _shard_config(args) -> ShardConfig:
                        seq_len=args.seq_len, num_shards=args.num_shards, target_shard_mb=args.target_shard_mb,
                        val_fraction=args.val_fraction, test_fraction=args.test_fraction, seed=args.seed,
                        text_field=args.text_field, source_fields=tuple(args.source_fields), unit_mb=args.unit_mb,
-                       max_line_mb=args.max_line_mb, staging_dir=args.staging_dir)
+                       max_line_mb=args.max_line_mb, staging_dir=args.staging_dir,
+                       val_inputs=tuple(args.val_inputs), test_inputs=tuple(args.test_inputs))
 
 
 def cmd_shard(args, beam_args) -> int:
@@ -80,6 +90,15 @@ def cmd_inspect(args, _beam_args) -> int:
     return 0
 
 
+def cmd_verify(args, beam_args) -> int:
+    from pipeline.tools.verify import verify  # noqa: PLC0415
+
+    report = verify(args.dataset, inputs=args.inputs, sample=args.sample, seed=args.seed,
+                    tokenizer_path=args.tokenizer, filesystem_args=beam_args)
+    print(report.render())
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pileprep", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -102,13 +121,23 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--examples", type=int, default=2)
     inspect.add_argument("--tokenizer", default=None, help="decode with this model (default: the manifest's)")
     inspect.set_defaults(func=cmd_inspect)
+    verify = sub.add_parser("verify", help="check every shard, dead letter and id index against the manifest "
+                                           "(size, sha256); with --inputs, audit a sample of documents")
+    verify.add_argument("dataset", help="dataset directory (local, mounted or s3://bucket/prefix)")
+    verify.add_argument("--inputs", nargs="+", default=None, metavar="GLOB",
+                        help="the dataset's input files: re-read and re-tokenize a seeded sample of documents and "
+                             "find each one in the shards (present once, token-exact, one split) or accounted for")
+    verify.add_argument("--sample", type=int, default=200, help="documents to audit with --inputs")
+    verify.add_argument("--seed", type=int, default=0, help="which documents the audit samples")
+    verify.add_argument("--tokenizer", default=None, help="SentencePiece model (default: the manifest's)")
+    verify.set_defaults(func=cmd_verify)
     return parser
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
-    if beam_args and args.command != "shard":
+    if beam_args and args.command not in ("shard", "verify"):  # verify: Beam's --s3_* options for s3:// data
         parser.error(f"unrecognized arguments: {' '.join(beam_args)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")

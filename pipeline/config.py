@@ -15,6 +15,7 @@ from transforms.documents import SPLITS
 
 PILEPREP_VERSION = "0.1.0"
 BYTES_PER_TOKEN_ESTIMATE = 6.0  # serialized int64 varints of 3 features + framing, measured on the sample
+DEFAULT_HOLDOUT_FRACTION = 0.01  # val and test share of train inputs when no held-out files are given
 
 
 class ConfigError(ValueError):
@@ -29,15 +30,30 @@ class ShardConfig:
     seq_len: int = 2048
     num_shards: Optional[int] = None  # train shards; val/test get a proportional count (at least 1)
     target_shard_mb: float = 1024.0  # used when num_shards is not given
-    val_fraction: float = 0.01
-    test_fraction: float = 0.01
+    # None: 0.01 each, or 0 when --val-input/--test-input name the held-out files (resolved in __post_init__)
+    val_fraction: Optional[float] = field(default=None, metadata={
+        "help": "share of train-input documents hashed into val (default 0.01, or 0 with --val/--test-input)"})
+    test_fraction: Optional[float] = field(default=None, metadata={
+        "help": "share of train-input documents hashed into test (default 0.01, or 0 with --val/--test-input)"})
     seed: int = 0
     text_field: str = "text"
     source_fields: tuple = ("meta.pile_set_name",)
     unit_mb: float = 32.0  # raw text per tokenization work unit (the parallelism grain)
     max_line_mb: float = 256.0
     staging_dir: Optional[str] = None  # default: <output>/_staging
+    val_inputs: tuple = field(default=(), metadata={
+        "help": "files or globs that go wholly to val (e.g. the Pile's val.jsonl.zst)", "metavar": "GLOB"})
+    test_inputs: tuple = field(default=(), metadata={
+        "help": "files or globs that go wholly to test (e.g. the Pile's test.jsonl.zst)", "metavar": "GLOB"})
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        held_out_files = bool(self.val_inputs or self.test_inputs)
+        for name in ("val_fraction", "test_fraction"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, 0.0 if held_out_files else DEFAULT_HOLDOUT_FRACTION)
+        object.__setattr__(self, "val_inputs", tuple(self.val_inputs))
+        object.__setattr__(self, "test_inputs", tuple(self.test_inputs))
 
     def validate(self) -> None:
         problems = []
@@ -75,6 +91,8 @@ class ShardConfig:
         for key in ("output", "staging_dir", "extra"):
             d.pop(key)
         d["inputs"] = list(self.inputs)
+        d["val_inputs"] = list(self.val_inputs)
+        d["test_inputs"] = list(self.test_inputs)
         d["source_fields"] = list(self.source_fields)
         d["splits"] = list(SPLITS)
         return d

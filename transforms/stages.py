@@ -16,9 +16,9 @@ from typing import Optional
 import numpy as np
 
 from model_contract import encode_example, frame_record
-from transforms import io_utils, tokenizer
-from transforms.documents import (DEAD_LETTER, SPLITS, Document, parse_record, shard_key_range, sort_key,
-                                  split_of)
+from transforms import doc_ids, io_utils, tokenizer
+from transforms.documents import (DEAD_LETTER, HASHED, SPLIT_SHIFT, SPLITS, Document, assign_split, parse_record,
+                                  shard_key_range, sort_key, split_wins)
 from transforms.packing import pack_documents
 from transforms.read_records import FileDamage, compression_of, iter_raw_records
 from transforms.spill import INDEX_DTYPE, ChunkWriter, iter_chunk, read_index_range, read_token_range, write_index
@@ -142,6 +142,10 @@ class TokenizeSettings:
     val_fraction: float
     test_fraction: float
     seed: int
+    input_splits: tuple = ()  # per file_idx: HASHED (train inputs) or the split a --val/--test-input goes to
+
+    def input_split(self, file_idx: int) -> int:
+        return self.input_splits[file_idx] if file_idx < len(self.input_splits) else HASHED
 
 
 def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: TokenizeSettings, staging_dir: str,
@@ -156,6 +160,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
     batch: list = []  # (line, Document)
     batch_chars = 0
     max_id = np.iinfo(token_dtype).max
+    input_split = settings.input_split(chunk.file_idx)
 
     def flush():
         nonlocal batch, batch_chars
@@ -166,7 +171,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
             arr = np.array(ids, dtype=np.int64)
             if arr.size and int(arr.max()) > max_id:
                 raise ValueError(f"token id {int(arr.max())} does not fit the spill dtype {token_dtype}")
-            split = split_of(doc.doc_id, settings.val_fraction, settings.test_fraction)
+            split = assign_split(doc.doc_id, input_split, settings.val_fraction, settings.test_fraction)
             if doc.source not in source_idx:
                 source_idx[doc.source] = len(sources)
                 sources.append(doc.source)
@@ -226,6 +231,68 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
                       token_dtype.str, sources, split_tokens, stats, dl_path)
 
 
+# ------------------------------------------------------------------------------------------------ dedup
+@dataclass(frozen=True)
+class DedupInputs:
+    """What a packer needs to drop exact duplicates that live outside its own shard (transforms/doc_ids.py).
+
+    Copies of one document in one split share a sort key, so they meet in one shard and the packer keeps the
+    first. Copies in *different* splits (a --val-input document also in a train file) never meet: the
+    global pass `index_held_out_ids` lists each held-out split's ids once, and a packer drops a document that a
+    winning split (`split_wins`) also holds. Copies in committed generations (`--incremental`) are found in
+    their id indexes."""
+    held_out: tuple = ()  # (split, path of its sorted id file) for val and test
+    committed: tuple = ()  # id index paths of every committed generation
+
+    def losers_to(self, split: int) -> list:
+        return [path for s, path in self.held_out if split_wins(s, split)]
+
+
+def index_held_out_ids(units: list, staging_dir: str) -> DedupInputs:
+    """The one global dedup step: every val and test document id, sorted, one small file per split.
+
+    Reads only the held-out key ranges of each unit's index (they sit at the end, the split being the key's top
+    bits), so the cost follows the held-out documents, and memory is 8 bytes per held-out id."""
+    held_out = []
+    for split in range(1, len(SPLITS)):
+        lo, hi = split << SPLIT_SHIFT, (split + 1) << SPLIT_SHIFT
+        parts = []
+        for unit in units:
+            if unit.n_docs == 0:
+                continue
+            with io_utils.open_read(unit.index_path) as f:
+                parts.append(read_index_range(f, unit.n_docs, lo, hi)["doc_id"].copy())
+        path = io_utils.join(staging_dir, "dedup", f"{SPLITS[split]}.ids")
+        with io_utils.open_write(path) as f:
+            doc_ids.write_sorted_ids(f, np.concatenate(parts) if parts else np.zeros(0, doc_ids.ID_DTYPE))
+        held_out.append((split, path))
+    return DedupInputs(held_out=tuple(held_out))
+
+
+def duplicate_mask(rows: np.ndarray, split: int, dedup: Optional[DedupInputs]) -> np.ndarray:
+    """Which of a shard's index rows are copies of a document kept elsewhere (winning split or committed)."""
+    dup = np.zeros(rows.size, dtype=bool)
+    if dedup is None or rows.size == 0:
+        return dup
+    ids = rows["doc_id"]
+    for path in dedup.losers_to(split):
+        dup |= doc_ids.member_of_sorted(ids, doc_ids.read_sorted_ids(path))
+    for path in dedup.committed:
+        dup |= doc_ids.IdIndex(path).contains(ids)
+    return dup
+
+
+GENERATION_ID_INDEX = "doc-ids.idx"
+
+
+def write_generation_id_index(shard_results: list, data_dir: str) -> tuple:
+    """Merge the shards' kept ids into the generation's id index; returns (path, documents, bytes, sha256)."""
+    path = io_utils.join(data_dir, GENERATION_ID_INDEX)
+    paths = [r.ids_path for r in sorted(shard_results, key=lambda r: (r.task.split, r.task.shard)) if r.ids_path]
+    n, size, sha = doc_ids.write_index(path, doc_ids.merge_sorted_files(paths))
+    return path, n, size, sha
+
+
 # ------------------------------------------------------------------------------------------------- pack
 @dataclass(frozen=True)
 class ShardTask:
@@ -251,6 +318,8 @@ class ShardResult:
     sources: dict = field(default_factory=dict)  # source -> {documents, tokens}
     written_per_file: dict = field(default_factory=dict)  # input path -> documents written
     duplicates_per_file: dict = field(default_factory=dict)  # input path -> exact duplicates dropped
+    duplicates_per_source: dict = field(default_factory=dict)  # source of a dropped copy -> copies dropped
+    ids_path: Optional[str] = None  # sorted ids of the documents written (for the generation's id index)
 
 
 def _gather_shard_documents(task: ShardTask, units: list):
@@ -278,25 +347,35 @@ def _gather_shard_documents(task: ShardTask, units: list):
     return rows[order], which[order], buffers
 
 
-def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: int, data_dir: str) -> ShardResult:
-    """Write one shard: its documents from every unit, deduplicated, packed, framed, checksummed."""
+def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: int, data_dir: str,
+               dedup: Optional[DedupInputs] = None, staging_dir: Optional[str] = None) -> ShardResult:
+    """Write one shard: its documents from every unit, deduplicated, packed, framed, checksummed.
+
+    Exact duplicates (one document id) are dropped here: a copy whose id a winning split or a committed
+    generation holds (`dedup`), and every copy after the first inside the shard. With `staging_dir`, the ids
+    written go to a sorted id file there, merged later into the generation's id index."""
     rows, which, buffers = _gather_shard_documents(task, units)
+    elsewhere = duplicate_mask(rows, task.split, dedup)
     result = ShardResult(task, io_utils.join(data_dir, task.file_name), 0, 0, 0, 0, 0, "")
     sources: dict = collections.defaultdict(lambda: {"documents": 0, "tokens": 0})
     written: dict = collections.Counter()
     duplicates: dict = collections.Counter()
+    duplicate_sources: dict = collections.Counter()
+    kept_ids: list = []
     eos = np.array([eos_id], dtype=np.int64)
 
     def documents():
         previous_doc = None
-        for row, b in zip(rows, which):
+        for i, (row, b) in enumerate(zip(rows, which)):
             u, start, buf = buffers[b]
             unit = units[u]
             doc_id = int(row["doc_id"])
-            if doc_id == previous_doc:  # exact duplicate (same source and text): first occurrence wins
+            if doc_id == previous_doc or elsewhere[i]:  # exact duplicate (same text): the kept copy is elsewhere
                 duplicates[unit.input_path] += 1
+                duplicate_sources[unit.sources[int(row["source_idx"])]] += 1
                 continue
             previous_doc = doc_id
+            kept_ids.append(doc_id)
             a = int(row["token_start"]) - start
             tokens = np.concatenate((buf[a:a + int(row["n_tokens"])].astype(np.int64), eos))
             source = sources[unit.sources[int(row["source_idx"])]]
@@ -317,4 +396,9 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
     result.sources = {k: dict(v) for k, v in sorted(sources.items())}
     result.written_per_file = dict(sorted(written.items()))
     result.duplicates_per_file = dict(sorted(duplicates.items()))
+    result.duplicates_per_source = dict(sorted(duplicate_sources.items()))
+    if staging_dir is not None:
+        result.ids_path = io_utils.join(staging_dir, "ids", task.file_name + ".ids")
+        with io_utils.open_write(result.ids_path) as f:
+            doc_ids.write_sorted_ids(f, np.array(kept_ids, dtype=doc_ids.ID_DTYPE))
     return result

@@ -34,7 +34,7 @@ LOG = logging.getLogger("pileprep.incremental")
 HASH_BLOCK = 8 << 20
 # Config fields that may differ between generations: they decide how many shards a run writes and how work
 # is cut, not what a document becomes. Everything else must match (it shapes every example).
-NON_SHAPING_CONFIG = ("inputs", "num_shards", "target_shard_mb", "unit_mb")
+NON_SHAPING_CONFIG = ("inputs", "val_inputs", "test_inputs", "num_shards", "target_shard_mb", "unit_mb")
 
 
 class InputsChangedError(ConfigError):
@@ -241,6 +241,7 @@ def add_ledger(manifest: Manifest, generation: str, rows: list, digests: dict) -
 
 def merge(previous: Manifest, new: Manifest) -> Manifest:
     """The dataset after committing `new` (one generation) on top of `previous` (any number of generations)."""
+    from pipeline.shard import integrity  # noqa: PLC0415 - integrity imports this module
     splits: dict = {}
     for m in (previous, new):
         _sum_into(splits, m.splits)
@@ -257,6 +258,7 @@ def merge(previous: Manifest, new: Manifest) -> Manifest:
     extra = dict(new.extra)
     extra["generations"] = generations_of(previous) + generations_of(new)
     extra["ledger"] = sorted(ledger_of(previous) + ledger_of(new), key=lambda r: r["path"])
+    extra.update(integrity.merge_integrity_sections(previous, new))  # id indexes, dead-letter sums, duplicates
     return Manifest(
         contract=new.contract,
         shards=shards,

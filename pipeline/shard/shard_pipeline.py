@@ -20,6 +20,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from model_contract import DataContract
 from pipeline.ops import commit, incremental, progress, runlog, runners, storage
 from pipeline.config import PILEPREP_VERSION, ShardConfig, fingerprint
+from pipeline.shard import integrity, split_inputs
 from pipeline.shard.manifest_builder import build_manifest, plan_shard_tasks
 from transforms import io_utils, memory, stages, tokenizer
 
@@ -44,6 +45,10 @@ class JobPlan:
     incremental: bool = False
     nothing_to_do: bool = False
     filesystem_options: Optional["FilesystemOptions"] = None
+    # Splits and dedup (pipeline/shard/split_inputs.py, transforms/doc_ids.py): per ledger file its split
+    # (HASHED for train inputs), and the id indexes of the committed generations new documents are checked against.
+    input_splits: tuple = ()
+    committed_id_indexes: tuple = ()
 
     @property
     def previous(self):
@@ -97,7 +102,9 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
     removed ones are an error, see pipeline/ops/incremental.py); `nothing_to_do` says there are none.
     """
     config.validate()
-    rows = incremental.list_inputs(config.inputs)
+    rows, split_of_path = split_inputs.list_inputs_with_splits(config)
+    for warning in split_inputs.held_out_name_warnings(split_of_path):
+        LOG.warning("%s", warning)
     model_bytes = tokenizer.read_model_bytes(config.tokenizer)
     sp = tokenizer.load_processor(model_bytes, config.tokenizer)
     contract = DataContract.for_tokens(config.seq_len, tokenizer.describe(sp, model_bytes))
@@ -123,7 +130,10 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
     return JobPlan(config, ledger, model_bytes, contract, generation, io_utils.join(config.output, generation),
                    io_utils.join(staging_root, generation), input_rows=tuple(rows),
                    previous_json=None if previous is None else previous.to_json(),
-                   incremental=incremental_plan, nothing_to_do=not rows)
+                   incremental=incremental_plan, nothing_to_do=not rows,
+                   input_splits=split_inputs.input_splits_for(ledger, split_of_path),
+                   committed_id_indexes=integrity.committed_id_indexes(previous, config.output)
+                   if incremental_plan else ())
 
 
 class SplitInputFile(beam.DoFn):
@@ -170,7 +180,7 @@ class TokenizeChunk(beam.DoFn):
         self.dtype = tokenizer.token_dtype(self.plan.contract.tokenizer.vocab_size)
         cfg = self.plan.config
         self.settings = stages.TokenizeSettings(cfg.text_field, tuple(cfg.source_fields), cfg.val_fraction,
-                                                cfg.test_fraction, cfg.seed)
+                                                cfg.test_fraction, cfg.seed, self.plan.input_splits)
 
     def process(self, chunk):
         unit = stages.tokenize_chunk(chunk, self.sp, self.dtype, self.settings, self.plan.staging_dir,
@@ -194,9 +204,11 @@ class PackShard(beam.DoFn):
         _apply_filesystem_options(self.plan)
         memory.pin_mmap_threshold()
 
-    def process(self, task, units):
+    def process(self, task, units, dedup):
         t = self.plan.contract.tokenizer
-        result = stages.pack_shard(task, units, self.plan.config.seq_len, t.eos_id, t.pad_id, self.plan.data_dir)
+        dedup = dataclasses.replace(dedup, committed=self.plan.committed_id_indexes)
+        result = stages.pack_shard(task, units, self.plan.config.seq_len, t.eos_id, t.pad_id, self.plan.data_dir,
+                                   dedup, self.plan.staging_dir)
         self.examples.inc(result.examples)
         yield result
 
@@ -205,10 +217,25 @@ def _sorted_units(units):
     return sorted(units, key=lambda u: u.name)
 
 
-def _commit(shard_results, plan: JobPlan, split_results, unit_results, digests=()):
+def _index_held_out_ids(units, plan: JobPlan):
     _apply_filesystem_options(plan)
+    return stages.index_held_out_ids(units, plan.staging_dir)
+
+
+def _index_doc_ids(shard_results, plan: JobPlan):
+    _apply_filesystem_options(plan)
+    id_index = stages.write_generation_id_index(shard_results, plan.data_dir)
+    io_utils.fsync_files([id_index[0]])  # durable before the manifest that references it (pipeline/ops/commit.py)
+    return shard_results, id_index
+
+
+def _commit(indexed, plan: JobPlan, split_results, unit_results, digests=()):
+    _apply_filesystem_options(plan)
+    shard_results, id_index = indexed
     manifest = build_manifest(plan.config, plan.contract, plan.ledger, plan.generation, plan.config.output,
                               split_results, _sorted_units(unit_results), shard_results)
+    manifest = integrity.add_integrity_sections(manifest, plan.config.output, plan.generation, shard_results,
+                                                id_index)
     manifest = incremental.add_ledger(manifest, plan.generation, list(plan.input_rows),
                                       {path: (size, sha) for path, size, sha in digests})
     previous = plan.previous
@@ -234,13 +261,18 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
              | "SpreadChunks" >> beam.Reshuffle()
              | "Tokenize" >> beam.ParDo(TokenizeChunk(plan)))
     unit_list = units | "CollectUnits" >> beam.combiners.ToList() | "SortUnits" >> beam.Map(_sorted_units)
+    # Cross-split dedup needs every held-out id before any train shard is packed: one global pass over the
+    # units' (small) held-out key ranges; packers then skip ids a winning split holds.
+    held_out = unit_list | "IndexHeldOutIds" >> beam.Map(_index_held_out_ids, plan)
     shards = (unit_list
               | "PlanShards" >> beam.FlatMap(plan_shard_tasks, plan.config)
               | "SpreadShards" >> beam.Reshuffle()
-              | "PackShards" >> beam.ParDo(PackShard(plan), units=beam.pvalue.AsSingleton(unit_list)))
+              | "PackShards" >> beam.ParDo(PackShard(plan), units=beam.pvalue.AsSingleton(unit_list),
+                                           dedup=beam.pvalue.AsSingleton(held_out)))
     split_list = splits | "CollectSplits" >> beam.combiners.ToList()
     return (shards
             | "CollectShards" >> beam.combiners.ToList()
+            | "IndexDocIds" >> beam.Map(_index_doc_ids, plan)
             | "CommitManifest" >> beam.Map(_commit, plan, split_results=beam.pvalue.AsSingleton(split_list),
                                            unit_results=beam.pvalue.AsSingleton(unit_list),
                                            digests=beam.pvalue.AsSingleton(digest_list)))
