@@ -179,7 +179,7 @@ def test_dedup_is_byte_identical_across_worker_counts(held_out_corpus, held_out_
 
 
 def test_five_incremental_runs_hold_the_documents_of_one_full_build(tiny_tokenizer, tmp_path):
-    docs = good_documents(400_000, doc_chars=1200)
+    docs = good_documents(150_000, doc_chars=1200)
     # repeats inside and across parts, under other sources: the cases that went in twice before
     lines = [pile_line(t, s) for t, s in docs] + [pile_line(t, "Again") for t, _ in docs[::9]]
     order = np.random.default_rng(0).permutation(len(lines))
