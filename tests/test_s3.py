@@ -54,7 +54,8 @@ def test_s3_end_to_end_commit_listing_and_incremental(tmp_path, s3_server, s3_en
     keys = _keys(client, "pile-out", "ds/")
     manifest = json.loads(client.get_object(Bucket="pile-out", Key="ds/manifest.json")["Body"].read())
     assert not [k for k in keys if "_staging" in k], keys  # staging is gone after the commit
-    assert sorted("ds/" + s["path"] for s in manifest["shards"]) == [k for k in keys if k != "ds/manifest.json"]
+    assert sorted("ds/" + f["path"] for f in manifest["shards"] + manifest["doc_id_indexes"]) == [
+        k for k in keys if k != "ds/manifest.json"]
     for s in manifest["shards"]:  # every listed shard is there, whole
         body = client.get_object(Bucket="pile-out", Key="ds/" + s["path"])["Body"].read()
         assert hashlib.sha256(body).hexdigest() == s["sha256"] and len(body) == s["bytes"]

@@ -18,7 +18,7 @@ stays bounded by the fence plus one block whatever the corpus size, and S3 paths
 from __future__ import annotations
 
 import struct
-from typing import BinaryIO, Iterable
+from typing import BinaryIO, Iterable, Optional
 
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
@@ -89,12 +89,13 @@ def merge_sorted_files(paths: list, block: int = MERGE_BLOCK) -> Iterable[np.nda
             yield out
 
 
-def write_index(path: str, batches: Iterable[np.ndarray], fence_every: int = FENCE_EVERY) -> tuple:
+def write_index(path: str, batches: Iterable[np.ndarray], fence_every: int = FENCE_EVERY,
+                spill: Optional[str] = None) -> tuple:
     """Write an id index from sorted unique batches; returns (documents, bytes, sha256).
 
-    Ids go to a staging spill first (their count is only known at the end), then header + fence + ids are
-    written in one pass to `path`, hashed as written."""
-    spill = path + ".ids.partial"
+    Ids go to a spill file first (default beside `path`; the job puts it in staging) because their count is
+    only known at the end, then header + fence + ids are written in one pass to `path`, hashed as written."""
+    spill = spill or path + ".ids.partial"
     n = 0
     fence = []
     with io_utils.open_write(spill) as f:

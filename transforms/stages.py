@@ -285,11 +285,12 @@ def duplicate_mask(rows: np.ndarray, split: int, dedup: Optional[DedupInputs]) -
 GENERATION_ID_INDEX = "doc-ids.idx"
 
 
-def write_generation_id_index(shard_results: list, data_dir: str) -> tuple:
+def write_generation_id_index(shard_results: list, data_dir: str, staging_dir: str) -> tuple:
     """Merge the shards' kept ids into the generation's id index; returns (path, documents, bytes, sha256)."""
     path = io_utils.join(data_dir, GENERATION_ID_INDEX)
     paths = [r.ids_path for r in sorted(shard_results, key=lambda r: (r.task.split, r.task.shard)) if r.ids_path]
-    n, size, sha = doc_ids.write_index(path, doc_ids.merge_sorted_files(paths))
+    n, size, sha = doc_ids.write_index(path, doc_ids.merge_sorted_files(paths),
+                                       spill=io_utils.join(staging_dir, "ids", "merged.partial"))
     return path, n, size, sha
 
 
