@@ -201,3 +201,32 @@ def test_verify_an_s3_dataset(built, s3_server):  # noqa: F811
         assert not bad.ok and len(bad.mismatches) == 1 and shard in bad.mismatches[0], bad.render()
     finally:
         FileSystems._pipeline_options = saved  # noqa: SLF001
+
+
+def _resolver_refuses_outside_paths() -> bool:
+    from model_contract import ContractError, ShardInfo, resolve_shard_path
+
+    try:
+        resolve_shard_path("/d/manifest.json", ShardInfo("../x.tfrecord", "train", 0, 0, 0, 0, 0, ""))
+    except ContractError:
+        return True
+    return False
+
+
+@pytest.mark.skipif(not _resolver_refuses_outside_paths(),
+                    reason="model_contract.resolve_shard_path does not refuse paths outside the dataset yet "
+                           "(the hardened resolver lands with issue 7 §3)")
+@pytest.mark.parametrize("bad_path", ["/etc/hostname", "../outside.tfrecord"])
+def test_inspect_and_verify_refuse_shard_paths_outside_the_dataset(built, tmp_path, capsys, bad_path):
+    from model_contract import ContractError
+    from pipeline.tools.inspect_dataset import inspect
+
+    _root, out, _manifest = built
+    copy = damaged_copy(out, tmp_path)
+    m = json.loads((copy / "manifest.json").read_text())
+    m["shards"][0]["path"] = bad_path
+    (copy / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(ContractError, match="outside|relative"):
+        inspect(str(copy), examples=1)
+    rc, text = verify_cli(copy, capsys=capsys)
+    assert rc == 1 and bad_path in text
