@@ -12,7 +12,7 @@ ask "is this id already taken?" about many more ids than one worker should hold:
 
 Id index layout (little-endian u64 throughout): magic, count n, block size B, fence count f; the fence (every
 B-th id, f values); the n sorted unique ids. A lookup reads the header and fence once (8 bytes per B ids, so
-~0.4 MB per 200 M documents), then one ranged read of at most B ids per distinct block a query touches; memory
+~1.6 MB per 200 M documents), then one ranged read of at most B ids per distinct block a query touches; memory
 stays bounded by the fence plus one block whatever the corpus size, and S3 paths work through ranged reads.
 """
 from __future__ import annotations
@@ -28,13 +28,24 @@ from transforms import io_utils
 ID_DTYPE = np.dtype("<u8")
 INDEX_MAGIC = b"PPIDX001"
 _HEADER = struct.Struct("<8sQQQ")
-FENCE_EVERY = 4096
+FENCE_EVERY = 1024
 MERGE_BLOCK = 1 << 18  # ids read per input per step of the k-way merge (2 MiB each)
+
+
+def sorted_unique(ids: np.ndarray) -> np.ndarray:
+    """Sort + drop repeats (numpy's own `unique` hashes first, ~30x slower on u64 ids)."""
+    a = np.sort(np.asarray(ids, dtype=ID_DTYPE))
+    if a.size < 2:
+        return a
+    keep = np.empty(a.size, dtype=bool)
+    keep[0] = True
+    np.not_equal(a[1:], a[:-1], out=keep[1:])
+    return a[keep]
 
 
 def write_sorted_ids(stream: BinaryIO, ids: np.ndarray) -> None:
     """A plain sorted unique id array (small per-shard or per-split lists)."""
-    stream.write(np.ascontiguousarray(np.unique(np.asarray(ids, dtype=ID_DTYPE))).tobytes())
+    stream.write(sorted_unique(ids).tobytes())
 
 
 def read_sorted_ids(path: str) -> np.ndarray:
@@ -81,7 +92,7 @@ def merge_sorted_files(paths: list, block: int = MERGE_BLOCK) -> Iterable[np.nda
             taken.append(bufs[i][:cut])
             rest = bufs[i][cut:]
             bufs[i] = rest if rest.size else next(iters[i], None)
-        out = np.unique(np.concatenate(taken))
+        out = sorted_unique(np.concatenate(taken))
         if last is not None and out.size and out[0] == last:
             out = out[1:]
         if out.size:
@@ -133,22 +144,31 @@ class IdIndex:
         self._ids_at = _HEADER.size + n_fence * ID_DTYPE.itemsize
 
     def contains(self, query: np.ndarray) -> np.ndarray:
-        """Boolean mask over `query` (any order): which ids this generation already holds."""
+        """Boolean mask over `query` (any order): which ids this generation already holds.
+
+        Queries are grouped by fence block, so each touched block is read once (at most `block` ids), however
+        many queries fall into it."""
         query = np.asarray(query, dtype=ID_DTYPE)
         hit = np.zeros(query.size, dtype=bool)
         if self.n == 0 or query.size == 0:
             return hit
         blocks = np.searchsorted(self.fence, query, side="right").astype(np.int64) - 1
-        inside = blocks >= 0  # below the first id: not held
+        order = np.argsort(blocks, kind="stable")
+        order = order[blocks[order] >= 0]  # below the first id: not held
+        if order.size == 0:
+            return hit
+        sorted_blocks = blocks[order]
+        starts = np.flatnonzero(np.diff(sorted_blocks, prepend=-1))
+        ends = np.append(starts[1:], sorted_blocks.size)
         with io_utils.open_read(self.path) as f:
-            for b in np.unique(blocks[inside]):
-                start = int(b) * self.block
+            for a, b in zip(starts.tolist(), ends.tolist()):
+                start = int(sorted_blocks[a]) * self.block
                 count = min(self.block, self.n - start)
                 f.seek(self._ids_at + start * ID_DTYPE.itemsize)
                 data = f.read(count * ID_DTYPE.itemsize)
                 if len(data) != count * ID_DTYPE.itemsize:
                     raise IOError(f"{self.path}: document id index cut short")
-                sel = inside & (blocks == b)
+                sel = order[a:b]
                 hit[sel] = member_of_sorted(query[sel], np.frombuffer(data, dtype=ID_DTYPE))
         return hit
 
