@@ -82,7 +82,7 @@ def test_id_index_lookup_and_merge(tmp_path):
         with open(parts[-1], "wb") as f:
             doc_ids.write_sorted_ids(f, part)
     n, _size, _sha = doc_ids.write_index(str(tmp_path / "idx"), doc_ids.merge_sorted_files(parts, block=777),
-                                         fence_every=64)
+                                         ids.size, fence_every=64)
     assert n == ids.size
     assert np.array_equal(np.concatenate(list(doc_ids.read_index_ids(str(tmp_path / "idx")))), ids)
     others = rng.integers(0, 2 ** 63, size=5000, dtype=np.uint64)

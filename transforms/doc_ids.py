@@ -10,18 +10,18 @@ ask "is this id already taken?" about many more ids than one worker should hold:
   all ids it holds, sorted — and a new run looks each of its documents up there (`IdIndex.contains`), so an
   incremental dataset holds exactly the documents a full build of the same inputs would.
 
-Id index layout (little-endian u64 throughout): magic, count n, block size B, fence count f; the fence (every
-B-th id, f values); the n sorted unique ids. A lookup reads the header and fence once (8 bytes per B ids, so
-~1.6 MB per 200 M documents), then one ranged read of at most B ids per distinct block a query touches; memory
-stays bounded by the fence plus one block whatever the corpus size, and S3 paths work through ranged reads.
+Id index layout (little-endian u64 throughout): magic, count n, block size B, fence count f; the n sorted
+unique ids; the fence (every B-th id, f values; last, so the index is written in one pass). A lookup reads the
+header and fence once (8 bytes per B ids, so ~1.6 MB per 200 M documents), then one ranged read of at most B ids
+per distinct block a query touches; memory stays bounded by the fence plus one block whatever the corpus size,
+and S3 paths work through ranged reads.
 """
 from __future__ import annotations
 
 import struct
-from typing import BinaryIO, Iterable, Optional
+from typing import BinaryIO, Iterable
 
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
 
 from transforms import io_utils
 
@@ -100,29 +100,24 @@ def merge_sorted_files(paths: list, block: int = MERGE_BLOCK) -> Iterable[np.nda
             yield out
 
 
-def write_index(path: str, batches: Iterable[np.ndarray], fence_every: int = FENCE_EVERY,
-                spill: Optional[str] = None) -> tuple:
-    """Write an id index from sorted unique batches; returns (documents, bytes, sha256).
+def write_index(path: str, batches: Iterable[np.ndarray], n: int, fence_every: int = FENCE_EVERY) -> tuple:
+    """Write an id index of `n` ids from sorted unique batches in one pass; returns (documents, bytes, sha256).
 
-    Ids go to a spill file first (default beside `path`; the job puts it in staging) because their count is
-    only known at the end, then header + fence + ids are written in one pass to `path`, hashed as written."""
-    spill = spill or path + ".ids.partial"
-    n = 0
+    The count is known up front (the packers' kept documents), so the header goes first, the fence — collected
+    while the ids stream through — last."""
     fence = []
-    with io_utils.open_write(spill) as f:
-        for batch in batches:
-            first = (-n) % fence_every  # index inside `batch` of the next fence entry
-            fence.append(batch[first::fence_every].copy())
-            f.write(batch.tobytes())
-            n += batch.size
-    fence_arr = np.concatenate(fence) if fence else np.zeros(0, dtype=ID_DTYPE)
+    written = 0
     with io_utils.open_write(path) as raw:
         out = io_utils.HashingWriter(raw)
-        out.write(_HEADER.pack(INDEX_MAGIC, n, fence_every, fence_arr.size))
-        out.write(fence_arr.astype(ID_DTYPE).tobytes())
-        for block in _iter_blocks(spill, MERGE_BLOCK):
-            out.write(block.tobytes())
-    FileSystems.delete([spill])
+        out.write(_HEADER.pack(INDEX_MAGIC, n, fence_every, -(-n // fence_every)))
+        for batch in batches:
+            first = (-written) % fence_every  # index inside `batch` of the next fence entry
+            fence.append(batch[first::fence_every].copy())
+            out.write(batch.tobytes())
+            written += batch.size
+        if written != n:
+            raise IOError(f"{path}: {written} ids merged, {n} expected (a shard's id file is damaged)")
+        out.write((np.concatenate(fence) if fence else np.zeros(0, ID_DTYPE)).astype(ID_DTYPE).tobytes())
     return n, out.bytes, out.sha256
 
 
@@ -138,10 +133,11 @@ class IdIndex:
             magic, self.n, self.block, n_fence = _HEADER.unpack(head)
             if magic != INDEX_MAGIC or self.block < 1 or n_fence != -(-self.n // self.block):
                 raise IOError(f"{path}: not a document id index (bad header)")
+            self._ids_at = _HEADER.size
+            f.seek(self._ids_at + self.n * ID_DTYPE.itemsize)
             self.fence = np.frombuffer(f.read(n_fence * ID_DTYPE.itemsize), dtype=ID_DTYPE)
         if self.fence.size != n_fence:
             raise IOError(f"{path}: document id index cut short in its fence")
-        self._ids_at = _HEADER.size + n_fence * ID_DTYPE.itemsize
 
     def contains(self, query: np.ndarray) -> np.ndarray:
         """Boolean mask over `query` (any order): which ids this generation already holds.

@@ -251,20 +251,23 @@ class DedupInputs:
 def index_held_out_ids(units: list, staging_dir: str) -> DedupInputs:
     """The one global dedup step: every val and test document id, sorted, one small file per split.
 
-    Reads only the held-out key ranges of each unit's index (they sit at the end, the split being the key's top
-    bits), so the cost follows the held-out documents, and memory is 8 bytes per held-out id."""
+    Reads only the held-out key range of each unit's index (it sits at the end, the split being the key's top
+    bits; one ranged read per unit), so the cost follows the held-out documents, and memory is 8 bytes per
+    held-out id."""
+    parts = {split: [] for split in range(1, len(SPLITS))}
+    for unit in units:
+        if unit.n_docs == 0:
+            continue
+        with io_utils.open_read(unit.index_path) as f:
+            rows = read_index_range(f, unit.n_docs, 1 << SPLIT_SHIFT, len(SPLITS) << SPLIT_SHIFT)
+        split_of_row = rows["key"] >> np.uint64(SPLIT_SHIFT)
+        for split in parts:
+            parts[split].append(rows["doc_id"][split_of_row == split])
     held_out = []
-    for split in range(1, len(SPLITS)):
-        lo, hi = split << SPLIT_SHIFT, (split + 1) << SPLIT_SHIFT
-        parts = []
-        for unit in units:
-            if unit.n_docs == 0:
-                continue
-            with io_utils.open_read(unit.index_path) as f:
-                parts.append(read_index_range(f, unit.n_docs, lo, hi)["doc_id"].copy())
+    for split, arrays in parts.items():
         path = io_utils.join(staging_dir, "dedup", f"{SPLITS[split]}.ids")
         with io_utils.open_write(path) as f:
-            doc_ids.write_sorted_ids(f, np.concatenate(parts) if parts else np.zeros(0, doc_ids.ID_DTYPE))
+            doc_ids.write_sorted_ids(f, np.concatenate(arrays) if arrays else np.zeros(0, doc_ids.ID_DTYPE))
         held_out.append((split, path))
     return DedupInputs(held_out=tuple(held_out))
 
@@ -285,12 +288,13 @@ def duplicate_mask(rows: np.ndarray, split: int, dedup: Optional[DedupInputs]) -
 GENERATION_ID_INDEX = "doc-ids.idx"
 
 
-def write_generation_id_index(shard_results: list, data_dir: str, staging_dir: str) -> tuple:
+def write_generation_id_index(shard_results: list, data_dir: str) -> tuple:
     """Merge the shards' kept ids into the generation's id index; returns (path, documents, bytes, sha256)."""
     path = io_utils.join(data_dir, GENERATION_ID_INDEX)
     paths = [r.ids_path for r in sorted(shard_results, key=lambda r: (r.task.split, r.task.shard)) if r.ids_path]
+    # Kept ids are unique across the generation's shards (one split and one shard per id), so n is their sum.
     n, size, sha = doc_ids.write_index(path, doc_ids.merge_sorted_files(paths),
-                                       spill=io_utils.join(staging_dir, "ids", "merged.partial"))
+                                       sum(r.documents for r in shard_results))
     return path, n, size, sha
 
 

@@ -224,7 +224,7 @@ def _index_held_out_ids(units, plan: JobPlan):
 
 def _index_doc_ids(shard_results, plan: JobPlan):
     _apply_filesystem_options(plan)
-    id_index = stages.write_generation_id_index(shard_results, plan.data_dir, plan.staging_dir)
+    id_index = stages.write_generation_id_index(shard_results, plan.data_dir)
     io_utils.fsync_files([id_index[0]])  # durable before the manifest that references it (pipeline/ops/commit.py)
     return shard_results, id_index
 
