@@ -23,8 +23,8 @@ def translate(argv: list) -> list:
         if name in BOOLEAN_FLAGS:
             if not eq or value.lower() in ("true", "1", "yes"):
                 out.append("--" + name)
-        elif name == "input":  # several globs: comma separated
-            out += ["--input", *[v for v in value.split(",") if v]]
+        elif name in ("input", "val_input", "test_input"):  # several globs: comma separated
+            out += ["--" + name.replace("_", "-"), *[v for v in value.split(",") if v]]
         elif name in PILEPREP_FLAGS:
             out.append(f"--{name.replace('_', '-')}={value}")
         else:
