@@ -33,6 +33,8 @@ def summary_table(manifest: dict) -> str:
                  f"{sum(rec['dead_lettered'].values())} {rec['dead_lettered'] or ''}")
     lines.append(f"padding fraction {manifest['padding_fraction']:.4%}; dead-letter files: "
                  f"{len(manifest['dead_letters'])}")
+    if manifest.get("duplicates_by_source"):
+        lines.append(f"exact duplicates removed, by source of the removed copy: {manifest['duplicates_by_source']}")
     return "\n".join(lines)
 
 

@@ -110,7 +110,7 @@ def _expected_files(manifest: Manifest, report: VerifyReport) -> list:
     return files
 
 
-def check_files(dataset: str, manifest: Manifest, manifest_file: str, report: VerifyReport) -> None:
+def check_files(manifest: Manifest, manifest_file: str, report: VerifyReport) -> None:
     for kind, rel, size, sha in _expected_files(manifest, report):
         try:
             path = _located(manifest_file, rel)
@@ -349,7 +349,7 @@ def verify(dataset: str, inputs: Optional[list] = None, sample: int = 200, seed:
     except (ContractError, UnicodeDecodeError) as e:
         report.mismatches.append(f"{manifest_file}: damaged manifest: {e}")
         return report
-    check_files(dataset, manifest, manifest_file, report)
+    check_files(manifest, manifest_file, report)
     if inputs:
         report.audit = audit_content(manifest, manifest_file, list(inputs), sample, seed, tokenizer_path)
     return report
