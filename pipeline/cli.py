@@ -31,6 +31,8 @@ def _add_shard_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unit-mb", type=float, default=32.0, help="raw text per tokenization work unit")
     p.add_argument("--max-line-mb", type=float, default=256.0, help="longer lines are dead-lettered")
     p.add_argument("--staging-dir", default=None, help="where spill files go (default <output>/_staging)")
+    p.add_argument("--source-weights", default="", metavar="SPEC",
+                   help=ShardConfig.__dataclass_fields__["source_weights"].metadata["help"])
     ops = p.add_argument_group("operations (docs/OPERATIONS.md)")
     ops.add_argument("--incremental", action="store_true",
                      help="add only input files the dataset does not hold yet, as a new generation; changed or "
@@ -46,7 +48,8 @@ def _shard_config(args) -> ShardConfig:
                        seq_len=args.seq_len, num_shards=args.num_shards, target_shard_mb=args.target_shard_mb,
                        val_fraction=args.val_fraction, test_fraction=args.test_fraction, seed=args.seed,
                        text_field=args.text_field, source_fields=tuple(args.source_fields), unit_mb=args.unit_mb,
-                       max_line_mb=args.max_line_mb, staging_dir=args.staging_dir)
+                       max_line_mb=args.max_line_mb, staging_dir=args.staging_dir,
+                       source_weights=args.source_weights)
 
 
 def cmd_shard(args, beam_args) -> int:
@@ -73,10 +76,31 @@ def cmd_tokenizer_train(args, _beam_args) -> int:
     return 0
 
 
-def cmd_inspect(args, _beam_args) -> int:
-    from pipeline.tools.inspect_dataset import inspect  # noqa: PLC0415
+def _filesystem_args(beam_args) -> None:
+    """inspect/report on s3://: Beam's filesystem options (--s3_endpoint_url, ...) given after the command."""
+    if beam_args:
+        from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+        from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
 
-    print(inspect(args.dataset, examples=args.examples, tokenizer_path=args.tokenizer))
+        FileSystems.set_options(PipelineOptions(beam_args))
+
+
+def cmd_inspect(args, beam_args) -> int:
+    from pipeline.tools.inspect_dataset import inspect, inspect_json  # noqa: PLC0415
+
+    _filesystem_args(beam_args)
+    if args.json:
+        print(json.dumps(inspect_json(args.dataset, examples=args.examples), indent=1, sort_keys=True))
+    else:
+        print(inspect(args.dataset, examples=args.examples, tokenizer_path=args.tokenizer))
+    return 0
+
+
+def cmd_report(args, beam_args) -> int:
+    from pipeline.tools.report import write_report  # noqa: PLC0415
+
+    _filesystem_args(beam_args)
+    print(write_report(args.dataset, args.output, args.metrics))
     return 0
 
 
@@ -101,14 +125,22 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("dataset", help="dataset directory or manifest.json")
     inspect.add_argument("--examples", type=int, default=2)
     inspect.add_argument("--tokenizer", default=None, help="decode with this model (default: the manifest's)")
+    inspect.add_argument("--json", action="store_true", help="machine-readable: the manifest and decoded examples")
     inspect.set_defaults(func=cmd_inspect)
+    report = sub.add_parser("report", help="write a self-contained HTML report (plots embedded) of a dataset")
+    report.add_argument("dataset", help="dataset directory (local or s3://)")
+    report.add_argument("--output", default=None, help="where to write the page (default DATASET/report.html)")
+    report.add_argument("--metrics", default=None, metavar="FILE",
+                        help="the trainer's metrics JSON lines (--metrics-file): adds loss and throughput curves")
+    report.set_defaults(func=cmd_report)
     return parser
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
-    if beam_args and args.command != "shard":
+    if beam_args and (args.command not in ("shard", "inspect", "report") or (args.command != "shard" and any(
+            a.startswith("-") and not a.startswith("--s3_") for a in beam_args))):
         parser.error(f"unrecognized arguments: {' '.join(beam_args)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")

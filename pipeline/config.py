@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Optional
 
+from transforms import mixture
 from transforms.documents import SPLITS
 
 PILEPREP_VERSION = "0.1.0"
@@ -37,6 +38,9 @@ class ShardConfig:
     unit_mb: float = 32.0  # raw text per tokenization work unit (the parallelism grain)
     max_line_mb: float = 256.0
     staging_dir: Optional[str] = None  # default: <output>/_staging
+    source_weights: str = field(default="", metadata={"help": (
+        "mixture weights as epochs per source: 'Pile-CC=1,Wikipedia (en)=3', the preset 'pile' (the Pile "
+        "paper's epochs), or both ('pile,Github=0.5'); unlisted sources weigh 1; train split only")})
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -58,8 +62,17 @@ class ShardConfig:
             problems.append("--val-fraction + --test-fraction must leave something for train")
         if self.unit_mb <= 0 or self.max_line_mb <= 0:
             problems.append("--unit-mb and --max-line-mb must be positive")
+        if self.source_weights:
+            try:
+                mixture.parse_weights(self.source_weights)
+            except ValueError as e:
+                problems.append(f"--source-weights: {e}")
         if problems:
             raise ConfigError("invalid shard configuration:\n  " + "\n  ".join(problems))
+
+    @property
+    def mixture_weights(self) -> dict:
+        return mixture.parse_weights(self.source_weights) if self.source_weights else {}
 
     @property
     def unit_bytes(self) -> int:
@@ -77,6 +90,10 @@ class ShardConfig:
         d["inputs"] = list(self.inputs)
         d["source_fields"] = list(self.source_fields)
         d["splits"] = list(SPLITS)
+        if not self.source_weights:  # absent when unused, so datasets built before the option keep their names
+            d.pop("source_weights")
+        else:
+            d["source_weights"] = self.mixture_weights
         return d
 
 

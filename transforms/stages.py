@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 
 from model_contract import encode_example, frame_record
-from transforms import io_utils, tokenizer
+from transforms import corpus_stats, io_utils, mixture, tokenizer
 from transforms.documents import (DEAD_LETTER, SPLITS, Document, parse_record, shard_key_range, sort_key,
                                   split_of)
 from transforms.packing import pack_documents
@@ -133,6 +133,7 @@ class UnitResult:
     split_tokens: list  # tokens incl. EOS per split (train, val, test), before dedup
     stats: dict  # file stats for this chunk's records (written is settled later by pack)
     dead_letter_path: Optional[str]
+    source_stats: dict = field(default_factory=dict)  # transforms/corpus_stats.py, before dedup
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,8 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
     batch: list = []  # (line, Document)
     batch_chars = 0
     max_id = np.iinfo(token_dtype).max
+    source_stats: dict = {}
+    byte_mask = corpus_stats.byte_piece_mask(sp)
 
     def flush():
         nonlocal batch, batch_chars
@@ -172,6 +175,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
                 sources.append(doc.source)
             rows.append((sort_key(doc.doc_id, split, settings.seed), doc.doc_id, line, source_idx[doc.source]))
             arrays.append(arr.astype(token_dtype))
+            corpus_stats.add_tokenized(source_stats, doc.source, doc.text, arr, byte_mask)
         batch, batch_chars = [], 0
 
     with io_utils.open_read(chunk.chunk_path) as f:
@@ -223,7 +227,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
         dl_path = io_utils.join(data_dir, "dead_letter", name + ".jsonl")
         io_utils.write_jsonl(dl_path, dead)
     return UnitResult(name, chunk.file_idx, chunk.input_path, index_path, tokens_path, len(rows),
-                      token_dtype.str, sources, split_tokens, stats, dl_path)
+                      token_dtype.str, sources, split_tokens, stats, dl_path, source_stats)
 
 
 # ------------------------------------------------------------------------------------------------- pack
@@ -251,6 +255,8 @@ class ShardResult:
     sources: dict = field(default_factory=dict)  # source -> {documents, tokens}
     written_per_file: dict = field(default_factory=dict)  # input path -> documents written
     duplicates_per_file: dict = field(default_factory=dict)  # input path -> exact duplicates dropped
+    dropped_per_file: dict = field(default_factory=dict)  # input path -> documents a mixture weight < 1 dropped
+    source_stats: dict = field(default_factory=dict)  # transforms/corpus_stats.py, of what was written
 
 
 def _gather_shard_documents(task: ShardTask, units: list):
@@ -278,31 +284,53 @@ def _gather_shard_documents(task: ShardTask, units: list):
     return rows[order], which[order], buffers
 
 
-def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: int, data_dir: str) -> ShardResult:
-    """Write one shard: its documents from every unit, deduplicated, packed, framed, checksummed."""
+def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: int, data_dir: str,
+               mixture_weights: Optional[dict] = None, seed: int = 0) -> ShardResult:
+    """Write one shard: its documents from every unit, deduplicated, weighted (train, transforms/mixture.py),
+    packed, framed, checksummed."""
     rows, which, buffers = _gather_shard_documents(task, units)
     result = ShardResult(task, io_utils.join(data_dir, task.file_name), 0, 0, 0, 0, 0, "")
     sources: dict = collections.defaultdict(lambda: {"documents": 0, "tokens": 0})
     written: dict = collections.Counter()
     duplicates: dict = collections.Counter()
+    dropped: dict = collections.Counter()
+    stats: dict = {}
     eos = np.array([eos_id], dtype=np.int64)
 
-    def documents():
+    def unique_documents():
         previous_doc = None
         for row, b in zip(rows, which):
             u, start, buf = buffers[b]
             unit = units[u]
             doc_id = int(row["doc_id"])
+            source_name = unit.sources[int(row["source_idx"])]
             if doc_id == previous_doc:  # exact duplicate (same source and text): first occurrence wins
                 duplicates[unit.input_path] += 1
+                corpus_stats.add_duplicate(stats, source_name)
                 continue
             previous_doc = doc_id
             a = int(row["token_start"]) - start
-            tokens = np.concatenate((buf[a:a + int(row["n_tokens"])].astype(np.int64), eos))
-            source = sources[unit.sources[int(row["source_idx"])]]
+            corpus_stats.add_unique(stats, source_name, int(row["n_tokens"]) + 1)
+            yield int(row["key"]), doc_id, source_name, (unit.input_path, buf[a:a + int(row["n_tokens"])])
+
+    def on_dropped(_source_name, payload):
+        dropped[payload[0]] += 1
+
+    if mixture_weights and task.split == 0:
+        lo, hi = shard_key_range(task.split, task.shard, task.num_shards)
+        copies = mixture.arrange(unique_documents(), mixture_weights, seed, lo, hi, on_dropped)
+    else:
+        copies = ((doc_id, source_name, payload, 0) for _key, doc_id, source_name, payload in unique_documents())
+
+    def documents():
+        for doc_id, source_name, (input_path, body), repeat in copies:
+            tokens = np.concatenate((body.astype(np.int64), eos))
+            source = sources[source_name]
             source["documents"] += 1
             source["tokens"] += tokens.size
-            written[unit.input_path] += 1
+            corpus_stats.add_written(stats, source_name, body.size)
+            if repeat == 0:
+                written[input_path] += 1
             result.documents += 1
             yield doc_id, tokens
 
@@ -317,4 +345,6 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
     result.sources = {k: dict(v) for k, v in sorted(sources.items())}
     result.written_per_file = dict(sorted(written.items()))
     result.duplicates_per_file = dict(sorted(duplicates.items()))
+    result.dropped_per_file = dict(sorted(dropped.items()))
+    result.source_stats = stats
     return result

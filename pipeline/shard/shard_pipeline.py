@@ -196,7 +196,9 @@ class PackShard(beam.DoFn):
 
     def process(self, task, units):
         t = self.plan.contract.tokenizer
-        result = stages.pack_shard(task, units, self.plan.config.seq_len, t.eos_id, t.pad_id, self.plan.data_dir)
+        cfg = self.plan.config
+        result = stages.pack_shard(task, units, cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir,
+                                   cfg.mixture_weights, cfg.seed)
         self.examples.inc(result.examples)
         yield result
 
