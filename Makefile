@@ -31,6 +31,7 @@ shard: $(STAMP) $(SAMPLE_DIR)/.done $(TOKENIZER)
 	  '$(SAMPLE_DIR)/test.jsonl.zst' --output out/sample --tokenizer $(TOKENIZER) --seq-len $(SEQ_LEN) \
 	  --num-shards 4
 	$(BIN)/pileprep inspect out/sample --examples 1
+	$(BIN)/pileprep report out/sample
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q tests

@@ -24,8 +24,10 @@ EXTRAS = {
     # Exactly 2.13.0: the CPU wheel on local disk; a looser pin pulls a multi-GB CUDA build.
     "train": ["torch==2.13.0"],
     "test": ["pytest==9.2.0", "pytest-timeout", "moto[server]"],
+    # `pileprep report`'s plots (driver only; workers never import it).
+    "report": ["matplotlib==3.11.2"],
 }
-EXTRAS["all"] = sorted({r for name in ("tf", "train", "test") for r in EXTRAS[name]})
+EXTRAS["all"] = sorted({r for name in ("tf", "train", "test", "report") for r in EXTRAS[name]})
 
 setup(
     name="pileprep",

@@ -104,6 +104,14 @@ def cmd_report(args, beam_args) -> int:
     return 0
 
 
+def cmd_export(args, beam_args) -> int:
+    from pipeline.tools.export import export_parquet  # noqa: PLC0415
+
+    _filesystem_args(beam_args)
+    print(json.dumps(export_parquet(args.dataset, args.output), indent=1, sort_keys=True))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pileprep", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -133,13 +141,18 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--metrics", default=None, metavar="FILE",
                         help="the trainer's metrics JSON lines (--metrics-file): adds loss and throughput curves")
     report.set_defaults(func=cmd_report)
+    export = sub.add_parser("export", help="write a dataset's shards in another format (Parquet)")
+    export.add_argument("dataset", help="dataset directory (local or s3://)")
+    export.add_argument("--format", choices=["parquet"], default="parquet")
+    export.add_argument("--output", default=None, help="output directory (default DATASET/parquet)")
+    export.set_defaults(func=cmd_export)
     return parser
 
 
 def main(argv=None) -> int:
     parser = build_parser()
     args, beam_args = parser.parse_known_args(argv)
-    if beam_args and (args.command not in ("shard", "inspect", "report") or (args.command != "shard" and any(
+    if beam_args and (args.command not in ("shard", "inspect", "report", "export") or (args.command != "shard" and any(
             a.startswith("-") and not a.startswith("--s3_") for a in beam_args))):
         parser.error(f"unrecognized arguments: {' '.join(beam_args)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
