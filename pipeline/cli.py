@@ -15,7 +15,8 @@ from pipeline.config import ConfigError, ShardConfig
 
 def _add_shard_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", nargs="+", required=True, metavar="GLOB",
-                   help="input files or globs (.jsonl, .jsonl.zst, .jsonl.gz, .json.gz; local, mounted or s3://)")
+                   help="input files or globs (.jsonl, .jsonl.zst, .jsonl.gz, .json.gz, .parquet; local, mounted or "
+                        "s3://)")
     p.add_argument("--output", required=True, help="dataset directory (local, EFS/FSx mount, or s3://bucket/prefix)")
     p.add_argument("--tokenizer", required=True, help="SentencePiece .model file")
     p.add_argument("--seq-len", type=int, default=2048)
@@ -25,7 +26,7 @@ def _add_shard_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--val-fraction", type=float, default=0.01)
     p.add_argument("--test-fraction", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--text-field", default="text", help="JSON field with the text (dotted path)")
+    p.add_argument("--text-field", default="text", help="JSON field or Parquet column with the text (dotted path)")
     p.add_argument("--source-field", nargs="+", default=["meta.pile_set_name"], dest="source_fields",
                    help="fields naming the document's source, first present wins (e.g. 'source' for Dolma)")
     p.add_argument("--unit-mb", type=float, default=32.0, help="raw text per tokenization work unit")

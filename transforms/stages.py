@@ -16,7 +16,7 @@ from typing import Optional
 import numpy as np
 
 from model_contract import encode_example, frame_record
-from transforms import corpus_stats, io_utils, mixture, tokenizer
+from transforms import corpus_stats, io_utils, mixture, read_parquet, tokenizer
 from transforms.documents import (DEAD_LETTER, SPLITS, Document, parse_record, shard_key_range, sort_key,
                                   split_of)
 from transforms.packing import pack_documents
@@ -76,8 +76,10 @@ class SplitResult:
 
 
 def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir: str, unit_bytes: int,
-                     max_line_bytes: int) -> SplitResult:
-    """Stream one input file into chunks of about `unit_bytes` of raw lines; damage becomes dead letters."""
+                     max_line_bytes: int, fields: tuple = ("text", "meta.pile_set_name")) -> SplitResult:
+    """Stream one input file into chunks of about `unit_bytes` of raw lines; damage becomes dead letters.
+
+    Parquet files (transforms/read_parquet.py) give one record per row holding `fields` (text, source fields)."""
     chunks: list = []
     damages: list = []
     stats = _new_file_stats()
@@ -96,7 +98,10 @@ def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir:
         writer, stream = None, None
 
     with io_utils.open_read(input_path) as f:
-        for item in iter_raw_records(f, compression_of(input_path), max_line_bytes):
+        items = (read_parquet.iter_parquet_records(f, fields[0], fields[1:], max_line_bytes)
+                 if read_parquet.is_parquet(input_path)
+                 else iter_raw_records(f, compression_of(input_path), max_line_bytes))
+        for item in items:
             if isinstance(item, FileDamage):
                 stats["read"] += 1
                 _bump(stats["dead_lettered"], item.reason)

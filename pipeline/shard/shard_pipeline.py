@@ -143,7 +143,8 @@ class SplitInputFile(beam.DoFn):
         file_idx, path = element
         cfg = self.plan.config
         result = stages.split_input_file(file_idx, path, self.plan.staging_dir, self.plan.data_dir,
-                                         cfg.unit_bytes, cfg.max_line_bytes)
+                                         cfg.unit_bytes, cfg.max_line_bytes,
+                                         (cfg.text_field, *cfg.source_fields))
         size, sha = incremental.file_sha256(path)
         self.records.inc()
         self.input_bytes.inc(size)
