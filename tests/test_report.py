@@ -123,3 +123,19 @@ def test_cli_report_and_inspect_json(dataset, tmp_path):
     res = subprocess.run([sys.executable, "-m", "pipeline.cli", "report", str(tmp_path / "nothing")],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "no manifest" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_statistics_of_two_generations_add_up():
+    from transforms import corpus_stats
+
+    a, b = {}, {}
+    for n in (1, 3, 900):
+        corpus_stats.add_written(a, "S", n)
+    corpus_stats.add_written(b, "S", 5000)
+    corpus_stats.add_written(b, "T", 2)
+    corpus_stats.add_duplicate(b, "S")
+    merged = corpus_stats.merge_sections({"sources": corpus_stats.finish(a), "length_bins": "log2"},
+                                         {"sources": corpus_stats.finish(b), "length_bins": "log2"})
+    assert sum(merged["sources"]["S"]["length_hist_log2"]) == 4 and merged["sources"]["S"]["duplicates"] == 1
+    assert merged["sources"]["S"]["length_hist_log2"][corpus_stats.length_bin(5000)] == 1
+    assert sum(merged["sources"]["T"]["length_hist_log2"]) == 1 and corpus_stats.length_bin(1) == 0

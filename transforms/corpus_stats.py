@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 HIST = "length_hist_log2"  # counts[i] = documents with 2**i <= tokens < 2**(i+1) (bin 0 also holds 0)
+DERIVED = ("chars_per_token", "bytes_per_token", "byte_fallback_share")  # recomputed by finish()
 TOKENIZE_KEYS = ("tokenized_documents", "chars", "bytes", "tokens", "byte_fallback_tokens")
 
 
@@ -81,3 +82,13 @@ def finish(stats: dict) -> dict:
             s["byte_fallback_share"] = round(s["byte_fallback_tokens"] / s["tokens"], 8)
         out[source] = s
     return out
+
+
+def merge_sections(previous: dict | None, new: dict | None) -> dict | None:
+    """The manifest's `statistics` section of two generations together (an incremental commit)."""
+    if not previous or not new:
+        return new or previous
+    raw: dict = {}
+    for section in (previous, new):
+        merge(raw, {src: {k: v for k, v in s.items() if k not in DERIVED} for src, s in section["sources"].items()})
+    return {**new, "sources": finish(raw)}
