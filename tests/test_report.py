@@ -14,6 +14,7 @@ from pipeline.config import ShardConfig
 from pipeline.shard import shard_pipeline
 from pipeline.tools import report
 from tests.corpus_fixtures import write_bad_inputs, write_good_corpus
+from tests.ops_fixtures import run_cli, s3_env, s3_server  # noqa: F401 - fixtures
 
 IN_MEMORY = ["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -139,3 +140,27 @@ def test_statistics_of_two_generations_add_up():
     assert sum(merged["sources"]["S"]["length_hist_log2"]) == 4 and merged["sources"]["S"]["duplicates"] == 1
     assert merged["sources"]["S"]["length_hist_log2"][corpus_stats.length_bin(5000)] == 1
     assert sum(merged["sources"]["T"]["length_hist_log2"]) == 1 and corpus_stats.length_bin(1) == 0
+
+
+def test_inspect_report_and_export_read_s3_datasets(dataset, tmp_path, s3_server, s3_env):
+    out, manifest = dataset
+    client = s3_server.client()
+    client.create_bucket(Bucket="reports")
+    for p in sorted(out.rglob("*")):
+        if p.is_file() and p.name != "report.html":
+            client.upload_file(str(p), "reports", f"ds/{p.relative_to(out)}")
+    uri = "s3://reports/ds"
+    res = run_cli(["inspect", uri, "--json", "--examples", "1", *s3_server.beam_args()], timeout_s=120, env=s3_env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    d = json.loads(res.stdout)
+    assert d["manifest"] == manifest and d["manifest_path"] == uri + "/manifest.json" and len(d["examples"]) == 1
+    res = run_cli(["report", uri, *s3_server.beam_args()], timeout_s=120, env=s3_env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    page = client.get_object(Bucket="reports", Key="ds/report.html")["Body"].read().decode()
+    assert page.count('class="plot"') >= 5 and "invalid_json" in page  # excerpts read from s3 dead letters
+    res = run_cli(["export", uri, "--output", str(tmp_path / "pq"), *s3_server.beam_args()], timeout_s=120,
+                  env=s3_env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len(list((tmp_path / "pq").glob("*.parquet"))) == len(manifest["shards"])
+    res = run_cli(["inspect", "s3://reports/none", *s3_server.beam_args()], timeout_s=120, env=s3_env)
+    assert res.returncode == 2 and "no manifest at s3://reports/none/manifest.json" in res.stderr
