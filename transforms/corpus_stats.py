@@ -55,9 +55,9 @@ def add_duplicate(stats: dict, source: str) -> None:
     s["duplicates"] = s.get("duplicates", 0) + 1
 
 
-def merge(into: dict, other: dict) -> dict:
-    """Sum `other` into `into` (ints add, histograms add bin by bin); returns `into`."""
-    for source, values in other.items():
+def merge(into: dict, *others: dict) -> dict:
+    """Sum `others` into `into` (ints add, histograms add bin by bin); returns `into`."""
+    for source, values in ((src, v) for other in others for src, v in other.items()):
         dst = into.setdefault(source, {})
         for key, v in values.items():
             if isinstance(v, list):

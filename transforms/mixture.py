@@ -127,6 +127,14 @@ def _separate_copies(placed: list) -> None:
         i += 1
 
 
+def weighted_factor(source_stats: dict, weights: dict) -> float:
+    """Expected tokens after weighting ÷ tokens before, from per-source token counts (for shard sizing)."""
+    total = sum(s.get("tokens", 0) for s in source_stats.values())
+    if not total:
+        return 1.0
+    return sum(weights.get(src, 1.0) * s.get("tokens", 0) for src, s in source_stats.items()) / total
+
+
 def realised_shares(unique_tokens: dict, written_tokens: dict, weights: dict) -> dict:
     """Per source: weight, tokens before and after weighting, and target vs realised share of the split."""
     target_total = sum(weights.get(s, 1.0) * t for s, t in unique_tokens.items())

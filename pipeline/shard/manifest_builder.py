@@ -23,6 +23,9 @@ class ReconciliationError(RuntimeError):
 def plan_shard_tasks(units: list, config: ShardConfig) -> list:
     """How many shards each split gets, from the token counts the tokenize stage reported."""
     totals = [sum(u.split_tokens[s] for u in units) for s in range(len(SPLITS))]
+    if config.mixture_weights and not config.num_shards:  # size train shards for the tokens after weighting
+        totals[0] = int(totals[0] * mixture.weighted_factor(
+            corpus_stats.merge({}, *[u.source_stats for u in units]) if units else {}, config.mixture_weights))
     if config.num_shards:
         tokens_per_shard = max(1, math.ceil(totals[0] / config.num_shards)) if totals[0] else None
     else:
