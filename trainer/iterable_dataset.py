@@ -56,7 +56,8 @@ def batches_per_rank(n_examples: int, world_size: int, batch_size: int) -> int:
 
 class ShardIterableDataset(IterableDataset):
     """Examples of one split as dicts of int64 tensors: input_ids, segment_ids, positions, and `index` (the
-    example's position in the epoch order, for bookkeeping). Call `set_epoch(e)` before each epoch."""
+    example's position in the epoch order, for bookkeeping). Call `set_epoch(e)` before each epoch (with
+    `persistent_workers=True` the workers keep the epoch they started with: leave it off, the default)."""
 
     def __init__(self, dataset: str, split: str = "train", *, batch_size: int, rank: int = 0, world_size: int = 1,
                  seed: int = 0, shuffle_shards: bool = True, verify: bool = True):
