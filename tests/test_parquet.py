@@ -52,6 +52,16 @@ def test_rows_become_records_with_row_numbers(tmp_path):
     assert first == {"text": texts[0], "meta": {"pile_set_name": "Beta"}}  # only the fields the job uses
 
 
+def test_struct_fields_with_null_parents_and_batches(tmp_path):
+    n = 2500  # more than one read batch per row group
+    meta = [None if i % 7 == 0 else {"pile_set_name": f"S{i % 5}", "x": i} for i in range(n)]
+    path = _write(tmp_path / "s.parquet", pa.table({"text": [f"t{i}" for i in range(n)], "meta": meta}), 2000)
+    items = _records(path)
+    got = [json.loads(i.data) for i in items]
+    assert [g["text"] for g in got] == [f"t{i}" for i in range(n)]
+    assert [g["meta"]["pile_set_name"] for g in got] == [None if m is None else m["pile_set_name"] for m in meta]
+
+
 def test_bad_rows_name_file_row_group_and_row(tmp_path):
     table = pa.table({"content": ["good one", None, "good two", None], "source": ["s", "s", None, "s"]})
     items = _records(_write(tmp_path / "b.parquet", table, 2), text="content", sources=("source",))
@@ -76,7 +86,7 @@ def test_oversized_row_group_and_cell_and_corrupt_file_are_dead_letters(tmp_path
                                                    (81, "row_group_too_large")]
     assert "row group 1: 40 rows" in items[1].detail
     # the row group bound implies the cell bound (pages are measured before compression); the guard stays
-    row = _row_record({"text": "é" * 600}, "text", ("text",), 7, 0, 6, max_bytes=1000)
+    row = _row_record({"text": "é" * 600}, "text", 7, 0, 6, max_bytes=1000)
     assert (row.reason, row.line, row.detail) == ("cell_too_large", 7, "row group 0, row 6: text longer than 1000 bytes")
     blob = (tmp_path / "big.parquet").read_bytes()
     (tmp_path / "cut.parquet").write_bytes(blob[: len(blob) // 2])

@@ -49,13 +49,8 @@ def _put(obj: dict, dotted: str, value) -> None:
     obj[parts[-1]] = value
 
 
-def _record_bytes(row: dict, fields: Sequence[str]) -> bytes:
-    out: dict = {}
-    for name in fields:
-        value = _get(row, name)
-        if value is not _MISSING:
-            _put(out, name, value)
-    return json.dumps(out, ensure_ascii=False, default=str).encode("utf-8")
+def _record_bytes(row: dict) -> bytes:
+    return json.dumps(row, ensure_ascii=False, default=str).encode("utf-8")
 
 
 def _needed_columns(schema_names: list, fields: Sequence[str]) -> list:
@@ -92,19 +87,45 @@ def iter_parquet_records(stream: BinaryIO, text_field: str, source_fields: Seque
         r = 0
         try:
             for batch in _row_group_batches(pf, g, columns):
-                for row in batch.to_pylist():
-                    yield _row_record(row, text_field, fields, line0 + r, g, r, max_bytes)
+                for row in _rows(batch, fields):
+                    yield _row_record(row, text_field, line0 + r, g, r, max_bytes)
                     r += 1
         except (pa.ArrowException, OSError, ValueError) as e:
             yield FileDamage(line0 + r, "parquet_corrupt",
                              f"row group {g} from row {r} (rows {line0 + r}..{first_row} not read): {e}")
 
 
+def _leaf(batch, dotted: str):
+    """The values at a dotted path as a Python list (struct fields pulled out column-wise), or None if absent."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    parts = dotted.split(".")
+    if parts[0] not in batch.schema.names:
+        return None
+    arr = batch.column(parts[0])
+    for part in parts[1:]:
+        if not pa.types.is_struct(arr.type) or arr.type.get_field_index(part) < 0:
+            return None
+        arr = arr.flatten()[arr.type.get_field_index(part)]  # flatten(): offsets and null parents applied
+    return arr.to_pylist()
+
+
+def _rows(batch, fields: Sequence[str]) -> Iterator[dict]:
+    """Rows as nested dicts of the used fields only: converting a few columns is much cheaper than to_pylist()."""
+    columns = [(name, _leaf(batch, name)) for name in dict.fromkeys(fields)]
+    present = [(name, values) for name, values in columns if values is not None]
+    for i in range(batch.num_rows):
+        row: dict = {}
+        for name, values in present:
+            _put(row, name, values[i])
+        yield row
+
+
 def _row_group_batches(pf, g: int, columns: list):
     return pf.iter_batches(batch_size=BATCH_ROWS, row_groups=[g], columns=columns or None, use_threads=False)
 
 
-def _row_record(row: dict, text_field: str, fields: tuple, line: int, group: int, in_group: int, max_bytes: int):
+def _row_record(row: dict, text_field: str, line: int, group: int, in_group: int, max_bytes: int):
     where = f"row group {group}, row {in_group}"
     text = _get(row, text_field)
     if isinstance(text, (bytes, bytearray)):
@@ -123,4 +144,4 @@ def _row_record(row: dict, text_field: str, fields: tuple, line: int, group: int
     if len(text) > max_bytes or len(text.encode("utf-8")) > max_bytes:
         return FileDamage(line, "cell_too_large", f"{where}: text longer than {max_bytes} bytes",
                           excerpt_of(text[:200].encode("utf-8")))
-    return RawRecord(line, _record_bytes(row, fields))
+    return RawRecord(line, _record_bytes(row))

@@ -33,7 +33,8 @@ def _figure(width: float = 7.5, height: float = 3.4):
 
 def _png(fig) -> str:
     buf = io.BytesIO()
-    fig.tight_layout()
+    # Fixed margins (room for rotated labels) instead of tight_layout, which draws every figure twice.
+    fig.subplots_adjust(left=0.1, right=0.9, top=0.9, bottom=0.25)
     fig.savefig(buf, format="png")
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
