@@ -50,7 +50,8 @@ def _put(obj: dict, dotted: str, value) -> None:
 
 
 def _record_bytes(row: dict) -> bytes:
-    return json.dumps(row, ensure_ascii=False, default=str).encode("utf-8")
+    # ASCII escapes: json's C encoder does those ~10x faster than ensure_ascii=False's, and json.loads undoes them.
+    return json.dumps(row, default=str).encode("ascii")
 
 
 def _needed_columns(schema_names: list, fields: Sequence[str]) -> list:
@@ -141,7 +142,7 @@ def _row_record(row: dict, text_field: str, line: int, group: int, in_group: int
     if not isinstance(text, str):
         return FileDamage(line, "text_not_a_string", f"{where}: {type(text).__name__}", excerpt_of(
             str(text).encode("utf-8")))
-    if len(text) > max_bytes or len(text.encode("utf-8")) > max_bytes:
+    if len(text) > max_bytes or (4 * len(text) > max_bytes and len(text.encode("utf-8")) > max_bytes):
         return FileDamage(line, "cell_too_large", f"{where}: text longer than {max_bytes} bytes",
                           excerpt_of(text[:200].encode("utf-8")))
     return RawRecord(line, _record_bytes(row))
