@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import io
 import json
 import os
 import tempfile
@@ -82,7 +81,8 @@ def main(argv=None) -> dict:
 
     ds = ShardIterableDataset(args.dataset, "train", batch_size=8, shuffle_shards=False)
     n_ds, t_ds = _timed(lambda: sum(len(b["index"]) for b in DataLoader(ds, batch_size=8, num_workers=0)))
-    out["iterable_dataset"] = {"examples": n_ds, "bare_ex_s": round(n_bare / t_bare), "dataset_ex_s": round(n_ds / t_ds),
+    out["iterable_dataset"] = {"examples": n_ds, "bare_ex_s": round(n_bare / t_bare),
+                               "dataset_ex_s": round(n_ds / t_ds),
                                "dataset_over_bare_time_per_example": round((t_ds / n_ds) / (t_bare / n_bare), 2)}
 
     from pipeline.tools.export import export_parquet  # noqa: PLC0415

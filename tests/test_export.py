@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import collections
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -54,12 +52,14 @@ def test_parquet_export_reads_back_to_the_same_arrays(dataset, tmp_path):
         s["examples"] for s in manifest["shards"])
 
 
-def test_cli_export(dataset, tmp_path):
+def test_cli_export(dataset, tmp_path, capsys):
+    from pipeline import cli
+
     out, manifest = dataset
-    res = subprocess.run([sys.executable, "-m", "pipeline.cli", "export", str(out), "--format", "parquet",
-                          "--output", str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stderr
-    assert len(json.loads(res.stdout)["files"]) == len(manifest["shards"])
+    assert cli.main(["export", str(out), "--format", "parquet", "--output", str(tmp_path / "x")]) == 0
+    assert len(json.loads(capsys.readouterr().out)["files"]) == len(manifest["shards"])
+    assert cli.main(["export", str(tmp_path / "missing")]) == 2
+    assert "no manifest" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("n,world,batch,workers", [(103, 3, 4, 2), (7, 2, 4, 3), (64, 4, 2, 5), (0, 1, 1, 1)])

@@ -174,7 +174,8 @@ def _pct(a: float, b: float) -> str:
 _STYLE = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:1100px;color:#222;background:#fff}
 h1{font-size:22px;margin-bottom:4px} h2{font-size:17px;border-bottom:1px solid #ddd;padding-bottom:3px;margin-top:28px}
-table{border-collapse:collapse;margin:8px 0;font-size:12.5px} td,th{border:1px solid #ddd;padding:3px 7px;text-align:right}
+table{border-collapse:collapse;margin:8px 0;font-size:12.5px}
+td,th{border:1px solid #ddd;padding:3px 7px;text-align:right}
 th{background:#f3f3f3} td:first-child,th:first-child{text-align:left} .meta{color:#555}
 img.plot{display:block;margin:8px 0;max-width:100%;height:auto} code{background:#f5f5f5;padding:0 3px}
 .excerpt{font-family:monospace;font-size:11.5px;text-align:left;max-width:520px;word-break:break-all}
