@@ -9,39 +9,67 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional
 
+from pipeline.errors import ConfigError  # noqa: F401 - re-exported: `from pipeline.config import ConfigError`
 from transforms import mixture
 from transforms.documents import SPLITS
 
-PILEPREP_VERSION = "0.1.0"
+PILEPREP_VERSION = "0.1.0"  # equals [project].version in pyproject.toml (tests/test_install.py checks)
 BYTES_PER_TOKEN_ESTIMATE = 6.0  # serialized int64 varints of 3 features + framing, measured on the sample
 
 
-class ConfigError(ValueError):
-    """The configuration cannot work; the message says which option to change."""
+def option(default=dataclasses.MISSING, help: str = "", *, flag: Optional[str] = None,  # noqa: A002
+           metavar: Optional[str] = None, group: Optional[str] = None, exclusive: Optional[str] = None,
+           manifest: bool = True, cli: bool = True, short: Optional[str] = None):
+    """A config field and its command-line option in one place (pipeline/options.py derives the CLI from it).
+
+    `flag`: the option name when it is not `--field-name` (e.g. `inputs` is `--input`); `group`: the help
+    section; `exclusive`: options sharing this name are mutually exclusive; `manifest=False`: the field says
+    where or how the job runs, not what the data is, so it stays out of the manifest and the fingerprint;
+    `cli=False`: not an option at all.
+    """
+    metadata = {"help": help, "flag": flag, "metavar": metavar, "group": group, "exclusive": exclusive,
+                "manifest": manifest, "cli": cli, "short": short}
+    if isinstance(default, (list, dict, set)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
 class ShardConfig:
-    inputs: tuple  # globs
-    output: str
-    tokenizer: str
-    seq_len: int = 2048
-    num_shards: Optional[int] = None  # train shards; val/test get a proportional count (at least 1)
-    target_shard_mb: float = 1024.0  # used when num_shards is not given
-    val_fraction: float = 0.01
-    test_fraction: float = 0.01
-    seed: int = 0
-    text_field: str = "text"
-    source_fields: tuple = ("meta.pile_set_name",)
-    unit_mb: float = 32.0  # raw text per tokenization work unit (the parallelism grain)
-    max_line_mb: float = 256.0
-    staging_dir: Optional[str] = None  # default: <output>/_staging
-    source_weights: str = field(default="", metadata={"help": (
-        "mixture weights as epochs per source: 'Pile-CC=1,Wikipedia (en)=3', the preset 'pile' (the Pile "
-        "paper's epochs), or both ('pile,Github=0.5'); unlisted sources weigh 1; train split only")})
-    extra: dict = field(default_factory=dict)
+    """What the shard job makes: every field is a `pileprep shard` option and a `--config` TOML key."""
+    inputs: tuple[str, ...] = option(
+        help="input files or globs (.jsonl, .jsonl.zst, .jsonl.gz, .json.gz, .parquet; local, mounted or s3://)",
+        flag="--input", metavar="GLOB")
+    output: str = option(help="dataset directory (local, EFS/FSx mount, or s3://bucket/prefix)", manifest=False,
+                         metavar="DIR")
+    tokenizer: str = option(help="SentencePiece .model file", metavar="PATH.model")
+    seq_len: int = option(2048, "tokens per example")
+    num_shards: Optional[int] = option(None, "train shards (val/test get a proportional count, at least 1)",
+                                       exclusive="size", metavar="N")
+    target_shard_mb: float = option(1024.0, "target shard size in MiB, used when --num-shards is not given",
+                                    exclusive="size", metavar="MB")
+    val_fraction: float = option(0.01, "fraction of documents (by id hash) that go to the val split")
+    test_fraction: float = option(0.01, "fraction of documents (by id hash) that go to the test split")
+    seed: int = option(0, "seed of the split hash and of packing order")
+    text_field: str = option("text", "JSON field or Parquet column with the text (dotted path)", metavar="FIELD")
+    source_fields: tuple[str, ...] = option(
+        ("meta.pile_set_name",), "fields naming the document's source, first present wins (e.g. 'source' for "
+        "Dolma)", flag="--source-field", metavar="FIELD")
+    unit_mb: float = option(32.0, "raw text per tokenization work unit (the parallelism grain)", metavar="MB")
+    max_line_mb: float = option(256.0, "longer lines are dead-lettered", metavar="MB")
+    staging_dir: Optional[str] = option(None, "where spill files and worker logs go (default <output>/_staging)",
+                                        manifest=False, metavar="DIR")
+    source_weights: str = option(
+        "", "mixture weights as epochs per source: 'Pile-CC=1,Wikipedia (en)=3', the preset 'pile' (the Pile "
+        "paper's epochs), or both ('pile,Github=0.5'); unlisted sources weigh 1; train split only "
+        "(transforms/mixture.py)", metavar="SPEC")
+    # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
+    tokenizer_backend: Literal["auto", "sentencepiece", "kitoken"] = option(
+        "auto", "exact fast tokenizer path: auto uses kitoken on BPE models after id-for-id parity with "
+        "SentencePiece on the run's sample (transforms/tokenizer_backends.py)", manifest=False)
+    extra: dict = option({}, cli=False, manifest=False)
 
     def validate(self) -> None:
         problems = []
@@ -60,6 +88,8 @@ class ShardConfig:
                 problems.append(f"{name} must be in [0, 1), got {value}")
         if self.val_fraction + self.test_fraction >= 1.0:
             problems.append("--val-fraction + --test-fraction must leave something for train")
+        if self.tokenizer_backend not in ("auto", "sentencepiece", "kitoken"):
+            problems.append(f"--tokenizer-backend must be auto, sentencepiece or kitoken, got {self.tokenizer_backend!r}")
         if self.unit_mb <= 0 or self.max_line_mb <= 0:
             problems.append("--unit-mb and --max-line-mb must be positive")
         if self.source_weights:
@@ -85,8 +115,9 @@ class ShardConfig:
     def to_manifest_dict(self) -> dict:
         """What goes into the manifest: everything that shapes the data, nothing about where or how it ran."""
         d = dataclasses.asdict(self)
-        for key in ("output", "staging_dir", "extra"):
-            d.pop(key)
+        for f in dataclasses.fields(self):
+            if not f.metadata.get("manifest", True):
+                d.pop(f.name)
         d["inputs"] = list(self.inputs)
         d["source_fields"] = list(self.source_fields)
         d["splits"] = list(SPLITS)
@@ -107,3 +138,21 @@ def fingerprint(config: ShardConfig, tokenizer_sha256: str, ledger: list, parent
         identity["parents"] = sorted(parents)
     blob = json.dumps(identity, sort_keys=True)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How `pileprep shard` runs (not what it makes): options, never in the manifest or the fingerprint."""
+    incremental: bool = option(False, "add only input files the dataset does not hold yet, as a new generation; "
+                                      "changed or removed inputs are an error; nothing new = nothing to do",
+                               group="operations (docs/OPERATIONS.md)", manifest=False)
+    run_log: Optional[str] = option(None, "append a JSON-lines run log (start, plan, progress, committed, summary, "
+                                          "error)", group="operations (docs/OPERATIONS.md)", metavar="PATH",
+                                    manifest=False)
+    progress_every: Optional[float] = option(
+        None, "progress period in seconds: docs/s, tokens/s, MB/s, ETA, dead letters (default: 1 on a terminal, "
+              "10 otherwise; 0 = off)", group="operations (docs/OPERATIONS.md)", metavar="SECONDS",
+        manifest=False)
+    dry_run: bool = option(False, "estimate files, bytes, tokens, examples, shards, output bytes and core-hours "
+                                  "from a sample of the inputs; write nothing", group="operations (docs/OPERATIONS.md)",
+                           manifest=False)

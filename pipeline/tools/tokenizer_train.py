@@ -22,6 +22,8 @@ import struct
 import time
 from dataclasses import dataclass, field
 
+from pipeline.errors import ConfigError
+
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 MIN_VOCAB_SIZE = 4 + 256 + 1  # specials + the 256 byte pieces + at least one learned piece
 
@@ -37,15 +39,15 @@ def _list_inputs(input_globs: list[str]) -> list[str]:
     from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415 - heavy import, only when training
 
     if not input_globs:
-        raise ValueError("no --input given: pass one or more file globs of jsonl / jsonl.zst / jsonl.gz files")
+        raise ConfigError("no --input given: pass one or more file globs of jsonl / jsonl.zst / jsonl.gz files")
     paths = set()
     for pattern in input_globs:
         try:
             found = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
         except Exception as e:  # noqa: BLE001 - Beam raises BeamIOError / OSError depending on the filesystem
-            raise ValueError(f"cannot list input glob {pattern!r}: {e}") from None
+            raise ConfigError(f"cannot list input glob {pattern!r}: {e}") from None
         if not found:
-            raise ValueError(f"input glob {pattern!r} matched no files")
+            raise ConfigError(f"input glob {pattern!r} matched no files")
         paths.update(found)
     return sorted(paths)
 
@@ -120,7 +122,7 @@ def train_tokenizer(input_globs: list[str], output_path: str, vocab_size: int, *
     if isinstance(input_globs, str):
         input_globs = [input_globs]
     if vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(f"--vocab-size {vocab_size} is too small: byte fallback needs 4 special + 256 byte "
+        raise ConfigError(f"--vocab-size {vocab_size} is too small: byte fallback needs 4 special + 256 byte "
                          f"pieces, so use at least {MIN_VOCAB_SIZE}")
     if model_type not in ("bpe", "unigram"):
         raise ValueError(f"model_type must be 'bpe' or 'unigram', got {model_type!r}")
@@ -132,7 +134,7 @@ def train_tokenizer(input_globs: list[str], output_path: str, vocab_size: int, *
     stats = _ReadStats()
     sentences = _sample_sentences(paths, max_sentences, max_sentence_chars, seed, stats)
     if not sentences:
-        raise ValueError(f"the inputs {list(input_globs)} ({len(paths)} files) hold no usable documents "
+        raise ConfigError(f"the inputs {list(input_globs)} ({len(paths)} files) hold no usable documents "
                          f"(rejected: {stats.rejected})")
     read_s = time.perf_counter() - start
 
@@ -155,10 +157,10 @@ def train_tokenizer(input_globs: list[str], output_path: str, vocab_size: int, *
     except RuntimeError as e:
         msg = str(e)
         if "smaller than required_chars" in msg:
-            raise ValueError(f"--vocab-size {vocab_size} is too small for the distinct characters of this data "
+            raise ConfigError(f"--vocab-size {vocab_size} is too small for the distinct characters of this data "
                              f"({msg.strip()}); raise --vocab-size") from None
         if "Vocabulary size" in msg or "vocab_size" in msg:
-            raise ValueError(f"--vocab-size {vocab_size} is too large for this data ({len(sentences)} sentences, "
+            raise ConfigError(f"--vocab-size {vocab_size} is too large for this data ({len(sentences)} sentences, "
                              f"{stats.documents} documents): {msg.strip()}; lower --vocab-size or give more "
                              f"input") from None
         raise ValueError(f"SentencePiece training failed: {msg.strip()}") from None
