@@ -220,27 +220,28 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--output", required=True, metavar="PATH.model", help="where to write the model")
     train.add_argument("--vocab-size", type=int, default=8000, help="vocabulary size")
 
-    s3_help = "Beam's S3 options (--s3_endpoint_url=..., --s3_region_name=...) may follow for s3:// datasets."
+    s3_help = "For s3:// datasets, Beam's S3 options may follow: --s3_endpoint_url=URL --s3_region_name=NAME ..."
     inspect = _subcommand(sub, "inspect", cmd_inspect,
-                          "print a dataset's manifest summary and decode a few examples", beam_args=True,
-                          epilog=s3_help)
+                          "print a dataset's manifest summary and decode a few examples", epilog=s3_help)
     inspect.add_argument("dataset", help="dataset directory or manifest.json (local or s3://)")
     inspect.add_argument("--examples", type=int, default=2, help="examples to decode")
     inspect.add_argument("--tokenizer", default=None, help="decode with this model (default: the manifest's)")
     inspect.add_argument("--json", action="store_true", help="machine-readable: the manifest and decoded examples")
 
     report = _subcommand(sub, "report", cmd_report, "write a self-contained HTML page (plots embedded) about a "
-                         "dataset", beam_args=True, epilog=s3_help)
+                         "dataset", epilog=s3_help)
     report.add_argument("dataset", help="dataset directory (local or s3://)")
     report.add_argument("--output", default=None, help="where to write the page (default DATASET/report.html)")
     report.add_argument("--metrics", default=None, metavar="FILE",
                         help="the trainer's metrics JSON lines (--metrics-file): adds loss and throughput curves")
 
     export = _subcommand(sub, "export", cmd_export, "write a dataset's shards in another format (Parquet)",
-                         beam_args=True, epilog=s3_help)
+                         epilog=s3_help)
     export.add_argument("dataset", help="dataset directory (local or s3://)")
     export.add_argument("--format", choices=["parquet"], default="parquet", help="output format")
     export.add_argument("--output", default=None, help="output directory (default DATASET/parquet)")
+    for p in (inspect, report, export):
+        p.set_defaults(filesystem_args=True)
 
     env = _subcommand(sub, "env", cmd_env, "print versions and whether the C varint codec is active")
     env.add_argument("--json", action="store_true", help="machine-readable output")
@@ -263,6 +264,8 @@ def parse(argv: list, parser: argparse.ArgumentParser | None = None):
         if getattr(args, "accepts_beam_args", False):
             # runner short names pileprep adds (--runner=DaskRunner) resolve before Beam's parser sees them
             rest = options.check_beam_args(runners.normalise_beam_args(rest), own)
+        elif getattr(args, "filesystem_args", False) and all(r.startswith("--s3_") and "=" in r for r in rest):
+            pass  # Beam's S3 options (--s3_endpoint_url=...) for an s3:// dataset: inspect, report, export
         else:
             flagged = [r for r in rest if r.startswith("-")]
             bad = (flagged or rest)[0].split("=", 1)[0]

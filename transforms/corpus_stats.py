@@ -22,7 +22,10 @@ def length_bin(n_tokens: int) -> int:
 
 
 def byte_piece_mask(sp) -> np.ndarray:
-    """True for the ids of SentencePiece's byte-fallback pieces (<0x00>..<0xFF>)."""
+    """True for the ids of SentencePiece's byte-fallback pieces (<0x00>..<0xFF>). `sp` may be a fast backend
+    wrapping the SentencePiece processor (transforms/tokenizer_backends.py): the pieces are the model's."""
+    if not hasattr(sp, "IsByte"):
+        sp = sp._sp  # noqa: SLF001 - KitokenEncoder keeps the SentencePiece processor it is checked against
     return np.array([sp.IsByte(i) for i in range(sp.GetPieceSize())], dtype=bool)
 
 
