@@ -84,6 +84,8 @@ def test_oversized_row_group_and_cell_and_corrupt_file_are_dead_letters(tmp_path
     assert [(i.line, i.reason) for i in items] == [(1, "row_group_too_large"), (41, "row_group_too_large"),
                                                    (81, "row_group_too_large")]
     assert "row group 1: 40 rows" in items[1].detail
+    with open(path, "rb") as f:  # the row group bound is its own knob: with room, every row is read
+        assert all(isinstance(i, RawRecord) for i in iter_parquet_records(f, "text", (), limit, 100 * limit))
     # the row group bound implies the cell bound (pages are measured before compression); the guard stays
     row = _row_record({"text": "é" * 600}, "text", 7, 0, 6, max_bytes=1000)
     assert (row.reason, row.line) == ("cell_too_large", 7)

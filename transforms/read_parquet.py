@@ -6,9 +6,9 @@ validate, dedup, tokenize, dead letters — is the JSON-lines path unchanged. Th
 1-based number in the file; dead letters raised here also name the row group and the row inside it.
 
 Memory is bounded like every reader (DESIGN: trust): only the needed columns are read, one row group at a time,
-in batches of `BATCH_ROWS`; a row group whose needed columns would decompress to more than `max_bytes` is not
-read at all but dead-lettered (one record, `row_group_too_large`), and so is a cell larger than `max_bytes`
-(`cell_too_large`). A file whose footer cannot be read is one `parquet_corrupt` dead letter; a row group
+in batches of `BATCH_ROWS`; a row group whose needed columns would decompress to more than `max_row_group_bytes`
+is not read at all but dead-lettered (one record, `row_group_too_large`), and a text larger than `max_bytes` (the
+longest document allowed, like a JSON line) is dead-lettered as `cell_too_large`. A file whose footer cannot be read is one `parquet_corrupt` dead letter; a row group
 that fails to decode is one `parquet_corrupt` dead letter and reading continues with the next.
 """
 from __future__ import annotations
@@ -59,13 +59,14 @@ def _needed_columns(schema_names: list, fields: Sequence[str]) -> list:
     return [n for n in schema_names if n in tops]
 
 
-def iter_parquet_records(stream: BinaryIO, text_field: str, source_fields: Sequence[str],
-                         max_bytes: int) -> Iterator:
+def iter_parquet_records(stream: BinaryIO, text_field: str, source_fields: Sequence[str], max_bytes: int,
+                         max_row_group_bytes: int | None = None) -> Iterator:
     """Yield RawRecord per row (JSON bytes of the used fields) and FileDamage for what cannot be read."""
     import pyarrow as pa  # noqa: PLC0415 - only Parquet inputs need pyarrow on the worker
     import pyarrow.parquet as pq  # noqa: PLC0415
 
     fields = (text_field, *source_fields)
+    max_row_group_bytes = max(max_bytes, max_row_group_bytes or 0)
     try:
         pf = pq.ParquetFile(stream)
         meta = pf.metadata
@@ -80,10 +81,10 @@ def iter_parquet_records(stream: BinaryIO, text_field: str, source_fields: Seque
                    if rg.column(i).path_in_schema.split(".", 1)[0] in columns)
         line0 = first_row + 1
         first_row += rg.num_rows
-        if need > max_bytes:
+        if need > max_row_group_bytes:
             yield FileDamage(line0, "row_group_too_large",
                              f"row group {g}: {rg.num_rows} rows, {need} bytes of needed columns uncompressed "
-                             f"> limit {max_bytes} (rows {line0}..{first_row} not read)")
+                             f"> limit {max_row_group_bytes} (rows {line0}..{first_row} not read)")
             continue
         r = 0
         try:
