@@ -10,7 +10,7 @@ SEQ_LEN ?= 2048
 # torch's OpenMP threads spin and slow TF/Beam in the same process; passive waits cost nothing here.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: help setup shard test bench train clean flex-template worker-image env
+.PHONY: help setup shard test bench train clean flex-template worker-image env airflow
 
 # `make help` lists targets with a `## text` after their prerequisites, and these:
 ##@ shard: tokenize, pack and shard the embedded sample corpus into out/sample (TOKENIZER=, SEQ_LEN=)
@@ -38,6 +38,14 @@ shard: $(STAMP) $(SAMPLE_DIR)/.done $(TOKENIZER)
 	  '$(SAMPLE_DIR)/test.jsonl.zst' --output out/sample --tokenizer $(TOKENIZER) --seq-len $(SEQ_LEN) \
 	  --num-shards 4
 	$(BIN)/pileprep inspect out/sample --examples 1
+
+# Real Airflow for the DAG test, in its own venv: its pins do not co-install with Beam's.
+AIRFLOW_VERSION ?= 3.3.2
+airflow: .venv-airflow/.installed ## real Airflow in .venv-airflow (tests/test_airflow.py)
+.venv-airflow/.installed:
+	test -x .venv-airflow/bin/python || $(PY) -m venv .venv-airflow
+	.venv-airflow/bin/pip install -q "apache-airflow==$(AIRFLOW_VERSION)"
+	touch $@
 
 test: $(STAMP) ## run the test suite
 	$(BIN)/python -m pytest -q tests

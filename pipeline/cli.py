@@ -20,6 +20,7 @@ import sys
 import traceback
 
 from pipeline import options
+from pipeline.ops import runners
 from pipeline.config import PILEPREP_VERSION, RunOptions, ShardConfig
 from pipeline.errors import UsageError, is_user_error, one_line
 
@@ -215,7 +216,8 @@ def parse(argv: list, parser: argparse.ArgumentParser | None = None):
         sub = getattr(args, "subparser", parser)
         own = [o for a in sub._actions for o in a.option_strings]  # noqa: SLF001
         if getattr(args, "accepts_beam_args", False):
-            rest = options.check_beam_args(rest, own)
+            # runner short names pileprep adds (--runner=DaskRunner) resolve before Beam's parser sees them
+            rest = options.check_beam_args(runners.normalise_beam_args(rest), own)
         else:
             flagged = [r for r in rest if r.startswith("-")]
             bad = (flagged or rest)[0].split("=", 1)[0]

@@ -9,7 +9,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional
 
 from pipeline.errors import ConfigError  # noqa: F401 - re-exported: `from pipeline.config import ConfigError`
 from transforms.documents import SPLITS
@@ -60,6 +60,10 @@ class ShardConfig:
     max_line_mb: float = option(256.0, "longer lines are dead-lettered", metavar="MB")
     staging_dir: Optional[str] = option(None, "where spill files and worker logs go (default <output>/_staging)",
                                         manifest=False, metavar="DIR")
+    # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
+    tokenizer_backend: Literal["auto", "sentencepiece", "kitoken"] = option(
+        "auto", "exact fast tokenizer path: auto uses kitoken on BPE models after id-for-id parity with "
+        "SentencePiece on the run's sample (transforms/tokenizer_backends.py)", manifest=False)
     extra: dict = option({}, cli=False, manifest=False)
 
     def validate(self) -> None:
@@ -79,6 +83,8 @@ class ShardConfig:
                 problems.append(f"{name} must be in [0, 1), got {value}")
         if self.val_fraction + self.test_fraction >= 1.0:
             problems.append("--val-fraction + --test-fraction must leave something for train")
+        if self.tokenizer_backend not in ("auto", "sentencepiece", "kitoken"):
+            problems.append(f"--tokenizer-backend must be auto, sentencepiece or kitoken, got {self.tokenizer_backend!r}")
         if self.unit_mb <= 0 or self.max_line_mb <= 0:
             problems.append("--unit-mb and --max-line-mb must be positive")
         if problems:

@@ -7,8 +7,6 @@ import importlib.util
 import json
 import pathlib
 import shlex
-import sys
-import types
 
 import pytest
 
@@ -143,43 +141,6 @@ def test_cron_line_is_valid_and_runs_an_incremental_shard():
     cmd = cmd[:cmd.index(">>")] if ">>" in cmd else cmd
     args, beam_args = _parse_shard(cmd)
     assert args.incremental and args.run_log and not beam_args
-
-
-def test_airflow_dag_file_imports_and_builds_the_task(monkeypatch):
-    """With Airflow installed the real import is used; otherwise a stand-in records what the file builds."""
-    built = {}
-    if importlib.util.find_spec("airflow") is None:
-        class DAG:
-            def __init__(self, dag_id, **kw):
-                built["dag"] = (dag_id, kw)
-
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                return False
-
-        class BashOperator:
-            def __init__(self, task_id, bash_command, **kw):
-                built["task"] = (task_id, bash_command, kw)
-
-        airflow = types.ModuleType("airflow")
-        airflow.DAG = DAG
-        ops = types.ModuleType("airflow.operators")
-        bash = types.ModuleType("airflow.operators.bash")
-        bash.BashOperator = BashOperator
-        for name, mod in (("airflow", airflow), ("airflow.operators", ops), ("airflow.operators.bash", bash)):
-            monkeypatch.setitem(sys.modules, name, mod)
-    spec = importlib.util.spec_from_file_location("pileprep_dag", SCHEDULE / "airflow_dag.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.dag is not None
-    argv = shlex.split(module.shard_command())[1:]
-    args, _ = _parse_shard(argv)
-    assert args.incremental
-    if built:
-        assert built["dag"][0] == "pileprep_incremental_shard" and built["dag"][1]["max_active_runs"] == 1
-        assert built["task"][1] == module.shard_command()
 
 
 def test_flex_template_spec_maps_onto_the_cli():

@@ -16,6 +16,7 @@ import json
 import logging
 import shutil
 import threading
+import uuid
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -31,14 +32,27 @@ COUNTERS = ("input_files", "input_bytes", "records", "documents", "tokens", "raw
 
 # ------------------------------------------------------------------------------------------ marker files
 def marker_dir(staging_dir: str) -> str:
-    return io_utils.join(staging_dir, "progress")
+    """Beside the generation's staging directory (inside the staging root), not in it: the commit deletes
+    staging on a worker, and the driver still reads the markers afterwards for the final counters and reruns
+    (runners without live metrics, DaskRunner, report nothing else). The driver deletes it at the end."""
+    return staging_dir.rstrip("/") + ".progress"
+
+
+RERUN_TAG = ".rerun-"
 
 
 def write_marker(staging_dir: str, name: str, counters: dict) -> None:
-    """Best effort: progress reporting must never fail a bundle."""
+    """Best effort: progress reporting must never fail a bundle.
+
+    Each unit of work has one marker name. If it exists already, the work ran again (a retried bundle, a
+    recovered worker, or a runner that recomputes a stage): that is recorded as a separate rerun marker, which
+    is counted apart and never added to the progress counters, so reruns are visible and never double-counted.
+    """
+    path = io_utils.join(marker_dir(staging_dir), name + ".json")
     try:
-        io_utils.write_bytes(io_utils.join(marker_dir(staging_dir), name + ".json"),
-                             json.dumps(counters, sort_keys=True).encode("utf-8"))
+        if io_utils.exists(path):
+            path = io_utils.join(marker_dir(staging_dir), f"{name}{RERUN_TAG}{uuid.uuid4().hex}.json")
+        io_utils.write_bytes(path, json.dumps(counters, sort_keys=True).encode("utf-8"))
     except Exception as e:  # noqa: BLE001
         LOG.debug("progress marker %s not written: %s", name, e)
 
@@ -64,11 +78,16 @@ class MarkerReader:
                 continue
         total = {k: 0 for k in COUNTERS}
         split_raw = 0
-        for d in self.seen.values():
+        reruns = sum(1 for path in self.seen if RERUN_TAG in path)
+        for path, d in self.seen.items():
+            if RERUN_TAG in path:
+                continue
             for k in COUNTERS:
                 total[k] += int(d.get(k, 0))
             split_raw += int(d.get("split_raw_bytes", 0))
         total["split_raw_bytes"] = split_raw
+        if reruns:
+            total["stage_reruns"] = reruns
         return total
 
 
