@@ -107,6 +107,8 @@ def test_bad_config_file_is_one_line_exit_2(tmp_path, capsys, body, needle):
     (["shard", *REQUIRED, "--num-shard", "4"], "unrecognized option --num-shard (did you mean --num-shards?)"),
     (["shard", *REQUIRED, "--seq", "4"], "unrecognized option --seq (did you mean --seq-len?)"),
     (["shard", *REQUIRED, "--runer=FlinkRunner"], "did you mean --runner?"),
+    (["shard", *REQUIRED, "--dry_run"], "unrecognized option --dry_run (did you mean --dry-run?)"),  # not Beam's
+    (["shard", *REQUIRED, "--seq_len=512"], "unrecognized option --seq_len (did you mean --seq-len?)"),
     (["shard", *REQUIRED, "--runner=NoSuchRunner"], "no such Beam runner"),
     (["shard", *REQUIRED, "--flink_version=0.1", "--runner=FlinkRunner"], "--flink_version"),
     (["shard", *REQUIRED, "--dask_client_address=h:1"], "unrecognized option --dask_client_address"),
