@@ -73,7 +73,7 @@ DP ?= 1
 PP ?= 2
 NPROC ?= $(shell expr $(DP) \* $(PP))
 STEPS ?= 40
-MICROBATCHES ?= 4
+MICROBATCHES ?=
 TRAIN_DIR ?= out/train
 TRAIN_ARGS ?=
 train: $(STAMP)
@@ -81,6 +81,6 @@ train: $(STAMP)
 	$(if $(RESUME),,rm -rf $(TRAIN_DIR))
 	mkdir -p $(TRAIN_DIR)
 	$(BIN)/torchrun --standalone --nproc-per-node $(NPROC) -m trainer.train --data out/sample --model tiny \
-	  --seq-len-from-manifest --dp $(DP) --pp $(PP) --microbatches $(MICROBATCHES) --global-batch 8 \
+	  --dp $(DP) --pp $(PP) $(if $(MICROBATCHES),--microbatches $(MICROBATCHES)) --global-batch 8 \
 	  --steps $(STEPS) --log-every 5 --threads 1 --checkpoint-dir $(TRAIN_DIR)/ckpt --checkpoint-every 20 \
 	  --metrics-file $(TRAIN_DIR)/metrics.jsonl $(TRAIN_ARGS)

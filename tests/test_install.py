@@ -69,11 +69,12 @@ def test_python_requirement_matches_the_pins():
 
 
 def test_extras_exist_and_all_is_the_union():
-    assert {"aws", "gcp", "tf", "train", "test", "all"} <= set(EXTRAS)
+    assert {"aws", "gcp", "tf", "train", "dask", "test", "all"} <= set(EXTRAS)
     base_beam = _reqs(PROJECT["dependencies"])["apache-beam"][0]
     assert "aws" in base_beam.extras  # workers read s3:// with only the base installed (--setup_file)
-    gcp = _reqs(EXTRAS["gcp"])["apache-beam"][0]
-    assert gcp.extras == {"gcp"} and gcp.specifier == base_beam.specifier  # one Beam version
+    for extra in ("gcp", "dask"):
+        beam = _reqs(EXTRAS[extra])["apache-beam"][0]
+        assert beam.extras == {extra} and beam.specifier == base_beam.specifier  # one Beam version
     assert {"boto3", "botocore"} <= set(_reqs(EXTRAS["aws"]))
     all_extra = Requirement(EXTRAS["all"][0])
     # `all` is every extra but gcp (~80 google-cloud packages that only a Dataflow driver needs)
