@@ -123,6 +123,7 @@ def cmd_shard(args, beam_args) -> int:
                                           run_log=run.run_log, progress_every_s=every)
     except Exception as e:
         if is_user_error(e):
+            worker_log.discard()
             raise
         raise RunFailed(e, worker_log.last_lines, worker_log.keep()) from e
     from pipeline.tools.inspect_dataset import summary_table  # noqa: PLC0415
