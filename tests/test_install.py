@@ -69,13 +69,13 @@ def test_python_requirement_matches_the_pins():
 
 
 def test_extras_exist_and_all_is_the_union():
-    assert {"aws", "gcp", "tf", "train", "test", "all"} <= set(EXTRAS)
+    assert {"aws", "gcp", "tf", "train", "dask", "test", "all"} <= set(EXTRAS)
     base_beam = _reqs(PROJECT["dependencies"])["apache-beam"][0]
-    for extra, beam_extra in (("aws", "aws"), ("gcp", "gcp")):
+    for extra, beam_extra in (("aws", "aws"), ("gcp", "gcp"), ("dask", "dask")):
         beam = _reqs(EXTRAS[extra])["apache-beam"][0]
         assert beam.extras == {beam_extra} and beam.specifier == base_beam.specifier  # one Beam version
     all_extra = Requirement(EXTRAS["all"][0])
-    assert all_extra.name == "pileprep" and all_extra.extras == {"aws", "tf", "train", "test"}
+    assert all_extra.name == "pileprep" and all_extra.extras == {"aws", "tf", "train", "dask", "test"}
     assert _reqs(EXTRAS["train"])["torch"][0].specifier == SpecifierSet("==2.13.0")
 
 
