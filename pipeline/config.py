@@ -16,6 +16,12 @@ from transforms.documents import SPLITS
 
 PILEPREP_VERSION = "0.1.0"  # equals [project].version in pyproject.toml (tests/test_install.py checks)
 BYTES_PER_TOKEN_ESTIMATE = 6.0  # serialized int64 varints of 3 features + framing, measured on the sample
+# Packing holds one example at a time: 3 int64 features, their serialized form and the framed record, measured
+# at 86 bytes per token (tracemalloc, seq_len 262144). The upper bound keeps one example under ~100 MiB, so a
+# typo (`--seq-len 1000000000`) fails before any work instead of growing until the kernel kills the job.
+EXAMPLE_BYTES_PER_TOKEN = 96
+MAX_SEQ_LEN = 1 << 20
+ZSTD_MAX_WINDOW_MB = 2048  # zstd's own limit (window log 31)
 
 
 def option(default=dataclasses.MISSING, help: str = "", *, flag: Optional[str] = None,  # noqa: A002
@@ -57,7 +63,12 @@ class ShardConfig:
         ("meta.pile_set_name",), "fields naming the document's source, first present wins (e.g. 'source' for "
         "Dolma)", flag="--source-field", metavar="FIELD")
     unit_mb: float = option(32.0, "raw text per tokenization work unit (the parallelism grain)", metavar="MB")
-    max_line_mb: float = option(256.0, "longer lines are dead-lettered", metavar="MB")
+    max_line_mb: float = option(
+        16.0, "longer input lines are dead-lettered (line_too_long); bounds reader and tokenizer memory: a "
+        "document at the limit tokenizes within ~1.1 GB per worker (README, memory)", metavar="MB")
+    max_zstd_window_mb: float = option(
+        512.0, "largest zstd decompression window read (held in memory while a file is read; `zstd --long=N` "
+        "files need 2^N bytes); files that need more are dead-lettered (zstd_window_too_large)", metavar="MB")
     staging_dir: Optional[str] = option(None, "where spill files and worker logs go (default <output>/_staging)",
                                         manifest=False, metavar="DIR")
     # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
@@ -74,6 +85,10 @@ class ShardConfig:
             problems.append("--output: give an output directory")
         if self.seq_len < 2:
             problems.append(f"--seq-len must be at least 2, got {self.seq_len}")
+        elif self.seq_len > MAX_SEQ_LEN:
+            problems.append(f"--seq-len {self.seq_len} is above the limit {MAX_SEQ_LEN}: one example needs about "
+                            f"{EXAMPLE_BYTES_PER_TOKEN} bytes per token in memory while it is packed "
+                            f"({self.seq_len * EXAMPLE_BYTES_PER_TOKEN / (1 << 30):.1f} GiB)")
         if self.num_shards is not None and self.num_shards < 1:
             problems.append(f"--num-shards must be at least 1, got {self.num_shards}")
         if self.target_shard_mb <= 0:
@@ -87,6 +102,9 @@ class ShardConfig:
             problems.append(f"--tokenizer-backend must be auto, sentencepiece or kitoken, got {self.tokenizer_backend!r}")
         if self.unit_mb <= 0 or self.max_line_mb <= 0:
             problems.append("--unit-mb and --max-line-mb must be positive")
+        if not 0 < self.max_zstd_window_mb <= ZSTD_MAX_WINDOW_MB:
+            problems.append(f"--max-zstd-window-mb must be in (0, {ZSTD_MAX_WINDOW_MB}] (zstd's largest window), "
+                            f"got {self.max_zstd_window_mb}")
         if problems:
             raise ConfigError("invalid shard configuration:\n  " + "\n  ".join(problems))
 
@@ -97,6 +115,10 @@ class ShardConfig:
     @property
     def max_line_bytes(self) -> int:
         return int(self.max_line_mb * (1 << 20))
+
+    @property
+    def max_zstd_window_bytes(self) -> int:
+        return int(self.max_zstd_window_mb * (1 << 20))
 
     def to_manifest_dict(self) -> dict:
         """What goes into the manifest: everything that shapes the data, nothing about where or how it ran."""

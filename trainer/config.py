@@ -139,9 +139,14 @@ class ParallelConfig:
     pp: int = opt(1, "pipeline stages")
     microbatches: int = opt(0, "micro-batches per rank and step (0 = derived: >= 4 x pp when pp > 1)")
     microbatch_size: int = opt(0, "sequences per micro-batch (0 = derived from --microbatches)")
-    schedule: Literal["gpipe", "1f1b"] = opt("1f1b", "pipeline schedule")
+    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = opt("1f1b", "pipeline schedule")
     partition: Literal["flops", "profile", "even"] = opt("flops", "how layers are split over stages")
     zero: bool = opt(False, "ZeRO-1: shard optimizer state over data parallel")
+    tp: int = opt(1, "tensor-parallel size (within a node; divides n_heads and d_ff)")
+    fsdp: bool = opt(False, "FSDP2: shard parameters, gradients and optimizer state over dp (bf16 compute, "
+                            "fp32 reduction on GPU)")
+    ac: Literal["none", "selective", "full"] = opt("none", "activation checkpointing of every block")
+    virtual_stages: int = opt(1, "pipeline stages per rank (interleaved-1f1b: >= 2)")
 
 
 @dataclass
@@ -172,7 +177,13 @@ class TrainConfig:
     bf16: bool = opt(True, "bf16 autocast on GPU (CPU runs fp32)", flag="--no-bf16")
     max_seconds: float = opt(0.0, "stop after this much training time (benchmarks); 0 = no limit")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "device")
-    compile: bool = opt(False, "torch.compile the model (pp = 1; GPU runs)")
+    compile: bool = opt(False, "torch.compile every block (GPU runs; works with pp and --ac)")
+    attention: Literal["auto", "sdpa", "flex", "varlen"] = opt("auto", "attention kernel for the document mask "
+                                                                "(auto: flex on CUDA, dense-mask SDPA on CPU)")
+    loss: Literal["chunked", "logits"] = opt("chunked", "chunked: cross-entropy over token chunks, never the "
+                                                         "[B,T,V] fp32 logits; logits: the plain path")
+    gpu: Optional[str] = opt(None, "GPU model for the memory plan that --check-only prints and every start "
+                                   "enforces (A100-40GB, A100-80GB, H100, H200; default: the local device)")
     stop_at_step: int = opt(0, "checkpoint and exit at this step (e.g. a job time limit); the LR schedule still "
                                "runs to --steps, so a resumed run continues exactly")
     threads: int = opt(0, "torch intra-op threads per process (0 = default)")
@@ -210,12 +221,21 @@ def resolve_layout(cfg: TrainConfig, world: int) -> TrainConfig:
     sequences each, split into micro-batches (count x size = per-rank batch). Raises ConfigError naming the fix.
     """
     p = cfg.parallel
-    if p.pp < 1 or world % p.pp:
-        raise ConfigError(f"{world} processes do not split into pipelines of --pp {p.pp} stages")
-    dp = p.dp or world // p.pp
-    if dp * p.pp != world:
-        raise ConfigError(f"torchrun started {world} processes but --dp {dp} x --pp {p.pp} = {dp * p.pp}: make "
-                          f"them agree (--nproc-per-node x nodes = dp x pp)")
+    if p.tp < 1 or (p.tp > 1 and (cfg.model.n_heads % p.tp or cfg.model.d_ff % p.tp)):
+        raise ConfigError(f"--tp {p.tp} must divide n_heads {cfg.model.n_heads} and d_ff {cfg.model.d_ff}")
+    if p.pp < 1 or world % (p.pp * p.tp):
+        raise ConfigError(f"{world} processes do not split into pipelines of --pp {p.pp} stages x --tp {p.tp}")
+    dp = p.dp or world // (p.pp * p.tp)
+    if dp * p.pp * p.tp != world:
+        raise ConfigError(f"torchrun started {world} processes but --dp {dp} x --pp {p.pp} x --tp {p.tp} = "
+                          f"{dp * p.pp * p.tp}: make them agree (--nproc-per-node x nodes = dp x pp x tp)")
+    if p.schedule == "interleaved-1f1b" and (p.virtual_stages < 2 or p.pp < 2):
+        raise ConfigError("--schedule interleaved-1f1b needs --pp >= 2 and --virtual-stages >= 2")
+    if p.virtual_stages != 1 and p.schedule != "interleaved-1f1b":
+        raise ConfigError(f"--virtual-stages {p.virtual_stages} needs --schedule interleaved-1f1b")
+    if p.fsdp and (p.zero or p.virtual_stages > 1):
+        raise ConfigError("--fsdp already shards the optimizer state (drop --zero) and does not take "
+                          "--virtual-stages yet")
     if cfg.global_batch < 1 or cfg.global_batch % dp:
         raise ConfigError(f"--global-batch {cfg.global_batch} does not split over dp = {dp} ranks: use a multiple "
                           f"of {dp}")
@@ -238,10 +258,9 @@ def resolve_layout(cfg: TrainConfig, world: int) -> TrainConfig:
         raise ConfigError(f"--microbatches {m} < pipeline stages {p.pp}: the pipeline would never fill; use at "
                           f"least {p.pp} (more shrinks the bubble (p-1)/(m+p-1)); per-rank batch is {local}")
     units = cfg.model.n_layers + 2
-    if p.pp > units:
-        raise ConfigError(f"--pp {p.pp} exceeds the model's {units} pipeline units (embed, blocks, head)")
-    if cfg.compile and p.pp > 1:
-        raise ConfigError("--compile supports pp = 1 only (pipeline stages run eagerly)")
+    if p.pp * p.virtual_stages > units:
+        raise ConfigError(f"--pp {p.pp} x --virtual-stages {p.virtual_stages} exceeds the model's {units} pipeline "
+                          f"units (embed, blocks, head)")
     if cfg.data.streams < 0 or cfg.data.shuffle_buffer < 1:
         raise ConfigError("--data-streams must be >= 0 and --shuffle-buffer >= 1")
     p.dp, p.microbatches, p.microbatch_size = dp, m, local // m

@@ -29,9 +29,11 @@ from trainer.config import ConfigError, TrainConfig, build_parser, from_namespac
 from trainer.data import (DataIntegrityError, ShardLoader, default_index_dir, open_dataset, prepare_shards,
                           read_manifest)
 from trainer.metrics import MetricsLogger
+from trainer.plan import plan_for_config
 from trainer.model import IGNORE_INDEX, token_loss_sum
-from trainer.parallel import (agree_on, allreduce_grads, build_optimizer, build_schedule, build_stage, clip_grad_norm,
-                              init_distributed, profile_unit_times, sync_tied_grad, wrap_data_parallel)
+from trainer.parallel import (agree_on, allreduce_grads, build_optimizer, build_rank_stages, build_schedule,
+                              clip_grad_norm, init_distributed, parallelize, profile_unit_times, rank_stage_specs,
+                              sync_tied_grad)
 from trainer.partition import StageSpec, describe, model_units, partition_model, unit_costs
 
 
@@ -58,6 +60,11 @@ def parse_args(argv: Optional[Sequence[str]] = None, world: Optional[int] = None
     if contract is not None:
         open_dataset(cfg.data, cfg.model)
     cfg.check_only = ns.check_only  # an action of this CLI, not part of the training config
+    cfg.plan = plan_for_config(cfg)  # the memory plan: a layout over the GPU's memory is refused here (exit 2)
+    if not cfg.plan.fits:
+        raise ConfigError(f"memory plan: {cfg.plan.total / 2**30:.1f} GiB per GPU does not fit the {cfg.plan.gpu}'s "
+                          f"{cfg.plan.capacity / 2**30:.0f} GiB (python -m trainer.plan shows the parts): shard more "
+                          f"(--fsdp, --tp, --pp), checkpoint activations (--ac) or lower --microbatch-size")
     return cfg
 
 
@@ -65,7 +72,8 @@ def describe_layout(cfg: TrainConfig) -> str:
     p = cfg.parallel
     return (f"model {cfg.model.name} ({cfg.model.num_params() / 1e6:.0f}M params, seq_len {cfg.model.seq_len}, "
             f"vocab {cfg.model.vocab_size}); global batch {cfg.global_batch} = dp {p.dp} x {p.microbatches} "
-            f"micro-batches x {p.microbatch_size} sequences; pp {p.pp} ({p.schedule})")
+            f"micro-batches x {p.microbatch_size} sequences; pp {p.pp} ({p.schedule}); tp {p.tp}; "
+            f"fsdp {p.fsdp}; activation checkpointing {p.ac}")
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -98,7 +106,12 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if (env.device.type == "cuda" and cfg.bf16)
                          else contextlib.nullcontext())
-        self.module = build_stage(mcfg, self._stage_spec(), cfg.seed, env.device)
+        # This rank's stage(s) -> TP / activation checkpointing / compile per block / FSDP2 or DDP; the owner
+        # module keeps the parameter names (checkpoints, optimizer); `runnable` is what forward runs.
+        self.module, views = build_rank_stages(mcfg, self._stage_specs(), cfg.seed, env.device,
+                                               attention=cfg.attention, loss=cfg.loss)
+        self.runnable = parallelize(self.module, views, env, fsdp=pcfg.fsdp, ac=pcfg.ac, compile=cfg.compile,
+                                    bf16=cfg.bf16)
         self.optimizer = build_optimizer(self.module, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas,
                                          pcfg.zero, env)
         latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
@@ -114,11 +127,9 @@ class Trainer:
                 print(f"resumed from {latest} at step {self.start_step} (was dp={meta['dp']} pp={meta['pp']}, "
                       f"now dp={env.dp} pp={env.pp}; restored in {meta['load_seconds']:.2f}s)", flush=True)
         self.step = self.start_step
-        self.model = wrap_data_parallel(self.module, env)
-        if cfg.compile:
-            self.model = torch.compile(self.model)  # `module` keeps the parameter names for checkpoints
+        self.model = self.runnable[0]
         self.loss_scale = 1.0
-        self.schedule = build_schedule(self.model, env, pcfg, self.loss_fn) if env.pp > 1 else None
+        self.schedule = build_schedule(self.runnable, env, pcfg, self.loss_fn) if env.pp > 1 else None
         self.metrics = MetricsLogger(mcfg.flops_per_token(), env.world, env.device, cfg.metrics_file, env.rank == 0)
         if env.rank == 0:
             print(f"model {mcfg.name}: {mcfg.num_params() / 1e6:.2f}M params, {mcfg.flops_per_token() / 1e6:.1f} "
@@ -127,19 +138,20 @@ class Trainer:
                   f"{self.loader.steps_per_epoch} steps/epoch; steps {self.start_step}->{cfg.steps}", flush=True)
         return self
 
-    def _stage_spec(self) -> StageSpec:
+    def _stage_specs(self) -> list:
+        """This rank's stage specs: one, or --virtual-stages of them (interleaved placement)."""
         cfg, env = self.cfg, self.env
         mcfg, pcfg = cfg.model, cfg.parallel
         if env.pp == 1:
-            return StageSpec(0, (), True, True, tuple(range(mcfg.n_layers)))
+            return [StageSpec(0, (), True, True, tuple(range(mcfg.n_layers)))]
         times = None
         if pcfg.partition == "profile":
             times = agree_on(profile_unit_times(mcfg, pcfg.microbatch_size, env.device))
-        specs = partition_model(mcfg, env.pp, pcfg.partition, times)
+        specs = partition_model(mcfg, env.pp * pcfg.virtual_stages, pcfg.partition, times)
         if env.rank == 0:
             units = model_units(mcfg)
             print(f"partition ({pcfg.partition}): " + describe(specs, units, unit_costs(units, times)), flush=True)
-        return specs[env.pp_rank]
+        return rank_stage_specs(specs, env, pcfg.virtual_stages)
 
     def _build_loader(self) -> ShardLoader:
         """Shard checks and offset indexes once per node (shards split over the node's ranks), then the loader."""
@@ -161,8 +173,11 @@ class Trainer:
                            env.dp_rank, env.dp, cfg.parallel.microbatches, index_dir=index_dir,
                            pin_memory=env.device.type == "cuda")
 
-    def loss_fn(self, logits, labels):
-        return token_loss_sum(logits, labels) * self.loss_scale
+    def loss_fn(self, output, labels):
+        """output: logits, or (loss="chunked") the last stage's summed token loss, shape [1]."""
+        if self.cfg.loss == "chunked":
+            return output.sum() * self.loss_scale
+        return token_loss_sum(output, labels) * self.loss_scale
 
     # ------------------------------------------------------------------ one step
     def forward_backward_step(self, batch: dict) -> torch.Tensor:
@@ -173,19 +188,23 @@ class Trainer:
             total = torch.zeros((), device=env.device, dtype=torch.float32)
             chunks = {k: v.chunk(m) for k, v in batch.items()}
             for i in range(m):
-                sync = contextlib.nullcontext() if (env.dp == 1 or i == m - 1) else _no_sync(self.model)
+                if self.cfg.parallel.fsdp:  # reduce-scatter once, after the last micro-batch's backward
+                    self.model.set_requires_gradient_sync(i == m - 1)
+                sync = (contextlib.nullcontext() if (env.dp == 1 or i == m - 1 or self.cfg.parallel.fsdp)
+                        else _no_sync(self.model))
                 with sync:
                     with self.autocast:
-                        logits = self.model(chunks["input_ids"][i], chunks["positions"][i],
-                                            chunks["segment_ids"][i])
-                    loss = self.loss_fn(logits, chunks["labels"][i])
+                        inputs = [chunks[k][i] for k in self._input_keys]
+                        output = self.model(*inputs)
+                    loss = self.loss_fn(output, chunks["labels"][i])
                     loss.backward()
                 total += loss.detach().float()
             return total
         losses: list = []
         with self.autocast:
             if env.is_first_stage:
-                self.schedule.step(batch["input_ids"], batch["positions"], batch["segment_ids"])
+                self.schedule.step(*[batch[k] for k in self._input_keys],
+                                   **({"target": batch["labels"], "losses": losses} if env.is_last_stage else {}))
             elif env.is_last_stage:
                 self.schedule.step(target=batch["labels"], losses=losses)
             else:
@@ -194,8 +213,16 @@ class Trainer:
             return torch.stack([l.detach().float() for l in losses]).sum()
         return torch.zeros((), device=env.device, dtype=torch.float32)
 
+    @property
+    def _input_keys(self) -> tuple:
+        """The first stage's inputs; labels travel through the pipeline when the last stage computes the loss."""
+        keys = ("input_ids", "positions", "segment_ids")
+        return keys + ("labels",) if self.cfg.loss == "chunked" else keys
+
     def sync_grads(self) -> None:
-        allreduce_grads(self.module, self.env)  # pp > 1 only; DDP already did it otherwise
+        if not self.cfg.parallel.fsdp:  # FSDP2 reduce-scatters in backward
+            # pp > 1 or tp > 1 (no DDP there); DDP already did it otherwise
+            allreduce_grads(self.module, self.env, always=self.env.tp > 1)
         sync_tied_grad(self.module, self.env)
 
     def train_step(self) -> dict:
@@ -211,20 +238,22 @@ class Trainer:
         valid = (batch["labels"] != IGNORE_INDEX).sum().to(torch.float64)
         if env.dp > 1:
             dist.all_reduce(valid, group=env.dp_group)
-        self.loss_scale = env.dp / max(1.0, float(valid))
+        self.loss_scale = (env.dp / valid.clamp(min=1.0)).float()  # a device tensor: no host sync per step
         lr = lr_at(self.step, cfg)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         local_loss = self.forward_backward_step(batch)
         self.sync_grads()
-        grad_norm = clip_grad_norm(self.module, cfg.optim.grad_clip, env)
+        grad_norm = clip_grad_norm(self.module, cfg.optim.grad_clip, env, as_tensor=True)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 
         loss_t = local_loss.detach().to(torch.float64).reshape(1)
-        dist.all_reduce(loss_t)  # only last stages contribute; each replica's share sums to dp x its mean
+        # only last stages contribute; each replica's share sums to dp x its mean, once per tensor-parallel rank
+        dist.all_reduce(loss_t)
         self.step += 1
-        return {"loss": float(loss_t) / env.dp, "lr": lr, "grad_norm": grad_norm, "wait": wait, "h2d": h2d,
+        # loss and grad_norm stay device tensors; the metrics read them once per logging interval
+        return {"loss": loss_t[0] / (env.dp * env.tp), "lr": lr, "grad_norm": grad_norm, "wait": wait, "h2d": h2d,
                 "seconds": time.perf_counter() - t0}
 
     def on_step_end(self, step: int) -> None:
@@ -283,6 +312,7 @@ def main(argv: Optional[Sequence[str]] = None, trainer_cls=Trainer) -> int:
         cfg = parse_args(argv)
         if cfg.check_only:
             print(f"ok: {describe_layout(cfg)}", flush=True)
+            print(cfg.plan.format(), flush=True)
             return 0
         if cfg.threads:
             torch.set_num_threads(cfg.threads)
