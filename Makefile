@@ -40,6 +40,7 @@ shard: $(STAMP) $(SAMPLE_DIR)/.done $(TOKENIZER)
 	$(BIN)/pileprep inspect out/sample --examples 1
 	$(BIN)/pileprep verify out/sample --inputs '$(SAMPLE_DIR)/train/*.jsonl.zst' '$(SAMPLE_DIR)/val.jsonl.zst' \
 	  '$(SAMPLE_DIR)/test.jsonl.zst' --sample 200
+	$(BIN)/pileprep report out/sample
 
 # Real Airflow for the DAG test, in its own venv: its pins do not co-install with Beam's.
 AIRFLOW_VERSION ?= 3.3.2
@@ -75,7 +76,7 @@ DP ?= 1
 PP ?= 2
 NPROC ?= $(shell expr $(DP) \* $(PP))
 STEPS ?= 40
-MICROBATCHES ?= 4
+MICROBATCHES ?=
 TRAIN_DIR ?= out/train
 TRAIN_ARGS ?=
 train: $(STAMP)
@@ -83,6 +84,6 @@ train: $(STAMP)
 	$(if $(RESUME),,rm -rf $(TRAIN_DIR))
 	mkdir -p $(TRAIN_DIR)
 	$(BIN)/torchrun --standalone --nproc-per-node $(NPROC) -m trainer.train --data out/sample --model tiny \
-	  --seq-len-from-manifest --dp $(DP) --pp $(PP) --microbatches $(MICROBATCHES) --global-batch 8 \
+	  --dp $(DP) --pp $(PP) $(if $(MICROBATCHES),--microbatches $(MICROBATCHES)) --global-batch 8 \
 	  --steps $(STEPS) --log-every 5 --threads 1 --checkpoint-dir $(TRAIN_DIR)/ckpt --checkpoint-every 20 \
 	  --metrics-file $(TRAIN_DIR)/metrics.jsonl $(TRAIN_ARGS)

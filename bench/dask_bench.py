@@ -12,6 +12,7 @@ import argparse
 import hashlib
 import os
 import pathlib
+import resource
 import shutil
 import signal
 import socket
@@ -61,21 +62,16 @@ def _digest(root: pathlib.Path) -> str:
 def _run(args, out: pathlib.Path, extra: list, cluster_procs=()) -> tuple:
     shutil.rmtree(out, ignore_errors=True)
     before = sum(_tree_cpu(p) for p in cluster_procs)
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "shard", "--input", *args.input, "--output",
                              str(out), "--tokenizer", args.tokenizer, "--seq-len", "2048", "--num-shards", "4",
                              "--progress-every", "0", *extra], env=_env(), cwd=str(REPO),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    ps = psutil.Process(proc.pid)
-    cpu = 0.0
-    while proc.poll() is None:
-        try:
-            cpu = max(cpu, _tree_cpu(ps))
-        except psutil.Error:
-            pass
-        time.sleep(0.2)
-    wall = time.monotonic() - t0
     _, err = proc.communicate()
+    wall = time.monotonic() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the driver and every process it waited for
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
     if proc.returncode != 0:
         raise SystemExit(f"run failed ({extra}):\n{err.decode(errors='replace')[-3000:]}")
     after = sum(_tree_cpu(p) for p in cluster_procs)

@@ -121,8 +121,12 @@ def cmd_shard(args, beam_args) -> int:
                 0.0 if args.quiet else 1.0 if tty else 10.0)
             manifest = shard_pipeline.run(config, beam_args, incremental_run=run.incremental,
                                           run_log=run.run_log, progress_every_s=every)
+    except KeyboardInterrupt:
+        worker_log.keep()  # what the workers were doing when interrupted
+        raise
     except Exception as e:
         if is_user_error(e):
+            worker_log.discard()
             raise
         raise RunFailed(e, worker_log.last_lines, worker_log.keep()) from e
     from pipeline.tools.inspect_dataset import summary_table  # noqa: PLC0415
@@ -145,10 +149,39 @@ def cmd_tokenizer_train(args, _beam_args) -> int:
     return 0
 
 
-def cmd_inspect(args, _beam_args) -> int:
-    from pipeline.tools.inspect_dataset import inspect  # noqa: PLC0415
+def _filesystem_args(beam_args) -> None:
+    """inspect/report/export on s3://: Beam's filesystem options (--s3_endpoint_url, ...) after the command."""
+    if beam_args:
+        from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+        from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
 
-    print(inspect(args.dataset, examples=args.examples, tokenizer_path=args.tokenizer))
+        FileSystems.set_options(PipelineOptions(beam_args))
+
+
+def cmd_inspect(args, beam_args) -> int:
+    from pipeline.tools.inspect_dataset import inspect, inspect_json  # noqa: PLC0415
+
+    _filesystem_args(beam_args)
+    if args.json:
+        print(json.dumps(inspect_json(args.dataset, examples=args.examples), indent=1, sort_keys=True))
+    else:
+        print(inspect(args.dataset, examples=args.examples, tokenizer_path=args.tokenizer))
+    return 0
+
+
+def cmd_report(args, beam_args) -> int:
+    from pipeline.tools.report import write_report  # noqa: PLC0415
+
+    _filesystem_args(beam_args)
+    print(write_report(args.dataset, args.output, args.metrics))
+    return 0
+
+
+def cmd_export(args, beam_args) -> int:
+    from pipeline.tools.export import export_parquet  # noqa: PLC0415
+
+    _filesystem_args(beam_args)
+    print(json.dumps(export_parquet(args.dataset, args.output), indent=1, sort_keys=True))
     return 0
 
 
@@ -200,11 +233,28 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--output", required=True, metavar="PATH.model", help="where to write the model")
     train.add_argument("--vocab-size", type=int, default=8000, help="vocabulary size")
 
+    s3_help = "For s3:// datasets, Beam's S3 options may follow: --s3_endpoint_url=URL --s3_region_name=NAME ..."
     inspect = _subcommand(sub, "inspect", cmd_inspect,
-                          "print a dataset's manifest summary and decode a few examples")
-    inspect.add_argument("dataset", help="dataset directory or manifest.json")
+                          "print a dataset's manifest summary and decode a few examples", epilog=s3_help)
+    inspect.add_argument("dataset", help="dataset directory or manifest.json (local or s3://)")
     inspect.add_argument("--examples", type=int, default=2, help="examples to decode")
     inspect.add_argument("--tokenizer", default=None, help="decode with this model (default: the manifest's)")
+    inspect.add_argument("--json", action="store_true", help="machine-readable: the manifest and decoded examples")
+
+    report = _subcommand(sub, "report", cmd_report, "write a self-contained HTML page (plots embedded) about a "
+                         "dataset", epilog=s3_help)
+    report.add_argument("dataset", help="dataset directory (local or s3://)")
+    report.add_argument("--output", default=None, help="where to write the page (default DATASET/report.html)")
+    report.add_argument("--metrics", default=None, metavar="FILE",
+                        help="the trainer's metrics JSON lines (--metrics-file): adds loss and throughput curves")
+
+    export = _subcommand(sub, "export", cmd_export, "write a dataset's shards in another format (Parquet)",
+                         epilog=s3_help)
+    export.add_argument("dataset", help="dataset directory (local or s3://)")
+    export.add_argument("--format", choices=["parquet"], default="parquet", help="output format")
+    export.add_argument("--output", default=None, help="output directory (default DATASET/parquet)")
+    for p in (inspect, report, export):
+        p.set_defaults(filesystem_args=True)
 
     verify = _subcommand(sub, "verify", cmd_verify,
                          "check every shard, dead letter and id index against the manifest (size, sha256); "
@@ -239,6 +289,8 @@ def parse(argv: list, parser: argparse.ArgumentParser | None = None):
         if getattr(args, "accepts_beam_args", False):
             # runner short names pileprep adds (--runner=DaskRunner) resolve before Beam's parser sees them
             rest = options.check_beam_args(runners.normalise_beam_args(rest), own)
+        elif getattr(args, "filesystem_args", False) and all(r.startswith("--s3_") and "=" in r for r in rest):
+            pass  # Beam's S3 options (--s3_endpoint_url=...) for an s3:// dataset: inspect, report, export
         else:
             flagged = [r for r in rest if r.startswith("-")]
             bad = (flagged or rest)[0].split("=", 1)[0]

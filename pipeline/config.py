@@ -12,11 +12,18 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from pipeline.errors import ConfigError  # noqa: F401 - re-exported: `from pipeline.config import ConfigError`
+from transforms import mixture
 from transforms.documents import SPLITS
 
 PILEPREP_VERSION = "0.1.0"  # equals [project].version in pyproject.toml (tests/test_install.py checks)
 BYTES_PER_TOKEN_ESTIMATE = 6.0  # serialized int64 varints of 3 features + framing, measured on the sample
 DEFAULT_HOLDOUT_FRACTION = 0.01  # val and test share of train inputs when no held-out files are given
+# Packing holds one example at a time: 3 int64 features, their serialized form and the framed record, measured
+# at 86 bytes per token (tracemalloc, seq_len 262144). The upper bound keeps one example under ~100 MiB, so a
+# typo (`--seq-len 1000000000`) fails before any work instead of growing until the kernel kills the job.
+EXAMPLE_BYTES_PER_TOKEN = 96
+MAX_SEQ_LEN = 1 << 20
+ZSTD_MAX_WINDOW_MB = 2048  # zstd's own limit (window log 31)
 
 
 def option(default=dataclasses.MISSING, help: str = "", *, flag: Optional[str] = None,  # noqa: A002
@@ -40,7 +47,7 @@ def option(default=dataclasses.MISSING, help: str = "", *, flag: Optional[str] =
 class ShardConfig:
     """What the shard job makes: every field is a `pileprep shard` option and a `--config` TOML key."""
     inputs: tuple[str, ...] = option(
-        help="input files or globs (.jsonl, .jsonl.zst, .jsonl.gz, .json.gz; local, mounted or s3://)",
+        help="input files or globs (.jsonl, .jsonl.zst, .jsonl.gz, .json.gz, .parquet; local, mounted or s3://)",
         flag="--input", metavar="GLOB")
     output: str = option(help="dataset directory (local, EFS/FSx mount, or s3://bucket/prefix)", manifest=False,
                          metavar="DIR")
@@ -58,12 +65,17 @@ class ShardConfig:
         None, "fraction of train-input documents (by id hash) that go to the test split (default 0.01, or 0 with "
         "--val-input/--test-input)")
     seed: int = option(0, "seed of the split hash and of packing order")
-    text_field: str = option("text", "JSON field with the text (dotted path)", metavar="FIELD")
+    text_field: str = option("text", "JSON field or Parquet column with the text (dotted path)", metavar="FIELD")
     source_fields: tuple[str, ...] = option(
         ("meta.pile_set_name",), "fields naming the document's source, first present wins (e.g. 'source' for "
         "Dolma)", flag="--source-field", metavar="FIELD")
     unit_mb: float = option(32.0, "raw text per tokenization work unit (the parallelism grain)", metavar="MB")
-    max_line_mb: float = option(256.0, "longer lines are dead-lettered", metavar="MB")
+    max_line_mb: float = option(
+        16.0, "longer input lines are dead-lettered (line_too_long); bounds reader and tokenizer memory: a "
+        "document at the limit tokenizes within ~1.1 GB per worker (README, memory)", metavar="MB")
+    max_zstd_window_mb: float = option(
+        512.0, "largest zstd decompression window read (held in memory while a file is read; `zstd --long=N` "
+        "files need 2^N bytes); files that need more are dead-lettered (zstd_window_too_large)", metavar="MB")
     staging_dir: Optional[str] = option(None, "where spill files and worker logs go (default <output>/_staging)",
                                         manifest=False, metavar="DIR")
     val_inputs: tuple[str, ...] = option(
@@ -72,6 +84,10 @@ class ShardConfig:
     test_inputs: tuple[str, ...] = option(
         (), "files or globs that go wholly to test (e.g. the Pile's test.jsonl.zst); held-out copies win over "
         "train", flag="--test-input", metavar="GLOB")
+    source_weights: str = option(
+        "", "mixture weights as epochs per source: 'Pile-CC=1,Wikipedia (en)=3', the preset 'pile' (the Pile "
+        "paper's epochs), or both ('pile,Github=0.5'); unlisted sources weigh 1; train split only "
+        "(transforms/mixture.py)", metavar="SPEC")
     # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
     tokenizer_backend: Literal["auto", "sentencepiece", "kitoken"] = option(
         "auto", "exact fast tokenizer path: auto uses kitoken on BPE models after id-for-id parity with "
@@ -94,6 +110,10 @@ class ShardConfig:
             problems.append("--output: give an output directory")
         if self.seq_len < 2:
             problems.append(f"--seq-len must be at least 2, got {self.seq_len}")
+        elif self.seq_len > MAX_SEQ_LEN:
+            problems.append(f"--seq-len {self.seq_len} is above the limit {MAX_SEQ_LEN}: one example needs about "
+                            f"{EXAMPLE_BYTES_PER_TOKEN} bytes per token in memory while it is packed "
+                            f"({self.seq_len * EXAMPLE_BYTES_PER_TOKEN / (1 << 30):.1f} GiB)")
         if self.num_shards is not None and self.num_shards < 1:
             problems.append(f"--num-shards must be at least 1, got {self.num_shards}")
         if self.target_shard_mb <= 0:
@@ -107,8 +127,20 @@ class ShardConfig:
             problems.append(f"--tokenizer-backend must be auto, sentencepiece or kitoken, got {self.tokenizer_backend!r}")
         if self.unit_mb <= 0 or self.max_line_mb <= 0:
             problems.append("--unit-mb and --max-line-mb must be positive")
+        if not 0 < self.max_zstd_window_mb <= ZSTD_MAX_WINDOW_MB:
+            problems.append(f"--max-zstd-window-mb must be in (0, {ZSTD_MAX_WINDOW_MB}] (zstd's largest window), "
+                            f"got {self.max_zstd_window_mb}")
+        if self.source_weights:
+            try:
+                mixture.parse_weights(self.source_weights)
+            except ValueError as e:
+                problems.append(f"--source-weights: {e}")
         if problems:
             raise ConfigError("invalid shard configuration:\n  " + "\n  ".join(problems))
+
+    @property
+    def mixture_weights(self) -> dict:
+        return mixture.parse_weights(self.source_weights) if self.source_weights else {}
 
     @property
     def unit_bytes(self) -> int:
@@ -118,6 +150,10 @@ class ShardConfig:
     def max_line_bytes(self) -> int:
         return int(self.max_line_mb * (1 << 20))
 
+    @property
+    def max_zstd_window_bytes(self) -> int:
+        return int(self.max_zstd_window_mb * (1 << 20))
+
     def to_manifest_dict(self) -> dict:
         """What goes into the manifest: everything that shapes the data, nothing about where or how it ran."""
         d = dataclasses.asdict(self)
@@ -125,10 +161,17 @@ class ShardConfig:
             if not f.metadata.get("manifest", True):
                 d.pop(f.name)
         d["inputs"] = list(self.inputs)
-        d["val_inputs"] = list(self.val_inputs)
-        d["test_inputs"] = list(self.test_inputs)
+        for key in ("val_inputs", "test_inputs"):  # absent when unused, like source_weights
+            if getattr(self, key):
+                d[key] = list(getattr(self, key))
+            else:
+                d.pop(key)
         d["source_fields"] = list(self.source_fields)
         d["splits"] = list(SPLITS)
+        if not self.source_weights:  # absent when unused, so datasets built before the option keep their names
+            d.pop("source_weights")
+        else:
+            d["source_weights"] = self.mixture_weights
         return d
 
 

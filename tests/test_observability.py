@@ -7,6 +7,7 @@ import importlib.util
 import json
 import pathlib
 import shlex
+import sys
 
 import pytest
 

@@ -16,15 +16,19 @@ from typing import Optional
 import numpy as np
 
 from model_contract import encode_example, frame_record
-from transforms import doc_ids, io_utils, tokenizer
+from transforms import corpus_stats, doc_ids, io_utils, mixture, read_parquet, tokenizer
 from transforms.documents import (DEAD_LETTER, HASHED, SPLIT_SHIFT, SPLITS, Document, assign_split, parse_record,
                                   shard_key_range, sort_key, split_wins)
 from transforms.packing import pack_documents
-from transforms.read_records import FileDamage, compression_of, iter_raw_records
+from transforms.read_records import DEFAULT_MAX_ZSTD_WINDOW_BYTES, FileDamage, compression_of, iter_raw_records
 from transforms.spill import INDEX_DTYPE, ChunkWriter, iter_chunk, read_index_range, read_token_range, write_index
 
 TOKENIZE_BATCH_DOCS = 64
 TOKENIZE_BATCH_CHARS = 1 << 20
+# What one record costs the tokenize stage beyond its bytes (index row, token array, or a dead-letter row:
+# measured 225-480 bytes). A chunk closes at unit_bytes of raw bytes *plus* this per record, so 32 MiB of tiny or
+# blank or broken lines cannot become tens of millions of records held by one worker.
+RECORD_OVERHEAD_BYTES = 256
 
 
 def _new_file_stats() -> dict:
@@ -76,8 +80,12 @@ class SplitResult:
 
 
 def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir: str, unit_bytes: int,
-                     max_line_bytes: int) -> SplitResult:
-    """Stream one input file into chunks of about `unit_bytes` of raw lines; damage becomes dead letters."""
+                     max_line_bytes: int, max_zstd_window_bytes: int = DEFAULT_MAX_ZSTD_WINDOW_BYTES,
+                     fields: tuple = ("text", "meta.pile_set_name")) -> SplitResult:
+    """Stream one input file into chunks of about `unit_bytes` of raw lines; damage becomes dead letters.
+
+    Parquet files (transforms/read_parquet.py) give one record per row holding `fields` (text, source fields);
+    a row group may hold up to 4 * unit_bytes of those columns (at least max_line_bytes)."""
     chunks: list = []
     damages: list = []
     stats = _new_file_stats()
@@ -96,7 +104,10 @@ def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir:
         writer, stream = None, None
 
     with io_utils.open_read(input_path) as f:
-        for item in iter_raw_records(f, compression_of(input_path), max_line_bytes):
+        items = (read_parquet.iter_parquet_records(f, fields[0], fields[1:], max_line_bytes, 4 * unit_bytes)
+                 if read_parquet.is_parquet(input_path)
+                 else iter_raw_records(f, compression_of(input_path), max_line_bytes, max_zstd_window_bytes))
+        for item in items:
             if isinstance(item, FileDamage):
                 stats["read"] += 1
                 _bump(stats["dead_lettered"], item.reason)
@@ -109,7 +120,7 @@ def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir:
                 writer = ChunkWriter(stream)
                 chunks.append(ChunkRef(file_idx, input_path, idx, path, 0, 0))
             writer.add(item.line, item.data)
-            if writer.raw_bytes >= unit_bytes:
+            if writer.raw_bytes + writer.records * RECORD_OVERHEAD_BYTES >= unit_bytes:
                 close_chunk()
     close_chunk()
     dl_path = None
@@ -133,6 +144,7 @@ class UnitResult:
     split_tokens: list  # tokens incl. EOS per split (train, val, test), before dedup
     stats: dict  # file stats for this chunk's records (written is settled later by pack)
     dead_letter_path: Optional[str]
+    source_stats: dict = field(default_factory=dict)  # transforms/corpus_stats.py, before dedup
 
 
 @dataclass(frozen=True)
@@ -161,6 +173,8 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
     batch_chars = 0
     max_id = np.iinfo(token_dtype).max
     input_split = settings.input_split(chunk.file_idx)
+    source_stats: dict = {}
+    byte_mask = corpus_stats.byte_piece_mask(sp)
 
     def flush():
         nonlocal batch, batch_chars
@@ -168,7 +182,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
             return
         encoded = tokenizer.encode_batch(sp, [doc.text for _, doc in batch])
         for (line, doc), ids in zip(batch, encoded):
-            arr = np.array(ids, dtype=np.int64)
+            arr = np.asarray(ids)  # int32 from the tokenizer on
             if arr.size and int(arr.max()) > max_id:
                 raise ValueError(f"token id {int(arr.max())} does not fit the spill dtype {token_dtype}")
             split = assign_split(doc.doc_id, input_split, settings.val_fraction, settings.test_fraction)
@@ -177,6 +191,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
                 sources.append(doc.source)
             rows.append((sort_key(doc.doc_id, split, settings.seed), doc.doc_id, line, source_idx[doc.source]))
             arrays.append(arr.astype(token_dtype))
+            corpus_stats.add_tokenized(source_stats, doc.source, doc.text, arr, byte_mask)
         batch, batch_chars = [], 0
 
     with io_utils.open_read(chunk.chunk_path) as f:
@@ -228,7 +243,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
         dl_path = io_utils.join(data_dir, "dead_letter", name + ".jsonl")
         io_utils.write_jsonl(dl_path, dead)
     return UnitResult(name, chunk.file_idx, chunk.input_path, index_path, tokens_path, len(rows),
-                      token_dtype.str, sources, split_tokens, stats, dl_path)
+                      token_dtype.str, sources, split_tokens, stats, dl_path, source_stats)
 
 
 # ------------------------------------------------------------------------------------------------ dedup
@@ -294,7 +309,7 @@ def write_generation_id_index(shard_results: list, data_dir: str) -> tuple:
     paths = [r.ids_path for r in sorted(shard_results, key=lambda r: (r.task.split, r.task.shard)) if r.ids_path]
     # Kept ids are unique across the generation's shards (one split and one shard per id), so n is their sum.
     n, size, sha = doc_ids.write_index(path, doc_ids.merge_sorted_files(paths),
-                                       sum(r.documents for r in shard_results))
+                                       sum(r.ids_count for r in shard_results))
     return path, n, size, sha
 
 
@@ -324,7 +339,10 @@ class ShardResult:
     written_per_file: dict = field(default_factory=dict)  # input path -> documents written
     duplicates_per_file: dict = field(default_factory=dict)  # input path -> exact duplicates dropped
     duplicates_per_source: dict = field(default_factory=dict)  # source of a dropped copy -> copies dropped
-    ids_path: Optional[str] = None  # sorted ids of the documents written (for the generation's id index)
+    ids_path: Optional[str] = None  # sorted ids of the documents kept by dedup (the generation's id index)
+    ids_count: int = 0  # how many (repeats by a mixture weight count once; dropped ones are still kept)
+    dropped_per_file: dict = field(default_factory=dict)  # input path -> documents a mixture weight < 1 dropped
+    source_stats: dict = field(default_factory=dict)  # transforms/corpus_stats.py, of what was written
 
 
 def _gather_shard_documents(task: ShardTask, units: list):
@@ -353,12 +371,15 @@ def _gather_shard_documents(task: ShardTask, units: list):
 
 
 def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: int, data_dir: str,
-               dedup: Optional[DedupInputs] = None, staging_dir: Optional[str] = None) -> ShardResult:
-    """Write one shard: its documents from every unit, deduplicated, packed, framed, checksummed.
+               dedup: Optional[DedupInputs] = None, staging_dir: Optional[str] = None,
+               mixture_weights: Optional[dict] = None, seed: int = 0) -> ShardResult:
+    """Write one shard: its documents from every unit, deduplicated, weighted (train, transforms/mixture.py),
+    packed, framed, checksummed.
 
-    Exact duplicates (one document id) are dropped here: a copy whose id a winning split or a committed
+    Exact duplicates (one document id) are dropped first: a copy whose id a winning split or a committed
     generation holds (`dedup`), and every copy after the first inside the shard. With `staging_dir`, the ids
-    written go to a sorted id file there, merged later into the generation's id index."""
+    kept by dedup (before mixture weights) go to a sorted id file there, merged later into the generation's id
+    index, so a later duplicate of a document a weight dropped is still a duplicate, as in a full build."""
     rows, which, buffers = _gather_shard_documents(task, units)
     elsewhere = duplicate_mask(rows, task.split, dedup)
     result = ShardResult(task, io_utils.join(data_dir, task.file_name), 0, 0, 0, 0, 0, "")
@@ -367,26 +388,46 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
     duplicates: dict = collections.Counter()
     duplicate_sources: dict = collections.Counter()
     kept_ids: list = []
+    dropped: dict = collections.Counter()
+    stats: dict = {}
     eos = np.array([eos_id], dtype=np.int64)
 
-    def documents():
+    def unique_documents():
         previous_doc = None
         for i, (row, b) in enumerate(zip(rows, which)):
             u, start, buf = buffers[b]
             unit = units[u]
             doc_id = int(row["doc_id"])
+            source_name = unit.sources[int(row["source_idx"])]
             if doc_id == previous_doc or elsewhere[i]:  # exact duplicate (same text): the kept copy is elsewhere
                 duplicates[unit.input_path] += 1
-                duplicate_sources[unit.sources[int(row["source_idx"])]] += 1
+                duplicate_sources[source_name] += 1
+                corpus_stats.add_duplicate(stats, source_name)
                 continue
             previous_doc = doc_id
             kept_ids.append(doc_id)
             a = int(row["token_start"]) - start
-            tokens = np.concatenate((buf[a:a + int(row["n_tokens"])].astype(np.int64), eos))
-            source = sources[unit.sources[int(row["source_idx"])]]
+            corpus_stats.add_unique(stats, source_name, int(row["n_tokens"]) + 1)
+            yield int(row["key"]), doc_id, source_name, (unit.input_path, buf[a:a + int(row["n_tokens"])])
+
+    def on_dropped(_source_name, payload):
+        dropped[payload[0]] += 1
+
+    if mixture_weights and task.split == 0:
+        lo, hi = shard_key_range(task.split, task.shard, task.num_shards)
+        copies = mixture.arrange(unique_documents(), mixture_weights, seed, lo, hi, on_dropped)
+    else:
+        copies = ((doc_id, source_name, payload, 0) for _key, doc_id, source_name, payload in unique_documents())
+
+    def documents():
+        for doc_id, source_name, (input_path, body), repeat in copies:
+            tokens = np.concatenate((body.astype(np.int64), eos))
+            source = sources[source_name]
             source["documents"] += 1
             source["tokens"] += tokens.size
-            written[unit.input_path] += 1
+            corpus_stats.add_written(stats, source_name, body.size)
+            if repeat == 0:
+                written[input_path] += 1
             result.documents += 1
             yield doc_id, tokens
 
@@ -402,8 +443,11 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
     result.written_per_file = dict(sorted(written.items()))
     result.duplicates_per_file = dict(sorted(duplicates.items()))
     result.duplicates_per_source = dict(sorted(duplicate_sources.items()))
+    result.dropped_per_file = dict(sorted(dropped.items()))
+    result.source_stats = stats
     if staging_dir is not None:
         result.ids_path = io_utils.join(staging_dir, "ids", task.file_name + ".ids")
+        result.ids_count = len(kept_ids)
         with io_utils.open_write(result.ids_path) as f:
             doc_ids.write_sorted_ids(f, np.array(kept_ids, dtype=doc_ids.ID_DTYPE))
     return result

@@ -111,6 +111,7 @@ class KitokenEncoder:
 
         self._kt = kitoken.Kitoken.from_sentencepiece(model_bytes)
         self._sp = sp
+        self.reference = sp  # transforms.tokenizer.encode_batch sends very long texts here (kitoken's memory)
         self.spot_check_every = spot_check_every
         self.spot_checked = 0
 

@@ -28,7 +28,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from model_contract import Manifest
 from pipeline.config import ConfigError
-from transforms import io_utils
+from transforms import corpus_stats, io_utils
 
 LOG = logging.getLogger("pileprep.incremental")
 HASH_BLOCK = 8 << 20
@@ -259,6 +259,8 @@ def merge(previous: Manifest, new: Manifest) -> Manifest:
     extra["generations"] = generations_of(previous) + generations_of(new)
     extra["ledger"] = sorted(ledger_of(previous) + ledger_of(new), key=lambda r: r["path"])
     extra.update(integrity.merge_integrity_sections(previous, new))  # id indexes, dead-letter sums, duplicates
+    if "statistics" in extra:  # the report's distributions cover every generation (transforms/corpus_stats.py)
+        extra["statistics"] = corpus_stats.merge_sections(previous.extra.get("statistics"), new.extra["statistics"])
     return Manifest(
         contract=new.contract,
         shards=shards,

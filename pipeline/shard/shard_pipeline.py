@@ -147,13 +147,14 @@ def _parity_sample(config: ShardConfig, paths: list) -> list:
 
     def read(path):
         with io_utils.open_read(path) as f:
-            for rec in iter_raw_records(f, compression_of(path), config.max_line_bytes):
+            for rec in iter_raw_records(f, compression_of(path), config.max_line_bytes, config.max_zstd_window_bytes):
                 if isinstance(rec, RawRecord):
                     yield rec.line, rec.data
 
     def parse(data):
         doc = parse_record(data, config.text_field, tuple(config.source_fields))
-        return doc.text if isinstance(doc, Document) else None
+        # texts above FAST_BACKEND_MAX_CHARS are always encoded by SentencePiece itself: no parity to check
+        return doc.text if isinstance(doc, Document) and len(doc.text) <= tokenizer.FAST_BACKEND_MAX_CHARS else None
 
     if config.tokenizer_backend == "sentencepiece":
         return []
@@ -187,7 +188,8 @@ class SplitInputFile(beam.DoFn):
         file_idx, path = element
         cfg = self.plan.config
         result = stages.split_input_file(file_idx, path, self.plan.staging_dir, self.plan.data_dir,
-                                         cfg.unit_bytes, cfg.max_line_bytes)
+                                         cfg.unit_bytes, cfg.max_line_bytes, cfg.max_zstd_window_bytes,
+                                         (cfg.text_field, *cfg.source_fields))
         size, sha = incremental.file_sha256(path)
         self.records.inc()
         self.input_bytes.inc(size)
@@ -249,8 +251,9 @@ class PackShard(beam.DoFn):
         task, units_path, dedup = task_and_units_path
         units = self._units(units_path)
         t = self.plan.contract.tokenizer
-        result = stages.pack_shard(task, units, self.plan.config.seq_len, t.eos_id, t.pad_id, self.plan.data_dir,
-                                   dedup, self.plan.staging_dir)
+        cfg = self.plan.config
+        result = stages.pack_shard(task, units, cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir, dedup,
+                                   self.plan.staging_dir, cfg.mixture_weights, cfg.seed)
         self.examples.inc(result.examples)
         yield result
 

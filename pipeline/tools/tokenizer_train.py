@@ -1,7 +1,10 @@
 """Training a SentencePiece model on a Pile-format corpus, deterministically and within a size bound.
 
 Documents are read with the pipeline's own reader (`iter_raw_records` + `parse_record`), so the tokenizer sees
-exactly the text the shards will hold; damaged files and bad records are counted, not fatal. Each document is
+exactly the text the shards will hold; damaged files and bad records are counted, not fatal. Memory is bounded
+the same way as the shard job's: a line over `max_line_bytes` (the shard job's `--max-line-mb` default) is
+counted as `line_too_long` and skipped while it streams, and zstd windows above `max_zstd_window_bytes` are
+refused, so a few KB of hostile zstd cannot make training hold gigabytes. Each document is
 cut into pieces of whole lines (at most `max_sentence_chars`, longer lines cut), and a seeded hash of
 (file, line, piece index) keeps at most `max_sentences` pieces: the same input gives the same sample, whatever
 the file listing order. Pieces keep their newlines and indentation, so the model learns "\\n" and
@@ -82,7 +85,7 @@ def _rank(seed: int, path: str, line: int, index: int) -> int:
 
 
 def _sample_sentences(paths: list[str], max_sentences: int, max_chars: int, seed: int,
-                      stats: _ReadStats) -> list[str]:
+                      stats: _ReadStats, max_line_bytes: int, max_zstd_window_bytes: int) -> list[str]:
     """The max_sentences pieces with the smallest seeded rank, in input order (a bottom-k sample)."""
     from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
 
@@ -94,7 +97,7 @@ def _sample_sentences(paths: list[str], max_sentences: int, max_chars: int, seed
     for path in paths:
         stats.files += 1
         with FileSystems.open(path, compression_type="uncompressed") as stream:
-            for item in iter_raw_records(stream, compression_of(path)):
+            for item in iter_raw_records(stream, compression_of(path), max_line_bytes, max_zstd_window_bytes):
                 if isinstance(item, FileDamage):
                     stats.rejected[item.reason] = stats.rejected.get(item.reason, 0) + 1
                     continue
@@ -115,7 +118,8 @@ def _sample_sentences(paths: list[str], max_sentences: int, max_chars: int, seed
 
 def train_tokenizer(input_globs: list[str], output_path: str, vocab_size: int, *,
                     max_sentences: int = 200_000, max_sentence_chars: int = 4096,
-                    model_type: str = "bpe", seed: int = 0) -> dict:
+                    model_type: str = "bpe", seed: int = 0, max_line_bytes: int | None = None,
+                    max_zstd_window_bytes: int | None = None) -> dict:
     """Train a byte-fallback SentencePiece model on the documents of `input_globs`; write it to output_path."""
     import sentencepiece as spm  # noqa: PLC0415
 
@@ -129,10 +133,14 @@ def train_tokenizer(input_globs: list[str], output_path: str, vocab_size: int, *
     if max_sentences < 1 or max_sentence_chars < 16:
         raise ValueError("max_sentences must be >= 1 and max_sentence_chars >= 16")
 
+    from transforms.read_records import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_ZSTD_WINDOW_BYTES  # noqa: PLC0415
+
     start = time.perf_counter()
     paths = _list_inputs(list(input_globs))
     stats = _ReadStats()
-    sentences = _sample_sentences(paths, max_sentences, max_sentence_chars, seed, stats)
+    sentences = _sample_sentences(paths, max_sentences, max_sentence_chars, seed, stats,
+                                  max_line_bytes or DEFAULT_MAX_LINE_BYTES,
+                                  max_zstd_window_bytes or DEFAULT_MAX_ZSTD_WINDOW_BYTES)
     if not sentences:
         raise ConfigError(f"the inputs {list(input_globs)} ({len(paths)} files) hold no usable documents "
                          f"(rejected: {stats.rejected})")
