@@ -32,26 +32,33 @@ def frame_record(data: bytes) -> bytes:
 
 
 def iter_records(stream: BinaryIO, *, verify: bool = True, name: str = "<stream>") -> Iterator[bytes]:
-    """Yield the payload of every record in a binary stream; raise TFRecordCorruptError on damage."""
-    index = 0
+    """Yield the payload of every record in a binary stream; raise TFRecordCorruptError on damage.
+
+    Errors name the record's index and the byte offset where its frame starts, so a damaged shard can be
+    located (and compared against a good copy) without re-reading it. The length's checksum is verified
+    before the length is trusted: a flipped length byte is a checksum error, not a misleading "truncated".
+    """
+    index, offset = 0, 0
     while True:
         header = stream.read(12)
         if not header:
             return
+        where = f"{name}: record {index} at byte offset {offset}"
         if len(header) < 12:
-            raise TFRecordCorruptError(f"{name}: record {index} has a truncated header")
+            raise TFRecordCorruptError(f"{where} has a truncated header")
         length_bytes = header[:8]
         if verify and _U32.unpack(header[8:])[0] != masked_crc32c(length_bytes):
-            raise TFRecordCorruptError(f"{name}: record {index} length checksum mismatch")
+            raise TFRecordCorruptError(f"{where}: length checksum mismatch")
         (length,) = _U64.unpack(length_bytes)
         body = stream.read(length + 4)
         if len(body) < length + 4:
-            raise TFRecordCorruptError(f"{name}: record {index} is truncated")
+            raise TFRecordCorruptError(f"{where} is truncated")
         data = body[:length]
         if verify and _U32.unpack(body[length:])[0] != masked_crc32c(data):
-            raise TFRecordCorruptError(f"{name}: record {index} data checksum mismatch")
+            raise TFRecordCorruptError(f"{where}: data checksum mismatch")
         yield data
         index += 1
+        offset += 12 + length + 4
 
 
 def read_records(path: str, *, verify: bool = True) -> Iterator[bytes]:

@@ -1,9 +1,11 @@
 """Thin helpers over Beam's FileSystems, so every stage reads and writes local, EFS/FSx and s3:// paths alike."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import tempfile
 from typing import Iterable
 
 from apache_beam.io.filesystems import FileSystems
@@ -38,12 +40,18 @@ def replace_atomically(path: str, data: bytes) -> None:
     sees the old file or the new one, never a part (EFS/FSx included: rename within a directory is atomic)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    # A unique temp name (never a fixed `<name>.tmp` that a user's file could hold, or another writer share).
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

@@ -110,5 +110,5 @@ def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, ge
         dead_letters=dead_letters,
         config=config.to_manifest_dict(),
         pileprep_version=PILEPREP_VERSION,
-        extra={"generation": generation},
+        generation=generation,
     )

@@ -97,6 +97,7 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
     removed ones are an error, see pipeline/ops/incremental.py); `nothing_to_do` says there are none.
     """
     config.validate()
+    commit.check_staging_dir(config.output, config.staging_dir)
     rows = incremental.list_inputs(config.inputs)
     model_bytes = tokenizer.read_model_bytes(config.tokenizer)
     sp = tokenizer.load_processor(model_bytes, config.tokenizer)
@@ -215,7 +216,7 @@ def _commit(shard_results, plan: JobPlan, split_results, unit_results, digests=(
     if plan.incremental:
         manifest = incremental.merge(previous, manifest)
     commit.commit_dataset(plan.config.output, manifest,
-                          None if previous is None else previous.extra.get("generation"), plan.staging_dir,
+                          None if previous is None else previous.generation, plan.staging_dir,
                           previous)
     return manifest.to_dict()
 
@@ -286,7 +287,7 @@ def _run(config, options, incremental_run, log, progress_every_s) -> dict:
     if plan.nothing_to_do:
         LOG.warning("%s: every input file is already in the dataset: nothing to do", config.output)
         print(f"pileprep: nothing to do: {config.output} already holds every input file", flush=True)
-        log.event("nothing_to_do", generation=committed.extra.get("generation") if committed else None)
+        log.event("nothing_to_do", generation=committed.generation if committed else None)
         return committed.to_dict()
     if (committed is not None and not plan.incremental
             and incremental.referenced_generations(committed) == {plan.generation}):
@@ -314,11 +315,11 @@ def _run(config, options, incremental_run, log, progress_every_s) -> dict:
     counters.pop("split_raw_bytes", None)
     LOG.info("shard job finished in %.1fs (pileprep %s)", elapsed, PILEPREP_VERSION)
     committed = commit.read_committed(config.output)
-    if committed is None or committed.extra.get("generation") != plan.generation:
+    if committed is None or committed.generation != plan.generation:
         raise RuntimeError("the pipeline finished but did not commit a manifest")
     final = progress.Progress(elapsed, counters, plan.input_bytes, len(plan.ledger))
     log.event("committed", manifest=commit.manifest_location(config.output), generation=plan.generation,
-              generations=len(committed.extra.get("generations", [])), shards=len(committed.shards),
+              generations=len(committed.generations), shards=len(committed.shards),
               splits=committed.splits)
     log.event("summary", wall_s=round(elapsed, 3), **{k: v for k, v in final.to_dict().items() if k != "eta_s"})
     print(progress.summary_table(counters, elapsed), flush=True)
