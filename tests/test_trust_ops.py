@@ -6,6 +6,7 @@ Each test here was checked against a deliberate breakage of the code it guards (
 from __future__ import annotations
 
 import io
+import re
 import json
 
 import numpy as np
@@ -126,3 +127,91 @@ def test_totals_after_two_generations_equal_the_sum_of_both():
     assert merged.sources == {"s": {"train": {"documents": 11, "tokens": 110}}}
     assert [g["name"] for g in merged.generations] == [GEN_A, GEN_B] and merged.generation == GEN_B
     assert [s.path for s in merged.shards] == [s.path for s in a.shards + b.shards]
+
+
+# ------------------------------------------------------------------ §3: nothing outside the output deleted
+def _valid_dict():
+    m = _manifest(GEN_A, [_shard(GEN_A)], dead_letters=[f"{GEN_A}/dead_letter/f000000-read.jsonl"])
+    m.ledger = [{"path": "in/a.jsonl", "bytes": 3, "generation": GEN_A}]
+    return json.loads(m.to_json())
+
+
+@pytest.mark.parametrize("entry,damage", [
+    ("generations[0].name", lambda d: d["generations"][0].update(name="/tmp/victim")),
+    ("generations[0].name", lambda d: d["generations"][0].update(name="../..")),
+    ("generation", lambda d: d.update(generation="gen-0123456789abcdef/../../x")),
+    ("shards[0].path", lambda d: d["shards"][0].update(path="/etc/passwd")),
+    ("shards[0].path", lambda d: d["shards"][0].update(path=f"{GEN_A}/../../x.tfrecord")),
+    ("dead_letters[0]", lambda d: d.update(dead_letters=["../outside.jsonl"])),
+    ("ledger[0].generation", lambda d: d["ledger"][0].update(generation="..")),
+    ("ledger[0].bytes", lambda d: d["ledger"][0].update(bytes="many")),
+    ("generations[0].tokens", lambda d: d["generations"][0].update(tokens=-1)),
+])
+def test_a_damaged_manifest_is_refused_naming_the_entry(entry, damage):
+    d = _valid_dict()
+    assert Manifest.from_json(json.dumps(d)).generation == GEN_A
+    damage(d)
+    with pytest.raises(ContractError, match=re.escape(entry)):
+        Manifest.from_json(json.dumps(d))
+
+
+def test_the_one_resolver_keeps_shard_paths_inside_the_dataset():
+    from model_contract import resolve_shard_path
+
+    assert resolve_shard_path("/d/manifest.json", _shard(GEN_A)) == f"/d/{GEN_A}/train-00000-of-00001.tfrecord"
+    assert resolve_shard_path("s3://b/p/manifest.json", "x/y.tfrecord") == "s3://b/p/x/y.tfrecord"
+    for bad in ("/etc/passwd", "../x", "a/../../x", "a//b", "s3://other/x", "a\\..\\x", ""):
+        with pytest.raises(ContractError, match="shard path"):
+            resolve_shard_path("/d/manifest.json", bad)
+
+
+def test_a_manifest_naming_outside_directories_deletes_nothing(tmp_path):
+    out, victim, victim2 = tmp_path / "out", tmp_path / "victim", tmp_path / "victim2"
+    for d in (out / GEN_A, out / GEN_B, victim, victim2):
+        d.mkdir(parents=True)
+        (d / "keep.txt").write_text("mine")
+        (d / "train-00000-of-00001.tfrecord").write_bytes(b"x")
+    previous = _manifest(GEN_A, [_shard(GEN_A)])
+    previous.generations += [{"name": str(victim)}, {"name": "../victim2"}]  # as if loaded without validation
+    (out / "manifest.json").write_text(previous.to_json())
+    with pytest.raises(ContractError, match=r"generations\[1\]\.name"):
+        commit.read_committed(str(out))
+    (out / "manifest.json").write_text(_manifest(GEN_A, [_shard(GEN_A)]).to_json())
+    commit.commit_dataset(str(out), _manifest(GEN_B, [_shard(GEN_B)]), GEN_A, str(out / "_staging" / GEN_B),
+                          previous=previous)
+    assert (victim / "keep.txt").exists() and (victim2 / "keep.txt").exists()
+    assert not (out / GEN_A).exists() and (out / GEN_B).exists()
+
+
+@pytest.mark.parametrize("staging", ["{out}", "{tmp}", "{out}/" + GEN_A, "{out}/" + GEN_A + "/x"])
+def test_a_staging_dir_that_could_delete_the_dataset_is_refused(tmp_path, staging, capsys):
+    from pipeline.cli import main as cli_main
+    from tests.ops_fixtures import tokenizer_path
+
+    out = tmp_path / "out"
+    staging = staging.format(out=out, tmp=tmp_path)
+    rc = cli_main(["shard", "--input", str(tmp_path / "*.jsonl"), "--output", str(out), "--tokenizer",
+                   tokenizer_path(), "--staging-dir", staging])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--staging-dir" in err and len(err.strip().splitlines()) == 1, err
+    commit.check_staging_dir(str(out), str(out / "_staging"))  # the default is fine
+    commit.check_staging_dir(str(out), str(tmp_path / "elsewhere"))
+
+
+def test_the_commit_never_deletes_a_path_the_new_manifest_references(tmp_path):
+    out = tmp_path / "out"
+    (out / GEN_A).mkdir(parents=True)
+    (out / GEN_A / "train-00000-of-00001.tfrecord").write_bytes(b"x")
+    with pytest.raises(RuntimeError, match="references"):
+        commit.commit_dataset(str(out), _manifest(GEN_A, [_shard(GEN_A)]), None, str(out / GEN_A))
+    assert (out / GEN_A / "train-00000-of-00001.tfrecord").exists() and not (out / "manifest.json").exists()
+
+
+def test_the_manifest_temp_file_has_a_unique_name(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "manifest.json.tmp").write_text("a user's file")
+    commit.publish_manifest(str(out), _manifest(GEN_A, [_shard(GEN_A)]).to_json())
+    assert (out / "manifest.json.tmp").read_text() == "a user's file"
+    assert Manifest.from_json((out / "manifest.json").read_text()).generation == GEN_A
+    assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "manifest.json.tmp"]
