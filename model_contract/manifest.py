@@ -86,6 +86,7 @@ class Manifest:
     generation: Optional[str] = None
     generations: list = field(default_factory=list)
     ledger: Optional[list] = None  # None: a manifest that predates the ledger (synthesized from `inputs`)
+    skipped_inputs: list = field(default_factory=list)  # glob matches that were not files: {path, reason}
     extra: dict = field(default_factory=dict)  # room for later sections (retrieval, ...)
 
     def shards_for(self, split: str) -> list:
@@ -111,6 +112,8 @@ class Manifest:
             d["generations"] = self.generations
         if self.ledger is not None:
             d["ledger"] = self.ledger
+        if self.skipped_inputs:
+            d["skipped_inputs"] = self.skipped_inputs
         d.update({k: v for k, v in self.extra.items() if k not in d})
         return d
 
@@ -151,7 +154,7 @@ class Manifest:
         if d.get("format") != MANIFEST_FORMAT:
             raise ContractError(f"not a pileprep manifest (format={d.get('format')!r})")
         known = {"format", "pileprep_version", "contract", "shards", "splits", "sources", "padding_fraction",
-                 "records", "inputs", "dead_letters", "config", "generation", "generations", "ledger"}
+                 "records", "inputs", "dead_letters", "config", "generation", "generations", "ledger", "skipped_inputs"}
         try:
             shards = [ShardInfo.from_dict(s) for s in d["shards"]]
         except (KeyError, TypeError) as e:
@@ -170,6 +173,7 @@ class Manifest:
             generation=d.get("generation"),
             generations=d.get("generations", []),
             ledger=d.get("ledger"),
+            skipped_inputs=d.get("skipped_inputs", []),
             extra={k: v for k, v in d.items() if k not in known},
         ).validate()
 

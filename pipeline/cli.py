@@ -10,7 +10,7 @@ import json
 import logging
 import sys
 
-from pipeline.config import ConfigError, ShardConfig
+from pipeline.config import ConfigError, RunError, RunInterrupted, ShardConfig
 
 
 def _add_shard_args(p: argparse.ArgumentParser) -> None:
@@ -31,6 +31,8 @@ def _add_shard_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unit-mb", type=float, default=32.0, help="raw text per tokenization work unit")
     p.add_argument("--max-line-mb", type=float, default=256.0, help="longer lines are dead-lettered")
     p.add_argument("--staging-dir", default=None, help="where spill files go (default <output>/_staging)")
+    p.add_argument("--break-lock", action="store_true", help=_help("break_lock"))
+    p.add_argument("--max-dead-letter-fraction", type=float, default=0.5, help=_help("max_dead_letter_fraction"))
     ops = p.add_argument_group("operations (docs/OPERATIONS.md)")
     ops.add_argument("--incremental", action="store_true",
                      help="add only input files the dataset does not hold yet, as a new generation; changed or "
@@ -46,7 +48,12 @@ def _shard_config(args) -> ShardConfig:
                        seq_len=args.seq_len, num_shards=args.num_shards, target_shard_mb=args.target_shard_mb,
                        val_fraction=args.val_fraction, test_fraction=args.test_fraction, seed=args.seed,
                        text_field=args.text_field, source_fields=tuple(args.source_fields), unit_mb=args.unit_mb,
-                       max_line_mb=args.max_line_mb, staging_dir=args.staging_dir)
+                       max_line_mb=args.max_line_mb, staging_dir=args.staging_dir, break_lock=args.break_lock,
+                       max_dead_letter_fraction=args.max_dead_letter_fraction)
+
+
+def _help(name: str) -> str:
+    return ShardConfig.__dataclass_fields__[name].metadata["help"]
 
 
 def cmd_shard(args, beam_args) -> int:
@@ -112,11 +119,21 @@ def main(argv=None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(beam_args)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from pipeline.ops.redaction import RedactingFilter, redact_userinfo  # noqa: PLC0415
+
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
     try:
         return args.func(args, beam_args)
     except ConfigError as e:
-        print(f"pileprep: {e}", file=sys.stderr)
+        print(f"pileprep: {redact_userinfo(str(e))}", file=sys.stderr)
         return 2
+    except RunError as e:
+        print(f"pileprep: run failed: {redact_userinfo(str(e))}", file=sys.stderr)
+        return 1
+    except (RunInterrupted, KeyboardInterrupt) as e:
+        print("pileprep: interrupted; previous dataset intact", file=sys.stderr, flush=True)
+        return e.exit_code if isinstance(e, RunInterrupted) else 130
     except (FileNotFoundError, ValueError) as e:
         if type(e).__name__ in ("TokenizerError", "FileNotFoundError", "ContractError"):
             print(f"pileprep: {e}", file=sys.stderr)

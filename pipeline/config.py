@@ -21,6 +21,22 @@ class ConfigError(ValueError):
     """The configuration cannot work; the message says which option to change."""
 
 
+class RunError(RuntimeError):
+    """The run failed and committed nothing (exit 1); the message is one line saying why."""
+
+
+class RunInterrupted(BaseException):
+    """SIGINT / SIGTERM: the run stopped, removed its partial generation and committed nothing."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"interrupted by signal {signum}")
+        self.signum = signum
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
 @dataclass(frozen=True)
 class ShardConfig:
     inputs: tuple  # globs
@@ -37,6 +53,12 @@ class ShardConfig:
     unit_mb: float = 32.0  # raw text per tokenization work unit (the parallelism grain)
     max_line_mb: float = 256.0
     staging_dir: Optional[str] = None  # default: <output>/_staging
+    break_lock: bool = field(default=False, metadata={
+        "help": "remove another run's lock on --output first (only when that run is known to be gone; a "
+                "crashed run's lock goes stale by itself after 120 s)"})
+    max_dead_letter_fraction: float = field(default=0.5, metadata={
+        "help": "fail without committing when more than this fraction of the records read are dead-lettered "
+                "(checked once at least 1,000 records were read)"})
     extra: dict = field(default_factory=dict)
 
     def validate(self) -> None:
@@ -56,6 +78,8 @@ class ShardConfig:
                 problems.append(f"{name} must be in [0, 1), got {value}")
         if self.val_fraction + self.test_fraction >= 1.0:
             problems.append("--val-fraction + --test-fraction must leave something for train")
+        if not 0.0 <= self.max_dead_letter_fraction <= 1.0:
+            problems.append(f"--max-dead-letter-fraction must be in [0, 1], got {self.max_dead_letter_fraction}")
         if self.unit_mb <= 0 or self.max_line_mb <= 0:
             problems.append("--unit-mb and --max-line-mb must be positive")
         if problems:
@@ -72,7 +96,7 @@ class ShardConfig:
     def to_manifest_dict(self) -> dict:
         """What goes into the manifest: everything that shapes the data, nothing about where or how it ran."""
         d = dataclasses.asdict(self)
-        for key in ("output", "staging_dir", "extra"):
+        for key in ("output", "staging_dir", "extra", "break_lock", "max_dead_letter_fraction"):
             d.pop(key)
         d["inputs"] = list(self.inputs)
         d["source_fields"] = list(self.source_fields)

@@ -32,6 +32,7 @@ from apache_beam.io.filesystems import FileSystems
 from model_contract import Manifest
 from model_contract.manifest import is_generation_name
 from pipeline.config import ConfigError
+from pipeline.ops.redaction import redact_userinfo
 from transforms import io_utils
 
 LOG = logging.getLogger("pileprep.incremental")
@@ -271,6 +272,8 @@ def merge(previous: Manifest, new: Manifest) -> Manifest:
         generation=new.generation,
         generations=generations_of(previous) + generations_of(new),
         ledger=sorted(ledger_of(previous) + ledger_of(new), key=lambda r: r["path"]),
+        skipped_inputs=sorted({r["path"]: r for r in previous.skipped_inputs + new.skipped_inputs}.values(),
+                              key=lambda r: r["path"]),
         extra=dict(new.extra),
     )
 
@@ -289,4 +292,4 @@ def redact(text: str, secrets=None) -> str:
     for v in values:
         if v and len(v) >= 4:
             text = text.replace(v, "***")
-    return text
+    return redact_userinfo(text)
