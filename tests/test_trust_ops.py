@@ -5,22 +5,27 @@ Each test here was checked against a deliberate breakage of the code it guards (
 """
 from __future__ import annotations
 
+import errno
 import io
-import re
 import json
+import logging
+import os
+import re
+import socket
+import time
 
 import numpy as np
 import pytest
 
 from model_contract import (ContractError, DataContract, Manifest, ShardInfo, TFRecordCorruptError, TokenizerInfo,
                             encode_example, frame_record, iter_records)
-from pipeline.config import ShardConfig
-from pipeline.ops import commit, incremental
+from pipeline.config import ConfigError, RunError, ShardConfig
+from pipeline.ops import commit, guards, incremental, lock
 from pipeline.shard import manifest_builder
 from transforms import io_utils, stages
 
 TOK = TokenizerInfo("sentencepiece", "ab" * 32, 1000, 2, 3, 0, 1)
-GEN_A, GEN_B = "gen-" + "a" * 16, "gen-" + "b" * 16
+GEN_A, GEN_B, GEN_C = ("gen-" + c * 16 for c in "abc")
 
 
 def _config(**kw) -> ShardConfig:
@@ -215,3 +220,169 @@ def test_the_manifest_temp_file_has_a_unique_name(tmp_path):
     assert (out / "manifest.json.tmp").read_text() == "a user's file"
     assert Manifest.from_json((out / "manifest.json").read_text()).generation == GEN_A
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "manifest.json.tmp"]
+
+
+# ------------------------------------------------------------------------------------- §4: the lock
+def test_a_second_lock_on_the_same_output_is_refused_naming_the_holder(tmp_path):
+    first = lock.OutputLock(str(tmp_path / "out"))
+    with first.held():
+        with pytest.raises(lock.OutputLockedError, match=rf"output is locked by {socket.gethostname()} pid "
+                                                         rf"{os.getpid()} since \d{{4}}-\d\d-\d\d"):
+            lock.OutputLock(str(tmp_path / "out")).acquire()
+        assert json.loads((tmp_path / "out" / lock.LOCK_NAME).read_text())["token"] == first.token
+    assert not (tmp_path / "out" / lock.LOCK_NAME).exists()  # released
+    with lock.OutputLock(str(tmp_path / "out")).held():  # and free again
+        pass
+
+
+def _foreign_lock(out, age_s):
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / lock.LOCK_NAME
+    path.write_text(json.dumps({"host": "elsewhere", "pid": 1, "started": time.time() - age_s, "token": "t"}))
+    os.utime(path, (time.time() - age_s, time.time() - age_s))
+    return path
+
+
+def test_a_lock_whose_lease_ran_out_is_taken_over_and_break_lock_takes_a_live_one(tmp_path):
+    out = tmp_path / "out"
+    _foreign_lock(out, age_s=lock.LEASE_S + 5)
+    with lock.OutputLock(str(out)).held() as mine:  # stale: taken over
+        assert json.loads((out / lock.LOCK_NAME).read_text())["token"] == mine.token
+    _foreign_lock(out, age_s=1)
+    with pytest.raises(lock.OutputLockedError, match="locked by elsewhere pid 1"):
+        lock.OutputLock(str(out)).acquire()
+    with lock.OutputLock(str(out)).held(break_lock=True) as mine:
+        assert json.loads((out / lock.LOCK_NAME).read_text())["token"] == mine.token
+
+
+def test_the_heartbeat_renews_the_lease_and_notices_a_broken_lock(tmp_path):
+    out = tmp_path / "out"
+    held = lock.OutputLock(str(out), renew_s=0.05)
+    held.acquire()
+    try:
+        path = out / lock.LOCK_NAME
+        os.utime(path, (time.time() - 100, time.time() - 100))
+        deadline = time.time() + 5
+        while time.time() - path.stat().st_mtime > 50 and time.time() < deadline:
+            time.sleep(0.02)
+        assert time.time() - path.stat().st_mtime < 50  # renewed
+        with lock.OutputLock(str(out)).held(break_lock=True):
+            deadline = time.time() + 5
+            while not held.lost and time.time() < deadline:
+                time.sleep(0.02)
+            assert held.lost
+    finally:
+        held.release()
+
+
+def test_a_lock_of_a_dead_process_on_this_host_is_stale_at_once(tmp_path):
+    import subprocess
+    import sys
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / lock.LOCK_NAME).write_text(json.dumps({"host": socket.gethostname(), "pid": dead.pid,
+                                                  "started": time.time(), "token": "t"}))
+    with lock.OutputLock(str(out)).held():
+        pass
+
+
+# ----------------------------------------------------------------------- §4: files are written once
+def test_a_failed_writer_publishes_nothing_and_a_rewrite_never_truncates_the_old_file(tmp_path):
+    path = tmp_path / "g" / "train-00000-of-00001.tfrecord"
+    with pytest.raises(ValueError):
+        with io_utils.open_write(str(path)) as f:
+            f.write(b"partial")
+            raise ValueError("killed mid-write")
+    assert not path.exists() and list(path.parent.iterdir()) == []
+    io_utils.write_bytes(str(path), b"committed bytes")
+    reader = open(path, "rb")
+    with io_utils.open_write(str(path)) as f:
+        f.write(b"new")
+        assert path.read_bytes() == b"committed bytes"  # not opened for writing: still whole
+    assert path.read_bytes() == b"new" and reader.read() == b"committed bytes"
+    reader.close()
+    assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
+def test_the_enospc_fault_point_fails_local_writes(tmp_path, monkeypatch):
+    monkeypatch.setenv(io_utils.FAULT_ENOSPC_ENV, "10")
+    monkeypatch.setattr(io_utils, "_fault_written", [0])
+    with pytest.raises(OSError) as info:
+        io_utils.write_bytes(str(tmp_path / "x"), b"y" * 100)
+    assert info.value.errno == errno.ENOSPC and not (tmp_path / "x").exists()
+
+
+# -------------------------------------------------------------------------------------- §6: guards
+def test_redaction_removes_userinfo_from_messages_and_log_records():
+    from pipeline.ops.redaction import RedactingFilter, redact_userinfo
+
+    text = "cannot reach http://AKIA:s3cr3t@minio:9000/b and s3://u:p@h/x; fine: http://host/a@b"
+    assert redact_userinfo(text) == "cannot reach http://***@minio:9000/b and s3://***@h/x; fine: http://host/a@b"
+    record = logging.LogRecord("x", logging.WARNING, "f", 1, "endpoint %s failed", ("http://a:s3cr3t@h",), None)
+    RedactingFilter().filter(record)
+    assert "s3cr3t" not in record.getMessage() and "***@h" in record.getMessage()
+    assert "s3cr3t" not in incremental.redact("url http://a:s3cr3t@h")
+
+
+def test_glob_matches_that_are_not_files_are_listed(tmp_path):
+    (tmp_path / "a.jsonl").write_text("{}\n")
+    (tmp_path / "d.jsonl").mkdir()
+    (tmp_path / "gone.jsonl").symlink_to(tmp_path / "missing")
+    assert guards.skipped_inputs([str(tmp_path / "*.jsonl")]) == [
+        {"path": str(tmp_path / "d.jsonl"), "reason": "directory"},
+        {"path": str(tmp_path / "gone.jsonl"), "reason": "dangling_symlink"}]
+
+
+def test_a_text_field_that_no_sampled_record_has_is_a_config_error_naming_the_keys(tmp_path):
+    f = tmp_path / "a.jsonl"
+    f.write_text("".join(json.dumps({"content": f"doc {i}", "meta": {"src": "x"}}) + "\n" for i in range(5))
+                 + "not json\n")
+    with pytest.raises(ConfigError, match=r"--text-field text: none of the first 5 records has it \(keys seen: "
+                                          r"content, meta, meta.src\)"):
+        guards.sample_text_field([str(f)], "text", 1 << 20)
+    assert guards.sample_text_field([str(f)], "content", 1 << 20) == {"sampled": 5, "with_field": 5}
+    assert guards.sample_text_field([str(f)], "meta.src", 1 << 20)["with_field"] == 5
+
+
+def test_the_dead_letter_fraction_applies_from_a_thousand_records():
+    guards.check_dead_letter_rate({"read": 999, "dead_lettered": {"invalid_json": 999}}, 0.5)
+    guards.check_dead_letter_rate({"read": 1000, "dead_lettered": {"invalid_json": 500}}, 0.5)
+    with pytest.raises(RunError, match=r"501 of 1000 records \(50.1%\).*\(invalid_json 400, text_missing 101\)"):
+        guards.check_dead_letter_rate({"read": 1000, "dead_lettered": {"invalid_json": 400, "text_missing": 101}},
+                                      0.5)
+
+
+def test_damaged_files_names_missing_and_resized_shards(tmp_path):
+    out = tmp_path / "out"
+    (out / GEN_A).mkdir(parents=True)
+    (out / GEN_A / "train-00000-of-00001.tfrecord").write_bytes(b"x")
+    (out / GEN_A / "train-00001-of-00001.tfrecord").write_bytes(b"")
+    m = _manifest(GEN_A, [_shard(GEN_A), _shard(GEN_A, "train-00001-of-00001.tfrecord"),
+                          _shard(GEN_A, "val-00000-of-00001.tfrecord")])
+    problems = guards.damaged_files(str(out), m)
+    assert len(problems) == 2
+    assert "train-00001-of-00001.tfrecord: 0 bytes, the manifest says 1" in problems[0]
+    assert "val-00000-of-00001.tfrecord: missing" in problems[1]
+
+
+def test_leftovers_of_a_crashed_run_on_this_output_are_removed_and_nothing_else(tmp_path):
+    out, staging = tmp_path / "out", tmp_path / "staging"
+    for d in (out / GEN_A, out / GEN_B, out / "user-dir", staging / GEN_B, staging / GEN_C):
+        d.mkdir(parents=True)
+        (d / "f").write_text("x")
+    guards.mark_staging(str(staging / GEN_B), str(out), GEN_B)
+    guards.mark_staging(str(staging / GEN_C), str(tmp_path / "other-output"), GEN_C)
+    removed = guards.cleanup_abandoned(str(out), str(staging), _manifest(GEN_A, [_shard(GEN_A)]))
+    assert sorted(removed) == sorted([str(staging / GEN_B), str(out / GEN_B)])
+    assert (out / GEN_A / "f").exists() and (out / "user-dir" / "f").exists() and (staging / GEN_C / "f").exists()
+
+
+def test_local_output_that_cannot_be_written_is_a_config_error(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match=r"--output .*file/out: not writable"):
+        guards.check_local_writable(str(tmp_path / "file" / "out"), "--output")
+    guards.check_local_writable(str(tmp_path / "fine"), "--output")
+    assert list((tmp_path / "fine").iterdir()) == []  # the probe is gone

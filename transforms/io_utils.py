@@ -56,7 +56,27 @@ def _fault_check(n: int) -> None:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC) + " (injected)")
 
 
-class _LocalAtomicWriter:
+class _WriteOnce:
+    """`with` closes (publishes) on success and discards on an exception: no half-written file is published."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, _exc, _tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
+        return False
+
+
+class _LocalAtomicWriter(_WriteOnce):
     def __init__(self, path: str):
         directory = os.path.dirname(os.path.abspath(path))
         os.makedirs(directory, exist_ok=True)
@@ -92,18 +112,8 @@ class _LocalAtomicWriter:
         with contextlib.suppress(OSError):
             os.unlink(self._tmp)
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, exc_type, _exc, _tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.discard()
-        return False
-
-
-class _ObjectWriter:
+class _ObjectWriter(_WriteOnce):
     """Beam's object-store writer, opened at the first non-empty write; nothing written = one empty PUT."""
 
     def __init__(self, path: str):
@@ -135,16 +145,6 @@ class _ObjectWriter:
 
     def discard(self) -> None:
         self.closed = True  # an unfinished multipart upload is never completed: no object appears
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, _exc, _tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.discard()
-        return False
 
 
 def _filesystem_options() -> dict:
