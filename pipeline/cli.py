@@ -119,10 +119,12 @@ def main(argv=None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(beam_args)}")
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from pipeline.ops.redaction import RedactingFilter, redact_userinfo  # noqa: PLC0415
+    from pipeline.ops.redaction import OneLineFrameworkErrors, RedactingFilter, redact_userinfo  # noqa: PLC0415
 
     for handler in logging.getLogger().handlers:
         handler.addFilter(RedactingFilter())
+        if not args.verbose:
+            handler.addFilter(OneLineFrameworkErrors())
     try:
         return args.func(args, beam_args)
     except ConfigError as e:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -28,9 +29,14 @@ class RunError(RuntimeError):
 class RunInterrupted(BaseException):
     """SIGINT / SIGTERM: the run stopped, removed its partial generation and committed nothing."""
 
-    def __init__(self, signum: int):
-        super().__init__(f"interrupted by signal {signum}")
-        self.signum = signum
+    def __init__(self, signum):
+        # Beam re-raises a failed bundle's exception as the same type with its message augmented, so the
+        # argument is either the signal number or such a message ("interrupted by signal 15 [while running..]").
+        if not isinstance(signum, int):
+            found = re.search(r"signal (\d+)", str(signum))
+            signum = int(found.group(1)) if found else 2
+        super().__init__(f"interrupted by signal {int(signum)}")
+        self.signum = int(signum)
 
     @property
     def exit_code(self) -> int:

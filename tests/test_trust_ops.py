@@ -386,3 +386,19 @@ def test_local_output_that_cannot_be_written_is_a_config_error(tmp_path):
         guards.check_local_writable(str(tmp_path / "file" / "out"), "--output")
     guards.check_local_writable(str(tmp_path / "fine"), "--output")
     assert list((tmp_path / "fine").iterdir()) == []  # the probe is gone
+
+
+def test_interrupts_exit_130_and_143_in_one_line_even_through_beams_rewrapping(monkeypatch, capsys):
+    import signal
+
+    from pipeline import cli
+    from pipeline.config import RunInterrupted
+
+    assert RunInterrupted(signal.SIGINT).exit_code == 130 and RunInterrupted(signal.SIGTERM).exit_code == 143
+    assert RunInterrupted("interrupted by signal 15 [while running 'Tokenize']").exit_code == 143
+    for raised, code in ((KeyboardInterrupt(), 130), (RunInterrupted(15), 143)):
+        def interrupted(*_a, exc=raised):
+            raise exc
+        monkeypatch.setattr(cli, "cmd_shard", interrupted)
+        assert cli.main(["shard", "--input", "x", "--output", "y", "--tokenizer", "z"]) == code
+        assert capsys.readouterr().err == "pileprep: interrupted; previous dataset intact\n"
