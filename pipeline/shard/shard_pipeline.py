@@ -361,7 +361,6 @@ def _run_locked(config, options, incremental_run, log, progress_every_s, fs_opti
         LOG.warning("removed what an interrupted or crashed run left: %s", ", ".join(removed))
         log.event("cleanup", removed=removed)
     for row in plan.skipped_inputs:
-        LOG.warning("--input: skipped %s (%s)", row["path"], row["reason"])
         print(f"pileprep: warning: --input matched {row['path']}, a {row['reason'].replace('_', ' ')}; skipped",
               file=sys.stderr, flush=True)
         log.event("warning", skipped_input=row["path"], reason=row["reason"])
