@@ -402,3 +402,15 @@ def test_interrupts_exit_130_and_143_in_one_line_even_through_beams_rewrapping(m
         monkeypatch.setattr(cli, "cmd_shard", interrupted)
         assert cli.main(["shard", "--input", "x", "--output", "y", "--tokenizer", "z"]) == code
         assert capsys.readouterr().err == "pileprep: interrupted; previous dataset intact\n"
+
+
+def test_inspect_refuses_a_shard_path_outside_the_dataset(tmp_path, capsys):
+    from pipeline.cli import main as cli_main
+
+    (tmp_path / "secret.tfrecord").write_bytes(frame_record(encode_example({"input_ids": np.arange(3)})))
+    d = _valid_dict()
+    d["shards"][0]["path"] = "../secret.tfrecord"
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "manifest.json").write_text(json.dumps(d))
+    assert cli_main(["inspect", str(tmp_path / "ds")]) == 2
+    assert "shards[0].path '../secret.tfrecord'" in capsys.readouterr().err
