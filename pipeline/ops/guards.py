@@ -35,6 +35,8 @@ LOG = logging.getLogger("pileprep.guards")
 STAGING_MARKER = ".pileprep-staging.json"
 SAMPLE_RECORDS = 200  # records sampled (from the first input files) to check --text-field
 SAMPLE_FILES = 3
+SAMPLE_SCAN_LINES = 10_000  # per file: blank or damaged lines count too, so the sample never reads a whole file
+SAMPLE_SCAN_BYTES = 64 << 20
 DEAD_LETTER_MIN_RECORDS = 1000  # below this a high dead-letter rate is likely a small bad file: commit it
 
 
@@ -88,7 +90,12 @@ def sample_text_field(paths, text_field: str, max_line_bytes: int, records: int 
     for path in list(paths)[:files]:
         try:
             with io_utils.open_read(path) as f:
+                scanned_lines = scanned_bytes = 0
                 for item in iter_raw_records(f, compression_of(path), max_line_bytes):
+                    scanned_lines += 1
+                    scanned_bytes += len(getattr(item, "data", b""))
+                    if scanned_lines > SAMPLE_SCAN_LINES or scanned_bytes > SAMPLE_SCAN_BYTES:
+                        break
                     if isinstance(item, FileDamage) or not item.data.strip():
                         continue
                     try:
