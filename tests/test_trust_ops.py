@@ -253,6 +253,9 @@ def test_a_lock_whose_lease_ran_out_is_taken_over_and_break_lock_takes_a_live_on
         lock.OutputLock(str(out)).acquire()
     with lock.OutputLock(str(out)).held(break_lock=True) as mine:
         assert json.loads((out / lock.LOCK_NAME).read_text())["token"] == mine.token
+        # A second run that had also judged the old lock ("t") stale removes only that one, never ours.
+        lock.OutputLock(str(out))._remove("t")
+        assert json.loads((out / lock.LOCK_NAME).read_text())["token"] == mine.token
 
 
 def test_the_heartbeat_renews_the_lease_and_notices_a_broken_lock(tmp_path):

@@ -181,6 +181,13 @@ class OutputLock:
         return (holder if isinstance(holder, dict) else {}), age
 
     def _remove(self, token: Optional[str]) -> None:
+        """Remove the lock if it still holds `token` (None: whatever it holds). Of two runs that both found a
+        lock stale, the second then sees the first one's new token and leaves it: it loses the O_EXCL create
+        (or conditional PUT) that follows and reports the lock as held."""
+        if token is not None:
+            holder, _age = self._read()
+            if holder is None or holder.get("token") != token:
+                return
         if self._local:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self.path)
