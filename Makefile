@@ -10,10 +10,17 @@ SEQ_LEN ?= 2048
 # torch's OpenMP threads spin and slow TF/Beam in the same process; passive waits cost nothing here.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: setup shard test bench train clean
+.PHONY: help setup shard test bench train clean flex-template worker-image env airflow
 
-setup: $(STAMP)
-$(STAMP): setup.py model_contract/_varint.c
+# `make help` lists targets with a `## text` after their prerequisites, and these:
+##@ shard: tokenize, pack and shard the embedded sample corpus into out/sample (TOKENIZER=, SEQ_LEN=)
+##@ train: the bundled trainer on out/sample (DP=, PP=, STEPS=, RESUME=1; see trainer/README.md)
+help: ## list the targets
+	@awk '/^##@ / {sub(/^##@ /, ""); n = index($$0, ":"); printf "  make %-14s %s\n", substr($$0, 1, n - 1), substr($$0, n + 2); next} \
+	  /^[a-zA-Z_-]+:.*## / {n = index($$0, ":"); printf "  make %-14s %s\n", substr($$0, 1, n - 1), substr($$0, index($$0, "## ") + 3)}' $(MAKEFILE_LIST)
+
+setup: $(STAMP) ## create .venv and install pileprep with every extra (pyproject.toml)
+$(STAMP): pyproject.toml setup.py model_contract/_varint.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q -e '.[all]'
@@ -32,14 +39,32 @@ shard: $(STAMP) $(SAMPLE_DIR)/.done $(TOKENIZER)
 	  --num-shards 4
 	$(BIN)/pileprep inspect out/sample --examples 1
 
-test: $(STAMP)
+# Real Airflow for the DAG test, in its own venv: its pins do not co-install with Beam's.
+AIRFLOW_VERSION ?= 3.3.2
+airflow: .venv-airflow/.installed ## real Airflow in .venv-airflow (tests/test_airflow.py)
+.venv-airflow/.installed:
+	test -x .venv-airflow/bin/python || $(PY) -m venv .venv-airflow
+	.venv-airflow/bin/pip install -q "apache-airflow==$(AIRFLOW_VERSION)"
+	touch $@
+
+test: $(STAMP) ## run the test suite
 	$(BIN)/python -m pytest -q tests
 
-bench: $(STAMP) $(SAMPLE_DIR)/.done $(TOKENIZER)
+bench: $(STAMP) $(SAMPLE_DIR)/.done $(TOKENIZER) ## shard throughput against raw SentencePiece
 	$(BIN)/python bench/shard_bench.py --input '$(SAMPLE_DIR)/train/*.jsonl.zst' --tokenizer $(TOKENIZER)
 
-clean:
+clean: ## remove out/
 	rm -rf out
+
+env: $(STAMP) ## print versions and whether the C varint codec is active
+	$(BIN)/pileprep env
+
+flex-template: $(STAMP) ## regenerate the Dataflow Flex Template's metadata.json from the config
+	$(BIN)/python -m pipeline.options > pipeline/ops/schedule/flex_template/metadata.json
+
+WORKER_IMAGE ?= pileprep-worker:$(shell $(PY) -c "import re;print(re.search(r'PILEPREP_VERSION = \"(.*)\"', open('pipeline/config.py').read())[1])")
+worker-image: ## build the Beam worker container (Dockerfile) as pileprep-worker:VERSION
+	docker build -t $(WORKER_IMAGE) .
 
 # ---- trainer: the tiny GPT on `make shard`'s output, real torchrun processes on CPU (gloo).
 # `make train` = PP=2 (2 processes); `make train DP=2` = DP=2 x PP=2 (4 processes). RESUME=1 continues the
@@ -48,7 +73,7 @@ DP ?= 1
 PP ?= 2
 NPROC ?= $(shell expr $(DP) \* $(PP))
 STEPS ?= 40
-MICROBATCHES ?= 4
+MICROBATCHES ?=
 TRAIN_DIR ?= out/train
 TRAIN_ARGS ?=
 train: $(STAMP)
@@ -56,6 +81,6 @@ train: $(STAMP)
 	$(if $(RESUME),,rm -rf $(TRAIN_DIR))
 	mkdir -p $(TRAIN_DIR)
 	$(BIN)/torchrun --standalone --nproc-per-node $(NPROC) -m trainer.train --data out/sample --model tiny \
-	  --seq-len-from-manifest --dp $(DP) --pp $(PP) --microbatches $(MICROBATCHES) --global-batch 8 \
+	  --dp $(DP) --pp $(PP) $(if $(MICROBATCHES),--microbatches $(MICROBATCHES)) --global-batch 8 \
 	  --steps $(STEPS) --log-every 5 --threads 1 --checkpoint-dir $(TRAIN_DIR)/ckpt --checkpoint-every 20 \
 	  --metrics-file $(TRAIN_DIR)/metrics.jsonl $(TRAIN_ARGS)

@@ -1,42 +1,11 @@
-"""pileprep: The Pile → tokenized, packed TFRecord shards (Apache Beam), retrieval corpora, and a trainer.
+"""pileprep's build script: only the optional C extension. Everything else — name, version, dependencies,
+extras, pins, entry points — is in pyproject.toml (the one place).
 
-This file is the one place where dependency versions are pinned. Beam ships it to remote workers with
-`--setup_file ./setup.py`; workers install only the base requirements (the pipeline's), not the trainer's.
+setup.py stays because (1) an Extension with `optional=True` (an install without a compiler falls back to the
+numpy codec; `pileprep env` says which one is active) has no declarative form, and (2) Beam's
+`--setup_file ./setup.py` runs `python setup.py sdist` and installs that sdist on every worker: setuptools reads
+pyproject.toml for it, so workers get exactly the base dependencies and pins.
 """
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension, setup
 
-VERSION = "0.1.0"
-
-# The pipeline (what every Beam worker needs).
-BASE = [
-    "apache-beam[aws,tfrecord]==2.77.0",
-    "sentencepiece==0.2.3",
-    "zstandard==0.25.0",
-    "numpy==2.4.*",
-    "protobuf==6.33.*",
-    "pyarrow==25.0.1",
-    "google-crc32c",
-    "boto3",
-]
-EXTRAS = {
-    # TensorFlow only to read shards with tf.data (tests, users' own input pipelines).
-    "tf": ["tensorflow-cpu==2.21.0"],
-    # Exactly 2.13.0: the CPU wheel on local disk; a looser pin pulls a multi-GB CUDA build.
-    "train": ["torch==2.13.0"],
-    "test": ["pytest==9.2.0", "pytest-timeout", "moto[server]"],
-}
-EXTRAS["all"] = sorted({r for name in ("tf", "train", "test") for r in EXTRAS[name]})
-
-setup(
-    name="pileprep",
-    version=VERSION,
-    description="Preprocess The Pile into tokenized, packed TFRecord shards for LLM training",
-    packages=find_packages(include=["pipeline", "pipeline.*", "transforms", "transforms.*", "model_contract",
-                                    "model_contract.*", "trainer", "trainer.*"]),
-    python_requires=">=3.10",
-    # Optional C accelerator for Example varints; without a compiler the install still works (numpy path).
-    ext_modules=[Extension("model_contract._varint", ["model_contract/_varint.c"], optional=True)],
-    install_requires=BASE,
-    extras_require=EXTRAS,
-    entry_points={"console_scripts": ["pileprep = pipeline.cli:main"]},
-)
+setup(ext_modules=[Extension("model_contract._varint", ["model_contract/_varint.c"], optional=True)])

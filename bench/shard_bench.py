@@ -80,7 +80,8 @@ def scaled_copy(paths, factor: int, dest: str) -> list:
     return out
 
 
-def run_pipeline(inputs: list, tokenizer: str, out: str, workers: int, seq_len: int) -> dict:
+def run_pipeline(inputs: list, tokenizer: str, out: str, workers: int, seq_len: int,
+                 backend: str = "sentencepiece") -> dict:
     code = ("import json, resource, sys, time\n"
             "from pipeline.cli import main\n"
             "t = time.perf_counter(); rc = main(sys.argv[1:]); wall = time.perf_counter() - t\n"
@@ -89,7 +90,8 @@ def run_pipeline(inputs: list, tokenizer: str, out: str, workers: int, seq_len: 
             "print('BENCH', json.dumps({'wall': wall, 'self_kb': self_kb, 'children_kb': kids_kb}))\n"
             "sys.exit(rc)\n")
     args = [sys.executable, "-c", code, "shard", "--input", *inputs, "--output", out, "--tokenizer", tokenizer,
-            "--seq-len", str(seq_len), "--target-shard-mb", "16", "--runner=FnApiRunner",
+            "--seq-len", str(seq_len), "--target-shard-mb", "16", "--tokenizer-backend", backend,
+            "--progress-every", "0", "--runner=FnApiRunner",
             f"--direct_num_workers={workers}",
             "--direct_running_mode=" + ("multi_processing" if workers > 1 else "in_memory")]
     env = dict(os.environ, PYTHONPATH=REPO, OMP_WAIT_POLICY="PASSIVE")
@@ -104,12 +106,31 @@ def run_pipeline(inputs: list, tokenizer: str, out: str, workers: int, seq_len: 
     return stats
 
 
+def _summary(backend: str, results: dict, raw_rate: float, workers: int) -> None:
+    one, four = results[1], results[4]
+    marginal = (four["tokens"] - one["tokens"]) / max(1e-9, four["wall"] - one["wall"])
+    fixed = one["wall"] - one["tokens"] / marginal if marginal > 0 else float("nan")
+    print(f"\nsummary, --tokenizer-backend {backend}")
+    print(f"  raw SentencePiece tokens/s per core (ref)  {raw_rate:,.0f}")
+    print(f"  pipeline tokens/s, 1x, end to end          {one['tokens'] / one['wall']:,.0f}  "
+          f"ratio {one['tokens'] / one['wall'] / (workers * raw_rate):.3f}")
+    print(f"  pipeline tokens/s, 4x, end to end          {four['tokens'] / four['wall']:,.0f}  "
+          f"ratio {four['tokens'] / four['wall'] / (workers * raw_rate):.3f}")
+    print(f"  pipeline tokens/s, marginal (4x - 1x)      {marginal:,.0f}  "
+          f"ratio {marginal / (workers * raw_rate):.3f}")
+    print(f"  fixed start-up cost (Beam, workers)        {fixed:.1f}s")
+    print(f"  peak RSS 1x / 4x                           {one['peak_rss_mb']:.0f} MB / {four['peak_rss_mb']:.0f} MB"
+          f"  ratio {four['peak_rss_mb'] / one['peak_rss_mb']:.2f}\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True)
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--backends", nargs="+", default=["sentencepiece", "auto"],
+                   help="tokenizer backends to run the pipeline with (the reference is always raw SentencePiece)")
     args = p.parse_args(argv)
     paths = sorted({f for g in args.input for f in glob.glob(g)})
     if not paths:
@@ -121,33 +142,25 @@ def main(argv=None) -> int:
     print(f"raw SentencePiece, 1 thread: {raw_tokens:,} tokens in {raw_seconds:.2f}s = {raw_rate:,.0f} tokens/s/core "
           f"({sum(map(len, texts)) / raw_seconds / 1e6:.2f} MB/s of text)")
 
-    results = {}
     with tempfile.TemporaryDirectory(prefix="shard-bench-") as tmp:
+        inputs = {}
         for factor in (1, 4):
             data = os.path.join(tmp, f"in{factor}")
             os.makedirs(data)
-            inputs = scaled_copy(paths, factor, data)
-            runs = [run_pipeline(inputs, args.tokenizer, os.path.join(tmp, f"out{factor}-{i}"), args.workers,
-                                 args.seq_len) for i in range(2)]  # best of two, like the reference
-            stats = min(runs, key=lambda r: r["wall"])
-            stats["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
-            rate = stats["tokens"] / stats["wall"]
-            results[factor] = stats
-            print(f"pipeline {factor}x: {stats['tokens']:,} tokens in {stats['wall']:.1f}s = {rate:,.0f} tokens/s; "
-                  f"ratio to {args.workers} x raw = {rate / (args.workers * raw_rate):.3f}; "
-                  f"peak RSS {stats['peak_rss_mb']:.0f} MB")
-    one, four = results[1], results[4]
-    marginal = (four["tokens"] - one["tokens"]) / max(1e-9, four["wall"] - one["wall"])
-    fixed = one["wall"] - one["tokens"] / marginal if marginal > 0 else float("nan")
-    print("\nsummary")
-    print(f"  raw tokens/s per core (reference)         {raw_rate:,.0f}")
-    print(f"  pipeline tokens/s, 4x, end to end          {four['tokens'] / four['wall']:,.0f}  "
-          f"ratio {four['tokens'] / four['wall'] / (args.workers * raw_rate):.3f}")
-    print(f"  pipeline tokens/s, marginal (4x - 1x)      {marginal:,.0f}  "
-          f"ratio {marginal / (args.workers * raw_rate):.3f}  (target >= 0.85)")
-    print(f"  fixed start-up cost (Beam, workers)        {fixed:.1f}s")
-    print(f"  peak RSS 1x / 4x                           {one['peak_rss_mb']:.0f} MB / {four['peak_rss_mb']:.0f} MB"
-          f"  ratio {four['peak_rss_mb'] / one['peak_rss_mb']:.2f}")
+            inputs[factor] = scaled_copy(paths, factor, data)
+        for backend in args.backends:
+            results = {}
+            for factor in (1, 4):
+                runs = [run_pipeline(inputs[factor], args.tokenizer, os.path.join(tmp, f"out{factor}-{backend}-{i}"),
+                                     args.workers, args.seq_len, backend) for i in range(2)]  # best of two
+                stats = min(runs, key=lambda r: r["wall"])
+                stats["peak_rss_mb"] = max(r["peak_rss_mb"] for r in runs)
+                rate = stats["tokens"] / stats["wall"]
+                results[factor] = stats
+                print(f"[{backend}] pipeline {factor}x: {stats['tokens']:,} tokens in {stats['wall']:.1f}s = "
+                      f"{rate:,.0f} tokens/s; ratio to {args.workers} x raw = {rate / (args.workers * raw_rate):.3f}; "
+                      f"peak RSS {stats['peak_rss_mb']:.0f} MB")
+            _summary(backend, results, raw_rate, args.workers)
     return 0
 
 

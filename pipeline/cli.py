@@ -1,67 +1,133 @@
-"""`pileprep` command line: shard, sample, tokenizer train, inspect.
+"""`pileprep` command line: shard, sample, tokenizer train, inspect, env.
 
-Options pileprep does not know are handed to Beam unchanged (`--runner=DataflowRunner --project ...`), so the
-same command runs locally or on Dataflow / Flink / Spark.
+The shard options are derived from the config dataclasses (pipeline/config.py → pipeline/options.py); a
+`--config FILE.toml` holds the same keys, and flags override it. Options pileprep does not know go to Beam
+(`--runner=DataflowRunner --project ...`) only when Beam's option parser knows them after importing the
+runner named by `--runner`; anything else, and any abbreviation, is exit 2 with a "did you mean".
+
+Exit codes: 0 done, 1 the run failed, 2 a user error (pipeline/errors.py: one line naming what to change).
+Only this module prints; stdout gets results (summary tables, JSON), stderr gets progress and messages.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
+import re
 import sys
+import traceback
 
-from pipeline.config import ConfigError, RunError, RunInterrupted, ShardConfig
+from pipeline import options
+from pipeline.ops import runners
+from pipeline.config import PILEPREP_VERSION, RunOptions, ShardConfig
+from pipeline.errors import RunError, RunInterrupted, UsageError, is_user_error, one_line
+from pipeline.ops.redaction import RedactingFilter, redact_userinfo
 
-
-def _add_shard_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--input", nargs="+", required=True, metavar="GLOB",
-                   help="input files or globs (.jsonl, .jsonl.zst, .jsonl.gz, .json.gz; local, mounted or s3://)")
-    p.add_argument("--output", required=True, help="dataset directory (local, EFS/FSx mount, or s3://bucket/prefix)")
-    p.add_argument("--tokenizer", required=True, help="SentencePiece .model file")
-    p.add_argument("--seq-len", type=int, default=2048)
-    size = p.add_mutually_exclusive_group()
-    size.add_argument("--num-shards", type=int, default=None, help="train shards (val/test proportional)")
-    size.add_argument("--target-shard-mb", type=float, default=1024.0, help="target shard size (default 1 GiB)")
-    p.add_argument("--val-fraction", type=float, default=0.01)
-    p.add_argument("--test-fraction", type=float, default=0.01)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--text-field", default="text", help="JSON field with the text (dotted path)")
-    p.add_argument("--source-field", nargs="+", default=["meta.pile_set_name"], dest="source_fields",
-                   help="fields naming the document's source, first present wins (e.g. 'source' for Dolma)")
-    p.add_argument("--unit-mb", type=float, default=32.0, help="raw text per tokenization work unit")
-    p.add_argument("--max-line-mb", type=float, default=256.0, help="longer lines are dead-lettered")
-    p.add_argument("--staging-dir", default=None, help="where spill files go (default <output>/_staging)")
-    p.add_argument("--break-lock", action="store_true", help=_help("break_lock"))
-    p.add_argument("--max-dead-letter-fraction", type=float, default=0.5, help=_help("max_dead_letter_fraction"))
-    ops = p.add_argument_group("operations (docs/OPERATIONS.md)")
-    ops.add_argument("--incremental", action="store_true",
-                     help="add only input files the dataset does not hold yet, as a new generation; changed or "
-                          "removed inputs are an error; nothing new = nothing to do")
-    ops.add_argument("--run-log", default=None, metavar="PATH",
-                     help="append a JSON-lines run log (start, plan, progress, committed, summary, error)")
-    ops.add_argument("--progress-every", type=float, default=10.0, metavar="SECONDS",
-                     help="progress line period: docs/s, tokens/s, MB/s, ETA (0 = off)")
+LOG = logging.getLogger("pileprep")
 
 
-def _shard_config(args) -> ShardConfig:
-    return ShardConfig(inputs=tuple(args.input), output=args.output, tokenizer=args.tokenizer,
-                       seq_len=args.seq_len, num_shards=args.num_shards, target_shard_mb=args.target_shard_mb,
-                       val_fraction=args.val_fraction, test_fraction=args.test_fraction, seed=args.seed,
-                       text_field=args.text_field, source_fields=tuple(args.source_fields), unit_mb=args.unit_mb,
-                       max_line_mb=args.max_line_mb, staging_dir=args.staging_dir, break_lock=args.break_lock,
-                       max_dead_letter_fraction=args.max_dead_letter_fraction)
+class RunFailed(Exception):
+    """A run failed (not a user error): carries the worker log's tail and where the log is kept."""
+
+    def __init__(self, cause: BaseException, tail: list, log_path):
+        super().__init__(str(cause))
+        self.tail = tail
+        self.log_path = log_path
+        self.__cause__ = cause
 
 
-def _help(name: str) -> str:
-    return ShardConfig.__dataclass_fields__[name].metadata["help"]
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows each option's default (but not None / False / required ones, where it says nothing)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if ("%(default)" not in text and action.option_strings and default is not None
+                and default is not argparse.SUPPRESS and not isinstance(default, bool) and default not in ([], "")
+                and not isinstance(action, argparse._CountAction)):  # noqa: SLF001
+            shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+            text += f" (default: {shown})"
+        return text
+
+
+class Parser(argparse.ArgumentParser):
+    """No abbreviations; errors raise UsageError (exit 2, one line) with a did-you-mean where one helps."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message):
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if m:
+            choices = re.findall(r"'([^']*)'", m.group(2))
+            hint = options.did_you_mean(m.group(1), choices)
+            if message.startswith("argument COMMAND"):
+                message = f"{self.prog}: unknown command {m.group(1)!r}{hint}; choose from {', '.join(choices)}"
+            else:
+                message += hint
+        raise UsageError(message)
+
+
+def _verbosity(parser: argparse.ArgumentParser, top: bool) -> None:
+    """-v / -q, accepted before and after the subcommand (SUPPRESS: a subcommand does not reset the top's)."""
+    g = parser.add_argument_group("output")
+    g.add_argument("-v", "--verbose", action="count", default=0 if top else argparse.SUPPRESS,
+                   help="more detail on stderr: pileprep's INFO logs (-vv: DEBUG, tracebacks)")
+    g.add_argument("-q", "--quiet", action="store_true", default=False if top else argparse.SUPPRESS,
+                   help="no progress, only errors")
+
+
+def _subcommand(sub, name: str, func, help_text: str, beam_args: bool = False, path_errors: bool = True,
+                **kw) -> argparse.ArgumentParser:
+    """A subcommand with -v/-q. `path_errors`: a missing or unwritable path in this command names a path the
+    user gave (inspect DIR, sample --output), so OSErrors about paths are user errors; in `shard` they can
+    also come from the run itself (a vanished staging file), which is a failed run."""
+    p = sub.add_parser(name, help=help_text, description=help_text, **kw)
+    _verbosity(p, top=False)
+    p.set_defaults(func=func, accepts_beam_args=beam_args, subparser=p, path_errors=path_errors)
+    return p
+
+
+PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError, FileExistsError)
+
+
+# -------------------------------------------------------------------------------------------- commands
+def staging_root(config: ShardConfig) -> str:
+    from transforms import io_utils  # noqa: PLC0415
+
+    return config.staging_dir or io_utils.join(config.output, "_staging")
 
 
 def cmd_shard(args, beam_args) -> int:
-    from pipeline.shard import shard_pipeline  # noqa: PLC0415 - Beam import only for commands that need it
+    config = options.build(ShardConfig, args)
+    run = options.build(RunOptions, args)
+    if run.dry_run:
+        from pipeline.tools import dry_run  # noqa: PLC0415
+
+        print(dry_run.format_estimate(dry_run.estimate(config, beam_args, incremental_run=run.incremental)))
+        return 0
+    from pipeline.ops import progress, runlog  # noqa: PLC0415
+
+    worker_log = runlog.WorkerLog(staging_root(config))
+    try:
+        with worker_log, _user_view(worker_log, args) as display:
+            from pipeline.shard import shard_pipeline  # noqa: PLC0415 - Beam's import noise goes to the log
+
+            tty = worker_log.stderr.isatty()
+            every = run.progress_every if run.progress_every is not None else (
+                0.0 if args.quiet else 1.0 if tty else 10.0)
+            manifest = shard_pipeline.run(config, beam_args, incremental_run=run.incremental,
+                                          run_log=run.run_log, progress_every_s=every)
+    except Exception as e:
+        if is_user_error(e) or isinstance(e, RunError):  # RunError: a known cause, said in one line
+            raise
+        raise RunFailed(e, worker_log.last_lines, worker_log.keep()) from e
     from pipeline.tools.inspect_dataset import summary_table  # noqa: PLC0415
 
-    manifest = shard_pipeline.run(_shard_config(args), beam_args, incremental_run=args.incremental,
-                                  run_log=args.run_log, progress_every_s=args.progress_every)
     print(summary_table(manifest))
     return 0
 
@@ -87,60 +153,182 @@ def cmd_inspect(args, _beam_args) -> int:
     return 0
 
 
+def cmd_env(args, _beam_args) -> int:
+    from pipeline.tools import environment  # noqa: PLC0415
+
+    report = environment.report()
+    print(json.dumps(report, indent=1, sort_keys=True) if args.json else environment.format_report(report))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pileprep", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
-    shard = sub.add_parser("shard", help="tokenize, pack and shard a corpus into TFRecords + manifest")
-    _add_shard_args(shard)
-    shard.set_defaults(func=cmd_shard)
-    sample = sub.add_parser("sample", help="write the embedded Pile-format sample corpus")
-    sample.add_argument("--output", required=True)
-    sample.set_defaults(func=cmd_sample)
-    tok = sub.add_parser("tokenizer", help="tokenizer tools")
-    tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True)
-    train = tok_sub.add_parser("train", help="train a SentencePiece model (byte fallback) on a corpus sample")
-    train.add_argument("--input", nargs="+", required=True, metavar="GLOB")
-    train.add_argument("--output", required=True, help="PATH.model")
-    train.add_argument("--vocab-size", type=int, default=8000)
-    train.set_defaults(func=cmd_tokenizer_train)
-    inspect = sub.add_parser("inspect", help="print a dataset's manifest summary and decode a few examples")
+    parser = Parser(prog="pileprep", description="The Pile (or any JSON-lines corpus) -> tokenized, packed "
+                                                 "TFRecord shards with a manifest, on Apache Beam.",
+                    epilog="`pileprep COMMAND --help` lists a command's options and their defaults.")
+    parser.add_argument("--version", action="version", version=f"pileprep {PILEPREP_VERSION}")
+    _verbosity(parser, top=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
+
+    shard = _subcommand(sub, "shard", cmd_shard, "tokenize, pack and shard a corpus into TFRecords + manifest",
+                        beam_args=True, path_errors=False, epilog="Other options go to Apache Beam (--runner, --project, "
+                                               "--temp_location, ...), see README 'Running on Dataflow, Flink "
+                                               "or Spark'.")
+    shard.add_argument("--config", metavar="FILE.toml", default=None,
+                       help="read options from a TOML file (keys are the option names, e.g. seq-len = 2048; "
+                            "beam-args = [...] for Beam options); options on the command line override it")
+    options.add_options(shard, ShardConfig)
+    options.add_options(shard, RunOptions)
+
+    sample = _subcommand(sub, "sample", cmd_sample, "write the embedded Pile-format sample corpus")
+    sample.add_argument("--output", required=True, help="directory to write the sample corpus to")
+
+    tok = sub.add_parser("tokenizer", help="tokenizer tools", description="tokenizer tools")
+    _verbosity(tok, top=False)
+    tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="COMMAND", parser_class=Parser)
+    train = _subcommand(tok_sub, "train", cmd_tokenizer_train,
+                        "train a SentencePiece model (byte fallback) on a corpus sample")
+    train.add_argument("--input", nargs="+", required=True, metavar="GLOB", help="corpus files or globs")
+    train.add_argument("--output", required=True, metavar="PATH.model", help="where to write the model")
+    train.add_argument("--vocab-size", type=int, default=8000, help="vocabulary size")
+
+    inspect = _subcommand(sub, "inspect", cmd_inspect,
+                          "print a dataset's manifest summary and decode a few examples")
     inspect.add_argument("dataset", help="dataset directory or manifest.json")
-    inspect.add_argument("--examples", type=int, default=2)
+    inspect.add_argument("--examples", type=int, default=2, help="examples to decode")
     inspect.add_argument("--tokenizer", default=None, help="decode with this model (default: the manifest's)")
-    inspect.set_defaults(func=cmd_inspect)
+
+    env = _subcommand(sub, "env", cmd_env, "print versions and whether the C varint codec is active")
+    env.add_argument("--json", action="store_true", help="machine-readable output")
     return parser
 
 
-def main(argv=None) -> int:
-    parser = build_parser()
-    args, beam_args = parser.parse_known_args(argv)
-    if beam_args and args.command != "shard":
-        parser.error(f"unrecognized arguments: {' '.join(beam_args)}")
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from pipeline.ops.redaction import OneLineFrameworkErrors, RedactingFilter, redact_userinfo  # noqa: PLC0415
+def parse(argv: list, parser: argparse.ArgumentParser | None = None):
+    """(args, beam_args): pileprep's options (with --config merged under them) and the checked Beam options."""
+    parser = parser or build_parser()
+    args, rest = parser.parse_known_args(argv)
+    config_path = getattr(args, "config", None)
+    if config_path:
+        values, toml_beam_args = options.load_toml(config_path, (ShardConfig, RunOptions))
+        args.subparser.set_defaults(**values)
+        args, rest = parser.parse_known_args(argv)
+        rest = toml_beam_args + rest
+    if rest:
+        sub = getattr(args, "subparser", parser)
+        own = [o for a in sub._actions for o in a.option_strings]  # noqa: SLF001
+        if getattr(args, "accepts_beam_args", False):
+            # runner short names pileprep adds (--runner=DaskRunner) resolve before Beam's parser sees them
+            rest = options.check_beam_args(runners.normalise_beam_args(rest), own)
+        else:
+            flagged = [r for r in rest if r.startswith("-")]
+            bad = (flagged or rest)[0].split("=", 1)[0]
+            raise UsageError(f"{sub.prog}: unrecognized argument {bad}{options.did_you_mean(bad, own)}")
+    return args, rest
 
-    for handler in logging.getLogger().handlers:
+
+@contextlib.contextmanager
+def _user_view(worker_log, args):
+    """While fd 2 goes to the worker log: progress and pileprep's own warnings (INFO with -v) still reach the
+    user's stderr; the log file gets everything at INFO."""
+    from pipeline.ops import progress  # noqa: PLC0415
+
+    display = progress.Display(worker_log.stderr, tty=worker_log.stderr.isatty())
+    progress_log = logging.getLogger("pileprep.progress")
+    handler = None
+    saved = (logging.getLogger().level, LOG.level)
+    if not args.quiet:
+        progress_log.addHandler(display)
+    if worker_log.path:  # fd 2 is the log file: root's handler writes there
+        handler = logging.StreamHandler(worker_log.stderr)
+        handler.setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING)
+        handler.setFormatter(logging.Formatter("pileprep: %(levelname)s %(message)s"))
+        handler.addFilter(lambda r: not progress.is_progress_record(r))
         handler.addFilter(RedactingFilter())
-        if not args.verbose:
-            handler.addFilter(OneLineFrameworkErrors())
+        LOG.addHandler(handler)
+        logging.getLogger().setLevel(min(saved[0], logging.INFO))
+        LOG.setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
+    elif not args.quiet:
+        progress_log.setLevel(logging.INFO)
     try:
+        yield display
+    finally:
+        display.finish()
+        progress_log.removeHandler(display)
+        if handler is not None:
+            LOG.removeHandler(handler)
+        logging.getLogger().setLevel(saved[0])
+        LOG.setLevel(saved[1])
+
+
+def _quiet_beam_import_warning(record: logging.LogRecord) -> bool:
+    """Beam warns on import that apitools is missing whenever the gcp extra is not installed; pileprep only
+    needs it for Dataflow, and checks for it when --runner names Dataflow (pipeline/options.py)."""
+    return not record.getMessage().startswith("apitools not found")
+
+
+def _configure_logging(args=None) -> None:
+    """Before parsing (Beam's imports log), and again with the level -v / -q ask for."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(_quiet_beam_import_warning)
+            handler.addFilter(RedactingFilter())  # credentials in URLs never reach a log line
+    if args is not None:
+        verbose = getattr(args, "verbose", 0) or 0
+        quiet = getattr(args, "quiet", False)
+        logging.getLogger().setLevel(logging.DEBUG if verbose > 1 else logging.INFO if verbose
+                                     else logging.ERROR if quiet else logging.WARNING)
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    verbose = 0
+    args = None
+    _configure_logging()
+    try:
+        args, beam_args = parse(argv)
+        verbose = getattr(args, "verbose", 0) or 0
+        _configure_logging(args)
         return args.func(args, beam_args)
-    except ConfigError as e:
-        print(f"pileprep: {redact_userinfo(str(e))}", file=sys.stderr)
-        return 2
-    except RunError as e:
-        print(f"pileprep: run failed: {redact_userinfo(str(e))}", file=sys.stderr)
-        return 1
-    except (RunInterrupted, KeyboardInterrupt) as e:
+    except RunInterrupted as e:  # the shard run removed its partial generation (pipeline/shard/shard_pipeline.py)
         print("pileprep: interrupted; previous dataset intact", file=sys.stderr, flush=True)
-        return e.exit_code if isinstance(e, RunInterrupted) else 130
-    except (FileNotFoundError, ValueError) as e:
-        if type(e).__name__ in ("TokenizerError", "FileNotFoundError", "ContractError"):
-            print(f"pileprep: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("pileprep: interrupted", file=sys.stderr)
+        return 130
+    except RunError as e:
+        print(f"pileprep: failed: {redact_userinfo(one_line(e))}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `pileprep inspect DIR | head`: the reader left; say nothing, like other tools
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
+        except OSError:
+            pass
+        return 141
+    except Exception as e:  # noqa: BLE001 - the one place that turns exceptions into exit codes
+        if is_user_error(e) or (isinstance(e, PATH_ERRORS) and getattr(args, "path_errors", False)):
+            print(f"pileprep: error: {redact_userinfo(one_line(e))}", file=sys.stderr)
             return 2
-        raise
+        _report_failure(e if isinstance(e, RunFailed) else RunFailed(e, [], None), verbose)
+        return 1
+
+
+def _report_failure(e: RunFailed, verbose: int) -> None:
+    """A failed run: the worker log's tail, where the log is kept, and the error in one line."""
+    cause = e.__cause__ or e
+    if e.tail:
+        print(f"pileprep: last {len(e.tail)} lines of the worker log ({e.log_path}):", file=sys.stderr)
+        for line in e.tail:
+            print("  " + line, file=sys.stderr)
+    if verbose > 1:
+        traceback.print_exception(cause)
+    lines = [ln.strip() for ln in str(cause).splitlines() if ln.strip()] or [type(cause).__name__]
+    # Beam wraps a worker's error with the worker's traceback: its first and last lines say what happened.
+    message = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    if len(message) > 500:
+        message = message[:497] + "..."
+    print(f"pileprep: failed: {type(cause).__name__}: {redact_userinfo(message)}"
+          + ("" if verbose > 1 else " (-vv for the traceback)"), file=sys.stderr)
 
 
 if __name__ == "__main__":

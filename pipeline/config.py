@@ -8,64 +8,82 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional
 
+from pipeline.errors import ConfigError  # noqa: F401 - re-exported: `from pipeline.config import ConfigError`
 from transforms.documents import SPLITS
 
-PILEPREP_VERSION = "0.1.0"
+PILEPREP_VERSION = "0.1.0"  # equals [project].version in pyproject.toml (tests/test_install.py checks)
 BYTES_PER_TOKEN_ESTIMATE = 6.0  # serialized int64 varints of 3 features + framing, measured on the sample
+# Packing holds one example at a time: 3 int64 features, their serialized form and the framed record, measured
+# at 86 bytes per token (tracemalloc, seq_len 262144). The upper bound keeps one example under ~100 MiB, so a
+# typo (`--seq-len 1000000000`) fails before any work instead of growing until the kernel kills the job.
+EXAMPLE_BYTES_PER_TOKEN = 96
+MAX_SEQ_LEN = 1 << 20
+ZSTD_MAX_WINDOW_MB = 2048  # zstd's own limit (window log 31)
 
 
-class ConfigError(ValueError):
-    """The configuration cannot work; the message says which option to change."""
+def option(default=dataclasses.MISSING, help: str = "", *, flag: Optional[str] = None,  # noqa: A002
+           metavar: Optional[str] = None, group: Optional[str] = None, exclusive: Optional[str] = None,
+           manifest: bool = True, cli: bool = True, short: Optional[str] = None):
+    """A config field and its command-line option in one place (pipeline/options.py derives the CLI from it).
 
-
-class RunError(RuntimeError):
-    """The run failed and committed nothing (exit 1); the message is one line saying why."""
-
-
-class RunInterrupted(BaseException):
-    """SIGINT / SIGTERM: the run stopped, removed its partial generation and committed nothing."""
-
-    def __init__(self, signum):
-        # Beam re-raises a failed bundle's exception as the same type with its message augmented, so the
-        # argument is either the signal number or such a message ("interrupted by signal 15 [while running..]").
-        if not isinstance(signum, int):
-            found = re.search(r"signal (\d+)", str(signum))
-            signum = int(found.group(1)) if found else 2
-        super().__init__(f"interrupted by signal {int(signum)}")
-        self.signum = int(signum)
-
-    @property
-    def exit_code(self) -> int:
-        return 128 + self.signum
+    `flag`: the option name when it is not `--field-name` (e.g. `inputs` is `--input`); `group`: the help
+    section; `exclusive`: options sharing this name are mutually exclusive; `manifest=False`: the field says
+    where or how the job runs, not what the data is, so it stays out of the manifest and the fingerprint;
+    `cli=False`: not an option at all.
+    """
+    metadata = {"help": help, "flag": flag, "metavar": metavar, "group": group, "exclusive": exclusive,
+                "manifest": manifest, "cli": cli, "short": short}
+    if isinstance(default, (list, dict, set)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass(frozen=True)
 class ShardConfig:
-    inputs: tuple  # globs
-    output: str
-    tokenizer: str
-    seq_len: int = 2048
-    num_shards: Optional[int] = None  # train shards; val/test get a proportional count (at least 1)
-    target_shard_mb: float = 1024.0  # used when num_shards is not given
-    val_fraction: float = 0.01
-    test_fraction: float = 0.01
-    seed: int = 0
-    text_field: str = "text"
-    source_fields: tuple = ("meta.pile_set_name",)
-    unit_mb: float = 32.0  # raw text per tokenization work unit (the parallelism grain)
-    max_line_mb: float = 256.0
-    staging_dir: Optional[str] = None  # default: <output>/_staging
-    break_lock: bool = field(default=False, metadata={
-        "help": "remove another run's lock on --output first (only when that run is known to be gone; a "
-                "crashed run's lock goes stale by itself after 120 s)"})
-    max_dead_letter_fraction: float = field(default=0.5, metadata={
-        "help": "fail without committing when more than this fraction of the records read are dead-lettered "
-                "(checked once at least 1,000 records were read)"})
-    extra: dict = field(default_factory=dict)
+    """What the shard job makes: every field is a `pileprep shard` option and a `--config` TOML key."""
+    inputs: tuple[str, ...] = option(
+        help="input files or globs (.jsonl, .jsonl.zst, .jsonl.gz, .json.gz; local, mounted or s3://)",
+        flag="--input", metavar="GLOB")
+    output: str = option(help="dataset directory (local, EFS/FSx mount, or s3://bucket/prefix)", manifest=False,
+                         metavar="DIR")
+    tokenizer: str = option(help="SentencePiece .model file", metavar="PATH.model")
+    seq_len: int = option(2048, "tokens per example")
+    num_shards: Optional[int] = option(None, "train shards (val/test get a proportional count, at least 1)",
+                                       exclusive="size", metavar="N")
+    target_shard_mb: float = option(1024.0, "target shard size in MiB, used when --num-shards is not given",
+                                    exclusive="size", metavar="MB")
+    val_fraction: float = option(0.01, "fraction of documents (by id hash) that go to the val split")
+    test_fraction: float = option(0.01, "fraction of documents (by id hash) that go to the test split")
+    seed: int = option(0, "seed of the split hash and of packing order")
+    text_field: str = option("text", "JSON field with the text (dotted path)", metavar="FIELD")
+    source_fields: tuple[str, ...] = option(
+        ("meta.pile_set_name",), "fields naming the document's source, first present wins (e.g. 'source' for "
+        "Dolma)", flag="--source-field", metavar="FIELD")
+    unit_mb: float = option(32.0, "raw text per tokenization work unit (the parallelism grain)", metavar="MB")
+    max_line_mb: float = option(
+        16.0, "longer input lines are dead-lettered (line_too_long); bounds reader and tokenizer memory: a "
+        "document at the limit tokenizes within ~1.1 GB per worker (README, memory)", metavar="MB")
+    max_zstd_window_mb: float = option(
+        512.0, "largest zstd decompression window read (held in memory while a file is read; `zstd --long=N` "
+        "files need 2^N bytes); files that need more are dead-lettered (zstd_window_too_large)", metavar="MB")
+    staging_dir: Optional[str] = option(None, "where spill files and worker logs go (default <output>/_staging)",
+                                        manifest=False, metavar="DIR")
+    # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
+    tokenizer_backend: Literal["auto", "sentencepiece", "kitoken"] = option(
+        "auto", "exact fast tokenizer path: auto uses kitoken on BPE models after id-for-id parity with "
+        "SentencePiece on the run's sample (transforms/tokenizer_backends.py)", manifest=False)
+    # Operations (docs/OPERATIONS.md §3): how a run guards the output, not what it makes.
+    break_lock: bool = option(
+        False, "remove another run's lock on --output first (only when that run is known to be gone; a crashed "
+        "run's lock goes stale by itself after 120 s)", manifest=False, group="operations (docs/OPERATIONS.md)")
+    max_dead_letter_fraction: float = option(
+        0.5, "fail without committing when more than this fraction of the records read are dead-lettered "
+        "(checked once at least 1,000 records were read)", manifest=False, metavar="FRACTION",
+        group="operations (docs/OPERATIONS.md)")
+    extra: dict = option({}, cli=False, manifest=False)
 
     def validate(self) -> None:
         problems = []
@@ -75,6 +93,10 @@ class ShardConfig:
             problems.append("--output: give an output directory")
         if self.seq_len < 2:
             problems.append(f"--seq-len must be at least 2, got {self.seq_len}")
+        elif self.seq_len > MAX_SEQ_LEN:
+            problems.append(f"--seq-len {self.seq_len} is above the limit {MAX_SEQ_LEN}: one example needs about "
+                            f"{EXAMPLE_BYTES_PER_TOKEN} bytes per token in memory while it is packed "
+                            f"({self.seq_len * EXAMPLE_BYTES_PER_TOKEN / (1 << 30):.1f} GiB)")
         if self.num_shards is not None and self.num_shards < 1:
             problems.append(f"--num-shards must be at least 1, got {self.num_shards}")
         if self.target_shard_mb <= 0:
@@ -84,10 +106,15 @@ class ShardConfig:
                 problems.append(f"{name} must be in [0, 1), got {value}")
         if self.val_fraction + self.test_fraction >= 1.0:
             problems.append("--val-fraction + --test-fraction must leave something for train")
+        if self.tokenizer_backend not in ("auto", "sentencepiece", "kitoken"):
+            problems.append(f"--tokenizer-backend must be auto, sentencepiece or kitoken, got {self.tokenizer_backend!r}")
         if not 0.0 <= self.max_dead_letter_fraction <= 1.0:
             problems.append(f"--max-dead-letter-fraction must be in [0, 1], got {self.max_dead_letter_fraction}")
         if self.unit_mb <= 0 or self.max_line_mb <= 0:
             problems.append("--unit-mb and --max-line-mb must be positive")
+        if not 0 < self.max_zstd_window_mb <= ZSTD_MAX_WINDOW_MB:
+            problems.append(f"--max-zstd-window-mb must be in (0, {ZSTD_MAX_WINDOW_MB}] (zstd's largest window), "
+                            f"got {self.max_zstd_window_mb}")
         if problems:
             raise ConfigError("invalid shard configuration:\n  " + "\n  ".join(problems))
 
@@ -99,11 +126,16 @@ class ShardConfig:
     def max_line_bytes(self) -> int:
         return int(self.max_line_mb * (1 << 20))
 
+    @property
+    def max_zstd_window_bytes(self) -> int:
+        return int(self.max_zstd_window_mb * (1 << 20))
+
     def to_manifest_dict(self) -> dict:
         """What goes into the manifest: everything that shapes the data, nothing about where or how it ran."""
         d = dataclasses.asdict(self)
-        for key in ("output", "staging_dir", "extra", "break_lock", "max_dead_letter_fraction"):
-            d.pop(key)
+        for f in dataclasses.fields(self):
+            if not f.metadata.get("manifest", True):
+                d.pop(f.name)
         d["inputs"] = list(self.inputs)
         d["source_fields"] = list(self.source_fields)
         d["splits"] = list(SPLITS)
@@ -120,3 +152,21 @@ def fingerprint(config: ShardConfig, tokenizer_sha256: str, ledger: list, parent
         identity["parents"] = sorted(parents)
     blob = json.dumps(identity, sort_keys=True)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How `pileprep shard` runs (not what it makes): options, never in the manifest or the fingerprint."""
+    incremental: bool = option(False, "add only input files the dataset does not hold yet, as a new generation; "
+                                      "changed or removed inputs are an error; nothing new = nothing to do",
+                               group="operations (docs/OPERATIONS.md)", manifest=False)
+    run_log: Optional[str] = option(None, "append a JSON-lines run log (start, plan, progress, committed, summary, "
+                                          "error)", group="operations (docs/OPERATIONS.md)", metavar="PATH",
+                                    manifest=False)
+    progress_every: Optional[float] = option(
+        None, "progress period in seconds: docs/s, tokens/s, MB/s, ETA, dead letters (default: 1 on a terminal, "
+              "10 otherwise; 0 = off)", group="operations (docs/OPERATIONS.md)", metavar="SECONDS",
+        manifest=False)
+    dry_run: bool = option(False, "estimate files, bytes, tokens, examples, shards, output bytes and core-hours "
+                                  "from a sample of the inputs; write nothing", group="operations (docs/OPERATIONS.md)",
+                           manifest=False)

@@ -8,13 +8,12 @@ import json
 import pathlib
 import shlex
 import sys
-import types
 
 import pytest
 
 from pipeline.ops import progress, runlog
 from pipeline.shard import shard_pipeline
-from pipeline.cli import build_parser
+from pipeline.cli import parse
 from pipeline.config import ConfigError, ShardConfig
 from tests.conftest import REPO
 from tests.ops_fixtures import FAST_LOCAL, real_corpus, tokenizer_path
@@ -49,6 +48,33 @@ def test_reporter_merges_sources_and_reports_periodically():
     assert p1.counters == {"documents": 12, "tokens": 100, "raw_bytes": 1000} and p1.elapsed_s == 2.0
     rep.poll()
     assert len(seen) == 2 and seen[1].elapsed_s == 4.0
+
+
+def test_display_refreshes_one_line_on_a_terminal_and_prints_lines_otherwise():
+    import io
+    import logging
+
+    counters = {"documents": 500, "tokens": 90_000, "raw_bytes": 4_000_000, "input_bytes": 1_000_000,
+                "split_raw_bytes": 8_000_000, "dead_letters": 7, "input_files": 1}
+    p = progress.Progress(4.0, counters, total_input_bytes=2_000_000, total_input_files=2)
+    record = logging.LogRecord("pileprep.progress", logging.INFO, __file__, 1, "progress", (), None)
+    record.progress = p
+    term, plain = io.StringIO(), io.StringIO()
+    tty, lines = progress.Display(term, tty=True), progress.Display(plain, tty=False)
+    for _ in range(3):
+        tty.emit(record)
+        lines.emit(record)
+    tty.finish()
+    assert term.getvalue().count("\r\x1b[K") == 3 and term.getvalue().count("\n") == 1  # one line, redrawn
+    bar = term.getvalue().split("\r\x1b[K")[-1]
+    assert "[" in bar and "%" in bar and "500 docs 125/s" in bar and "22,500 tok/s" in bar and "dead 7" in bar
+    assert "ETA" in bar and "1.00 MB/s" in bar
+    assert plain.getvalue().count("\n") == 3 and "\r" not in plain.getvalue()
+    assert all(l.startswith(progress.Display.PREFIX) and "dead letters 7" in l
+               for l in plain.getvalue().splitlines())
+    other = logging.LogRecord("pileprep", logging.WARNING, __file__, 1, "not progress", (), None)
+    lines.emit(other)  # only progress records are shown by the display
+    assert plain.getvalue().count("\n") == 3
 
 
 def test_summary_table_lists_every_counter_with_rate():
@@ -97,7 +123,8 @@ def test_run_log_records_errors(tmp_path):
 
 # -------------------------------------------------------------------------------------------- schedules
 def _parse_shard(argv):
-    args, beam_args = build_parser().parse_known_args(argv)
+    """The CLI's own parsing: unknown options (a flag set drifting from the CLI) are a UsageError."""
+    args, beam_args = parse(argv)
     assert args.command == "shard"
     return args, beam_args
 
@@ -117,43 +144,6 @@ def test_cron_line_is_valid_and_runs_an_incremental_shard():
     assert args.incremental and args.run_log and not beam_args
 
 
-def test_airflow_dag_file_imports_and_builds_the_task(monkeypatch):
-    """With Airflow installed the real import is used; otherwise a stand-in records what the file builds."""
-    built = {}
-    if importlib.util.find_spec("airflow") is None:
-        class DAG:
-            def __init__(self, dag_id, **kw):
-                built["dag"] = (dag_id, kw)
-
-            def __enter__(self):
-                return self
-
-            def __exit__(self, *exc):
-                return False
-
-        class BashOperator:
-            def __init__(self, task_id, bash_command, **kw):
-                built["task"] = (task_id, bash_command, kw)
-
-        airflow = types.ModuleType("airflow")
-        airflow.DAG = DAG
-        ops = types.ModuleType("airflow.operators")
-        bash = types.ModuleType("airflow.operators.bash")
-        bash.BashOperator = BashOperator
-        for name, mod in (("airflow", airflow), ("airflow.operators", ops), ("airflow.operators.bash", bash)):
-            monkeypatch.setitem(sys.modules, name, mod)
-    spec = importlib.util.spec_from_file_location("pileprep_dag", SCHEDULE / "airflow_dag.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.dag is not None
-    argv = shlex.split(module.shard_command())[1:]
-    args, _ = _parse_shard(argv)
-    assert args.incremental
-    if built:
-        assert built["dag"][0] == "pileprep_incremental_shard" and built["dag"][1]["max_active_runs"] == 1
-        assert built["task"][1] == module.shard_command()
-
-
 def test_flex_template_spec_maps_onto_the_cli():
     meta = json.loads((SCHEDULE / "flex_template" / "metadata.json").read_text())
     spec = importlib.util.spec_from_file_location("flex_main", SCHEDULE / "flex_template" / "main.py")
@@ -168,8 +158,94 @@ def test_flex_template_spec_maps_onto_the_cli():
     argv = flex.translate([f"--{k}={v}" for k, v in sample.items()] + ["--project=p", "--region=europe-west4",
                                                                         "--temp_location=gs://d/tmp"])
     args, beam_args = _parse_shard(argv)
-    assert args.input == ["gs://c/a/*.jsonl.zst", "gs://c/b/*.jsonl.zst"] and args.seq_len == 2048
+    assert args.inputs == ["gs://c/a/*.jsonl.zst", "gs://c/b/*.jsonl.zst"] and args.seq_len == 2048
     assert args.incremental and args.target_shard_mb == 512.0
     assert beam_args == ["--project=p", "--region=europe-west4", "--temp_location=gs://d/tmp"]
     assert not flex.translate(["--incremental=false"])[1:]
     assert pathlib.Path(SCHEDULE / "flex_template" / "Dockerfile").read_text().count("FLEX_TEMPLATE_PYTHON_PY_FILE")
+
+
+def test_flex_template_metadata_is_generated_from_the_config():
+    """Drift test: metadata.json lists every shard option (it once lacked --source-field, which Dataflow then
+    dropped silently); `make flex-template` regenerates it."""
+    from pipeline import options
+    from pipeline.config import RunOptions
+
+    meta = json.loads((SCHEDULE / "flex_template" / "metadata.json").read_text())
+    assert meta == options.template_metadata(), "stale metadata.json: run `make flex-template`"
+    names = {p["name"] for p in meta["parameters"]}
+    assert "source_fields" not in names and "source_field" in names
+    every = {s.key for cls in (ShardConfig, RunOptions) for s in options.specs(cls)} - options.TEMPLATE_EXCLUDED
+    assert names == every
+    spec = importlib.util.spec_from_file_location("flex_main", SCHEDULE / "flex_template" / "main.py")
+    flex = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(flex)
+    argv = flex.translate(["--input=gs://c/*.zst", "--output=gs://d", "--tokenizer=/t.model",
+                           "--source_field=meta.pile_set_name,source", "--text_field=content"])
+    args, beam_args = _parse_shard(argv)
+    assert args.source_fields == ["meta.pile_set_name", "source"] and args.text_field == "content"
+    assert not beam_args
+
+
+# ----------------------------------------------------------------------------- what a user sees (issue 11 §1)
+def test_a_normal_shard_run_keeps_stderr_short_and_shows_progress(tmp_path):
+    """Default runner (FnApiRunner, 2 worker processes), stderr not a terminal: plain progress lines with rates
+    and dead letters, at most 15 other lines (Beam's ~45 INFO lines go to the worker log), summary on stdout."""
+    from tests.ops_fixtures import run_cli
+
+    corpus = real_corpus(tmp_path / "corpus", names=("pile/00.jsonl.zst", "pile/val.jsonl.zst"))
+    out = tmp_path / "out"
+    res = run_cli(["shard", "--input", str(corpus / "*"), "--output", str(out), "--tokenizer", tokenizer_path(),
+                   "--seq-len", "256", "--num-shards", "2", "--progress-every", "0.2"], timeout_s=170)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stderr.splitlines()
+    progress_lines = [l for l in lines if l.startswith(progress.Display.PREFIX)]
+    other = [l for l in lines if not l.startswith(progress.Display.PREFIX)]
+    assert len(other) <= 15, other
+    assert progress_lines and all(k in progress_lines[-1] for k in ("docs", "/s", "MB/s", "ETA", "dead letters"))
+    assert "\r" not in res.stderr  # not a terminal: no in-place refresh
+    assert "per second" in res.stdout and "records: read" in res.stdout  # the summaries
+    assert not list(out.rglob("*.log"))  # the worker log is removed after a successful run
+
+
+def test_quiet_shows_no_progress(tmp_path):
+    from tests.ops_fixtures import run_cli
+
+    corpus = real_corpus(tmp_path / "corpus", names=("pile/val.jsonl.zst",))
+    res = run_cli(["shard", "--input", str(corpus / "*"), "--output", str(tmp_path / "out"), "--tokenizer",
+                   tokenizer_path(), "--seq-len", "256", "-q", *FAST_LOCAL], timeout_s=120)
+    assert res.returncode == 0 and res.stderr == "", res.stderr[-2000:]
+
+
+FAILING_RUN = """
+import os, subprocess, sys
+from pipeline.shard import shard_pipeline
+def fake_run(config, beam_args=None, **kw):
+    os.makedirs(os.path.join(config.output, "_staging"), exist_ok=True)  # a real run creates its staging root
+    subprocess.run([sys.executable, "-c", "import sys; [print('worker line', i, file=sys.stderr) for i in range(60)]"])
+    print("driver noise", file=sys.stderr)
+    raise RuntimeError("a worker crashed")
+shard_pipeline.run = fake_run
+from pipeline.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_failed_run_prints_the_worker_log_tail_and_keeps_it_in_staging(tmp_path):
+    import subprocess
+
+    from tests.ops_fixtures import subprocess_env
+
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-c", FAILING_RUN, "shard", "--input", "x", "--output", str(out),
+                          "--tokenizer", "t"], capture_output=True, text=True, timeout=120,
+                         env=subprocess_env(PYTHONPATH=str(REPO)), cwd=str(REPO))
+    assert res.returncode == 1, res.stderr
+    err = res.stderr.splitlines()
+    assert err[-1].startswith("pileprep: failed: RuntimeError: a worker crashed")
+    assert "worker line 59" in res.stderr and "worker line 0\n" not in res.stderr  # only the tail
+    assert len(err) <= 25 and "Traceback" not in res.stderr
+    logs = list((out / "_staging" / "logs").glob("*.log"))
+    assert len(logs) == 1 and str(logs[0]) in res.stderr
+    kept = logs[0].read_text()
+    assert "worker line 0\n" in kept and "driver noise" in kept and "Traceback" in kept  # the whole story

@@ -226,7 +226,7 @@ def test_fifty_megabyte_document_is_split_with_bounded_memory(tiny_tokenizer, tm
     env = dict(os.environ, PYTHONPATH=str(pathlib.Path(__file__).resolve().parents[1]))
     proc = subprocess.run([sys.executable, "-c", code, "shard", "--input", str(corpus / "*"), "--output", str(out),
                            "--tokenizer", tiny_tokenizer, "--seq-len", "2048", "--num-shards", "1",
-                           "--val-fraction", "0", "--test-fraction", "0", *IN_MEMORY],
+                           "--val-fraction", "0", "--test-fraction", "0", "--max-line-mb", "64", *IN_MEMORY],
                           capture_output=True, text=True, env=env, timeout=580)
     assert proc.returncode == 0, proc.stderr[-3000:]
     maxrss_mb = int(proc.stdout.split("MAXRSS_KB")[1].split()[0]) / 1024

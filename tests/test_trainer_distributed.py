@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
 
 from tests.trainer_fixtures import write_dataset
-from tests.trainer_launch import TINY, losses, read_metrics, run_and_kill_after, run_trainer
+from tests.trainer_launch import TINY, crash_run, losses, run_trainer
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +26,7 @@ def _grads(directory) -> dict:
 @pytest.fixture(scope="module")
 def reference_grads(dataset, tmp_path_factory):
     d = tmp_path_factory.mktemp("grads-ref")
-    run_trainer(1, ["--data", dataset, *TINY, "--steps", "1", "--microbatches", "1", "--dump-grads", str(d)])
+    run_trainer(1, ["--data", dataset, *TINY, "--steps", "1", "--microbatches", "1"], hooks={"dump_grads": str(d)})
     return _grads(d)
 
 
@@ -38,7 +39,7 @@ def test_pipeline_gradients_equal_unpipelined(dataset, reference_grads, tmp_path
     tied, so the last stage's head.weight gradient (after the tied all-reduce) must equal the whole tied gradient.
     """
     run_trainer(2, ["--data", dataset, *TINY, "--steps", "1", "--pp", "2", "--microbatches", "4",
-                    "--schedule", schedule, "--partition", partition, "--dump-grads", str(tmp_path)])
+                    "--schedule", schedule, "--partition", partition], hooks={"dump_grads": str(tmp_path)})
     got = _grads(tmp_path)
     blocks = {n.split(".")[1] for n in got if n.startswith("blocks.")}
     assert blocks == {"0", "1", "2"}, "a layer was dropped by the partition"
@@ -74,31 +75,66 @@ def test_dp2_x_pp2_mesh_matches_single_process(dataset, tmp_path):
         assert mesh[step] == pytest.approx(single[step], rel=1e-5), step
 
 
-@pytest.mark.timeout(240)
-def test_sigkill_and_resume_continues_losses(dataset, tmp_path):
-    """PP=2 run killed with SIGKILL mid-run resumes from the latest checkpoint; losses equal an uninterrupted run."""
-    common = ["--data", dataset, *TINY, "--steps", "8", "--log-every", "1", "--pp", "2", "--microbatches", "2",
-              "--checkpoint-every", "3"]
-    run_trainer(2, common + ["--checkpoint-dir", str(tmp_path / "ck-a"), "--metrics-file", str(tmp_path / "a.jsonl")])
-    ref = losses(tmp_path / "a.jsonl")
+# ---------------------------------------------------------------------------------------------- crash-resume
+# Every crashed run: 7 steps, a checkpoint every 3, every process SIGKILLed after step 4 (so `latest` is step 3
+# and step 4's work is lost). One uninterrupted single-process run is the reference for every layout (DP, PP and
+# one process compute the same losses). Runs are shared between tests through module-scoped fixtures.
+CRASH_STEPS, CKPT_EVERY, KILL_AFTER = 7, 3, 4
+LAYOUTS = {"pp1": (1, []), "pp2": (2, ["--pp", "2"]), "dp2xpp2-zero": (4, ["--dp", "2", "--pp", "2", "--zero"]),
+           "dp2xpp2": (4, ["--dp", "2", "--pp", "2"])}
 
-    b_metrics = tmp_path / "b.jsonl"
-    run_and_kill_after(2, common + ["--checkpoint-dir", str(tmp_path / "ck-b"), "--metrics-file", str(b_metrics)],
-                       str(b_metrics), kill_after_step=4)
-    assert (tmp_path / "ck-b" / "latest").read_text() == "step_00000003"
-    proc = run_trainer(2, common + ["--checkpoint-dir", str(tmp_path / "ck-b"), "--metrics-file", str(b_metrics)])
-    assert "resumed from" in proc.stdout
-    records = read_metrics(b_metrics)
-    after = [r for r in records if r["step"] > 3][-5:]  # the resumed run's steps 4..8
-    assert [r["step"] for r in after] == [4, 5, 6, 7, 8]
-    for r in after:
-        assert r["loss"] == pytest.approx(ref[r["step"]], rel=1e-5, abs=1e-6), r["step"]
 
-    # Tied embeddings across stages stay identical: stage 0's tok_emb equals the last stage's head copy.
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-    dcp_to_torch_save(str(tmp_path / "ck-b" / "step_00000008"), str(tmp_path / "final.pt"))
-    sd = torch.load(tmp_path / "final.pt", weights_only=False)["model"]
-    torch.testing.assert_close(sd["tok_emb.weight"], sd["head.weight"], rtol=0, atol=0)
+def _common(dataset):
+    return ["--data", dataset, *TINY, "--steps", str(CRASH_STEPS), "--log-every", "1",
+            "--checkpoint-every", str(CKPT_EVERY)]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(dataset, tmp_path_factory):
+    d = tmp_path_factory.mktemp("ref")
+    run_trainer(1, _common(dataset) + ["--metrics-file", str(d / "m.jsonl")])
+    return losses(d / "m.jsonl")
+
+
+@pytest.fixture(scope="module")
+def crashed(dataset, tmp_path_factory):
+    """layout -> checkpoint directory of a run of that layout killed after step KILL_AFTER (made on demand)."""
+    made = {}
+
+    def get(layout):
+        if layout not in made:
+            d = tmp_path_factory.mktemp(f"crash-{layout}")
+            nproc, extra = LAYOUTS[layout]
+            crash_run(nproc, _common(dataset) + extra + ["--checkpoint-dir", str(d / "ck"),
+                                                         "--metrics-file", str(d / "m.jsonl")], d, KILL_AFTER)
+            assert max(losses(d / "m.jsonl")) == KILL_AFTER, "the killed run went on"
+            assert (d / "ck" / "latest").read_text() == f"step_{CKPT_EVERY:08d}"
+            made[layout] = d / "ck"
+        return made[layout]
+
+    return get
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("before,after", [("pp2", "pp2"), ("dp2xpp2-zero", "dp2xpp2-zero"), ("pp2", "pp1"),
+                                          ("pp1", "pp2"), ("dp2xpp2-zero", "dp2xpp2")])
+def test_crash_resume_is_exact(dataset, uninterrupted, crashed, tmp_path, before, after):
+    """Every process of a run is SIGKILLed; the resumed run (same or another layout, tied embeddings, with or
+    without ZeRO) prints its resume step and every later step's loss equals the uninterrupted run's."""
+    ck = tmp_path / "ck"
+    shutil.copytree(crashed(before), ck)
+    nproc, extra = LAYOUTS[after]
+    proc = run_trainer(nproc, _common(dataset) + extra + ["--checkpoint-dir", str(ck),
+                                                          "--metrics-file", str(tmp_path / "m.jsonl")],
+                       hooks={"dump_params": str(tmp_path / "params")}, timeout=150)
+    assert f"step_{CKPT_EVERY:08d} at step {CKPT_EVERY} " in proc.stdout
+    got = losses(tmp_path / "m.jsonl")
+    assert sorted(got) == list(range(CKPT_EVERY + 1, CRASH_STEPS + 1))
+    for step, loss in got.items():
+        assert loss == pytest.approx(uninterrupted[step], rel=1e-5, abs=1e-6), step
+    if after != "pp1":  # the last stage's copy of the tied embedding stayed identical to the first stage's
+        params = _grads(tmp_path / "params")  # merged over ranks: rank 0's tok_emb, the last rank's head
+        torch.testing.assert_close(params["tok_emb.weight"], params["head.weight"], rtol=0, atol=0)
 
 
 @pytest.mark.timeout(240)
@@ -133,8 +169,16 @@ def test_contract_mismatch_is_one_clear_error(dataset):
 
 
 @pytest.mark.timeout(120)
-def test_too_few_microbatches_is_a_clear_error(dataset):
-    proc = run_trainer(2, ["--data", dataset, *TINY, "--pp", "2", "--microbatches", "1", "--steps", "1"],
-                       check=False, timeout=90)
+def test_damaged_shard_stops_every_rank_with_one_line(dataset, tmp_path):
+    """A shard cut short: each rank's share of the shard checks is gathered, so every rank exits 2 with the same
+    one-line error naming the shard, before any training step (no hang while one rank trains alone)."""
+    d = tmp_path / "data"
+    shutil.copytree(dataset, d)
+    shard = d / "gen-test" / "train-00002-of-00003.tfrecord"
+    shard.write_bytes(shard.read_bytes()[:100])
+    proc = run_trainer(2, ["--data", str(d), *TINY, "--pp", "2", "--steps", "1"], check=False, timeout=90)
     assert proc.returncode != 0
-    assert "--microbatches 1 < pipeline stages 2" in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 2 and len(set(errors)) == 1, proc.stderr[-3000:]
+    assert "shard gen-test/train-00002-of-00003.tfrecord: 100 bytes, the manifest says" in errors[0]
+    assert "step " not in proc.stdout

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import types
 
 import numpy as np
 import pytest
@@ -207,32 +208,236 @@ def test_loader_refuses_a_checkpoint_taken_on_another_shard_list(dataset, tmp_pa
     same.load_state_dict(state)  # the same dataset resumes fine
 
 
-def test_checkpoint_pruning_never_deletes_the_one_just_published(tmp_path):
-    """A directory holding a longer earlier run (steps 80, 100): saving step 10 keeps step 10 as `latest`."""
+@pytest.fixture
+def world_of_one():
+    """An in-process gloo group of one, for checkpoint code that calls barriers."""
     import socket
-    import types
 
     import torch.distributed as dist
-
-    from trainer import checkpoint
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     try:
-        model = torch.nn.Linear(4, 4)
-        opt = torch.optim.AdamW(model.parameters())
-        env = types.SimpleNamespace(rank=0)
-        root = str(tmp_path / "ckpt")
-        for step in (80, 100, 10):
-            checkpoint.save(root, step, model, opt, {}, env, keep=2)
-        assert latest_checkpoint(root) == os.path.join(root, "step_00000010")
-        assert os.path.exists(os.path.join(root, "step_00000010", "meta.json"))
-        assert {"step_00000080", "step_00000100"} <= set(os.listdir(root))
-        for step in (20, 30):
-            checkpoint.save(root, step, model, opt, {}, env, keep=2)
-        kept = sorted(d for d in os.listdir(root) if d.startswith("step_00000") and int(d[5:]) <= 30)
-        assert kept == ["step_00000020", "step_00000030"]  # older steps of this run pruned to keep=2
+        yield types.SimpleNamespace(rank=0)
     finally:
         dist.destroy_process_group()
+
+
+def test_checkpoint_pruning_never_deletes_the_one_just_published(tmp_path, world_of_one):
+    """A directory holding a longer earlier run (steps 80, 100): saving step 10 keeps step 10 as `latest`."""
+    from trainer import checkpoint
+
+    env = world_of_one
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    root = str(tmp_path / "ckpt")
+    for step in (80, 100, 10):
+        checkpoint.save(root, step, model, opt, {}, env, keep=2)
+    assert latest_checkpoint(root) == os.path.join(root, "step_00000010")
+    assert os.path.exists(os.path.join(root, "step_00000010", "meta.json"))
+    assert {"step_00000080", "step_00000100"} <= set(os.listdir(root))
+    for step in (20, 30):
+        checkpoint.save(root, step, model, opt, {}, env, keep=2)
+    kept = sorted(d for d in os.listdir(root) if d.startswith("step_00000") and int(d[5:]) <= 30)
+    assert kept == ["step_00000020", "step_00000030"]  # older steps of this run pruned to keep=2
+
+
+class _Crash(Exception):
+    pass
+
+
+def test_a_crash_at_any_point_of_publishing_leaves_latest_complete(tmp_path, world_of_one, monkeypatch):
+    """Crash (an exception standing in for SIGKILL) at each rename of a save in turn: `latest` always names a
+    complete checkpoint that loads. Writing `latest` before renaming step_N into place fails this."""
+    from trainer import checkpoint
+
+    env = world_of_one
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 4)).sum().backward()
+    opt.step()
+    real = {"rename": os.rename, "replace": os.replace}
+    crash_at = 0
+    while True:
+        root = str(tmp_path / f"ck{crash_at}")
+        checkpoint.save(root, 3, model, opt, {"n": 3}, env)
+        calls = []
+
+        def fs_op(kind):
+            def op(src, dst, *a, **k):
+                calls.append(kind)
+                if len(calls) - 1 == crash_at:
+                    raise _Crash(f"killed before {kind} {os.path.basename(src)} -> {os.path.basename(dst)}")
+                return real[kind](src, dst, *a, **k)
+            return op
+
+        monkeypatch.setattr(os, "rename", fs_op("rename"))
+        monkeypatch.setattr(os, "replace", fs_op("replace"))
+        try:
+            checkpoint.save(root, 6, model, opt, {"n": 6}, env)
+            crashed = False
+        except BaseException as e:  # DCP wraps a crash in its own writes in a CheckpointException (BaseException)
+            from torch.distributed.checkpoint.api import CheckpointException
+            assert isinstance(e, (_Crash, CheckpointException)), e
+            crashed = True
+        finally:
+            monkeypatch.setattr(os, "rename", real["rename"])
+            monkeypatch.setattr(os, "replace", real["replace"])
+        latest = latest_checkpoint(root)  # raises if `latest` names an incomplete checkpoint
+        meta = checkpoint.load(latest, model, opt, env)
+        assert meta["n"] == meta["step"] in (3, 6)
+        if not crashed:
+            assert meta["step"] == 6
+            break
+        crash_at += 1
+    assert crash_at >= 3  # DCP's metadata rename, the directory rename and the pointer replace each interrupted
+
+
+def _clip_worker(rank: int, init_file: str, grads: dict, max_norm: float, out: str) -> None:
+    """One pipeline stage of two: its parameters get the whole model's gradients, then the trainer clips."""
+    import torch.distributed as dist
+
+    from trainer.parallel import clip_grad_norm
+    from trainer.partition import partition_model
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    spec = partition_model(CFG, 2)[rank]
+    stage = GPTStage(CFG, spec.layers, first=spec.first, last=spec.last)
+    for name, p in stage.named_parameters():
+        p.grad = grads["tok_emb.weight" if name == "head.weight" else name].clone()  # the synced tied grad
+    env = types.SimpleNamespace(pp=2, pp_rank=rank, is_first_stage=rank == 0, is_last_stage=rank == 1,
+                                pp_group=dist.group.WORLD, device=torch.device("cpu"), dp=1)
+    norm = clip_grad_norm(stage, max_norm, env)
+    torch.save({"norm": float(norm), "grads": {n: p.grad for n, p in stage.named_parameters()}},
+               os.path.join(out, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_global_clip_norm_spans_pipeline_stages(tmp_path):
+    """Two stages clip by the norm of the whole model's gradient (tied weight counted once), exactly as the
+    unpipelined model does: a stage clipping by its own norm fails this."""
+    import torch.multiprocessing as mp
+
+    whole = build_gpt(CFG)
+    g = torch.Generator().manual_seed(0)
+    grads = {n: torch.randn(p.shape, generator=g) for n, p in whole.named_parameters()}
+    for n, p in whole.named_parameters():
+        p.grad = grads[n].clone()
+    max_norm = 0.5
+    expected_norm = float(torch.nn.utils.clip_grad_norm_(whole.parameters(), max_norm))
+    mp.spawn(_clip_worker, args=(str(tmp_path / "init"), grads, max_norm, str(tmp_path)), nprocs=2)
+    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for r in got:
+        assert r["norm"] == pytest.approx(expected_norm, rel=1e-5)
+    expected = dict(whole.named_parameters())
+    for r in got:
+        for name, grad in r["grads"].items():
+            ref = expected["tok_emb.weight" if name == "head.weight" else name].grad
+            torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7, msg=f"clipped gradient of {name}")
+
+
+# ---------------------------------------------------------------------------------------------- damaged data
+def _shard(d, i=0, n=3):
+    return os.path.join(d, "gen-test", f"train-{i:05d}-of-{n:05d}.tfrecord")
+
+
+def _records(path):
+    from model_contract.tfrecord import read_records
+    return list(read_records(path))
+
+
+def _damaged(tmp_path, how):
+    """A fresh dataset with shard 0 damaged in one of the ways a copy goes wrong."""
+    from model_contract import frame_record
+    d = write_dataset(str(tmp_path / how), seq_len=32, vocab=64, n_docs=200)
+    path = _shard(d)
+    if how == "cut":  # a copy that stopped at a record boundary: every record left is intact
+        recs = _records(path)
+        open(path, "wb").write(b"".join(frame_record(r) for r in recs[:-3]))
+    elif how == "empty":
+        open(path, "wb").close()
+    elif how == "swapped":  # another valid shard of the dataset in its place
+        assert os.path.getsize(_shard(d, 1)) != os.path.getsize(path)
+        open(path, "wb").write(open(_shard(d, 1), "rb").read())
+    elif how == "reordered":  # same size, same record count, valid framing: only the sha256 tells
+        recs = _records(path)
+        open(path, "wb").write(b"".join(frame_record(r) for r in reversed(recs)))
+    return d
+
+
+@pytest.mark.parametrize("how", ["cut", "empty", "swapped"])
+def test_damaged_shard_is_refused_on_open_naming_it(tmp_path, how):
+    from trainer.data import DataIntegrityError
+    d = _damaged(tmp_path, how)
+    with pytest.raises(DataIntegrityError, match="shard gen-test/train-00000-of-00003.tfrecord: .* manifest says"):
+        _loader(d, streams=2)
+
+
+def test_verify_data_catches_a_same_size_replacement(tmp_path):
+    from trainer.data import prepare_shards
+    d = _damaged(tmp_path, "reordered")
+    manifest, mfile = open_dataset(DataConfig(path=d), CFG)
+    _loader(d, streams=2)  # size and record count agree: only the content hash can tell
+    cfg = DataConfig(path=d, verify_data=True)
+    errors = prepare_shards(manifest, mfile, cfg, str(tmp_path / "idx"))
+    assert len(errors) == 1 and "shard gen-test/train-00000-of-00003.tfrecord: sha256" in errors[0]
+    # once per shard per node: split over the node's ranks, every shard checked by exactly one of them
+    split = [prepare_shards(manifest, mfile, cfg, str(tmp_path / "idx"), r, 2) for r in range(2)]
+    assert sum(split, []) == errors and split[0] == errors  # shard 0 is local rank 0's
+
+
+def test_shard_path_outside_the_dataset_is_refused(tmp_path, dataset):
+    import json
+    from trainer.data import DataIntegrityError
+    d = tmp_path / "escape"
+    d.mkdir()
+    m = json.loads(open(os.path.join(dataset, "manifest.json")).read())
+    for shard in m["shards"]:  # every file exists, reached through `..`: only containment can refuse it
+        shard["path"] = "../" + os.path.basename(dataset) + "/" + shard["path"]
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(DataIntegrityError, match=r"shard '\.\./.*(outside|escapes)"):
+        _loader(str(d), streams=2)
+
+
+def test_tokenizer_pin_is_checked_against_the_contract(dataset, tmp_path):
+    from model_contract import load_manifest, manifest_path
+    from trainer.data import tokenizer_pin
+    model = tmp_path / "tok.model"
+    model.write_bytes(b"not the tokenizer the data was made with")
+    with pytest.raises(ContractMismatchError, match="tokenizer"):
+        open_dataset(DataConfig(path=dataset, tokenizer=str(model)), CFG)
+    sha = load_manifest(manifest_path(dataset)).contract.tokenizer.model_sha256
+    open_dataset(DataConfig(path=dataset, tokenizer=sha), CFG)  # the right pin passes
+    assert tokenizer_pin(str(model)) != sha
+
+
+def test_record_offsets_are_cached_once_and_reused(dataset, tmp_path, monkeypatch):
+    """The first loader walks each shard's headers once and caches the offsets; the next only reads the cache."""
+    import trainer.data as data
+    walks = []
+    real = data.record_offsets
+    monkeypatch.setattr(data, "record_offsets", lambda f, **k: walks.append(k["name"]) or real(f, **k))
+    manifest, mfile = open_dataset(DataConfig(path=dataset), CFG)
+    cfg = DataConfig(path=dataset, streams=4, shuffle_buffer=16, index_dir=str(tmp_path / "idx"))
+    a = ShardLoader(manifest, mfile, cfg, 32, 8)
+    assert len(walks) == len(manifest.shards)
+    b = ShardLoader(manifest, mfile, cfg, 32, 8)
+    assert len(walks) == len(manifest.shards)
+    assert [_ids(next(a)) for _ in range(3)] == [_ids(next(b)) for _ in range(3)]
+    a.close()
+    b.close()
+
+
+def test_model_shape_defaults_from_the_dataset_contract(dataset):
+    """The tiny preset (seq_len 128, vocab 8192) trains on a seq_len-32, vocab-64 dataset without flags; an explicit
+    flag still wins, and a mismatch is refused naming the fix."""
+    from trainer.train import parse_args
+    cfg = parse_args(["--data", dataset, "--model", "tiny"], world=1)
+    assert (cfg.model.seq_len, cfg.model.vocab_size) == (32, 64)
+    assert parse_args(["--data", dataset, "--vocab-size", "128"], world=1).model.vocab_size == 128
+    with pytest.raises(ContractMismatchError, match="set the model's seq_len to 32"):
+        parse_args(["--data", dataset, "--seq-len", "64"], world=1)

@@ -19,7 +19,8 @@ import pytest
 
 from model_contract import (ContractError, DataContract, Manifest, ShardInfo, TFRecordCorruptError, TokenizerInfo,
                             encode_example, frame_record, iter_records)
-from pipeline.config import ConfigError, RunError, ShardConfig
+from pipeline.config import ShardConfig
+from pipeline.errors import ConfigError, RunError
 from pipeline.ops import commit, guards, incremental, lock
 from pipeline.shard import manifest_builder
 from transforms import io_utils, stages
@@ -70,7 +71,7 @@ def test_a_flipped_payload_byte_is_reported_with_its_offset():
     payloads, blob, offsets = _records()
     damaged = bytearray(blob)
     damaged[offsets[2] + 12 + 1] ^= 0x01  # one bit inside record 2's payload: still parses as bytes
-    with pytest.raises(TFRecordCorruptError, match=rf"record 2 at byte offset {offsets[2]}: data checksum"):
+    with pytest.raises(TFRecordCorruptError, match=rf"record 2 at byte offset {offsets[2]} data checksum"):
         list(iter_records(io.BytesIO(bytes(damaged)), name="s.tfrecord"))
     assert list(iter_records(io.BytesIO(blob))) == payloads
 
@@ -79,7 +80,7 @@ def test_a_flipped_length_byte_is_a_checksum_error_with_its_offset():
     _payloads, blob, offsets = _records()
     damaged = bytearray(blob)
     damaged[offsets[1]] ^= 0x01  # record 1's length, off by one: would read a wrong frame, not run short
-    with pytest.raises(TFRecordCorruptError, match=rf"record 1 at byte offset {offsets[1]}: length checksum"):
+    with pytest.raises(TFRecordCorruptError, match=rf"record 1 at byte offset {offsets[1]} length checksum"):
         list(iter_records(io.BytesIO(bytes(damaged)), name="s.tfrecord"))
 
 
@@ -395,7 +396,7 @@ def test_interrupts_exit_130_and_143_in_one_line_even_through_beams_rewrapping(m
     import signal
 
     from pipeline import cli
-    from pipeline.config import RunInterrupted
+    from pipeline.errors import RunInterrupted
 
     assert RunInterrupted(signal.SIGINT).exit_code == 130 and RunInterrupted(signal.SIGTERM).exit_code == 143
     assert RunInterrupted("interrupted by signal 15 [while running 'Tokenize']").exit_code == 143

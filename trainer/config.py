@@ -1,14 +1,17 @@
 """Typed configuration for the trainer: one dataclass per component, named model sizes, cost model.
 
-Everything the trainer does flows from a `TrainConfig` built by the CLI (`trainer/train.py`); no module-level
-state changes behaviour. Model sizes follow GPT-3 (Brown et al. 2020, table 2.1), with the vocabulary padded
+Everything the trainer does flows from a `TrainConfig`; no module-level state changes behaviour. The command
+line is derived from these dataclasses (`build_parser`: one option per field, choices from `Literal`, help from
+the field), and `resolve_layout` applies the batch rules at parse time. Model sizes follow GPT-3 (Brown et al. 2020, table 2.1), with the vocabulary padded
 to a multiple of 64 for tensor-core friendly head matmuls.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import typing
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Literal, Optional
 
 
 @dataclass(frozen=True)
@@ -89,57 +92,238 @@ def model_config(name: str, **overrides) -> ModelConfig:
     return MODEL_SIZES[name].replace(**overrides)
 
 
+class ConfigError(ValueError):
+    """A configuration that cannot run: the CLI prints its one line and exits 2 (before any process starts work)."""
+
+
+def opt(default, help: str, *, flag: Optional[str] = None, cli: bool = True, **extra):
+    """A config field that is also a command-line option (`flag` defaults to --field-name)."""
+    factory = {"default_factory": default} if callable(default) and not isinstance(default, type) else {"default": default}
+    return field(**factory, metadata={"help": help, "flag": flag, "cli": cli, **extra})
+
+
+@dataclass
+class ModelArgs:
+    """The model as the user names it: a preset plus overrides. seq_len and vocab_size default to the data's."""
+    preset: Literal["tiny", "125M", "1.3B", "6.7B"] = opt("tiny", "model size preset", flag="--model")
+    seq_len: Optional[int] = opt(None, "default: the dataset contract's seq_len (a mismatch is refused)")
+    vocab_size: Optional[int] = opt(None, "default: the dataset tokenizer's vocabulary, rounded up to a "
+                                          "multiple of 64")
+    n_layers: Optional[int] = opt(None, "override the preset's layer count")
+    d_model: Optional[int] = opt(None, "override the preset's width")
+    n_heads: Optional[int] = opt(None, "override the preset's head count")
+    untied: bool = opt(False, "separate input embedding and output head")
+
+
 @dataclass
 class DataConfig:
-    path: str = "out/sample"  # a dataset directory holding manifest.json
-    split: str = "train"
-    seed: int = 0
-    shuffle_buffer: int = 256  # examples per logical stream
-    streams: int = 8  # logical data streams; the data-parallel size must divide it (elastic resume unit)
-    verify_crc: bool = True
+    path: str = opt("out/sample", "dataset directory with manifest.json", flag="--data")
+    split: str = opt("train", "split to train on")
+    seed: int = opt(0, "data order seed (set from --seed)", cli=False)
+    shuffle_buffer: int = opt(256, "examples per logical stream's shuffle buffer")
+    streams: int = opt(0, "logical data streams (0 = 512, fewer on a small dataset); fixed for the run "
+                          "and stored in checkpoints: a resume takes the checkpoint's", flag="--data-streams")
+    verify_crc: bool = opt(True, "check every record's CRCs", cli=False)
+    verify_data: bool = opt(False, "check every shard's sha256 against the manifest before training (hashed "
+                                   "once per shard per node, split over the node's ranks)")
+    tokenizer: Optional[str] = opt(None, "pin the tokenizer: a SentencePiece model file or its sha256; "
+                                         "refused when the data was tokenized with another")
+    index_dir: Optional[str] = opt(None, "where shard record offsets are cached (default: "
+                                         "<checkpoint-dir>/offsets, else a per-user temp directory)")
+    prefetch: int = opt(2, "batches prepared ahead by the loader thread (0 = none)")
 
 
 @dataclass
 class ParallelConfig:
-    dp: int = 1
-    pp: int = 1
-    microbatches: int = 1  # per data-parallel rank and step; >= pp when pp > 1
-    schedule: str = "1f1b"  # gpipe | 1f1b
-    partition: str = "flops"  # flops | profile | even (layer count; for comparison only)
-    zero: bool = False  # ZeRO-1: shard the optimizer state over the data-parallel group
+    dp: Optional[int] = opt(None, "data-parallel size (default: world size / pp)")
+    pp: int = opt(1, "pipeline stages")
+    microbatches: int = opt(0, "micro-batches per rank and step (0 = derived: >= 4 x pp when pp > 1)")
+    microbatch_size: int = opt(0, "sequences per micro-batch (0 = derived from --microbatches)")
+    schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = opt("1f1b", "pipeline schedule")
+    partition: Literal["flops", "profile", "even"] = opt("flops", "how layers are split over stages")
+    zero: bool = opt(False, "ZeRO-1: shard optimizer state over data parallel")
+    tp: int = opt(1, "tensor-parallel size (within a node; divides n_heads and d_ff)")
+    fsdp: bool = opt(False, "FSDP2: shard parameters, gradients and optimizer state over dp (bf16 compute, "
+                            "fp32 reduction on GPU)")
+    ac: Literal["none", "selective", "full"] = opt("none", "activation checkpointing of every block")
+    virtual_stages: int = opt(1, "pipeline stages per rank (interleaved-1f1b: >= 2)")
 
 
 @dataclass
 class OptimConfig:
-    lr: float = 3e-3
-    weight_decay: float = 0.1
-    betas: tuple = (0.9, 0.95)
-    warmup_steps: int = 10
-    grad_clip: float = 1.0
-    scale_lr_by_dp: bool = False  # lr * dp (linear scaling rule)
+    lr: float = opt(3e-3, "peak learning rate (for the global batch: independent of the layout)")
+    weight_decay: float = opt(0.1, "AdamW weight decay")
+    betas: tuple = opt((0.9, 0.95), "AdamW betas", cli=False)
+    warmup_steps: int = opt(10, "linear warm-up steps")
+    grad_clip: float = opt(1.0, "clip the global gradient norm to this (0 = off)")
 
 
 @dataclass
 class TrainConfig:
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)  # resolved from ModelArgs and the data contract
     data: DataConfig = field(default_factory=DataConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    global_batch: int = 8  # examples per optimizer step, over all data-parallel ranks
-    steps: int = 40
-    seed: int = 0
-    log_every: int = 5
-    checkpoint_dir: Optional[str] = None
-    checkpoint_every: int = 0  # 0 = only at the end
-    keep_checkpoints: int = 2
-    resume: bool = True  # resume from checkpoint_dir/latest when it exists
-    metrics_file: Optional[str] = None
-    bf16: bool = True  # autocast on GPU only; CPU runs fp32
-    max_seconds: float = 0.0  # stop after this much training time (benchmarks); 0 = no limit
-    device: str = "auto"  # auto | cpu | cuda
-    compile: bool = False  # torch.compile (pp = 1)
-    stop_at_step: int = 0  # checkpoint and exit here; the LR schedule still spans `steps`
-    dump_grads: Optional[str] = None  # tests: directory for each rank's first-step gradients
+    global_batch: int = opt(8, "sequences per optimizer step over all ranks: the recipe, never derived from "
+                               "the cluster size")
+    steps: int = opt(40, "optimizer steps")
+    seed: int = opt(0, "model init and data order seed")
+    log_every: int = opt(5, "log metrics every N steps")
+    checkpoint_dir: Optional[str] = opt(None, "checkpoints (on shared storage for multi-node runs)")
+    checkpoint_every: int = opt(0, "checkpoint every N steps (0 = only at the end)")
+    keep_checkpoints: int = opt(2, "complete checkpoints kept")
+    resume: bool = opt(True, "resume from checkpoint-dir/latest when it exists", flag="--no-resume")
+    metrics_file: Optional[str] = opt(None, "append metrics as JSON lines here")
+    bf16: bool = opt(True, "bf16 autocast on GPU (CPU runs fp32)", flag="--no-bf16")
+    max_seconds: float = opt(0.0, "stop after this much training time (benchmarks); 0 = no limit")
+    device: Literal["auto", "cpu", "cuda"] = opt("auto", "device")
+    compile: bool = opt(False, "torch.compile every block (GPU runs; works with pp and --ac)")
+    attention: Literal["auto", "sdpa", "flex", "varlen"] = opt("auto", "attention kernel for the document mask "
+                                                                "(auto: flex on CUDA, dense-mask SDPA on CPU)")
+    loss: Literal["chunked", "logits"] = opt("chunked", "chunked: cross-entropy over token chunks, never the "
+                                                         "[B,T,V] fp32 logits; logits: the plain path")
+    gpu: Optional[str] = opt(None, "GPU model for the memory plan that --check-only prints and every start "
+                                   "enforces (A100-40GB, A100-80GB, H100, H200; default: the local device)")
+    stop_at_step: int = opt(0, "checkpoint and exit at this step (e.g. a job time limit); the LR schedule still "
+                               "runs to --steps, so a resumed run continues exactly")
+    threads: int = opt(0, "torch intra-op threads per process (0 = default)")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+    @property
+    def local_batch(self) -> int:
+        return self.global_batch // self.parallel.dp
+
+    @property
+    def microbatch_size(self) -> int:
+        return self.local_batch // self.parallel.microbatches
+
+
+# ---------------------------------------------------------------------------------------------- batch rules
+DEFAULT_STREAMS = 512
+
+
+def default_microbatches(local_batch: int, pp: int) -> int:
+    """The fewest micro-batches >= 4 x pp that divide the per-rank batch (bubble (p-1)/(m+p-1) <= 20%), else the
+    most that do; 1 without a pipeline."""
+    if pp == 1:
+        return 1
+    divisors = [m for m in range(1, local_batch + 1) if local_batch % m == 0]
+    enough = [m for m in divisors if m >= 4 * pp]
+    return enough[0] if enough else divisors[-1]
+
+
+def resolve_layout(cfg: TrainConfig, world: int) -> TrainConfig:
+    """Apply DESIGN.md §7's batch rules for `world` processes; fill dp and micro-batches in place.
+
+    The global batch is the user's recipe; the layout only decides how it is cut: dp ranks get global_batch / dp
+    sequences each, split into micro-batches (count x size = per-rank batch). Raises ConfigError naming the fix.
+    """
+    p = cfg.parallel
+    if p.tp < 1 or (p.tp > 1 and (cfg.model.n_heads % p.tp or cfg.model.d_ff % p.tp)):
+        raise ConfigError(f"--tp {p.tp} must divide n_heads {cfg.model.n_heads} and d_ff {cfg.model.d_ff}")
+    if p.pp < 1 or world % (p.pp * p.tp):
+        raise ConfigError(f"{world} processes do not split into pipelines of --pp {p.pp} stages x --tp {p.tp}")
+    dp = p.dp or world // (p.pp * p.tp)
+    if dp * p.pp * p.tp != world:
+        raise ConfigError(f"torchrun started {world} processes but --dp {dp} x --pp {p.pp} x --tp {p.tp} = "
+                          f"{dp * p.pp * p.tp}: make them agree (--nproc-per-node x nodes = dp x pp x tp)")
+    if p.schedule == "interleaved-1f1b" and (p.virtual_stages < 2 or p.pp < 2):
+        raise ConfigError("--schedule interleaved-1f1b needs --pp >= 2 and --virtual-stages >= 2")
+    if p.virtual_stages != 1 and p.schedule != "interleaved-1f1b":
+        raise ConfigError(f"--virtual-stages {p.virtual_stages} needs --schedule interleaved-1f1b")
+    if p.fsdp and (p.zero or p.virtual_stages > 1):
+        raise ConfigError("--fsdp already shards the optimizer state (drop --zero) and does not take "
+                          "--virtual-stages yet")
+    if cfg.global_batch < 1 or cfg.global_batch % dp:
+        raise ConfigError(f"--global-batch {cfg.global_batch} does not split over dp = {dp} ranks: use a multiple "
+                          f"of {dp}")
+    local = cfg.global_batch // dp
+    m = p.microbatches
+    if p.microbatch_size:
+        if local % p.microbatch_size:
+            raise ConfigError(f"per-rank batch {local} (--global-batch {cfg.global_batch} / dp {dp}) is not a "
+                              f"multiple of --microbatch-size {p.microbatch_size}")
+        if m and m * p.microbatch_size != local:
+            raise ConfigError(f"--microbatches {m} x --microbatch-size {p.microbatch_size} != per-rank batch "
+                              f"{local}: give one of them")
+        m = local // p.microbatch_size
+    elif not m:
+        m = default_microbatches(local, p.pp)
+    if local % m:
+        raise ConfigError(f"per-rank batch {local} (--global-batch {cfg.global_batch} / dp {dp}) does not split "
+                          f"into {m} micro-batches (--microbatches)")
+    if p.pp > 1 and m < p.pp:
+        raise ConfigError(f"--microbatches {m} < pipeline stages {p.pp}: the pipeline would never fill; use at "
+                          f"least {p.pp} (more shrinks the bubble (p-1)/(m+p-1)); per-rank batch is {local}")
+    units = cfg.model.n_layers + 2
+    if p.pp * p.virtual_stages > units:
+        raise ConfigError(f"--pp {p.pp} x --virtual-stages {p.virtual_stages} exceeds the model's {units} pipeline "
+                          f"units (embed, blocks, head)")
+    if cfg.data.streams < 0 or cfg.data.shuffle_buffer < 1:
+        raise ConfigError("--data-streams must be >= 0 and --shuffle-buffer >= 1")
+    p.dp, p.microbatches, p.microbatch_size = dp, m, local // m
+    return cfg
+
+
+def resolve_model(args: ModelArgs, contract=None) -> ModelConfig:
+    """The model config: preset, then the data contract's seq_len / vocabulary, then explicit flags."""
+    seq_len, vocab = args.seq_len, args.vocab_size
+    if contract is not None:
+        seq_len = seq_len or contract.seq_len
+        vocab = vocab or -(-contract.tokenizer.vocab_size // 64) * 64
+    return model_config(args.preset, seq_len=seq_len, vocab_size=vocab, n_layers=args.n_layers,
+                        d_model=args.d_model, n_heads=args.n_heads, tie_embeddings=False if args.untied else None)
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def _fields(cls):
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("cli"):
+            yield f, hints[f.name]
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str) -> None:
+    """One option per CLI field of `cls`, its type, default, choices (Literal) and help from the dataclass."""
+    for f, tp in _fields(cls):
+        flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
+        dest = f"{prefix}{f.name}"
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if tp is bool:
+            inverted = flag.startswith("--no-")
+            parser.add_argument(flag, dest=dest, action="store_false" if inverted else "store_true",
+                                default=default, help=f.metadata["help"])
+            continue
+        args = typing.get_args(tp)
+        if typing.get_origin(tp) is typing.Union:  # Optional[X]
+            tp = next(a for a in args if a is not type(None))
+            args = typing.get_args(tp)
+        kw = {}
+        if typing.get_origin(tp) is Literal:
+            kw["choices"] = list(args)
+            tp = type(args[0])
+        parser.add_argument(flag, dest=dest, type=tp, default=default, help=f.metadata["help"], **kw)
+
+
+def build_parser(prog: str = "trainer.train", description: str = "") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
+    for cls, prefix in ((ModelArgs, "model."), (DataConfig, "data."), (ParallelConfig, "parallel."),
+                        (OptimConfig, "optim."), (TrainConfig, "")):
+        add_arguments(p, cls, prefix)
+    return p
+
+
+def from_namespace(ns: argparse.Namespace) -> tuple[ModelArgs, TrainConfig]:
+    vals = vars(ns)
+
+    def build(cls, prefix):
+        return cls(**{f.name: vals[prefix + f.name] for f, _ in _fields(cls)})
+
+    model_args = build(ModelArgs, "model.")
+    cfg = TrainConfig(data=build(DataConfig, "data."), parallel=build(ParallelConfig, "parallel."),
+                      optim=build(OptimConfig, "optim."),
+                      **{f.name: vals[f.name] for f, _ in _fields(TrainConfig)})
+    cfg.data.seed = cfg.seed
+    return model_args, cfg

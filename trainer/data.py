@@ -1,21 +1,28 @@
-"""Reading pileprep shards for training: contract check, deterministic streams, bounded shuffle, resumable.
+"""Reading pileprep shards for training: contract check, shard integrity, deterministic streams, resumable.
 
 The data-order rule (what makes resume exact, also with another data-parallel size):
 
-* Epoch e's **global record order** is the manifest's train shards in an order permuted by (seed, e), each
-  shard's records in file order. Record i of that order belongs to **logical stream** i mod S, where S =
-  `DataConfig.streams` is fixed for the run (default 8) and independent of the number of processes.
+* Epoch e's **global record order** is the manifest's shards of the split in an order permuted by (seed, e),
+  each shard's records in file order. Record i of that order belongs to **logical stream** i mod S, where S =
+  `DataConfig.streams` is chosen once for the run (default 512) and stored in checkpoints; it is independent
+  of the number of processes.
 * Each stream shuffles its records with a bounded buffer (`shuffle_buffer` records) driven by a numpy PCG64
-  generator seeded by (seed, e, stream) — for S = dp this is "seeded by (seed, epoch, dp_rank)".
-* Global batch k of the epoch is the concatenation, in stream order, of the k-th block of G/S examples of
-  every stream. Data-parallel rank r of dp owns streams [r*S/dp, (r+1)*S/dp): its slice of the global batch
-  is contiguous, so the union of all ranks' batches is the same global batch for any dp that divides S.
-* Every epoch has floor(floor(E/S) / (G/S)) steps; what does not fill a global batch is dropped, so every
-  global batch splits evenly over ranks and micro-batches.
-* A stream's state is (epoch, position in the global order, byte offset in the current shard, the buffer as
-  (shard, byte offset) locators, generator state). A checkpoint stores all S stream states; a resumed run,
-  whatever its dp, restores the streams it owns, re-reads the buffered records by seeking to their offsets,
-  and continues: no example of the epoch is skipped or repeated, and the global batches are identical.
+  generator seeded by (seed, e, stream).
+* Example n of the epoch (n = k * G + j for global batch k, position j) is the (n div S)-th output of stream
+  n mod S. Data-parallel rank r of dp trains on positions [r*G/dp, (r+1)*G/dp) of every global batch, so the
+  global batches are the same for any dp (and any micro-batching) that divides G.
+* Every epoch has floor(S * floor(E/S) / G) steps; what does not fill them is dropped.
+* The streams' state is (epoch, per stream: records taken, the buffer as global record indices, generator
+  state). It is the same on every rank — each rank advances all S streams, which is integer arithmetic, and
+  reads only the records at its own positions — so a checkpoint stores it once and any dp resumes from it:
+  no example of the epoch is skipped or repeated.
+
+Records are located through a **record-offset index** per shard (walked once and cached, see `shard_offsets`),
+so each record is read exactly once, by seeking: no stream walks the headers of records it does not own.
+
+Integrity: every shard's size and record count are checked against the manifest when the loader opens it; with
+`verify_data`, its sha256 too (`prepare_shards`, once per shard per node). Shard paths must stay inside the
+dataset directory (`model_contract.resolve_shard_path`).
 
 Labels: the model sees all seq_len tokens; label[t] = input_ids[t+1] when t+1 is in the same document piece
 (same non-zero segment id), else IGNORE_INDEX. So no token is predicted across a document boundary or from
@@ -23,10 +30,12 @@ padding, and the last position of each example has no target.
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
-
-import io
-import struct
+import os
+import queue
+import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
@@ -34,84 +43,155 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
-from model_contract import (INPUT_IDS, POSITIONS, SEGMENT_IDS, Expectation, Manifest, TFRecordCorruptError,
-                            check_compatible, decode_example, load_manifest, manifest_path, resolve_shard_path)
-from model_contract.tfrecord import masked_crc32c
-from trainer.config import DataConfig, ModelConfig
+from model_contract import (INPUT_IDS, POSITIONS, SEGMENT_IDS, Expectation, Manifest, ShardInfo, check_compatible,
+                            decode_example, load_manifest, manifest_path, resolve_shard_path)
+from model_contract.tfrecord import read_record_at, record_offsets
+from trainer.config import DEFAULT_STREAMS, DataConfig, ModelConfig
 from trainer.model import IGNORE_INDEX
 
-_U64 = struct.Struct("<Q")
-_U32 = struct.Struct("<I")
+
+class DataIntegrityError(ValueError):
+    """A shard that does not match its manifest entry (size, record count, sha256) or lies outside the dataset."""
 
 
 # ------------------------------------------------------------------------------------------ contract
+def tokenizer_pin(value: Optional[str]) -> Optional[str]:
+    """--tokenizer: a sha256 as given, or the sha256 of the model file it names."""
+    if not value:
+        return None
+    if len(value) == 64 and all(c in "0123456789abcdef" for c in value.lower()):
+        return value.lower()
+    if not os.path.isfile(value):
+        raise ValueError(f"--tokenizer {value}: neither a file nor a sha256")
+    with open(value, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def read_manifest(cfg: DataConfig) -> tuple[Manifest, str]:
+    mfile = manifest_path(cfg.path) if not cfg.path.endswith(".json") else cfg.path
+    return load_manifest(mfile), mfile
+
+
 def open_dataset(cfg: DataConfig, model: ModelConfig) -> tuple[Manifest, str]:
     """Load the manifest and check it against the model config; call before any process-group work.
 
-    Raises ContractMismatchError listing every difference (seq_len, vocab, features).
+    Raises ContractMismatchError listing every difference (seq_len, vocab, features, pinned tokenizer).
     """
-    mfile = manifest_path(cfg.path) if not cfg.path.endswith(".json") else cfg.path
-    manifest = load_manifest(mfile)
-    check_compatible(manifest, Expectation(seq_len=model.seq_len, vocab_size=model.vocab_size))
+    manifest, mfile = read_manifest(cfg)
+    check_compatible(manifest, Expectation(seq_len=model.seq_len, vocab_size=model.vocab_size,
+                                           tokenizer_sha256=tokenizer_pin(cfg.tokenizer)))
     if not manifest.shards_for(cfg.split):
         raise ValueError(f"{mfile}: no shards for split {cfg.split!r} (--split)")
     return manifest, mfile
 
 
-# ------------------------------------------------------------------------------------------ records
-class ShardFiles:
-    """Random-access TFRecord reading with framing and CRC verification; counts read time and bytes."""
-
-    def __init__(self, paths: list[str], verify: bool = True):
-        self.paths, self.verify = paths, verify
-        self._open: dict[int, io.BufferedReader] = {}
-        self.read_seconds = 0.0
-        self.bytes_read = 0
-
-    def _file(self, shard: int):
-        f = self._open.get(shard)
-        if f is None:
-            if len(self._open) >= 4:  # a stream touches one shard at a time; resume touches a few more
-                self._open.pop(next(iter(self._open))).close()
-            f = self._open[shard] = open(self.paths[shard], "rb", buffering=1 << 20)
-        return f
-
-    def header(self, shard: int, offset: int) -> Optional[int]:
-        """Length of the record at offset, or None at end of file."""
-        t0 = time.perf_counter()
-        f = self._file(shard)
-        f.seek(offset)
-        head = f.read(12)
-        self.read_seconds += time.perf_counter() - t0
-        if not head:
-            return None
-        name = f"{self.paths[shard]}@{offset}"
-        if len(head) < 12:
-            raise TFRecordCorruptError(f"{name}: truncated record header")
-        if self.verify and _U32.unpack(head[8:])[0] != masked_crc32c(head[:8]):
-            raise TFRecordCorruptError(f"{name}: record length checksum mismatch")
-        return _U64.unpack(head[:8])[0]
-
-    def payload(self, shard: int, offset: int, length: int) -> bytes:
-        t0 = time.perf_counter()
-        f = self._file(shard)
-        f.seek(offset + 12)
-        body = f.read(length + 4)
-        if len(body) < length + 4:
-            raise TFRecordCorruptError(f"{self.paths[shard]}@{offset}: truncated record")
-        data = body[:length]
-        if self.verify and _U32.unpack(body[length:])[0] != masked_crc32c(data):
-            raise TFRecordCorruptError(f"{self.paths[shard]}@{offset}: record data checksum mismatch")
-        self.read_seconds += time.perf_counter() - t0
-        self.bytes_read += length + 16
-        return data
-
-    def close(self) -> None:
-        for f in self._open.values():
-            f.close()
-        self._open.clear()
+def default_streams(examples: int) -> int:
+    """512 streams, or the largest power of two leaving >= 8 records per stream on a small dataset."""
+    s = DEFAULT_STREAMS
+    while s > 1 and examples // s < 8:
+        s //= 2
+    return s
 
 
+# ------------------------------------------------------------------------------------------ shard index
+def shard_paths(manifest_file: str, shards: list) -> list:
+    """Local paths of the shards; a path outside the dataset directory (absolute, `..`, a symlink out) is refused:
+    a manifest must not make the trainer read arbitrary files."""
+    root = os.path.realpath(os.path.dirname(os.path.abspath(manifest_file)))
+    out = []
+    for s in shards:
+        try:
+            path = resolve_shard_path(manifest_file, s)  # the contract's own containment check
+        except ValueError as e:
+            raise DataIntegrityError(f"shard {s.path!r}: {e}") from None
+        if os.path.isabs(s.path) or os.path.commonpath([root, os.path.realpath(path)]) != root:
+            raise DataIntegrityError(f"shard {s.path!r}: outside the dataset directory {root}: refused")
+        out.append(path)
+    return out
+
+
+def check_size(path: str, info: ShardInfo) -> None:
+    """Always, on open: a missing, cut or replaced shard is refused before training, naming it."""
+    try:
+        size = os.path.getsize(path)
+    except OSError as e:
+        raise DataIntegrityError(f"shard {info.path}: cannot open ({e.strerror})") from None
+    if size != info.bytes:
+        raise DataIntegrityError(f"shard {info.path}: {size} bytes, the manifest says {info.bytes} (cut short, "
+                                 f"replaced or still being written): re-run the shard job or restore the file")
+
+
+def sha256_file(path: str, chunk: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                return h.hexdigest()
+            h.update(b)
+
+
+def default_index_dir(checkpoint_dir: Optional[str]) -> str:
+    if checkpoint_dir:
+        return os.path.join(checkpoint_dir, "offsets")
+    return os.path.join(tempfile.gettempdir(), f"pileprep-offsets-{os.getuid()}")
+
+
+def _index_file(index_dir: str, info: ShardInfo) -> str:
+    return os.path.join(index_dir, f"{info.sha256}-{info.bytes}.offsets.npy")
+
+
+def shard_offsets(path: str, info: ShardInfo, index_dir: Optional[str], verify: bool = True) -> np.ndarray:
+    """Byte offset of every record of a shard: read from the cache beside the run, or walked once and cached.
+
+    The cache is keyed by the manifest's sha256 and size of the shard, written with temp name + rename.
+    """
+    cached = _index_file(index_dir, info) if index_dir else None
+    offsets = None
+    if cached and os.path.exists(cached):
+        try:
+            offsets = np.load(cached)
+        except (OSError, ValueError):
+            offsets = None
+    if offsets is None:
+        with open(path, "rb", buffering=1 << 16) as f:
+            offsets = np.asarray(record_offsets(f, verify=verify, name=path), dtype=np.int64)
+        if cached:
+            os.makedirs(index_dir, exist_ok=True)
+            tmp = f"{cached}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                np.save(f, offsets)
+            os.replace(tmp, cached)
+    if len(offsets) != info.examples:
+        raise DataIntegrityError(f"shard {info.path}: {len(offsets)} records, the manifest says {info.examples} "
+                                 f"(another shard's file, or damaged): re-run the shard job or restore the file")
+    return offsets
+
+
+def prepare_shards(manifest: Manifest, manifest_file: str, cfg: DataConfig, index_dir: str, local_rank: int = 0,
+                   local_world: int = 1) -> list:
+    """This node's share of the per-shard work, before training: shard i is checked by local rank
+    i mod local_world (once per node, not per rank). Size always; offsets index built and cached; sha256 with
+    verify_data. Returns the error messages (empty when every shard of this rank's share is intact)."""
+    shards = manifest.shards_for(cfg.split)
+    errors = []
+    for i, (path, info) in enumerate(zip(shard_paths(manifest_file, shards), shards)):
+        if i % local_world != local_rank:
+            continue
+        try:
+            check_size(path, info)
+            if cfg.verify_data:
+                digest = sha256_file(path)
+                if digest != info.sha256:
+                    raise DataIntegrityError(f"shard {info.path}: sha256 {digest[:12]}…, the manifest says "
+                                             f"{info.sha256[:12]}… (replaced or damaged)")
+            shard_offsets(path, info, index_dir, cfg.verify_crc)
+        except (DataIntegrityError, ValueError) as e:
+            errors.append(str(e))
+    return errors
+
+
+# ------------------------------------------------------------------------------------------ order
 def _rng(*key: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(np.random.SeedSequence(list(key))))
 
@@ -124,21 +204,18 @@ def shard_order(seed: int, epoch: int, n_shards: int) -> list[int]:
 class StreamState:
     stream: int
     epoch: int
-    order_pos: int = 0  # index into the epoch's shard order
-    offset: int = 0  # byte offset of the next record in that shard
-    global_index: int = 0  # index of that record in the epoch's global order
-    buffer: list = field(default_factory=list)  # [(shard, offset)] in buffer order
+    taken: int = 0  # records of this stream moved into the buffer so far this epoch
+    buffer: list = field(default_factory=list)  # global record indices, in buffer order
     rng: Optional[dict] = None  # numpy bit generator state
     emitted: int = 0
 
     def to_dict(self) -> dict:
-        return {"stream": self.stream, "epoch": self.epoch, "order_pos": self.order_pos, "offset": self.offset,
-                "global_index": self.global_index, "buffer": [list(b) for b in self.buffer],
+        return {"stream": self.stream, "epoch": self.epoch, "taken": self.taken, "buffer": list(self.buffer),
                 "rng": _json_rng(self.rng), "emitted": self.emitted}
 
     @classmethod
     def from_dict(cls, d: dict) -> "StreamState":
-        s = cls(**{**d, "buffer": [tuple(b) for b in d["buffer"]]})
+        s = cls(**{**d, "buffer": list(d["buffer"])})  # never share the caller's lists: streams mutate theirs
         s.rng = _unjson_rng(s.rng)
         return s
 
@@ -158,55 +235,36 @@ def _unjson_rng(state):
 
 
 class Stream:
-    """One logical stream: strided records of the epoch's global order through a bounded shuffle buffer."""
+    """One logical stream: records s, s+S, s+2S, ... of the epoch's global order through a bounded buffer.
 
-    def __init__(self, files: ShardFiles, n_streams: int, buffer_size: int, seed: int, state: StreamState):
-        self.files, self.n_streams, self.buffer_size, self.seed = files, n_streams, buffer_size, seed
+    Pure index arithmetic: it yields global record indices; the loader reads only those it trains on."""
+
+    def __init__(self, n_records: int, n_streams: int, buffer_size: int, seed: int, state: StreamState):
+        self.n_streams, self.buffer_size = n_streams, buffer_size
         self.state = state
-        self.order = shard_order(seed, state.epoch, len(files.paths))
+        self.n_mine = max(0, (n_records - state.stream + n_streams - 1) // n_streams)
         self.rng = _rng(seed, state.epoch, state.stream)
         if state.rng is not None:
             self.rng.bit_generator.state = state.rng
-        # Re-read buffered records from their locators (exact resume without storing payloads).
-        self.buffer = [(loc, files.payload(loc[0], loc[1], files.header(loc[0], loc[1]))) for loc in state.buffer]
 
-    def _next_source(self):
-        """The next record of this stream from the global order, or None at the end of the epoch."""
+    def next(self) -> Optional[int]:
         s = self.state
-        while s.order_pos < len(self.order):
-            shard = self.order[s.order_pos]
-            length = self.files.header(shard, s.offset)
-            if length is None:
-                s.order_pos += 1
-                s.offset = 0
-                continue
-            offset = s.offset
-            mine = s.global_index % self.n_streams == s.stream
-            s.offset += length + 16
-            s.global_index += 1
-            if mine:
-                return (shard, offset), self.files.payload(shard, offset, length)
-        return None
-
-    def next(self) -> Optional[bytes]:
-        while len(self.buffer) < self.buffer_size:
-            item = self._next_source()
-            if item is None:
-                break
-            self.buffer.append(item)
-        if not self.buffer:
+        while len(s.buffer) < self.buffer_size and s.taken < self.n_mine:
+            s.buffer.append(s.stream + self.n_streams * s.taken)
+            s.taken += 1
+        if not s.buffer:
             return None
-        j = int(self.rng.integers(len(self.buffer)))
-        item = self.buffer[j]
-        self.buffer[j] = self.buffer[-1]
-        self.buffer.pop()
-        self.state.emitted += 1
-        return item[1]
+        j = int(self.rng.integers(len(s.buffer)))
+        item = s.buffer[j]
+        s.buffer[j] = s.buffer[-1]
+        s.buffer.pop()
+        s.emitted += 1
+        return item
 
-    def snapshot(self) -> StreamState:
+    def snapshot(self) -> dict:
         s = self.state
-        return StreamState(s.stream, s.epoch, s.order_pos, s.offset, s.global_index,
-                           [loc for loc, _ in self.buffer], self.rng.bit_generator.state, s.emitted)
+        return StreamState(s.stream, s.epoch, s.taken, list(s.buffer), self.rng.bit_generator.state,
+                           s.emitted).to_dict()
 
 
 def make_labels(input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
@@ -216,117 +274,194 @@ def make_labels(input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
     return labels
 
 
+# ------------------------------------------------------------------------------------------ loader
 class ShardLoader:
     """Yields this rank's part of every global batch as a dict of int64 CPU tensors.
 
-    Keys: input_ids, positions, segment_ids, labels — each [global_batch / dp, seq_len].
+    Keys: input_ids, positions, segment_ids, labels — each [global_batch / dp, seq_len]. With `prefetch`, a
+    thread prepares the next batches (pinned when `pin_memory`, for non-blocking copies); `state_dict` always
+    describes the batches handed out, not those prepared.
     """
 
     def __init__(self, manifest: Manifest, manifest_file: str, cfg: DataConfig, seq_len: int, global_batch: int,
-                 dp_rank: int = 0, dp_size: int = 1, microbatches: int = 1):
-        S = cfg.streams
-        if S % dp_size:
-            raise ValueError(f"data-parallel size {dp_size} must divide the number of data streams {S} "
-                             f"(--data-streams); streams are the unit of elastic resume")
-        if global_batch % S:
-            raise ValueError(f"global batch {global_batch} must be a multiple of --data-streams {S}")
+                 dp_rank: int = 0, dp_size: int = 1, microbatches: int = 1, index_dir: Optional[str] = None,
+                 pin_memory: bool = False):
+        if global_batch % dp_size:
+            raise ValueError(f"global batch {global_batch} does not split over dp = {dp_size} ranks")
         local = global_batch // dp_size
         if local % microbatches:
             raise ValueError(f"per-rank batch {local} (global batch {global_batch} / dp {dp_size}) does not split "
                              f"into {microbatches} micro-batches (--global-batch / --microbatches)")
+        shards = manifest.shards_for(cfg.split)
+        total = sum(s.examples for s in shards)
+        self.n_streams = cfg.streams or default_streams(total)
         self.cfg, self.seq_len, self.global_batch = cfg, seq_len, global_batch
         self.dp_rank, self.dp_size = dp_rank, dp_size
-        self.per_stream = global_batch // S
-        self.my_streams = list(range(dp_rank * S // dp_size, (dp_rank + 1) * S // dp_size))
-        shards = manifest.shards_for(cfg.split)
-        self.files = ShardFiles([resolve_shard_path(manifest_file, s) for s in shards], verify=cfg.verify_crc)
-        # Loader state points into these shards by index and byte offset: it is only valid for this exact list.
+        self.positions = range(dp_rank * local, (dp_rank + 1) * local)
+        self.pin_memory = pin_memory
+        self.paths = shard_paths(manifest_file, shards)
+        self.names = [s.path for s in shards]
+        for path, info in zip(self.paths, shards):
+            check_size(path, info)
+        index_dir = index_dir if index_dir is not None else cfg.index_dir
+        self.offsets = [shard_offsets(p, s, index_dir, cfg.verify_crc) for p, s in zip(self.paths, shards)]
+        self.counts = [len(o) for o in self.offsets]
+        # Loader state points into these shards by global record index: it is only valid for this exact list.
         self.shard_set = hashlib.sha256("\n".join(f"{s.path} {s.sha256}" for s in shards).encode()).hexdigest()
-        total = sum(s.examples for s in shards)
-        self.steps_per_epoch = (total // S) // self.per_stream
+        self.total = total
+        self.steps_per_epoch = self.n_streams * (total // self.n_streams) // global_batch
         if self.steps_per_epoch == 0:
             raise ValueError(f"split {cfg.split!r} has {total} examples: fewer than one global batch of "
-                             f"{global_batch} (lower --global-batch)")
-        self.epoch, self.step_in_epoch = 0, 0
-        self.decode_seconds = 0.0
+                             f"{global_batch} over {self.n_streams} streams (lower --global-batch or "
+                             f"--data-streams)")
+        self._files: dict = {}
+        self.read_seconds = self.decode_seconds = 0.0
+        self.bytes_read = 0
         self._start_epoch(0)
+        self._consumed = self._snapshot()
+        self._queue: Optional[queue.Queue] = None
+        self._thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
 
     # -------------------------------------------------------------- epochs and state
     def _start_epoch(self, epoch: int, states: Optional[dict] = None) -> None:
-        self.epoch = epoch
-        self.streams = {}
-        for s in self.my_streams:
-            st = states[s] if states else StreamState(stream=s, epoch=epoch)
-            self.streams[s] = Stream(self.files, self.cfg.streams, self.cfg.shuffle_buffer, self.cfg.seed, st)
+        self._epoch = epoch
+        self._step_in_epoch = 0
+        order = shard_order(self.cfg.seed, epoch, len(self.paths))
+        self.order = order
+        self.cum = np.cumsum([self.counts[i] for i in order]).tolist()
+        self.streams = [Stream(self.total, self.n_streams, self.cfg.shuffle_buffer, self.cfg.seed,
+                               states[s] if states else StreamState(stream=s, epoch=epoch))
+                        for s in range(self.n_streams)]
+
+    def _snapshot(self) -> dict:
+        return {"epoch": self._epoch, "step_in_epoch": self._step_in_epoch, "streams": self.n_streams,
+                "seed": self.cfg.seed, "global_batch": self.global_batch, "shard_set": self.shard_set,
+                "stream_states": {str(s.state.stream): s.snapshot() for s in self.streams}}
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the last batch handed out."""
+        return self._consumed["epoch"]
+
+    @property
+    def step_in_epoch(self) -> int:
+        return self._consumed["step_in_epoch"]
 
     def state_dict(self) -> dict:
-        """This rank's streams; merge all ranks' with `merge_states` to get a dp-independent state."""
-        return {"epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "streams": self.cfg.streams,
-                "seed": self.cfg.seed, "global_batch": self.global_batch, "shard_set": self.shard_set,
-                "stream_states": {str(s): st.snapshot().to_dict() for s, st in self.streams.items()}}
+        """The position after the last batch handed out; the same on every data-parallel rank."""
+        return self._consumed
 
     def load_state_dict(self, state: dict) -> None:
-        for key, mine in (("streams", self.cfg.streams), ("seed", self.cfg.seed), ("global_batch", self.global_batch)):
+        for key, mine, flag in (("streams", self.n_streams, "data-streams"), ("seed", self.cfg.seed, "seed"),
+                                ("global_batch", self.global_batch, "global-batch")):
             if state[key] != mine:
                 raise ValueError(f"checkpoint's data loader has {key}={state[key]}, this run has {mine}: "
-                                 f"resuming would change the data order (keep --{key.replace('_', '-')} fixed)")
+                                 f"resuming would change the data order (keep --{flag} fixed)")
         if state.get("shard_set", self.shard_set) != self.shard_set:
             raise ValueError("the manifest's shard list changed since this checkpoint (e.g. an --incremental run "
                              "committed a new generation): the saved loader positions do not apply to it; resume "
                              "against the dataset the run started with, or start a new run (--no-resume)")
         states = {int(k): StreamState.from_dict(v) for k, v in state["stream_states"].items()}
-        missing = [s for s in self.my_streams if s not in states]
+        missing = [s for s in range(self.n_streams) if s not in states]
         if missing:
-            raise ValueError(f"checkpoint lacks loader state for streams {missing}")
-        self.step_in_epoch = state["step_in_epoch"]
+            raise ValueError(f"checkpoint lacks loader state for streams {missing[:5]}")
+        if self._thread is not None:
+            raise RuntimeError("load_state_dict after iteration started")
         self._start_epoch(state["epoch"], states)
+        self._step_in_epoch = state["step_in_epoch"]
+        self._consumed = self._snapshot()
+
+    # -------------------------------------------------------------- reading
+    def _record(self, g: int) -> bytes:
+        pos = bisect.bisect_right(self.cum, g)
+        shard = self.order[pos]
+        idx = g - (self.cum[pos - 1] if pos else 0)
+        f = self._files.get(shard)
+        if f is None:
+            if len(self._files) >= 8:
+                self._files.pop(next(iter(self._files))).close()
+            f = self._files[shard] = open(self.paths[shard], "rb", buffering=0)
+        t0 = time.perf_counter()
+        data = read_record_at(f, int(self.offsets[shard][idx]), verify=self.cfg.verify_crc, name=self.paths[shard])
+        self.read_seconds += time.perf_counter() - t0
+        self.bytes_read += len(data) + 16
+        return data
+
+    def _produce(self) -> tuple[dict, dict]:
+        """The next batch of this rank and the loader state after it."""
+        if self._step_in_epoch >= self.steps_per_epoch:  # drop the remainder; next epoch
+            self._start_epoch(self._epoch + 1)
+        G, S = self.global_batch, self.n_streams
+        base = self._step_in_epoch * G
+        mine = []
+        for j in range(G):
+            n = base + j
+            g = self.streams[n % S].next()
+            if g is None:
+                raise RuntimeError(f"stream {n % S} ran out within the epoch: the shards hold fewer records than "
+                                   f"the manifest says")
+            if j in self.positions:
+                mine.append(g)
+        records = [self._record(g) for g in mine]
+        t0 = time.perf_counter()
+        exs = [decode_example(r) for r in records]
+        ids_a = np.stack([e[INPUT_IDS] for e in exs])
+        seg_a = np.stack([e[SEGMENT_IDS] for e in exs])
+        pos_a = np.stack([e[POSITIONS] for e in exs])
+        if ids_a.shape[1] != self.seq_len:
+            raise ValueError(f"example of length {ids_a.shape[1]}, expected seq_len {self.seq_len}")
+        batch = {"input_ids": torch.from_numpy(ids_a), "positions": torch.from_numpy(pos_a),
+                 "segment_ids": torch.from_numpy(seg_a), "labels": torch.from_numpy(make_labels(ids_a, seg_a))}
+        if self.pin_memory:
+            batch = {k: v.pin_memory() for k, v in batch.items()}
+        self.decode_seconds += time.perf_counter() - t0
+        self._step_in_epoch += 1
+        return batch, self._snapshot()
+
+    def _worker(self) -> None:
+        try:
+            while not self._stop.is_set():
+                item = self._produce()
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as e:  # handed to the consumer, raised there
+            self._queue.put(e)
 
     # -------------------------------------------------------------- batches
     def __iter__(self) -> Iterator[dict]:
         return self
 
     def __next__(self) -> dict:
-        if self.step_in_epoch >= self.steps_per_epoch:  # drop the remainder; next epoch
-            self.step_in_epoch = 0
-            self._start_epoch(self.epoch + 1)
-        ids, seg, pos = [], [], []
-        for s in self.my_streams:
-            stream = self.streams[s]
-            for _ in range(self.per_stream):
-                rec = stream.next()
-                if rec is None:
-                    raise RuntimeError(f"stream {s} ran out within the epoch: the manifest's example counts "
-                                       f"do not match the shards")
-                t0 = time.perf_counter()
-                ex = decode_example(rec)
-                self.decode_seconds += time.perf_counter() - t0
-                ids.append(ex[INPUT_IDS])
-                seg.append(ex[SEGMENT_IDS])
-                pos.append(ex[POSITIONS])
-        t0 = time.perf_counter()
-        ids_a, seg_a, pos_a = np.stack(ids), np.stack(seg), np.stack(pos)
-        if ids_a.shape[1] != self.seq_len:
-            raise ValueError(f"example of length {ids_a.shape[1]}, expected seq_len {self.seq_len}")
-        batch = {"input_ids": torch.from_numpy(ids_a), "positions": torch.from_numpy(pos_a),
-                 "segment_ids": torch.from_numpy(seg_a), "labels": torch.from_numpy(make_labels(ids_a, seg_a))}
-        self.decode_seconds += time.perf_counter() - t0
-        self.step_in_epoch += 1
+        if self.cfg.prefetch <= 0:
+            batch, self._consumed = self._produce()
+            return batch
+        if self._thread is None:
+            self._queue = queue.Queue(maxsize=self.cfg.prefetch)
+            self._thread = threading.Thread(target=self._worker, name="shard-loader", daemon=True)
+            self._thread.start()
+        item = self._queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        batch, self._consumed = item
         return batch
 
-    @property
-    def read_seconds(self) -> float:
-        return self.files.read_seconds
-
     def close(self) -> None:
-        self.files.close()
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
 
 
 def merge_states(states: list) -> dict:
-    """Combine per-rank loader states (from all_gather_object) into one run-wide state."""
-    merged = dict(states[0])
-    merged["stream_states"] = {}
-    for st in states:
+    """Loader states of several ranks (identical by construction) as one run-wide state."""
+    for st in states[1:]:
         if (st["epoch"], st["step_in_epoch"]) != (states[0]["epoch"], states[0]["step_in_epoch"]):
             raise RuntimeError("data-parallel ranks disagree on the loader position")
-        merged["stream_states"].update(st["stream_states"])
-    return merged
+    return states[0]

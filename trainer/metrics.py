@@ -14,8 +14,22 @@ from typing import Optional
 
 import torch
 
-# Dense bf16 peak per device, TFLOP/s (no sparsity). CPU: none (MFU is not reported).
-PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0}
+# Dense bf16 peak per device, TFLOP/s (no sparsity), matched against torch.cuda.get_device_name in order: the
+# first pattern found in the name wins, so the PCIe / NVL parts come before the plain "H100" (SXM) entry.
+# CPU or an unknown device: none (MFU is not reported rather than guessed).
+PEAK_TFLOPS = (
+    ("GH200", 989.0),
+    ("H200", 989.0),
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.0),
+    ("H100", 989.0),  # SXM5 ("NVIDIA H100 80GB HBM3")
+    ("H800", 989.0),
+    ("A100", 312.0),  # SXM4 and PCIe have the same tensor-core peak
+    ("A800", 312.0),
+    ("L40S", 362.0),
+    ("A10G", 70.0),
+    ("L4", 121.0),
+)
 
 _ADVICE = {
     "read": "reading shards is slow: put the dataset on local NVMe/FSx or raise storage throughput",
@@ -27,8 +41,11 @@ _ADVICE = {
 def peak_tflops(device: torch.device) -> Optional[float]:
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
-    for key, value in PEAK_TFLOPS.items():
+    return peak_tflops_for_name(torch.cuda.get_device_name(device))
+
+
+def peak_tflops_for_name(name: str) -> Optional[float]:
+    for key, value in PEAK_TFLOPS:
         if key in name:
             return value
     return None
@@ -67,7 +84,7 @@ class MetricsLogger:
         self._file = open(self.path, "a") if (self.path and self.is_writer) else None
         self._t_start = time.perf_counter()
 
-    def record_step(self, *, loss: float, step_seconds: float, read: float, decode: float, h2d: float,
+    def record_step(self, *, loss, step_seconds: float, read: float, decode: float, h2d: float,
                     tokens: int) -> None:
         c = self.cur
         c.steps += 1
@@ -76,7 +93,8 @@ class MetricsLogger:
         c.decode += decode
         c.h2d += h2d
         c.tokens += tokens
-        c.loss_sum += loss
+        # A device tensor stays on the device (no host sync per step); it is read once, at flush.
+        c.loss_sum = c.loss_sum + (loss.detach() if isinstance(loss, torch.Tensor) else loss)
 
     def flush(self, step: int, lr: float, grad_norm: float, extra: Optional[dict] = None) -> Optional[dict]:
         c = self.cur
@@ -86,7 +104,7 @@ class MetricsLogger:
         tflops = tok_s * self.flops_per_token / self.world / 1e12  # per device
         wait = c.read + c.decode + c.h2d
         rec = {
-            "step": step, "loss": c.loss_sum / c.steps, "lr": lr, "grad_norm": grad_norm,
+            "step": step, "loss": float(c.loss_sum) / c.steps, "lr": lr, "grad_norm": float(grad_norm),
             "tokens_per_s": tok_s, "tflops_per_device": tflops,
             "mfu": (tflops / self._peak) if self._peak else None,
             "peak_memory_bytes": peak_memory_bytes(self.device),

@@ -8,6 +8,14 @@ is simply the stage that is both first and last, so pipeline stages are the same
 Attention mask: position i attends to j iff j <= i and segment_ids[i] == segment_ids[j]. Packed documents
 never see each other; padding (segment 0) only sees padding, so no row is empty (no NaN).
 
+Attention kernels (`trainer.attention`): dense-mask SDPA (the CPU path and the reference), flex attention with a
+block mask, or varlen FlashAttention; the mask is built once per micro-batch in the stage's forward. The fused
+`qkv` projection stores its output rows head-major ([head, q|k|v, head_dim]), so tensor parallelism can shard
+it column-wise into whole heads (`trainer.tensor_parallel`) with the same parameter names in every layout.
+
+Loss: with `loss="chunked"` the last stage takes the labels as a fourth input and returns the summed token loss
+(`trainer.loss.chunked_loss_sum`), never materialising [B, T, V] fp32 logits; `loss="logits"` returns logits.
+
 Initialisation is per unit from a generator seeded by (seed, unit): every rank builds bit-identical weights
 for the layers it owns without building the rest of the model.
 """
@@ -20,32 +28,32 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from trainer.attention import DocumentMask, attend, build_mask, dense_mask, resolve_impl
 from trainer.config import ModelConfig
-
-IGNORE_INDEX = -100
+from trainer.loss import IGNORE_INDEX, chunked_loss_sum, plain_loss_sum
 
 
 def attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Boolean [B, 1, T, T] mask: causal and same segment."""
-    t = segment_ids.shape[-1]
-    causal = torch.ones(t, t, dtype=torch.bool, device=segment_ids.device).tril()
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]
-    return (same & causal)[:, None]
+    """Boolean [B, 1, T, T] mask: causal and same segment (the dense SDPA path)."""
+    return dense_mask(segment_ids)
 
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_heads = cfg.n_heads
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.head_dim = cfg.head_dim
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # output rows head-major: [head, q|k|v, head_dim]
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        b, t, c = x.shape
-        q, k, v = self.qkv(x).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.n_heads, c // self.n_heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        return self.proj(y.transpose(1, 2).reshape(b, t, c))
+    def forward(self, x: torch.Tensor, mask) -> torch.Tensor:
+        b, t, _ = x.shape
+        # Local heads: all of them, or this rank's share under tensor parallelism.
+        q, k, v = self.qkv(x).view(b, t, -1, 3, self.head_dim).unbind(3)
+        q, k, v = (z.transpose(1, 2) for z in (q, k, v))
+        if not isinstance(mask, DocumentMask):  # a bare dense mask (older callers, profiling)
+            mask = DocumentMask("sdpa", dense=mask)
+        y = attend(q, k, v, mask)
+        return self.proj(y.transpose(1, 2).reshape(b, t, -1))
 
 
 class MLP(nn.Module):
@@ -68,9 +76,17 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        self.ac_mode = "none"  # activation checkpointing: none | selective | full (trainer.fsdp)
+
+    def _forward(self, x: torch.Tensor, mask) -> torch.Tensor:
         x = x + self.attn(self.ln1(x), mask)
         return x + self.mlp(self.ln2(x))
+
+    def forward(self, x: torch.Tensor, mask) -> torch.Tensor:
+        if self.ac_mode == "none":
+            return self._forward(x, mask)
+        from trainer.fsdp import checkpointed
+        return checkpointed(self._forward, self.ac_mode, x, mask)
 
 
 def _generator(seed: int, unit: str) -> torch.Generator:
@@ -92,7 +108,13 @@ def init_block_(block: Block, cfg: ModelConfig, seed: int, index: int) -> None:
                 p.fill_(1.0)
             else:
                 std = resid_std if name in ("attn.proj.weight", "mlp.out.weight") else cfg.init_std
-                p.copy_(torch.randn(p.shape, generator=g) * std)
+                w = torch.randn(p.shape, generator=g) * std
+                p.copy_(qkv_head_major(w, cfg) if name == "attn.qkv.weight" else w)
+
+
+def qkv_head_major(w: torch.Tensor, cfg: ModelConfig) -> torch.Tensor:
+    """Reorder [q; k; v] rows (each [H * head_dim]) into [head, q|k|v, head_dim] order."""
+    return w.reshape(3, cfg.n_heads, cfg.head_dim, *w.shape[1:]).transpose(0, 1).reshape(w.shape)
 
 
 class GPTStage(nn.Module):
@@ -104,9 +126,13 @@ class GPTStage(nn.Module):
       non-last stages return (hidden, segment_ids); the last returns logits [B, T, vocab].
     """
 
-    def __init__(self, cfg: ModelConfig, layers: Iterable[int], first: bool, last: bool, seed: int = 0):
+    def __init__(self, cfg: ModelConfig, layers: Iterable[int], first: bool, last: bool, seed: int = 0,
+                 attention: str = "sdpa", loss: str = "logits", loss_chunk_tokens: int = 4096):
         super().__init__()
+        if loss not in ("logits", "chunked"):
+            raise ValueError(f"unknown loss mode {loss!r} (logits | chunked)")
         self.cfg, self.first, self.last = cfg, first, last
+        self.attention, self.loss_mode, self.loss_chunk_tokens = attention, loss, loss_chunk_tokens
         self.layer_ids = list(layers)
         if first:
             self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -140,17 +166,26 @@ class GPTStage(nn.Module):
                         torch.randn(cfg.vocab_size, cfg.d_model, generator=_generator(seed, "head")) * cfg.init_std)
 
     def forward(self, *args):
+        """(input_ids, positions, segment_ids[, labels]) on the first stage, (hidden, segment_ids[, labels])
+        after it; labels travel with the activations when loss="chunked" and the last stage returns the loss
+        sum, shape [1] (so the pipeline can concatenate micro-batch outputs)."""
+        chunked = self.loss_mode == "chunked"
+        labels = args[-1] if chunked else None
+        args = args[:-1] if chunked else args
         if self.first:
             input_ids, positions, segment_ids = args
             x = self.tok_emb(input_ids) + self.pos_emb(positions)
         else:
             x, segment_ids = args
-        mask = attention_mask(segment_ids)
+        mask = build_mask(segment_ids, resolve_impl(self.attention, segment_ids.device))
         for block in self.blocks.values():
             x = block(x, mask)
         if self.last:
-            return self.head(self.ln_f(x))
-        return x, segment_ids
+            x = self.ln_f(x)
+            if chunked:
+                return chunked_loss_sum(x, self.head.weight, labels, self.loss_chunk_tokens).reshape(1)
+            return self.head(x)
+        return (x, segment_ids, labels) if chunked else (x, segment_ids)
 
     def tied_weight(self) -> Optional[nn.Parameter]:
         """The parameter that is tied across the first and last stage (None if untied or on a middle stage)."""
@@ -163,12 +198,36 @@ class GPTStage(nn.Module):
         return None
 
 
+def stage_view(parent: GPTStage, layers: Iterable[int], first: bool, last: bool) -> GPTStage:
+    """A stage that *shares* `parent`'s modules for a subset of its units (interleaved pipeline schedules: one
+    rank runs several virtual stages). The parent owns the parameters, their names and the optimizer; the views
+    own nothing and are what the pipeline runs."""
+    v = GPTStage.__new__(GPTStage)
+    nn.Module.__init__(v)
+    v.cfg, v.first, v.last = parent.cfg, first, last
+    v.attention, v.loss_mode, v.loss_chunk_tokens = parent.attention, parent.loss_mode, parent.loss_chunk_tokens
+    v.layer_ids = list(layers)
+    if first:
+        v.tok_emb, v.pos_emb = parent.tok_emb, parent.pos_emb
+    v.blocks = nn.ModuleDict({str(i): parent.blocks[str(i)] for i in v.layer_ids})
+    if last:
+        v.ln_f, v.head = parent.ln_f, parent.head
+    return v
+
+
 def build_gpt(cfg: ModelConfig, seed: int = 0) -> GPTStage:
     """The whole, unpipelined model."""
     return GPTStage(cfg, range(cfg.n_layers), first=True, last=True, seed=seed)
 
 
-def token_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Sum of cross-entropy over positions whose label is not IGNORE_INDEX (fp32)."""
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), labels.reshape(-1),
-                           ignore_index=IGNORE_INDEX, reduction="sum")
+token_loss_sum = plain_loss_sum  # the name train.py uses
+
+
+def compile_blocks(stage: GPTStage, backend: str = "inductor") -> GPTStage:
+    """torch.compile each block in place (`Module.compile` keeps parameter names, so checkpoints, FSDP and the
+    pipeline stage see the same module tree). Per block rather than whole-model: one compiled graph reused by
+    every layer, it composes with pipeline stages and activation checkpointing, and compile time does not grow
+    with depth."""
+    for block in stage.blocks.values():
+        block.compile(dynamic=False, backend=backend)
+    return stage

@@ -1,8 +1,9 @@
-"""Process groups, the DP x PP device mesh, stage construction, DDP/ZeRO, and pipeline schedules.
+"""Process groups, the DP x PP x TP device mesh, stage construction, DDP/ZeRO, and pipeline schedules.
 
-Layout: world = dp * pp, mesh dims ("dp", "pp"), rank = dp_index * pp + pp_index, so the stages of one
-model replica are neighbouring ranks (on one node when pp <= 8: pipeline P2P stays on NVLink, the DP
-all-reduce goes over EFA).
+Layout: world = dp * pp * tp, mesh dims ("dp", "pp", "tp"), rank = (dp_index * pp + pp_index) * tp + tp_index:
+the tensor-parallel group is innermost (neighbouring ranks, always within a node: its all-reduces are per layer),
+then the stages of one model replica (pipeline P2P stays on NVLink when pp * tp <= 8), and the DP reduction
+goes over EFA. With tp = 1 the mesh is the 2-D ("dp", "pp") one.
 """
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ class ParallelEnv:
     dp_group: object
     pp_group: object
     tied_group: Optional[object]  # {first stage, last stage} of this replica, when pp > 1
+    tp: int = 1
+    tp_rank: int = 0
+    tp_mesh: Optional[object] = None  # 1-D sub-mesh for parallelize_module (tp > 1)
+    dp_mesh: Optional[object] = None  # 1-D sub-mesh for fully_shard
 
     @property
     def is_first_stage(self) -> bool:
@@ -64,9 +69,10 @@ def init_distributed(cfg: ParallelConfig, device_kind: str = "auto") -> Parallel
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(_free_port()))
     world = int(os.environ["WORLD_SIZE"])
-    if world != cfg.dp * cfg.pp:
-        raise ValueError(f"torchrun started {world} processes but --dp {cfg.dp} x --pp {cfg.pp} = "
-                         f"{cfg.dp * cfg.pp}: make them agree (--nproc-per-node x nodes = dp x pp)")
+    tp = int(getattr(cfg, "tp", 1) or 1)
+    if world != cfg.dp * cfg.pp * tp:
+        raise ValueError(f"torchrun started {world} processes but --dp {cfg.dp} x --pp {cfg.pp} x --tp {tp} = "
+                         f"{cfg.dp * cfg.pp * tp}: make them agree (--nproc-per-node x nodes = dp x pp x tp)")
     device = pick_device(device_kind)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -74,17 +80,24 @@ def init_distributed(cfg: ParallelConfig, device_kind: str = "auto") -> Parallel
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
     from torch.distributed.device_mesh import init_device_mesh
-    mesh = init_device_mesh(device.type, (cfg.dp, cfg.pp), mesh_dim_names=("dp", "pp"))
+    if tp == 1:
+        mesh = init_device_mesh(device.type, (cfg.dp, cfg.pp), mesh_dim_names=("dp", "pp"))
+    else:
+        mesh = init_device_mesh(device.type, (cfg.dp, cfg.pp, tp), mesh_dim_names=("dp", "pp", "tp"))
     rank = dist.get_rank()
-    dp_rank, pp_rank = divmod(rank, cfg.pp)
+    dp_rank, rest = divmod(rank, cfg.pp * tp)
+    pp_rank, tp_rank = divmod(rest, tp)
     tied = None
     if cfg.pp > 1:  # every rank must create every group, in the same order
         for r in range(cfg.dp):
-            g = dist.new_group([r * cfg.pp, r * cfg.pp + cfg.pp - 1])
-            if r == dp_rank:
-                tied = g
+            for t in range(tp):
+                first = r * cfg.pp * tp + t
+                g = dist.new_group([first, first + (cfg.pp - 1) * tp])
+                if (r, t) == (dp_rank, tp_rank):
+                    tied = g
     return ParallelEnv(rank, world, cfg.dp, cfg.pp, dp_rank, pp_rank, device, mesh,
-                       mesh.get_group("dp"), mesh.get_group("pp"), tied)
+                       mesh.get_group("dp"), mesh.get_group("pp"), tied, tp=tp, tp_rank=tp_rank,
+                       tp_mesh=mesh["tp"] if tp > 1 else None, dp_mesh=mesh["dp"])
 
 
 def build_stage(cfg: ModelConfig, spec: StageSpec, seed: int, device: torch.device) -> GPTStage:
@@ -145,12 +158,19 @@ def wrap_data_parallel(module: nn.Module, env: ParallelEnv) -> nn.Module:
                broadcast_buffers=False)
 
 
-def allreduce_grads(module: nn.Module, env: ParallelEnv, bucket_bytes: int = 25 << 20) -> None:
-    """Average gradients over the data-parallel group in flat buckets (pp > 1 path)."""
-    if env.dp == 1 or env.pp == 1:
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (tensor-parallel or FSDP parameters), or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def allreduce_grads(module: nn.Module, env: ParallelEnv, bucket_bytes: int = 25 << 20,
+                    always: bool = False) -> None:
+    """Average gradients over the data-parallel group in flat buckets (pp > 1 path; `always` for tp > 1
+    without FSDP, where DDP does not take DTensor parameters)."""
+    if env.dp == 1 or (env.pp == 1 and not always):
         return
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    grads = [_local(p.grad) for p in module.parameters() if p.grad is not None]
     bucket, size = [], 0
     for g in grads + [None]:
         if g is not None:
@@ -175,19 +195,65 @@ def build_optimizer(module: nn.Module, lr: float, weight_decay: float, betas, ze
                                       lr=lr, betas=betas, weight_decay=weight_decay)
         opt.add_param_group({"params": no_decay, "weight_decay": 0.0})
         return opt
+    if env.device.type == "cuda":  # one fused kernel for the whole step instead of a chain of foreach ops
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
     return torch.optim.AdamW(groups, lr=lr, betas=betas, foreach=True)
 
 
-def build_schedule(stage_module: nn.Module, env: ParallelEnv, pcfg: ParallelConfig, loss_fn):
-    """A torch.distributed.pipelining stage + schedule for this rank (pp > 1)."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+
+def default_microbatches(pp: int, virtual_stages: int = 1) -> int:
+    """At least 4 x pp micro-batches: the 1F1B bubble (p-1)/(m+p-1) is then <= 16% (<= 4%/v interleaved)."""
+    return 1 if pp == 1 else 4 * pp
+
+
+def bubble_fraction(pp: int, microbatches: int, virtual_stages: int = 1) -> float:
+    """Idle share of a pipeline step in theory: (p-1)/(v*m + p-1) — GPipe and 1F1B have v = 1; interleaved 1F1B
+    with v virtual stages per rank divides the bubble's time by v."""
+    return (pp - 1) / (virtual_stages * microbatches + pp - 1)
+
+
+def rank_stage_specs(specs: list, env: ParallelEnv, virtual_stages: int = 1) -> list:
+    """The stage specs this rank runs: stage pp_rank, then pp_rank + pp, ... (the interleaved placement)."""
+    return [specs[env.pp_rank + k * env.pp] for k in range(virtual_stages)]
+
+
+def build_rank_stages(cfg: ModelConfig, specs: list, seed: int, device: torch.device, **stage_kwargs):
+    """(owner, views): one GPTStage owning every unit of `specs` (names, optimizer, checkpoints) and the
+    per-virtual-stage views the pipeline runs (just [owner] when there is one stage)."""
+    from trainer.model import stage_view
+    layers = [i for sp in specs for i in sp.layers]
+    owner = GPTStage(cfg, layers, first=any(sp.first for sp in specs), last=any(sp.last for sp in specs),
+                     seed=seed, **stage_kwargs).to(device)
+    if len(specs) == 1:
+        return owner, [owner]
+    return owner, [stage_view(owner, sp.layers, sp.first, sp.last) for sp in specs]
+
+
+def build_schedule(stage_module, env: ParallelEnv, pcfg, loss_fn):
+    """A torch.distributed.pipelining stage + schedule for this rank (pp > 1). `stage_module` is one module, or
+    a list of this rank's virtual stages (from build_rank_stages) for the interleaved schedule."""
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
     if pcfg.microbatches < env.pp:
         raise ValueError(f"--microbatches {pcfg.microbatches} < pipeline stages {env.pp}: the pipeline would "
                          f"never fill; use at least {env.pp} (more shrinks the bubble (p-1)/(m+p-1))")
-    stage = PipelineStage(stage_module, env.pp_rank, env.pp, env.device, group=env.pp_group)
+    mods = list(stage_module) if isinstance(stage_module, (list, tuple)) else [stage_module]
+    if pcfg.schedule not in SCHEDULES:
+        raise ValueError(f"unknown --schedule {pcfg.schedule!r}; choose one of {', '.join(SCHEDULES)}")
+    if pcfg.schedule == "interleaved-1f1b":
+        if len(mods) < 2:
+            raise ValueError("--schedule interleaved-1f1b needs --virtual-stages >= 2")
+        v = len(mods)
+        stages = [PipelineStage(m, env.pp_rank + k * env.pp, env.pp * v, env.device, group=env.pp_group)
+                  for k, m in enumerate(mods)]
+        return ScheduleInterleaved1F1B(stages, n_microbatches=pcfg.microbatches, loss_fn=loss_fn,
+                                       scale_grads=False)
+    if len(mods) != 1:
+        raise ValueError(f"--schedule {pcfg.schedule} runs one stage per rank; virtual stages need "
+                         f"interleaved-1f1b")
+    stage = PipelineStage(mods[0], env.pp_rank, env.pp, env.device, group=env.pp_group)
     kinds = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
-    if pcfg.schedule not in kinds:
-        raise ValueError(f"unknown --schedule {pcfg.schedule!r}; choose gpipe or 1f1b")
     # scale_grads=False: loss_fn already divides by the global token count (see train.py).
     return kinds[pcfg.schedule](stage, n_microbatches=pcfg.microbatches, loss_fn=loss_fn, scale_grads=False)
 
@@ -201,22 +267,69 @@ def sync_tied_grad(module: GPTStage, env: ParallelEnv) -> None:
         return
     if w.grad is None:
         w.grad = torch.zeros_like(w)
-    dist.all_reduce(w.grad, group=env.tied_group)
+    # Under FSDP both ends shard the tied weight alike over dp (same shape, same dp rank): reduce the shards.
+    dist.all_reduce(_local(w.grad), group=env.tied_group)
 
 
-def clip_grad_norm(module: GPTStage, max_norm: float, env: ParallelEnv) -> float:
-    """Global gradient norm over all pipeline stages (tied weight counted once); clip in place."""
+def _squared_norm(grads: list) -> torch.Tensor:
+    """Sum of squares of `grads` as a plain fp32 tensor: foreach per group of like tensors (plain tensors;
+    DTensors per mesh, whose full_tensor() reduces sharded dimensions and counts replicated ones once)."""
+    groups: dict = {}
+    for g in grads:
+        key = id(g.device_mesh) if hasattr(g, "device_mesh") else None
+        groups.setdefault(key, []).append(g)
+    total = None
+    for key, gs in groups.items():
+        norm = torch.nn.utils.get_total_norm(gs, 2.0, foreach=True)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        sq = norm.float() ** 2
+        total = sq if total is None else total + sq
+    return total
+
+
+def clip_grad_norm(module: GPTStage, max_norm: float, env: ParallelEnv, as_tensor: bool = False):
+    """Global gradient norm over all pipeline stages (tied weight counted once); clip in place.
+
+    No host sync: the norm and the clip coefficient stay on the device (foreach kernels); `as_tensor`
+    returns the norm as a device tensor for the caller to read when it logs."""
     params = [p for p in module.parameters() if p.grad is not None]
     skip = module.tied_weight() if (env.pp > 1 and env.is_last_stage) else None
-    sq = torch.zeros((), device=env.device, dtype=torch.float32)
-    for p in params:
-        if p is not skip:
-            sq += p.grad.detach().float().pow(2).sum()
+    counted = [p.grad.detach() for p in params if p is not skip]
+    sq = _squared_norm(counted) if counted else None
+    if sq is None:
+        sq = torch.zeros((), device=env.device, dtype=torch.float32)
+    sq = sq.to(env.device, torch.float32).reshape(())
     if env.pp > 1:
         dist.all_reduce(sq, group=env.pp_group)
-    norm = float(sq.sqrt())
-    if max_norm > 0 and norm > max_norm:
-        coef = max_norm / (norm + 1e-6)
-        for p in params:
-            p.grad.mul_(coef)
-    return norm
+    norm = sq.sqrt()
+    if max_norm > 0 and params:
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        torch._foreach_mul_([_local(p.grad) for p in params], coef)  # local shards share the grads' storage
+    return norm if as_tensor else float(norm)
+
+
+def parallelize(owner: GPTStage, views: list, env: ParallelEnv, *, fsdp: bool = False, ac: str = "none",
+                compile: bool = False, bf16: bool = True) -> list:
+    """Apply this layout's parallelisms to the rank's stage(s), in the order they compose: tensor parallel
+    (DTensor per block), activation checkpointing, compile per block, then FSDP2 over dp (or DDP for a plain
+    dp-only run). Returns the modules to run: [the stage] (or DDP of it), or the interleaved views."""
+    from trainer.fsdp import apply_activation_checkpointing, apply_fsdp
+    from trainer.model import compile_blocks
+    from trainer.tensor_parallel import apply_tensor_parallel, check_tp
+    if env.tp > 1:
+        check_tp(owner.cfg, env.tp)
+        apply_tensor_parallel(owner, env.tp_mesh)
+    apply_activation_checkpointing(owner, ac)
+    if compile:
+        compile_blocks(owner)
+    if fsdp:
+        if len(views) > 1:
+            raise ValueError("--fsdp with --virtual-stages > 1 is not supported yet: use 1f1b or drop --fsdp")
+        apply_fsdp(owner, env.dp_mesh, env.device, bf16, reshard_after_forward=env.pp == 1)
+        return [owner]
+    if len(views) > 1:
+        return views
+    if env.tp > 1:
+        return [owner]  # DDP does not take DTensor parameters: allreduce_grads(always=True) averages over dp
+    return [wrap_data_parallel(owner, env)]

@@ -1,9 +1,11 @@
 """Entry point: `torchrun --nproc-per-node N -m trainer.train --data out/sample --pp 2 ...`.
 
-Order of work: parse config -> read manifest + contract check (before any process-group work, so a data
-mismatch is one clear error, not a hang) -> process groups + mesh -> partition -> build this rank's stage ->
-restore checkpoint -> train loop (data, forward/backward via DDP or a pipeline schedule, tied-grad sync,
-clipping, AdamW) -> metrics -> checkpoints.
+Order of work: parse config (options derived from `trainer.config`'s dataclasses) -> read manifest, resolve
+the model from the data contract, apply the batch rules (`resolve_layout`) and check the contract — all before
+any process-group work, so a bad configuration is one clear error (exit 2), not a hang -> `Trainer.build`
+(process groups + mesh, partition, this rank's stage, optimizer, shard checks, loader, checkpoint restore)
+-> `Trainer.train` (per step: `train_step` = data, `forward_backward_step`, gradient sync, clipping, AdamW)
+-> metrics -> checkpoints.
 
 Loss normalisation: every micro-batch's loss is sum(token losses) * dp / (valid tokens in the *global*
 batch), with the schedule's own scaling off. Summed over micro-batches and averaged by DDP this is exactly the
@@ -11,7 +13,6 @@ mean token loss of the global batch, so DP, PP and single-process runs compute t
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import math
@@ -24,259 +25,304 @@ import torch
 import torch.distributed as dist
 
 from trainer import checkpoint as ckpt
-from trainer.config import DataConfig, OptimConfig, ParallelConfig, TrainConfig, model_config
-from trainer.data import ShardLoader, merge_states, open_dataset
+from trainer.config import ConfigError, TrainConfig, build_parser, from_namespace, resolve_layout, resolve_model
+from trainer.data import (DataIntegrityError, ShardLoader, default_index_dir, open_dataset, prepare_shards,
+                          read_manifest)
 from trainer.metrics import MetricsLogger
+from trainer.plan import plan_for_config
 from trainer.model import IGNORE_INDEX, token_loss_sum
-from trainer.parallel import (agree_on, allreduce_grads, build_optimizer, build_schedule, build_stage, clip_grad_norm,
-                              init_distributed, profile_unit_times, sync_tied_grad, wrap_data_parallel)
+from trainer.parallel import (agree_on, allreduce_grads, build_optimizer, build_rank_stages, build_schedule,
+                              clip_grad_norm, init_distributed, parallelize, profile_unit_times, rank_stage_specs,
+                              sync_tied_grad)
 from trainer.partition import StageSpec, describe, model_units, partition_model, unit_costs
 
 
 # ---------------------------------------------------------------------------------------------- CLI
-def parse_args(argv: Optional[Sequence[str]] = None) -> TrainConfig:
-    p = argparse.ArgumentParser(prog="trainer.train", description=__doc__.split("\n")[0])
-    p.add_argument("--data", default="out/sample", help="dataset directory with manifest.json")
-    p.add_argument("--split", default="train")
-    p.add_argument("--model", default="tiny", help="tiny | 125M | 1.3B | 6.7B")
-    p.add_argument("--seq-len", type=int, help="default: the model size's; 'manifest' isn't implied — "
-                   "pass --seq-len-from-manifest to take it from the data")
-    p.add_argument("--seq-len-from-manifest", action="store_true")
-    p.add_argument("--vocab-size", type=int)
-    p.add_argument("--n-layers", type=int)
-    p.add_argument("--d-model", type=int)
-    p.add_argument("--n-heads", type=int)
-    p.add_argument("--untied", action="store_true", help="separate input embedding and output head")
-    p.add_argument("--dp", type=int, help="data-parallel size (default: world size / pp)")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    p.add_argument("--microbatches", type=int, default=0, help="per rank and step (default: max(pp, 1))")
-    p.add_argument("--schedule", default="1f1b", choices=["gpipe", "1f1b"])
-    p.add_argument("--partition", default="flops", choices=["flops", "profile", "even"])
-    p.add_argument("--zero", action="store_true", help="ZeRO-1: shard optimizer state over data parallel")
-    p.add_argument("--global-batch", type=int, default=8)
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--warmup-steps", type=int, default=10)
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--scale-lr-by-dp", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--data-streams", type=int, default=8)
-    p.add_argument("--shuffle-buffer", type=int, default=256)
-    p.add_argument("--log-every", type=int, default=5)
-    p.add_argument("--checkpoint-dir")
-    p.add_argument("--checkpoint-every", type=int, default=0)
-    p.add_argument("--keep-checkpoints", type=int, default=2)
-    p.add_argument("--no-resume", action="store_true")
-    p.add_argument("--metrics-file")
-    p.add_argument("--no-bf16", action="store_true")
-    p.add_argument("--compile", action="store_true", help="torch.compile the model (pp = 1; GPU runs)")
-    p.add_argument("--max-seconds", type=float, default=0.0)
-    p.add_argument("--stop-at-step", type=int, default=0,
-                   help="checkpoint and exit at this step (e.g. a job time limit); the LR schedule still "
-                        "runs to --steps, so a resumed run continues exactly")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads per process (0 = default)")
-    p.add_argument("--dump-grads", help="debug/tests: save each rank's gradients after the first step here")
-    a = p.parse_args(argv)
+def _parser():
+    p = build_parser(description=__doc__.split("\n")[0])
+    p.add_argument("--check-only", action="store_true",
+                   help="validate the configuration for WORLD_SIZE processes (layout, batch rules, data contract "
+                        "when the data is reachable), print the resolved layout and exit; launchers run it first")
+    return p
 
-    seq_len = a.seq_len
-    if a.seq_len_from_manifest:
-        from model_contract import load_manifest
-        seq_len = load_manifest(a.data).contract.seq_len
-    model = model_config(a.model, seq_len=seq_len, vocab_size=a.vocab_size, n_layers=a.n_layers,
-                         d_model=a.d_model, n_heads=a.n_heads, tie_embeddings=False if a.untied else None)
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    dp = a.dp or max(1, world // a.pp)
-    cfg = TrainConfig(
-        model=model,
-        data=DataConfig(path=a.data, split=a.split, seed=a.seed, shuffle_buffer=a.shuffle_buffer,
-                        streams=a.data_streams),
-        parallel=ParallelConfig(dp=dp, pp=a.pp, microbatches=a.microbatches or max(a.pp, 1),
-                                schedule=a.schedule, partition=a.partition, zero=a.zero),
-        optim=OptimConfig(lr=a.lr, weight_decay=a.weight_decay, warmup_steps=a.warmup_steps,
-                          grad_clip=a.grad_clip, scale_lr_by_dp=a.scale_lr_by_dp),
-        global_batch=a.global_batch, steps=a.steps, seed=a.seed, log_every=a.log_every,
-        checkpoint_dir=a.checkpoint_dir, checkpoint_every=a.checkpoint_every, keep_checkpoints=a.keep_checkpoints,
-        resume=not a.no_resume, metrics_file=a.metrics_file, bf16=not a.no_bf16, max_seconds=a.max_seconds,
-        device=a.device, dump_grads=a.dump_grads, compile=a.compile, stop_at_step=a.stop_at_step)
-    if a.threads:
-        torch.set_num_threads(a.threads)
+
+def parse_args(argv: Optional[Sequence[str]] = None, world: Optional[int] = None) -> TrainConfig:
+    """The full, validated config: every batch rule, and the data contract when the dataset is reachable from
+    here, checked now (ConfigError / ContractMismatchError) — not after the processes have met."""
+    ns = _parser().parse_args(argv)
+    model_args, cfg = from_namespace(ns)
+    contract = None
+    if os.path.exists(cfg.data.path):
+        contract = read_manifest(cfg.data)[0].contract
+    cfg.model = resolve_model(model_args, contract)
+    world = world if world is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    resolve_layout(cfg, world)
+    if contract is not None:
+        open_dataset(cfg.data, cfg.model)
+    cfg.check_only = ns.check_only  # an action of this CLI, not part of the training config
+    cfg.plan = plan_for_config(cfg)  # the memory plan: a layout over the GPU's memory is refused here (exit 2)
+    if not cfg.plan.fits:
+        raise ConfigError(f"memory plan: {cfg.plan.total / 2**30:.1f} GiB per GPU does not fit the {cfg.plan.gpu}'s "
+                          f"{cfg.plan.capacity / 2**30:.0f} GiB (python -m trainer.plan shows the parts): shard more "
+                          f"(--fsdp, --tp, --pp), checkpoint activations (--ac) or lower --microbatch-size")
     return cfg
 
 
+def describe_layout(cfg: TrainConfig) -> str:
+    p = cfg.parallel
+    return (f"model {cfg.model.name} ({cfg.model.num_params() / 1e6:.0f}M params, seq_len {cfg.model.seq_len}, "
+            f"vocab {cfg.model.vocab_size}); global batch {cfg.global_batch} = dp {p.dp} x {p.microbatches} "
+            f"micro-batches x {p.microbatch_size} sequences; pp {p.pp} ({p.schedule}); tp {p.tp}; "
+            f"fsdp {p.fsdp}; activation checkpointing {p.ac}")
+
+
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up, then cosine decay to 10% at the last step; optionally x dp (linear scaling rule)."""
+    """Linear warm-up, then cosine decay to 10% at the last step. The peak LR belongs to the global batch (the
+    recipe), so it does not change with the layout or on a resume with another dp."""
     o = cfg.optim
-    peak = o.lr * (cfg.parallel.dp if o.scale_lr_by_dp else 1)
     if step < o.warmup_steps:
-        return peak * (step + 1) / o.warmup_steps
+        return o.lr * (step + 1) / o.warmup_steps
     frac = min(1.0, (step - o.warmup_steps) / max(1, cfg.steps - o.warmup_steps))
-    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
+    return o.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 # ---------------------------------------------------------------------------------------------- training
-def train(cfg: TrainConfig) -> list:
-    """Run training; returns the metrics records (rank 0's view; every rank gets the same losses)."""
-    manifest, mfile = open_dataset(cfg.data, cfg.model)  # contract check first: fail before any rendezvous
-    env = init_distributed(cfg.parallel, cfg.device)
-    pcfg, mcfg = cfg.parallel, cfg.model
-    torch.manual_seed(cfg.seed)
-    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if (env.device.type == "cuda" and cfg.bf16)
-                else contextlib.nullcontext())
+class Trainer:
+    """build() once, then train(); train_step() and forward_backward_step() are the per-step pieces
+    (torchtitan's shape). Subclasses may extend the hooks (tests do, in tests/trainer_entry.py)."""
 
-    local_batch = cfg.global_batch // env.dp
-    loader = ShardLoader(manifest, mfile, cfg.data, mcfg.seq_len, cfg.global_batch, env.dp_rank, env.dp,
-                         pcfg.microbatches)
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        self.step = 0
+        self.start_step = 0
+        self.history: list = []
 
-    # ---- partition and build this rank's stage
-    if env.pp > 1:
+    # ------------------------------------------------------------------ build
+    def build(self) -> "Trainer":
+        cfg = self.cfg
+        self.manifest, self.manifest_file = open_dataset(cfg.data, cfg.model)  # before any rendezvous
+        env = self.env = init_distributed(cfg.parallel, cfg.device)
+        pcfg, mcfg = cfg.parallel, cfg.model
+        torch.manual_seed(cfg.seed)
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if (env.device.type == "cuda" and cfg.bf16)
+                         else contextlib.nullcontext())
+        # This rank's stage(s) -> TP / activation checkpointing / compile per block / FSDP2 or DDP; the owner
+        # module keeps the parameter names (checkpoints, optimizer); `runnable` is what forward runs.
+        self.module, views = build_rank_stages(mcfg, self._stage_specs(), cfg.seed, env.device,
+                                               attention=cfg.attention, loss=cfg.loss)
+        self.runnable = parallelize(self.module, views, env, fsdp=pcfg.fsdp, ac=pcfg.ac, compile=cfg.compile,
+                                    bf16=cfg.bf16)
+        self.optimizer = build_optimizer(self.module, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas,
+                                         pcfg.zero, env)
+        latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
+        meta = ckpt.read_meta(latest) if latest else None
+        if meta and not cfg.data.streams:
+            cfg.data.streams = meta["loader"]["streams"]  # chosen once, at the run's start
+        self.loader = self._build_loader()
+        if latest:
+            meta = ckpt.load(latest, self.module, self.optimizer, env)
+            self.start_step = meta["step"]
+            self.loader.load_state_dict(meta["loader"])
+            if env.rank == 0:
+                print(f"resumed from {latest} at step {self.start_step} (was dp={meta['dp']} pp={meta['pp']}, "
+                      f"now dp={env.dp} pp={env.pp}; restored in {meta['load_seconds']:.2f}s)", flush=True)
+        self.step = self.start_step
+        self.model = self.runnable[0]
+        self.loss_scale = 1.0
+        self.schedule = build_schedule(self.runnable, env, pcfg, self.loss_fn) if env.pp > 1 else None
+        self.metrics = MetricsLogger(mcfg.flops_per_token(), env.world, env.device, cfg.metrics_file, env.rank == 0)
+        if env.rank == 0:
+            print(f"model {mcfg.name}: {mcfg.num_params() / 1e6:.2f}M params, {mcfg.flops_per_token() / 1e6:.1f} "
+                  f"MFLOP/token; dp={env.dp} pp={env.pp} microbatches={pcfg.microbatches}x{pcfg.microbatch_size} "
+                  f"schedule={pcfg.schedule} device={env.device}; {self.loader.n_streams} data streams, "
+                  f"{self.loader.steps_per_epoch} steps/epoch; steps {self.start_step}->{cfg.steps}", flush=True)
+        return self
+
+    def _stage_specs(self) -> list:
+        """This rank's stage specs: one, or --virtual-stages of them (interleaved placement)."""
+        cfg, env = self.cfg, self.env
+        mcfg, pcfg = cfg.model, cfg.parallel
+        if env.pp == 1:
+            return [StageSpec(0, (), True, True, tuple(range(mcfg.n_layers)))]
         times = None
         if pcfg.partition == "profile":
-            times = agree_on(profile_unit_times(mcfg, max(1, local_batch // pcfg.microbatches), env.device))
-        specs = partition_model(mcfg, env.pp, pcfg.partition, times)
+            times = agree_on(profile_unit_times(mcfg, pcfg.microbatch_size, env.device))
+        specs = partition_model(mcfg, env.pp * pcfg.virtual_stages, pcfg.partition, times)
         if env.rank == 0:
             units = model_units(mcfg)
             print(f"partition ({pcfg.partition}): " + describe(specs, units, unit_costs(units, times)), flush=True)
-        spec = specs[env.pp_rank]
-    else:
-        spec = StageSpec(0, (), True, True, tuple(range(mcfg.n_layers)))
-    module = build_stage(mcfg, spec, cfg.seed, env.device)
-    optimizer = build_optimizer(module, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas, pcfg.zero, env)
+        return rank_stage_specs(specs, env, pcfg.virtual_stages)
 
-    start_step = 0
-    latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
-    if latest:
-        meta = ckpt.load(latest, module, optimizer, env)
-        start_step = meta["step"]
-        loader.load_state_dict(meta["loader"])
-        if env.rank == 0:
-            print(f"resumed from {latest} at step {start_step} (was dp={meta['dp']} pp={meta['pp']}, "
-                  f"now dp={env.dp} pp={env.pp})", flush=True)
-
-    model = wrap_data_parallel(module, env)
-    if cfg.compile:
-        if env.pp > 1:
-            raise ValueError("--compile supports pp = 1 only (pipeline stages run eagerly)")
-        model = torch.compile(model)  # `module` keeps the parameter names for checkpoints
-
-    class _Scale:
-        value = 1.0
-
-    def loss_fn(logits, labels):
-        return token_loss_sum(logits, labels) * _Scale.value
-
-    schedule = build_schedule(model, env, pcfg, loss_fn) if env.pp > 1 else None
-    if env.pp == 1 and pcfg.microbatches > local_batch:
-        raise ValueError(f"--microbatches {pcfg.microbatches} exceeds the per-rank batch {local_batch}")
-
-    metrics = MetricsLogger(mcfg.flops_per_token(), env.world, env.device, cfg.metrics_file, env.rank == 0)
-    if env.rank == 0:
-        print(f"model {mcfg.name}: {mcfg.num_params() / 1e6:.2f}M params, {mcfg.flops_per_token() / 1e6:.1f} "
-              f"MFLOP/token; dp={env.dp} pp={env.pp} microbatches={pcfg.microbatches} schedule={pcfg.schedule} "
-              f"device={env.device}; {loader.steps_per_epoch} steps/epoch; steps {start_step}->{cfg.steps}",
-              flush=True)
-
-    t_train = time.perf_counter()
-    grad_norm, lr = 0.0, 0.0
-    step = start_step
-    while step < cfg.steps:
+    def _build_loader(self) -> ShardLoader:
+        """Shard checks and offset indexes once per node (shards split over the node's ranks), then the loader."""
+        cfg, env = self.cfg, self.env
+        index_dir = cfg.data.index_dir or default_index_dir(cfg.checkpoint_dir)
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(env.world)))
         t0 = time.perf_counter()
-        r0, d0 = loader.read_seconds, loader.decode_seconds
-        batch = next(loader)
-        read, decode = loader.read_seconds - r0, loader.decode_seconds - d0
+        errors = prepare_shards(self.manifest, self.manifest_file, cfg.data, index_dir, local_rank, local_world)
+        gathered: list = [None] * env.world
+        dist.all_gather_object(gathered, errors)
+        problems = sorted({e for errs in gathered for e in errs})
+        if problems:
+            raise DataIntegrityError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        if env.rank == 0 and cfg.data.verify_data:
+            print(f"verified {len(self.manifest.shards_for(cfg.data.split))} shards' sha256 in "
+                  f"{time.perf_counter() - t0:.1f}s", flush=True)
+        return ShardLoader(self.manifest, self.manifest_file, cfg.data, cfg.model.seq_len, cfg.global_batch,
+                           env.dp_rank, env.dp, cfg.parallel.microbatches, index_dir=index_dir,
+                           pin_memory=env.device.type == "cuda")
+
+    def loss_fn(self, output, labels):
+        """output: logits, or (loss="chunked") the last stage's summed token loss, shape [1]."""
+        if self.cfg.loss == "chunked":
+            return output.sum() * self.loss_scale
+        return token_loss_sum(output, labels) * self.loss_scale
+
+    # ------------------------------------------------------------------ one step
+    def forward_backward_step(self, batch: dict) -> torch.Tensor:
+        """Forward and backward over this rank's micro-batches; returns the summed scaled loss (0 off the last
+        stage), on device."""
+        env, m = self.env, self.cfg.parallel.microbatches
+        if self.schedule is None:
+            total = torch.zeros((), device=env.device, dtype=torch.float32)
+            chunks = {k: v.chunk(m) for k, v in batch.items()}
+            for i in range(m):
+                if self.cfg.parallel.fsdp:  # reduce-scatter once, after the last micro-batch's backward
+                    self.model.set_requires_gradient_sync(i == m - 1)
+                sync = (contextlib.nullcontext() if (env.dp == 1 or i == m - 1 or self.cfg.parallel.fsdp)
+                        else _no_sync(self.model))
+                with sync:
+                    with self.autocast:
+                        inputs = [chunks[k][i] for k in self._input_keys]
+                        output = self.model(*inputs)
+                    loss = self.loss_fn(output, chunks["labels"][i])
+                    loss.backward()
+                total += loss.detach().float()
+            return total
+        losses: list = []
+        with self.autocast:
+            if env.is_first_stage:
+                self.schedule.step(*[batch[k] for k in self._input_keys],
+                                   **({"target": batch["labels"], "losses": losses} if env.is_last_stage else {}))
+            elif env.is_last_stage:
+                self.schedule.step(target=batch["labels"], losses=losses)
+            else:
+                self.schedule.step()
+        if env.is_last_stage:
+            return torch.stack([l.detach().float() for l in losses]).sum()
+        return torch.zeros((), device=env.device, dtype=torch.float32)
+
+    @property
+    def _input_keys(self) -> tuple:
+        """The first stage's inputs; labels travel through the pipeline when the last stage computes the loss."""
+        keys = ("input_ids", "positions", "segment_ids")
+        return keys + ("labels",) if self.cfg.loss == "chunked" else keys
+
+    def sync_grads(self) -> None:
+        if not self.cfg.parallel.fsdp:  # FSDP2 reduce-scatters in backward
+            # pp > 1 or tp > 1 (no DDP there); DDP already did it otherwise
+            allreduce_grads(self.module, self.env, always=self.env.tp > 1)
+        sync_tied_grad(self.module, self.env)
+
+    def train_step(self) -> dict:
+        """One optimizer step: data, forward/backward, gradient sync, clip, AdamW; returns its measurements."""
+        cfg, env = self.cfg, self.env
+        t0 = time.perf_counter()
+        batch = next(self.loader)
+        wait = time.perf_counter() - t0  # data wait: the wall time of next(loader)
         t1 = time.perf_counter()
         batch = {k: v.to(env.device, non_blocking=True) for k, v in batch.items()}
-        if env.device.type == "cuda":
-            torch.cuda.synchronize()
         h2d = time.perf_counter() - t1
 
         valid = (batch["labels"] != IGNORE_INDEX).sum().to(torch.float64)
         if env.dp > 1:
             dist.all_reduce(valid, group=env.dp_group)
-        _Scale.value = env.dp / max(1.0, float(valid))
-        lr = lr_at(step, cfg)
-        for g in optimizer.param_groups:
+        self.loss_scale = (env.dp / valid.clamp(min=1.0)).float()  # a device tensor: no host sync per step
+        lr = lr_at(self.step, cfg)
+        for g in self.optimizer.param_groups:
             g["lr"] = lr
+        local_loss = self.forward_backward_step(batch)
+        self.sync_grads()
+        grad_norm = clip_grad_norm(self.module, cfg.optim.grad_clip, env, as_tensor=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
 
-        local_loss = 0.0
-        if schedule is None:
-            m = pcfg.microbatches
-            chunks = {k: v.chunk(m) for k, v in batch.items()}
-            for i in range(m):
-                sync = contextlib.nullcontext() if (env.dp == 1 or i == m - 1) else _no_sync(model)
-                with sync:
-                    with autocast:
-                        logits = model(chunks["input_ids"][i], chunks["positions"][i], chunks["segment_ids"][i])
-                    loss = loss_fn(logits, chunks["labels"][i])
-                    loss.backward()
-                local_loss += float(loss.detach())
-        else:
-            losses: list = []
-            with autocast:
-                if env.is_first_stage:
-                    schedule.step(batch["input_ids"], batch["positions"], batch["segment_ids"])
-                elif env.is_last_stage:
-                    schedule.step(target=batch["labels"], losses=losses)
-                else:
-                    schedule.step()
-            local_loss = float(sum(l.detach().float() for l in losses)) if env.is_last_stage else 0.0
+        loss_t = local_loss.detach().to(torch.float64).reshape(1)
+        # only last stages contribute; each replica's share sums to dp x its mean, once per tensor-parallel rank
+        dist.all_reduce(loss_t)
+        self.step += 1
+        # loss and grad_norm stay device tensors; the metrics read them once per logging interval
+        return {"loss": loss_t[0] / (env.dp * env.tp), "lr": lr, "grad_norm": grad_norm, "wait": wait, "h2d": h2d,
+                "seconds": time.perf_counter() - t0}
 
-        allreduce_grads(module, env)  # pp > 1 only; DDP already did it otherwise
-        sync_tied_grad(module, env)
-        if cfg.dump_grads and step == start_step:
-            os.makedirs(cfg.dump_grads, exist_ok=True)
-            grads = {n: p.grad.detach().cpu().clone() for n, p in module.named_parameters() if p.grad is not None}
-            torch.save(grads, os.path.join(cfg.dump_grads, f"grads-rank{env.rank}.pt"))
-        grad_norm = clip_grad_norm(module, cfg.optim.grad_clip, env)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    def on_step_end(self, step: int) -> None:
+        """Hook after a step's metrics and checkpoint (tests extend it)."""
 
-        loss_t = torch.tensor([local_loss], dtype=torch.float64, device=env.device)
-        dist.all_reduce(loss_t)  # only last stages contribute; each replica's share sums to dp x its mean
-        loss_value = float(loss_t) / env.dp
-        step += 1
-        if env.device.type == "cuda":
-            torch.cuda.synchronize()
-        metrics.record_step(loss=loss_value, step_seconds=time.perf_counter() - t0, read=read, decode=decode,
-                            h2d=h2d, tokens=cfg.global_batch * mcfg.seq_len)
-        stop = cfg.max_seconds > 0 and agree_on(time.perf_counter() - t_train > cfg.max_seconds)
-        stop = stop or step == cfg.stop_at_step
-        if step % cfg.log_every == 0 or step == cfg.steps or stop:
-            metrics.flush(step, lr, grad_norm, {"epoch": loader.epoch})
-        if cfg.checkpoint_dir and ((cfg.checkpoint_every and step % cfg.checkpoint_every == 0)
-                                   or step == cfg.steps or stop):
-            save_checkpoint(cfg, env, step, module, optimizer, loader)
-        if stop:
-            break
+    # ------------------------------------------------------------------ loop
+    def train(self) -> list:
+        """Run to cfg.steps (or a stop); returns the metrics records (every rank gets the same losses)."""
+        cfg, env = self.cfg, self.env
+        t_train = time.perf_counter()
+        try:
+            while self.step < cfg.steps:
+                out = self.train_step()
+                self.metrics.record_step(loss=out["loss"], step_seconds=out["seconds"], read=out["wait"], decode=0.0,
+                                         h2d=out["h2d"], tokens=cfg.global_batch * cfg.model.seq_len)
+                stop = cfg.max_seconds > 0 and agree_on(time.perf_counter() - t_train > cfg.max_seconds)
+                stop = stop or self.step == cfg.stop_at_step
+                if self.step % cfg.log_every == 0 or self.step == cfg.steps or stop:
+                    self.metrics.flush(self.step, out["lr"], out["grad_norm"],
+                                       {"epoch": self.loader.state_dict()["epoch"]})
+                if cfg.checkpoint_dir and ((cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
+                                           or self.step == cfg.steps or stop):
+                    self.save_checkpoint()
+                self.on_step_end(self.step)
+                if stop:
+                    break
+        finally:
+            self.metrics.close()
+            self.loader.close()
+        dist.barrier()
+        dist.destroy_process_group()
+        return self.metrics.history
 
-    metrics.close()
-    loader.close()
-    dist.barrier()
-    dist.destroy_process_group()
-    return metrics.history
+    def save_checkpoint(self) -> str:
+        cfg, env = self.cfg, self.env
+        meta = {"loader": self.loader.state_dict(), "dp": env.dp, "pp": env.pp,
+                "model": dataclasses.asdict(cfg.model)}
+        t0 = time.perf_counter()
+        path = ckpt.save(cfg.checkpoint_dir, self.step, self.module, self.optimizer, meta, env, cfg.keep_checkpoints)
+        if env.rank == 0:
+            print(f"checkpoint {path} saved in {time.perf_counter() - t0:.2f}s", flush=True)
+        return path
 
 
 def _no_sync(model):
     return getattr(model, "_orig_mod", model).no_sync()
 
 
-def save_checkpoint(cfg: TrainConfig, env, step: int, module, optimizer, loader) -> None:
-    states: list = [None] * env.world
-    dist.all_gather_object(states, loader.state_dict())
-    meta = {"loader": merge_states(states), "dp": env.dp, "pp": env.pp,
-            "model": dataclasses.asdict(cfg.model)}
-    path = ckpt.save(cfg.checkpoint_dir, step, module, optimizer, meta, env, cfg.keep_checkpoints)
-    if env.rank == 0:
-        print(f"checkpoint {path}", flush=True)
+def train(cfg: TrainConfig) -> list:
+    return Trainer(cfg).build().train()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, trainer_cls=Trainer) -> int:
     from model_contract import ContractMismatchError
     try:
-        train(parse_args(argv))
-    except ContractMismatchError as e:  # a config error, not a crash: no traceback, every mismatch listed
+        cfg = parse_args(argv)
+        if cfg.check_only:
+            print(f"ok: {describe_layout(cfg)}", flush=True)
+            print(cfg.plan.format(), flush=True)
+            return 0
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        trainer_cls(cfg).build().train()
+    except (ContractMismatchError, ConfigError, DataIntegrityError) as e:  # no traceback, exit 2
         print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except FileNotFoundError as e:
+        print(f"error: {e.filename or e}: not found (--data is a dataset directory with manifest.json)",
+              file=sys.stderr, flush=True)
         return 2
     return 0
 

@@ -55,21 +55,60 @@ def _lookup(obj: dict, dotted: str):
     return cur
 
 
+class _NumberTooLong(Exception):
+    pass
+
+
+class _DuplicateKey(Exception):
+    pass
+
+
+def _parse_int(digits: str) -> int:
+    try:  # Python >= 3.11 refuses int() of more than sys.get_int_max_str_digits() (4,300) digits
+        return int(digits)
+    except ValueError:
+        raise _NumberTooLong() from None
+
+
+def _unique_pairs(pairs: list) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):  # json.loads would keep the last value silently: the record is ambiguous
+        raise _DuplicateKey()
+    return obj
+
+
+def loads_strict(data: bytes):
+    """json.loads that refuses what plain json.loads accepts silently (duplicate keys) and raises one named
+    exception per kind of failure, so every outcome below has its own dead-letter reason."""
+    return json.loads(data, parse_int=_parse_int, object_pairs_hook=_unique_pairs)
+
+
 def parse_record(data: bytes, text_field: str = "text",
                  source_fields: Sequence[str] = ("meta.pile_set_name",)) -> ParseResult:
-    """Parse one JSON line into a Document; the first source field present (a string) names the source."""
+    """Parse one JSON line into a Document; the first source field present (a string) names the source.
+
+    Never raises on bad data: every parser failure is a dead letter with its own reason (invalid_utf8,
+    invalid_json, json_too_deep, number_too_long, duplicate_key, or parse_error for anything else)."""
     if not data.strip():
         return Rejection(FILTERED, "blank_line")
     try:
-        record = json.loads(data)
+        record = loads_strict(data)
     except UnicodeDecodeError:
         return Rejection(DEAD_LETTER, "invalid_utf8", excerpt_of(data))
-    except (json.JSONDecodeError, RecursionError):
+    except _NumberTooLong:
+        return Rejection(DEAD_LETTER, "number_too_long", excerpt_of(data))
+    except _DuplicateKey:
+        return Rejection(DEAD_LETTER, "duplicate_key", excerpt_of(data))
+    except RecursionError:  # valid JSON nested deeper than the parser's recursion limit
+        return Rejection(DEAD_LETTER, "json_too_deep", excerpt_of(data))
+    except json.JSONDecodeError:
         try:
             data.decode("utf-8")
         except UnicodeDecodeError:
             return Rejection(DEAD_LETTER, "invalid_utf8", excerpt_of(data))
         return Rejection(DEAD_LETTER, "invalid_json", excerpt_of(data))
+    except Exception:  # noqa: BLE001 - one bad record never fails the run; the reason says it was unexpected
+        return Rejection(DEAD_LETTER, "parse_error", excerpt_of(data))
     if not isinstance(record, dict):
         return Rejection(DEAD_LETTER, "not_a_json_object", excerpt_of(data))
     if not _is_present(record, text_field):

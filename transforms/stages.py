@@ -20,11 +20,15 @@ from transforms import io_utils, tokenizer
 from transforms.documents import (DEAD_LETTER, SPLITS, Document, parse_record, shard_key_range, sort_key,
                                   split_of)
 from transforms.packing import pack_documents
-from transforms.read_records import FileDamage, compression_of, iter_raw_records
+from transforms.read_records import DEFAULT_MAX_ZSTD_WINDOW_BYTES, FileDamage, compression_of, iter_raw_records
 from transforms.spill import INDEX_DTYPE, ChunkWriter, iter_chunk, read_index_range, read_token_range, write_index
 
 TOKENIZE_BATCH_DOCS = 64
 TOKENIZE_BATCH_CHARS = 1 << 20
+# What one record costs the tokenize stage beyond its bytes (index row, token array, or a dead-letter row:
+# measured 225-480 bytes). A chunk closes at unit_bytes of raw bytes *plus* this per record, so 32 MiB of tiny or
+# blank or broken lines cannot become tens of millions of records held by one worker.
+RECORD_OVERHEAD_BYTES = 256
 
 
 def _new_file_stats() -> dict:
@@ -76,7 +80,7 @@ class SplitResult:
 
 
 def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir: str, unit_bytes: int,
-                     max_line_bytes: int) -> SplitResult:
+                     max_line_bytes: int, max_zstd_window_bytes: int = DEFAULT_MAX_ZSTD_WINDOW_BYTES) -> SplitResult:
     """Stream one input file into chunks of about `unit_bytes` of raw lines; damage becomes dead letters."""
     chunks: list = []
     damages: list = []
@@ -96,7 +100,7 @@ def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir:
         writer, stream = None, None
 
     with io_utils.open_read(input_path) as f:
-        for item in iter_raw_records(f, compression_of(input_path), max_line_bytes):
+        for item in iter_raw_records(f, compression_of(input_path), max_line_bytes, max_zstd_window_bytes):
             if isinstance(item, FileDamage):
                 stats["read"] += 1
                 _bump(stats["dead_lettered"], item.reason)
@@ -109,7 +113,7 @@ def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir:
                 writer = ChunkWriter(stream)
                 chunks.append(ChunkRef(file_idx, input_path, idx, path, 0, 0))
             writer.add(item.line, item.data)
-            if writer.raw_bytes >= unit_bytes:
+            if writer.raw_bytes + writer.records * RECORD_OVERHEAD_BYTES >= unit_bytes:
                 close_chunk()
     close_chunk()
     dl_path = None
@@ -163,7 +167,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
             return
         encoded = tokenizer.encode_batch(sp, [doc.text for _, doc in batch])
         for (line, doc), ids in zip(batch, encoded):
-            arr = np.array(ids, dtype=np.int64)
+            arr = np.asarray(ids)  # int32 from the tokenizer on
             if arr.size and int(arr.max()) > max_id:
                 raise ValueError(f"token id {int(arr.max())} does not fit the spill dtype {token_dtype}")
             split = split_of(doc.doc_id, settings.val_fraction, settings.test_fraction)

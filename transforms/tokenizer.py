@@ -60,6 +60,25 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype("<u2") if vocab_size <= 1 << 16 else np.dtype("<u4")
 
 
-def encode_batch(sp: spm.SentencePieceProcessor, texts: list) -> list:
-    """Token ids of each text, exactly `sp.encode(text)`; one thread, because Beam workers are the parallelism."""
-    return sp.encode(texts, out_type=int, num_threads=1)
+TOKEN_ID_DTYPE = np.dtype(np.int32)  # SentencePiece ids are int32 in its own API; 4 bytes, not a Python int's 36
+# A fast backend (kitoken, transforms/tokenizer_backends.py) needs ~125 bytes of memory per byte of a long run
+# without spaces, SentencePiece ~57 (measured on 1 MiB and 16 MiB texts); both give the same ids (the backend is
+# parity-checked against SentencePiece), so longer texts go to SentencePiece itself and a document at the
+# default --max-line-mb stays within a worker's memory bound.
+FAST_BACKEND_MAX_CHARS = 1 << 20
+
+
+def encode_batch(sp, texts: list) -> list:
+    """Token ids of each text as an int32 array, exactly `sp.encode(text)`; one thread, because Beam workers are
+    the parallelism. `sp` is a SentencePieceProcessor or a fast backend with the same `encode` and a `reference`
+    SentencePieceProcessor, which encodes the texts above FAST_BACKEND_MAX_CHARS. Each Python list is swapped
+    for its array as soon as it is converted, so the lists of a batch are not all alive beside their arrays."""
+    reference = getattr(sp, "reference", None)
+    if reference is not None and any(len(t) > FAST_BACKEND_MAX_CHARS for t in texts):
+        encoded = [(reference if len(t) > FAST_BACKEND_MAX_CHARS else sp).encode([t], out_type=int, num_threads=1)[0]
+                   for t in texts]
+    else:
+        encoded = sp.encode(texts, out_type=int, num_threads=1)
+    for i, ids in enumerate(encoded):
+        encoded[i] = np.array(ids, dtype=TOKEN_ID_DTYPE)
+    return encoded

@@ -26,7 +26,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from model_contract import MANIFEST_NAME, Manifest
 from model_contract.manifest import is_generation_name, resolve_dataset_path
-from pipeline.config import ConfigError, RunError
+from pipeline.errors import ConfigError, RunError
 from transforms import io_utils
 from transforms.documents import parse_record
 from transforms.read_records import FileDamage, compression_of, iter_raw_records

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 import threading
+import uuid
 import time
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -25,19 +27,32 @@ from transforms import io_utils
 
 LOG = logging.getLogger("pileprep.progress")
 NAMESPACE = "pileprep"
-COUNTERS = ("input_files", "input_bytes", "records", "documents", "tokens", "raw_bytes", "examples")
+COUNTERS = ("input_files", "input_bytes", "records", "documents", "tokens", "raw_bytes", "examples", "dead_letters")
 
 
 # ------------------------------------------------------------------------------------------ marker files
 def marker_dir(staging_dir: str) -> str:
-    return io_utils.join(staging_dir, "progress")
+    """Beside the generation's staging directory (inside the staging root), not in it: the commit deletes
+    staging on a worker, and the driver still reads the markers afterwards for the final counters and reruns
+    (runners without live metrics, DaskRunner, report nothing else). The driver deletes it at the end."""
+    return staging_dir.rstrip("/") + ".progress"
+
+
+RERUN_TAG = ".rerun-"
 
 
 def write_marker(staging_dir: str, name: str, counters: dict) -> None:
-    """Best effort: progress reporting must never fail a bundle."""
+    """Best effort: progress reporting must never fail a bundle.
+
+    Each unit of work has one marker name. If it exists already, the work ran again (a retried bundle, a
+    recovered worker, or a runner that recomputes a stage): that is recorded as a separate rerun marker, which
+    is counted apart and never added to the progress counters, so reruns are visible and never double-counted.
+    """
+    path = io_utils.join(marker_dir(staging_dir), name + ".json")
     try:
-        io_utils.write_bytes(io_utils.join(marker_dir(staging_dir), name + ".json"),
-                             json.dumps(counters, sort_keys=True).encode("utf-8"))
+        if io_utils.exists(path):
+            path = io_utils.join(marker_dir(staging_dir), f"{name}{RERUN_TAG}{uuid.uuid4().hex}.json")
+        io_utils.write_bytes(path, json.dumps(counters, sort_keys=True).encode("utf-8"))
     except Exception as e:  # noqa: BLE001
         LOG.debug("progress marker %s not written: %s", name, e)
 
@@ -63,11 +78,16 @@ class MarkerReader:
                 continue
         total = {k: 0 for k in COUNTERS}
         split_raw = 0
-        for d in self.seen.values():
+        reruns = sum(1 for path in self.seen if RERUN_TAG in path)
+        for path, d in self.seen.items():
+            if RERUN_TAG in path:
+                continue
             for k in COUNTERS:
                 total[k] += int(d.get(k, 0))
             split_raw += int(d.get("split_raw_bytes", 0))
         total["split_raw_bytes"] = split_raw
+        if reruns:
+            total["stage_reruns"] = reruns
         return total
 
 
@@ -133,7 +153,22 @@ class Progress:
         return (f"[{self.elapsed_s:7.1f}s] files {c.get('input_files', 0)}/{self.total_input_files or '?'}  "
                 f"docs {c.get('documents', 0):,} ({self.docs_per_s:,.0f}/s)  tokens {c.get('tokens', 0):,} "
                 f"({self.tokens_per_s:,.0f}/s)  text {c.get('raw_bytes', 0) / 1e6:,.1f} MB "
-                f"({self.mb_per_s:,.2f} MB/s){tail}")
+                f"({self.mb_per_s:,.2f} MB/s)  dead letters {c.get('dead_letters', 0):,}{tail}")
+
+    def bar(self, width: int) -> str:
+        """One terminal line: a bar (when the fraction is known) and the rates, cut to `width` columns."""
+        c = self.counters
+        frac = self.fraction
+        eta = self.eta_s
+        bar = ""
+        if frac is not None:
+            n = 20
+            filled = min(n, int(round(frac * n)))
+            bar = f"[{'#' * filled}{'.' * (n - filled)}] {frac:4.0%} "
+        text = (f"{bar}{c.get('documents', 0):,} docs {self.docs_per_s:,.0f}/s | {self.tokens_per_s:,.0f} tok/s | "
+                f"{self.mb_per_s:,.2f} MB/s | dead {c.get('dead_letters', 0):,} | "
+                f"ETA {'n/a' if eta is None else f'{eta:,.0f}s'} | {self.elapsed_s:,.0f}s")
+        return text[:max(10, width - 1)]
 
     def to_dict(self) -> dict:
         eta = self.eta_s
@@ -177,7 +212,7 @@ class ProgressReporter:
         p = Progress(self.clock() - self.started, merge_snapshots(*snaps), self.total_input_bytes,
                      self.total_input_files)
         self.reports.append(p)
-        LOG.info("progress %s", p.line())
+        LOG.info("progress %s", p.line(), extra={"progress": p})
         if self.on_progress is not None:
             self.on_progress(p)
         return p
@@ -197,6 +232,48 @@ class ProgressReporter:
         if self._thread is not None:
             self._thread.join(timeout=5)
         return False
+
+
+class Display(logging.Handler):
+    """Shows the reporter's progress on a stream (the real stderr): a line refreshed in place on a terminal,
+    one plain line per report otherwise (logs, CI). Attach to the "pileprep.progress" logger."""
+
+    PREFIX = "pileprep: progress "
+
+    def __init__(self, stream, tty: bool):
+        super().__init__(logging.INFO)
+        self.stream = stream
+        self.tty = tty
+        self._open_line = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        p = getattr(record, "progress", None)
+        if p is None:
+            return
+        try:
+            if self.tty:
+                width = shutil.get_terminal_size((100, 20)).columns
+                self.stream.write("\r\x1b[K" + p.bar(width))
+                self._open_line = True
+            else:
+                self.stream.write(self.PREFIX + p.line() + "\n")
+            self.stream.flush()
+        except (OSError, ValueError):  # a closed terminal must not fail the job
+            pass
+
+    def finish(self) -> None:
+        """End the refreshed line so that what follows starts on its own line."""
+        if self._open_line:
+            try:
+                self.stream.write("\n")
+                self.stream.flush()
+            except (OSError, ValueError):
+                pass
+            self._open_line = False
+
+
+def is_progress_record(record: logging.LogRecord) -> bool:
+    return hasattr(record, "progress")
 
 
 def summary_table(counters: dict, elapsed_s: float, extra_rows: Optional[list] = None) -> str:

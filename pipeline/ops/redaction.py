@@ -30,16 +30,3 @@ class RedactingFilter(logging.Filter):
             record.msg, record.args = redacted, None
         return True
 
-
-class OneLineFrameworkErrors(logging.Filter):
-    """Without -v, an error that Beam logs while a bundle fails is one line (its first), not a traceback: the
-    CLI reports the failure itself (one line for known causes, the full exception otherwise)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.name.startswith("apache_beam") and record.levelno >= logging.ERROR:
-            try:
-                first = record.getMessage().strip().splitlines()[0]
-            except Exception:  # noqa: BLE001
-                return True
-            record.msg, record.args, record.exc_info, record.exc_text = first, None, None, None
-        return True

@@ -10,9 +10,9 @@ import contextlib
 import dataclasses
 import errno
 import logging
+import pickle
 import re
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -25,9 +25,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from model_contract import DataContract
 from pipeline.ops import commit, guards, incremental, lock, progress, runlog, runners, storage
-from pipeline.config import PILEPREP_VERSION, RunError, RunInterrupted, ShardConfig, fingerprint
+from pipeline.config import PILEPREP_VERSION, ShardConfig, fingerprint
+from pipeline.errors import RunError, RunInterrupted
 from pipeline.shard.manifest_builder import build_manifest, plan_shard_tasks
-from transforms import io_utils, memory, stages, tokenizer
+from transforms import io_utils, memory, stages, tokenizer, tokenizer_backends
 
 LOG = logging.getLogger("pileprep.shard")
 DEFAULT_BEAM_ARGS = ["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
@@ -50,6 +51,7 @@ class JobPlan:
     incremental: bool = False
     nothing_to_do: bool = False
     filesystem_options: Optional["FilesystemOptions"] = None
+    tokenizer_backend: Optional["tokenizer_backends.BackendChoice"] = None
     skipped_inputs: tuple = ()  # glob matches that are not files (directories, dangling symlinks)
 
     @property
@@ -137,15 +139,49 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
         # into a live generation's directory (a reader or a crash would see it half-written); take a new name.
         generation = "gen-" + fingerprint(config, contract.tokenizer.model_sha256, ledger, parents=live)
     staging_root = config.staging_dir or io_utils.join(config.output, "_staging")
+    backend = tokenizer_backends.choose_backend(config.tokenizer_backend, model_bytes, sp,
+                                                _parity_sample(config, [path for path, _size in ledger]))
     return JobPlan(config, ledger, model_bytes, contract, generation, io_utils.join(config.output, generation),
                    io_utils.join(staging_root, generation), input_rows=tuple(rows),
                    previous_json=None if previous is None else previous.to_json(),
-                   incremental=incremental_plan, nothing_to_do=not rows, skipped_inputs=tuple(skipped))
+                   incremental=incremental_plan, nothing_to_do=not rows, tokenizer_backend=backend,
+                   skipped_inputs=tuple(skipped))
+
+
+def _parity_sample(config: ShardConfig, paths: list) -> list:
+    """About 1 MB of the run's own documents (seeded choice of files), read and parsed as the job does."""
+    from transforms.documents import Document, parse_record  # noqa: PLC0415
+    from transforms.read_records import RawRecord, compression_of, iter_raw_records  # noqa: PLC0415
+
+    def read(path):
+        with io_utils.open_read(path) as f:
+            for rec in iter_raw_records(f, compression_of(path), config.max_line_bytes):
+                if isinstance(rec, RawRecord):
+                    yield rec.line, rec.data
+
+    def parse(data):
+        doc = parse_record(data, config.text_field, tuple(config.source_fields))
+        # texts above FAST_BACKEND_MAX_CHARS are always encoded by SentencePiece itself: no parity to check
+        return doc.text if isinstance(doc, Document) and len(doc.text) <= tokenizer.FAST_BACKEND_MAX_CHARS else None
+
+    if config.tokenizer_backend == "sentencepiece":
+        return []
+    return tokenizer_backends.sample_documents(paths, config.text_field, config.seed, read=read, parse=parse)
+
+
+@dataclass(frozen=True)
+class SplitOutput:
+    """What the split stage hands on for one input file: its chunks and the digest row for the ledger.
+
+    One element type on one output: some runners (Beam's DaskRunner) mix a multi-output ParDo's outputs into
+    one collection, so the digest travels inside the main output instead of on a tagged one.
+    """
+    result: "stages.SplitResult"
+    digest: tuple  # (path, bytes, sha256)
 
 
 class SplitInputFile(beam.DoFn):
-    """Main output: SplitResult. DIGESTS output: (path, bytes, sha256) of the input file, for the ledger."""
-    DIGESTS = "digests"
+    """Cuts one input file into line-aligned chunks in staging; yields a SplitOutput."""
 
     def __init__(self, plan: JobPlan):
         self.plan = plan
@@ -160,14 +196,13 @@ class SplitInputFile(beam.DoFn):
         file_idx, path = element
         cfg = self.plan.config
         result = stages.split_input_file(file_idx, path, self.plan.staging_dir, self.plan.data_dir,
-                                         cfg.unit_bytes, cfg.max_line_bytes)
+                                         cfg.unit_bytes, cfg.max_line_bytes, cfg.max_zstd_window_bytes)
         size, sha = incremental.file_sha256(path)
         self.records.inc()
         self.input_bytes.inc(size)
         progress.write_marker(self.plan.staging_dir, f"split-f{file_idx:06d}", {
             "input_files": 1, "input_bytes": size, "split_raw_bytes": sum(c.raw_bytes for c in result.chunks)})
-        yield result
-        yield beam.pvalue.TaggedOutput(self.DIGESTS, (path, size, sha))
+        yield SplitOutput(result, (path, size, sha))
 
 
 class TokenizeChunk(beam.DoFn):
@@ -183,7 +218,9 @@ class TokenizeChunk(beam.DoFn):
     def setup(self):
         _apply_filesystem_options(self.plan)
         memory.pin_mmap_threshold()
-        self.sp = tokenizer.load_processor(self.plan.model_bytes, self.plan.config.tokenizer)
+        sp = tokenizer.load_processor(self.plan.model_bytes, self.plan.config.tokenizer)
+        self.sp = sp if self.plan.tokenizer_backend is None else tokenizer_backends.make_encoder(
+            self.plan.tokenizer_backend, self.plan.model_bytes, sp)
         self.dtype = tokenizer.token_dtype(self.plan.contract.tokenizer.vocab_size)
         cfg = self.plan.config
         self.settings = stages.TokenizeSettings(cfg.text_field, tuple(cfg.source_fields), cfg.val_fraction,
@@ -198,7 +235,7 @@ class TokenizeChunk(beam.DoFn):
         self.raw_bytes.inc(chunk.raw_bytes)
         progress.write_marker(self.plan.staging_dir, "unit-" + unit.name, {
             "documents": unit.n_docs, "tokens": sum(unit.split_tokens), "records": unit.stats["read"],
-            "raw_bytes": chunk.raw_bytes})
+            "raw_bytes": chunk.raw_bytes, "dead_letters": sum(unit.stats["dead_lettered"].values())})
         yield unit
 
 
@@ -211,7 +248,15 @@ class PackShard(beam.DoFn):
         _apply_filesystem_options(self.plan)
         memory.pin_mmap_threshold()
 
-    def process(self, task, units):
+    def _units(self, path: str) -> list:
+        if getattr(self, "_units_path", None) != path:
+            self._units_list = pickle.loads(io_utils.read_bytes(path))
+            self._units_path = path
+        return self._units_list
+
+    def process(self, task_and_units_path):
+        task, units_path = task_and_units_path
+        units = self._units(units_path)
         t = self.plan.contract.tokenizer
         result = stages.pack_shard(task, units, self.plan.config.seq_len, t.eos_id, t.pad_id, self.plan.data_dir)
         self.examples.inc(result.examples)
@@ -222,10 +267,17 @@ def _sorted_units(units):
     return sorted(units, key=lambda u: u.name)
 
 
-def _commit(shard_results, plan: JobPlan, split_results, unit_results, digests=()):
+def _commit(grouped, plan: JobPlan):
+    """The commit point: one element holding every stage's results, tagged by kind (see GatherForCommit)."""
     _apply_filesystem_options(plan)
+    parts = {"split": [], "unit": [], "shard": []}
+    for kind, value in grouped:
+        parts[kind].append(value)
+    split_outputs = sorted(parts["split"], key=lambda s: s.result.file_idx)
+    split_results = [s.result for s in split_outputs]
+    digests = [s.digest for s in split_outputs]
     manifest = build_manifest(plan.config, plan.contract, plan.ledger, plan.generation, plan.config.output,
-                              split_results, _sorted_units(unit_results), shard_results)
+                              split_results, _sorted_units(parts["unit"]), parts["shard"])
     guards.check_dead_letter_rate(manifest.records, plan.config.max_dead_letter_fraction)
     manifest = incremental.add_ledger(manifest, plan.generation, list(plan.input_rows),
                                       {path: (size, sha) for path, size, sha in digests})
@@ -233,40 +285,98 @@ def _commit(shard_results, plan: JobPlan, split_results, unit_results, digests=(
     previous = plan.previous
     if plan.incremental:
         manifest = incremental.merge(previous, manifest)
+    if plan.tokenizer_backend is not None:  # how this generation was tokenized; the only backend-dependent field
+        manifest.extra["tokenizer_backend"] = plan.tokenizer_backend.to_manifest()
     commit.commit_dataset(plan.config.output, manifest,
                           None if previous is None else previous.generation, plan.staging_dir,
                           previous)
     return manifest.to_dict()
 
 
+class Spread(beam.PTransform):
+    """Redistribute elements over workers by a deterministic key: a GroupByKey every runner implements.
+
+    Beam's Reshuffle is a no-op on some runners (DaskRunner keeps every element in the partition that made it,
+    so all chunks of one file would tokenize in one task); grouping by a key spreads them on all of them. The
+    key only decides placement: element order never reaches the output, which is sorted by name downstream.
+    """
+
+    def __init__(self, key_fn):
+        super().__init__()
+        self.key_fn = key_fn
+
+    def expand(self, pcoll):
+        return (pcoll
+                | "Key" >> beam.Map(lambda x, key_fn: (key_fn(x), x), self.key_fn)
+                | "Group" >> beam.GroupByKey()
+                | "Values" >> beam.FlatMap(lambda kv: kv[1]))
+
+
+class GatherAll(beam.PTransform):
+    """All elements of a PCollection as one list, in one element, through a GroupByKey on a single key.
+
+    Used instead of side inputs: runners that build a side input by recomputing its producer inside the
+    consuming task (DaskRunner) would rerun a whole stage per consumer; a main-input join runs it once.
+    """
+
+    def expand(self, pcoll):
+        return (pcoll
+                | "OneKey" >> beam.Map(lambda x: (0, x))
+                | "Group" >> beam.GroupByKey()
+                | "List" >> beam.Map(lambda kv: list(kv[1])))
+
+
+def _tagged(kind: str):
+    return beam.Map(lambda x, kind: (kind, x), kind)
+
+
+UNIT_LIST_NAME = "units.pickle"
+
+
+def _plan_shards(units, plan: "JobPlan"):
+    """Plan the shards and stage the sorted unit list once; each pack task carries only its path.
+
+    Carrying the list in every task would move units × shards descriptors through the shuffle; a side input
+    would be rebuilt per consumer on some runners. One staged file, read once per worker, does neither.
+    """
+    _apply_filesystem_options(plan)
+    units = _sorted_units(units)
+    path = io_utils.join(plan.staging_dir, UNIT_LIST_NAME)
+    io_utils.write_bytes(path, pickle.dumps(units, protocol=pickle.HIGHEST_PROTOCOL))
+    return [(task, path) for task in plan_shard_tasks(units, plan.config)]
+
+
 def build_pipeline(p: beam.Pipeline, plan: JobPlan):
-    """Attach the shard job to a pipeline; returns the PCollection holding the committed manifest dict."""
+    """Attach the shard job to a pipeline; returns the PCollection holding the committed manifest dict.
+
+    The graph has no side inputs and no multi-output steps, and its one sink (the commit) depends on every
+    stage through main inputs: the same graph then runs each stage exactly once on every runner, FnApiRunner,
+    the portable runner, Dataflow/Flink/Spark and DaskRunner alike (which computes only the last step's graph
+    and recomputes side inputs per consumer).
+    """
     files = (p
              | "ListInputs" >> beam.Create([(i, path) for i, (path, _size) in enumerate(plan.ledger)])
-             | "SpreadFiles" >> beam.Reshuffle())
-    split_outputs = files | "SplitIntoChunks" >> beam.ParDo(SplitInputFile(plan)).with_outputs(
-        SplitInputFile.DIGESTS, main="splits")
-    splits = split_outputs.splits
-    digest_list = split_outputs[SplitInputFile.DIGESTS] | "CollectDigests" >> beam.combiners.ToList()
+             | "SpreadFiles" >> Spread(lambda f: f[0]))
+    splits = files | "SplitIntoChunks" >> beam.ParDo(SplitInputFile(plan))
     units = (splits
-             | "Chunks" >> beam.FlatMap(lambda r: r.chunks)
-             | "SpreadChunks" >> beam.Reshuffle()
+             | "Chunks" >> beam.FlatMap(lambda s: s.result.chunks)
+             | "SpreadChunks" >> Spread(lambda c: (c.file_idx, c.chunk_idx))
              | "Tokenize" >> beam.ParDo(TokenizeChunk(plan)))
-    unit_list = units | "CollectUnits" >> beam.combiners.ToList() | "SortUnits" >> beam.Map(_sorted_units)
-    shards = (unit_list
-              | "PlanShards" >> beam.FlatMap(plan_shard_tasks, plan.config)
-              | "SpreadShards" >> beam.Reshuffle()
-              | "PackShards" >> beam.ParDo(PackShard(plan), units=beam.pvalue.AsSingleton(unit_list)))
-    split_list = splits | "CollectSplits" >> beam.combiners.ToList()
-    return (shards
-            | "CollectShards" >> beam.combiners.ToList()
-            | "CommitManifest" >> beam.Map(_commit, plan, split_results=beam.pvalue.AsSingleton(split_list),
-                                           unit_results=beam.pvalue.AsSingleton(unit_list),
-                                           digests=beam.pvalue.AsSingleton(digest_list)))
+    shards = (units
+              | "CollectUnits" >> GatherAll()
+              | "PlanShards" >> beam.FlatMap(_plan_shards, plan)
+              | "SpreadShards" >> Spread(lambda tu: (tu[0].split, tu[0].shard))
+              | "PackShards" >> beam.ParDo(PackShard(plan)))
+    return ((splits | "TagSplits" >> _tagged("split"),
+             units | "TagUnits" >> _tagged("unit"),
+             shards | "TagShards" >> _tagged("shard"))
+            | "GatherForCommit" >> beam.Flatten()
+            | "CollectForCommit" >> GatherAll()
+            | "CommitManifest" >> beam.Map(_commit, plan))
 
 
 def pipeline_options(beam_args) -> PipelineOptions:
-    args = list(beam_args or [])
+    args = runners.normalise_beam_args(beam_args or [])
     if not any(a.startswith("--runner") for a in args):
         args = DEFAULT_BEAM_ARGS + args
     return PipelineOptions(args)
@@ -361,8 +471,7 @@ def _run_locked(config, options, incremental_run, log, progress_every_s, fs_opti
         LOG.warning("removed what an interrupted or crashed run left: %s", ", ".join(removed))
         log.event("cleanup", removed=removed)
     for row in plan.skipped_inputs:
-        print(f"pileprep: warning: --input matched {row['path']}, a {row['reason'].replace('_', ' ')}; skipped",
-              file=sys.stderr, flush=True)
+        LOG.warning("--input matched %s, a %s; skipped", row["path"], row["reason"].replace("_", " "))
         log.event("warning", skipped_input=row["path"], reason=row["reason"])
     log.event("plan", generation=plan.generation, files=len(plan.ledger), input_bytes=plan.input_bytes,
               incremental=plan.incremental)
@@ -401,16 +510,19 @@ def _execute(plan: JobPlan, options, log, progress_every_s) -> dict:
         [markers.snapshot, lambda: progress.counters_from_result(holder["result"]) if "result" in holder else {}],
         plan.input_bytes, len(plan.ledger), progress_every_s,
         on_progress=lambda pr: log.event("progress", **pr.to_dict()))
-    with reporter:
-        p = beam.Pipeline(options=options)
-        build_pipeline(p, plan)
-        holder["result"] = result = p.run()  # FnApiRunner returns when done; portable runners return at once
-        result.wait_until_finish()
-    elapsed = time.time() - started
-    state = str(getattr(result, "state", "DONE"))
-    if "FAIL" in state.upper() or "CANCEL" in state.upper():
-        raise RuntimeError(f"the pipeline ended in state {state}; nothing was committed")
-    counters = progress.merge_snapshots(progress.counters_from_result(result), markers.snapshot())
+    try:
+        with reporter:
+            p = beam.Pipeline(options=options)
+            build_pipeline(p, plan)
+            holder["result"] = result = p.run()  # FnApiRunner returns when done; portable runners at once
+            result.wait_until_finish()
+        elapsed = time.time() - started
+        state = str(getattr(result, "state", "DONE"))
+        if "FAIL" in state.upper() or "CANCEL" in state.upper():
+            raise RuntimeError(f"the pipeline ended in state {state}; nothing was committed")
+        counters = progress.merge_snapshots(progress.counters_from_result(result), markers.snapshot())
+    finally:
+        io_utils.delete_tree(progress.marker_dir(plan.staging_dir))
     counters.pop("split_raw_bytes", None)
     LOG.info("shard job finished in %.1fs (pileprep %s)", elapsed, PILEPREP_VERSION)
     committed = commit.read_committed(config.output)

@@ -1,7 +1,10 @@
 """Training a SentencePiece model on a Pile-format corpus, deterministically and within a size bound.
 
 Documents are read with the pipeline's own reader (`iter_raw_records` + `parse_record`), so the tokenizer sees
-exactly the text the shards will hold; damaged files and bad records are counted, not fatal. Each document is
+exactly the text the shards will hold; damaged files and bad records are counted, not fatal. Memory is bounded
+the same way as the shard job's: a line over `max_line_bytes` (the shard job's `--max-line-mb` default) is
+counted as `line_too_long` and skipped while it streams, and zstd windows above `max_zstd_window_bytes` are
+refused, so a few KB of hostile zstd cannot make training hold gigabytes. Each document is
 cut into pieces of whole lines (at most `max_sentence_chars`, longer lines cut), and a seeded hash of
 (file, line, piece index) keeps at most `max_sentences` pieces: the same input gives the same sample, whatever
 the file listing order. Pieces keep their newlines and indentation, so the model learns "\\n" and
@@ -22,6 +25,8 @@ import struct
 import time
 from dataclasses import dataclass, field
 
+from pipeline.errors import ConfigError
+
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 MIN_VOCAB_SIZE = 4 + 256 + 1  # specials + the 256 byte pieces + at least one learned piece
 
@@ -37,15 +42,15 @@ def _list_inputs(input_globs: list[str]) -> list[str]:
     from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415 - heavy import, only when training
 
     if not input_globs:
-        raise ValueError("no --input given: pass one or more file globs of jsonl / jsonl.zst / jsonl.gz files")
+        raise ConfigError("no --input given: pass one or more file globs of jsonl / jsonl.zst / jsonl.gz files")
     paths = set()
     for pattern in input_globs:
         try:
             found = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
         except Exception as e:  # noqa: BLE001 - Beam raises BeamIOError / OSError depending on the filesystem
-            raise ValueError(f"cannot list input glob {pattern!r}: {e}") from None
+            raise ConfigError(f"cannot list input glob {pattern!r}: {e}") from None
         if not found:
-            raise ValueError(f"input glob {pattern!r} matched no files")
+            raise ConfigError(f"input glob {pattern!r} matched no files")
         paths.update(found)
     return sorted(paths)
 
@@ -80,7 +85,7 @@ def _rank(seed: int, path: str, line: int, index: int) -> int:
 
 
 def _sample_sentences(paths: list[str], max_sentences: int, max_chars: int, seed: int,
-                      stats: _ReadStats) -> list[str]:
+                      stats: _ReadStats, max_line_bytes: int, max_zstd_window_bytes: int) -> list[str]:
     """The max_sentences pieces with the smallest seeded rank, in input order (a bottom-k sample)."""
     from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
 
@@ -92,7 +97,7 @@ def _sample_sentences(paths: list[str], max_sentences: int, max_chars: int, seed
     for path in paths:
         stats.files += 1
         with FileSystems.open(path, compression_type="uncompressed") as stream:
-            for item in iter_raw_records(stream, compression_of(path)):
+            for item in iter_raw_records(stream, compression_of(path), max_line_bytes, max_zstd_window_bytes):
                 if isinstance(item, FileDamage):
                     stats.rejected[item.reason] = stats.rejected.get(item.reason, 0) + 1
                     continue
@@ -113,26 +118,31 @@ def _sample_sentences(paths: list[str], max_sentences: int, max_chars: int, seed
 
 def train_tokenizer(input_globs: list[str], output_path: str, vocab_size: int, *,
                     max_sentences: int = 200_000, max_sentence_chars: int = 4096,
-                    model_type: str = "bpe", seed: int = 0) -> dict:
+                    model_type: str = "bpe", seed: int = 0, max_line_bytes: int | None = None,
+                    max_zstd_window_bytes: int | None = None) -> dict:
     """Train a byte-fallback SentencePiece model on the documents of `input_globs`; write it to output_path."""
     import sentencepiece as spm  # noqa: PLC0415
 
     if isinstance(input_globs, str):
         input_globs = [input_globs]
     if vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(f"--vocab-size {vocab_size} is too small: byte fallback needs 4 special + 256 byte "
+        raise ConfigError(f"--vocab-size {vocab_size} is too small: byte fallback needs 4 special + 256 byte "
                          f"pieces, so use at least {MIN_VOCAB_SIZE}")
     if model_type not in ("bpe", "unigram"):
         raise ValueError(f"model_type must be 'bpe' or 'unigram', got {model_type!r}")
     if max_sentences < 1 or max_sentence_chars < 16:
         raise ValueError("max_sentences must be >= 1 and max_sentence_chars >= 16")
 
+    from transforms.read_records import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_ZSTD_WINDOW_BYTES  # noqa: PLC0415
+
     start = time.perf_counter()
     paths = _list_inputs(list(input_globs))
     stats = _ReadStats()
-    sentences = _sample_sentences(paths, max_sentences, max_sentence_chars, seed, stats)
+    sentences = _sample_sentences(paths, max_sentences, max_sentence_chars, seed, stats,
+                                  max_line_bytes or DEFAULT_MAX_LINE_BYTES,
+                                  max_zstd_window_bytes or DEFAULT_MAX_ZSTD_WINDOW_BYTES)
     if not sentences:
-        raise ValueError(f"the inputs {list(input_globs)} ({len(paths)} files) hold no usable documents "
+        raise ConfigError(f"the inputs {list(input_globs)} ({len(paths)} files) hold no usable documents "
                          f"(rejected: {stats.rejected})")
     read_s = time.perf_counter() - start
 
@@ -155,10 +165,10 @@ def train_tokenizer(input_globs: list[str], output_path: str, vocab_size: int, *
     except RuntimeError as e:
         msg = str(e)
         if "smaller than required_chars" in msg:
-            raise ValueError(f"--vocab-size {vocab_size} is too small for the distinct characters of this data "
+            raise ConfigError(f"--vocab-size {vocab_size} is too small for the distinct characters of this data "
                              f"({msg.strip()}); raise --vocab-size") from None
         if "Vocabulary size" in msg or "vocab_size" in msg:
-            raise ValueError(f"--vocab-size {vocab_size} is too large for this data ({len(sentences)} sentences, "
+            raise ConfigError(f"--vocab-size {vocab_size} is too large for this data ({len(sentences)} sentences, "
                              f"{stats.documents} documents): {msg.strip()}; lower --vocab-size or give more "
                              f"input") from None
         raise ValueError(f"SentencePiece training failed: {msg.strip()}") from None

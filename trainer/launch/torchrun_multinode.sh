@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Multi-node launch of trainer.train with torchrun, one invocation per node (8 GPUs each on p4d.24xlarge).
-#   NNODES=4 NODE_RANK=<0..3> MASTER_ADDR=<node 0> trainer/launch/torchrun_multinode.sh --model 1.3B --pp 2 ...
-# dp defaults to (NNODES * GPUS_PER_NODE) / pp. DRY_RUN=1 prints the command instead of running it.
+#   NNODES=4 NODE_RANK=<0..3> MASTER_ADDR=<node 0> trainer/launch/torchrun_multinode.sh --model 1.3B --pp 2 \
+#       --global-batch 512 --data /fsx/pile --checkpoint-dir /fsx/ckpt/run1
+# dp defaults to (NNODES * GPUS_PER_NODE) / pp; the global batch is the recipe and micro-batches follow from it.
+# Before starting torchrun: the trainer's own validation of the resolved layout (python -m trainer.train
+# --check-only), the CUDA torch pin and, on more than one node, the EFA plugin. DRY_RUN=1 prints the command.
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -16,4 +19,7 @@ if [[ "${DRY_RUN:-0}" == 1 ]]; then
   exit 0
 fi
 cd "$REPO"
+torch_check
+if (( NNODES > 1 )); then efa_check; fi
+WORLD_SIZE=$(( NNODES * GPUS_PER_NODE )) python -m trainer.train --device cuda --check-only "$@"
 exec "${CMD[@]}"

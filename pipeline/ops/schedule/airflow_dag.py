@@ -2,12 +2,14 @@
 
 The task runs `pileprep shard --incremental`: only input files the dataset does not hold yet are processed,
 a run with nothing new exits 0 ("nothing to do"), a changed or removed input exits 2 and fails the task with
-the files named. `max_active_runs=1` keeps one job per output. Add Beam flags (e.g. the Dataflow set from
-docs/OPERATIONS.md) to BEAM_ARGS to run the job on a cluster instead of the Airflow worker.
+the files named. `max_active_runs=1` keeps one job per output. Paths and the pileprep command come from
+PILEPREP_* environment variables or `pileprep_*` Airflow Variables (see SETTINGS); put Beam flags (e.g. the
+Dataflow or Dask set from docs/OPERATIONS.md) in `extra_args` to run the job on a cluster instead of the
+Airflow worker. Tested with real Airflow (`airflow dags test`, tests/test_airflow.py).
 """
 from __future__ import annotations
 
-import shlex
+import os
 from datetime import datetime, timedelta
 
 from airflow import DAG
@@ -17,15 +19,38 @@ try:  # Airflow 3
 except ImportError:  # Airflow 2
     from airflow.operators.bash import BashOperator
 
-PILEPREP = "/srv/pileprep/.venv/bin/pileprep"
-SHARD_ARGS = ["shard", "--incremental", "--input", "s3://corpus/pile/train/*.jsonl.zst",
-              "--output", "s3://datasets/pile-llama2-2048", "--tokenizer", "/srv/pileprep/tokenizers/llama2-bpe-32k.model",
-              "--seq-len", "2048", "--target-shard-mb", "1024", "--run-log", "/var/log/pileprep/shard.jsonl"]
-BEAM_ARGS: list = []  # e.g. ["--runner=DataflowRunner", "--project=...", "--region=...", ...]
+# Where things are: defaults here, overridden by the scheduler's environment when the DAG file is parsed
+# (PILEPREP_BIN, PILEPREP_INPUT, ...) and by Airflow Variables at run time (pileprep_bin, pileprep_input, ...;
+# `airflow variables set pileprep_output s3://...`), so one file serves every deployment without edits.
+SETTINGS = {
+    "bin": "/srv/pileprep/.venv/bin/pileprep",
+    "input": "s3://corpus/pile/train/*.jsonl.zst",
+    "output": "s3://datasets/pile-llama2-2048",
+    "tokenizer": "/srv/pileprep/tokenizers/llama2-bpe-32k.model",
+    "seq_len": "2048",
+    "target_shard_mb": "1024",
+    "run_log": "/var/log/pileprep/shard.jsonl",
+    # extra flags, shell-quoted: Beam options (e.g. the Dataflow set from docs/OPERATIONS.md) or pileprep's
+    "extra_args": "",
+}
+
+
+def setting(name: str) -> str:
+    """The value a run uses: the Airflow Variable `pileprep_<name>` if set, else $PILEPREP_<NAME>, else the default.
+
+    Returned as a Jinja expression so the Variable is read when the task runs, not on every DAG parse."""
+    default = os.environ.get(f"PILEPREP_{name.upper()}", SETTINGS[name])
+    return "{{ var.value.get('pileprep_%s', %r) }}" % (name, default)
 
 
 def shard_command() -> str:
-    return " ".join(shlex.quote(a) for a in [PILEPREP, *SHARD_ARGS, *BEAM_ARGS])
+    """The bash command of the task. Values come from Variables at run time; Jinja renders them before bash
+    runs, so each is quoted for the shell after rendering (`| tojson` would not suit paths with spaces)."""
+    quoted = {name: "'" + setting(name) + "'" for name in SETTINGS if name != "extra_args"}
+    return " ".join([quoted["bin"], "shard", "--incremental", "--input", quoted["input"], "--output",
+                     quoted["output"], "--tokenizer", quoted["tokenizer"], "--seq-len", quoted["seq_len"],
+                     "--target-shard-mb", quoted["target_shard_mb"], "--run-log", quoted["run_log"],
+                     setting("extra_args")])
 
 
 with DAG(

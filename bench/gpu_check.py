@@ -1,0 +1,383 @@
+"""One short, prepared GPU check (<= 5 minutes on one H200), most decisive section first.
+
+Sections, in order, each under its own time limit; the JSON (--out/gpu_check.json) is rewritten after every
+section and finished sections are skipped when the script is rerun (--force reruns them):
+
+1. step      a training step of the 1.3B model through the trainer's own modules, before vs after: the old path
+             (dense-mask SDPA, eager, [B,T,V] fp32 logits, foreach AdamW) against the new one (flex attention
+             with a block mask, compile per block, chunked cross-entropy, fused AdamW). Tokens/s, MFU, peak
+             memory, compile time, and the first-step loss, which must agree across variants.
+2. versions  torch / CUDA / device, the peak FLOP/s used for MFU, and which SDPA backends accept the dense mask.
+3. attention forward + backward of dense-mask SDPA, flex and varlen at B=8, H=16, T=2048, D=128 for two
+             document-length mixes (short Pile-like documents, long ones).
+4. loader    steady tokens/s of the trainer's ShardLoader on synthetic shards.
+5. cli       `python -m trainer.train` on 125M for 30 steps with a checkpoint, then a 10-step resume.
+
+    python bench/gpu_check.py                 # on the GPU machine
+    python bench/gpu_check.py --tiny          # CPU, tiny shapes (tests/test_gpu_check.py); flex runs eagerly
+    python bench/gpu_check.py --variants before after-no-compile after   # the old path is selectable
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+SECTIONS = ("step", "versions", "attention", "loader", "cli")
+LIMITS = {"step": 150, "versions": 15, "attention": 50, "loader": 25, "cli": 55}  # seconds, sum <= 5 min
+
+# name -> (attention, compile per block, loss, fused AdamW)
+VARIANTS = {
+    "before": ("sdpa", False, "logits", False),
+    "after-no-compile": ("auto", False, "chunked", True),
+    "after": ("auto", True, "chunked", True),
+}
+
+
+class SectionTimeout(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float):
+    """SIGALRM-based limit: interrupts Python code (compilation included) in the main thread."""
+    def handler(signum, frame):
+        raise SectionTimeout(f"over its {seconds:.0f} s limit")
+    old = signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _sync(device):
+    import torch
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _device(args):
+    import torch
+    kind = args.device
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(kind)
+
+
+def _doc_segments(b: int, t: int, mean_len: int, seed: int):
+    """segment_ids [b, t] of packed documents with lengths ~ exponential(mean_len), >= 1 token."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    seg = torch.empty(b, t, dtype=torch.long)
+    for r in range(b):
+        pos, doc = 0, 1
+        while pos < t:
+            n = max(1, int(torch.empty(1).exponential_(1.0 / mean_len, generator=g)))
+            seg[r, pos:pos + n] = doc
+            pos, doc = pos + n, doc + 1
+    return seg
+
+
+# ---------------------------------------------------------------------------------------------- sections
+def section_step(args, device, deadline):
+    import torch
+    from trainer.config import model_config
+    from trainer.loss import IGNORE_INDEX, plain_loss_sum
+    from trainer.metrics import peak_tflops
+    from trainer.model import build_gpt, compile_blocks
+    if args.tiny:
+        cfg = model_config("tiny", seq_len=64, vocab_size=256, n_layers=2, d_model=64, n_heads=4)
+        batch, steps = 2, 2
+    else:
+        cfg = model_config("1.3B")
+        batch, steps = args.micro_batch, args.steps
+    t = cfg.seq_len
+    seg = _doc_segments(batch, t, min(300, t // 3), seed=1).to(device)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, cfg.vocab_size, (batch, t), generator=g).to(device)
+    pos = torch.zeros_like(seg)
+    starts = torch.ones_like(seg, dtype=torch.bool)
+    starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    idx = torch.arange(t, device=device).expand(batch, t)
+    pos = idx - torch.cummax(torch.where(starts, idx, torch.zeros_like(idx)), dim=1).values
+    labels = torch.roll(ids, -1, 1)
+    labels[torch.roll(seg, -1, 1) != seg] = IGNORE_INDEX
+    peak = peak_tflops(device)
+    results = {}
+    for name in args.variants:
+        remaining = deadline - time.monotonic()
+        if remaining < 5:
+            results[name] = {"status": "skipped", "reason": "section time spent"}
+            continue
+        attention, compiled, loss_mode, fused = VARIANTS[name]
+        if device.type == "cpu" and attention == "auto":
+            attention = "sdpa"  # flex has no CPU backward
+        torch.manual_seed(0)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        model = build_gpt(cfg).to(device)
+        model.attention, model.loss_mode = attention, loss_mode
+        compiled = compiled and device.type == "cuda"  # CPU: compiling a tiny model only measures the compiler
+        if compiled:
+            compile_blocks(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused and device.type == "cuda",
+                                foreach=not (fused and device.type == "cuda"))
+        autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
+                    else contextlib.nullcontext())
+        valid = (labels != IGNORE_INDEX).sum()
+
+        def step():
+            with autocast:
+                if loss_mode == "chunked":
+                    loss = model(ids, pos, seg, labels).sum() / valid
+                else:
+                    loss = plain_loss_sum(model(ids, pos, seg), labels) / valid
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        t0 = time.perf_counter()
+        first_loss = float(step())  # includes compilation
+        _sync(device)
+        compile_s = time.perf_counter() - t0
+        step()  # second step: a compiled backward/optimizer may still warm up
+        _sync(device)
+        t0 = time.perf_counter()
+        done = 0
+        for _ in range(steps):
+            step()
+            done += 1
+            if time.monotonic() > deadline - 2:
+                break
+        _sync(device)
+        dt = (time.perf_counter() - t0) / done
+        tok_s = batch * t / dt
+        tflops = tok_s * cfg.flops_per_token() / 1e12
+        results[name] = {
+            "status": "ok", "attention": attention, "compile_per_block": compiled, "loss": loss_mode,
+            "fused_adamw": fused, "first_step_loss": first_loss, "step_s": dt, "tokens_per_s": tok_s,
+            "tflops": tflops, "mfu": tflops / peak if peak else None,
+            "first_step_s (incl. compile)": compile_s,
+            "peak_memory_gib": (torch.cuda.max_memory_allocated(device) / 2**30) if device.type == "cuda" else None,
+        }
+        del model, opt
+    ok = [r for r in results.values() if r.get("status") == "ok"]
+    losses = [r["first_step_loss"] for r in ok]
+    out = {"model": cfg.name, "micro_batch": batch, "seq_len": t, "variants": results,
+           "first_step_losses_agree": (max(losses) - min(losses) <= 2e-2 * abs(losses[0])) if losses else None}
+    if "before" in results and "after" in results and results["after"].get("status") == "ok":
+        out["speedup_after_vs_before"] = results["after"]["tokens_per_s"] / results["before"]["tokens_per_s"]
+    return out
+
+
+def section_versions(args, device, deadline):
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from trainer.attention import dense_mask
+    from trainer.metrics import peak_tflops
+    out = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
+           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+           "peak_tflops_bf16": peak_tflops(device)}
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    b, h, t, d = (2, 4, 256, 64) if not args.tiny else (1, 2, 32, 16)
+    q, k, v = (torch.randn(b, h, t, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    mask = dense_mask(_doc_segments(b, t, t // 4, seed=2).to(device))
+    accepts = {}
+    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+                    SDPBackend.MATH):
+        try:
+            with sdpa_kernel([backend]):
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask).sum().backward()
+            accepts[backend.name] = True
+        except Exception as e:  # noqa: BLE001 - the point is to record which refuse, and why
+            accepts[backend.name] = f"no: {str(e).splitlines()[0][:120]}"
+    out["sdpa_backends_with_dense_mask"] = accepts
+    return out
+
+
+def section_attention(args, device, deadline):
+    import torch
+    from trainer.attention import attend, build_mask
+    b, h, t, d = (8, 16, 2048, 128) if not args.tiny else (2, 2, 64, 16)
+    mixes = {"short docs (mean 300)": 300, "long docs (mean 1500)": 1500} if not args.tiny else \
+        {"short docs (mean 8)": 8, "long docs (mean 40)": 40}
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    impls = ["sdpa", "flex", "varlen"] if device.type == "cuda" else ["sdpa", "flex"]
+    out = {"shape": {"B": b, "H": h, "T": t, "D": d}, "mixes": {}}
+    for mix, mean in mixes.items():
+        seg = _doc_segments(b, t, mean, seed=3).to(device)
+        starts = (seg[:, 1:] != seg[:, :-1]).sum().item() + b
+        # share of the causal T^2/2 tiles that the document mask actually needs
+        row = {"documents": starts}
+        for impl in impls:
+            if time.monotonic() > deadline - 3:
+                row[impl] = {"status": "skipped"}
+                continue
+            backward = not (impl == "flex" and device.type == "cpu")  # CPU flex: forward only
+            q, k, v = (torch.randn(b, h, t, d, device=device, dtype=dtype, requires_grad=backward)
+                       for _ in range(3))
+
+            def run():
+                mask = build_mask(seg, impl)  # once per micro-batch, as in training
+                o = attend(q, k, v, mask)
+                if backward:
+                    o.sum().backward()
+                return o
+            try:
+                run()
+                _sync(device)
+                reps = 5 if device.type == "cuda" else 2
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    run()
+                _sync(device)
+                row[impl] = {"status": "ok", "ms": 1e3 * (time.perf_counter() - t0) / reps,
+                             "backward": backward}
+            except SectionTimeout:
+                raise
+            except Exception as e:  # noqa: BLE001 - a kernel that fails on this device is a result
+                row[impl] = {"status": "error", "error": str(e).splitlines()[0][:200]}
+        ref = row.get("sdpa", {}).get("ms")
+        for impl in impls:
+            if ref and row.get(impl, {}).get("ms"):
+                row[impl]["speedup_vs_dense"] = ref / row[impl]["ms"]
+        out["mixes"][mix] = row
+    return out
+
+
+def _dataset(args, seq_len: int, vocab: int) -> str:
+    path = os.path.join(args.out, "data")
+    if not os.path.exists(os.path.join(path, "manifest.json")):
+        from tests.trainer_fixtures import write_dataset
+        n_docs = 400 if args.tiny else 3000
+        write_dataset(path, seq_len=seq_len, vocab=vocab, n_docs=n_docs, n_shards=4 if args.tiny else 8,
+                      min_len=5 if args.tiny else 200, max_len=60 if args.tiny else 4000)
+    return path
+
+
+def section_loader(args, device, deadline):
+    from model_contract import load_manifest, manifest_path
+    from trainer.config import DataConfig
+    from trainer.data import ShardLoader
+    seq_len, vocab = (32, 64) if args.tiny else (2048, 50304)
+    path = _dataset(args, seq_len, vocab)
+    mfile = manifest_path(path)
+    manifest = load_manifest(mfile)
+    gb = 8 if args.tiny else 32
+    loader = ShardLoader(manifest, mfile, DataConfig(path=path, streams=4 if args.tiny else 8,
+                                                     shuffle_buffer=16 if args.tiny else 256), seq_len, gb)
+    next(loader)  # warm-up: opening shards, filling shuffle buffers
+    t0 = time.perf_counter()
+    n = 0
+    while time.perf_counter() - t0 < (1.0 if args.tiny else 10.0) and time.monotonic() < deadline - 2:
+        next(loader)
+        n += 1
+    dt = time.perf_counter() - t0
+    if hasattr(loader, "close"):
+        loader.close()
+    return {"global_batch": gb, "seq_len": seq_len, "batches": n, "tokens_per_s": n * gb * seq_len / dt}
+
+
+def section_cli(args, device, deadline):
+    seq_len, vocab = (32, 64) if args.tiny else (2048, 50304)
+    path = _dataset(args, seq_len, vocab)
+    ck = os.path.join(args.out, "cli-checkpoints")
+    if args.tiny:
+        model = ["--model", "tiny", "--seq-len", "32", "--vocab-size", "64", "--n-layers", "2", "--d-model", "32",
+                 "--n-heads", "2", "--data-streams", "4", "--shuffle-buffer", "16", "--global-batch", "8",
+                 "--threads", "1", "--device", "cpu"]
+        first, total = 4, 6
+    else:
+        model = ["--model", "125M", "--global-batch", "16", "--device", "cuda", "--compile"]
+        first, total = 30, 40
+    common = [sys.executable, "-m", "trainer.train", "--data", path, *model, "--steps", str(total),
+              "--checkpoint-dir", ck, "--log-every", "5", "--warmup-steps", "2"]
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_WAIT_POLICY="PASSIVE")
+    out = {}
+    t0 = time.perf_counter()
+    p = subprocess.run(common + ["--stop-at-step", str(first)], cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=max(5, deadline - time.monotonic()))
+    out["first_run_s"] = time.perf_counter() - t0
+    if p.returncode:
+        raise RuntimeError(f"first run failed: {p.stderr[-800:]}")
+    t0 = time.perf_counter()
+    p = subprocess.run(common, cwd=REPO, env=env, capture_output=True, text=True,
+                       timeout=max(5, deadline - time.monotonic()))
+    out["resume_run_s"] = time.perf_counter() - t0
+    if p.returncode:
+        raise RuntimeError(f"resumed run failed: {p.stderr[-800:]}")
+    out["resumed"] = "resumed from" in p.stdout
+    out["steps"] = [first, total]
+    out["last_lines"] = p.stdout.strip().splitlines()[-2:]
+    if not out["resumed"]:
+        raise RuntimeError("the second run did not resume from the checkpoint")
+    return out
+
+
+FUNCS = {"step": section_step, "versions": section_versions, "attention": section_attention,
+         "loader": section_loader, "cli": section_cli}
+
+
+def _write(path: str, report: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="/tmp/gpu_check")
+    p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    p.add_argument("--variants", nargs="+", default=["before", "after"], choices=list(VARIANTS))
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU test)")
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--limit-scale", type=float, default=1.0, help="multiply every section's time limit")
+    p.add_argument("--force", action="store_true", help="rerun sections that already finished")
+    a = p.parse_args(argv)
+    os.makedirs(a.out, exist_ok=True)
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    path = os.path.join(a.out, "gpu_check.json")
+    report = json.load(open(path)) if os.path.exists(path) else {}
+    device = _device(a)
+    for name in SECTIONS:
+        if name not in a.sections:
+            continue
+        if report.get(name, {}).get("status") == "ok" and not a.force:
+            print(f"[{name}] done in an earlier run: skipped", flush=True)
+            continue
+        limit = LIMITS[name] * a.limit_scale
+        t0 = time.monotonic()
+        try:
+            with time_limit(limit):
+                result = FUNCS[name](a, device, t0 + limit)
+            report[name] = {"status": "ok", "seconds": time.monotonic() - t0, "result": result}
+        except SectionTimeout as e:
+            report[name] = {"status": "timeout", "seconds": time.monotonic() - t0, "error": str(e)}
+        except Exception as e:  # noqa: BLE001 - one failing section must not lose the others
+            report[name] = {"status": "error", "seconds": time.monotonic() - t0,
+                            "error": f"{type(e).__name__}: {str(e)[-1500:]}"}
+        _write(path, report)
+        print(f"[{name}] {report[name]['status']} in {report[name]['seconds']:.1f} s", flush=True)
+    print(json.dumps(report, indent=1, default=str))
+    return 0 if all(report.get(s, {}).get("status") == "ok" for s in a.sections) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

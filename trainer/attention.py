@@ -1,0 +1,115 @@
+"""Document-masked causal attention on three kernels, chosen once per model: dense SDPA, flex, varlen.
+
+Packed examples hold several documents; position i may attend to j iff j <= i and both are in the same
+document (segment_ids equal; padding, segment 0, only sees padding, so no row is empty). Three ways to compute
+exactly that:
+
+- ``sdpa``: a dense boolean ``[B, 1, T, T]`` mask into ``scaled_dot_product_attention``. Works everywhere (the CPU
+  path and the reference), but a dense mask rules out FlashAttention and computes every tile.
+- ``flex``: ``flex_attention`` with a ``BlockMask`` built from ``segment_ids``: tiles wholly outside a document
+  or above the diagonal are skipped, so the work follows the document lengths. Compiled on CUDA; on CPU torch
+  runs it eagerly and forward-only (no backward), which is enough for the equality test.
+- ``varlen``: FlashAttention's variable-length kernel over the flattened batch with cumulative document
+  boundaries (CUDA only).
+
+The mask is built once per micro-batch (``build_mask``), in the stage's forward, and shared by every block: the
+block mask costs a pass over ``T^2 / block^2`` tiles, not per layer.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+
+IMPLS = ("auto", "sdpa", "flex", "varlen")
+
+
+def resolve_impl(impl: str, device: torch.device) -> str:
+    """``auto`` is flex on CUDA and dense SDPA elsewhere (flex has no CPU backward)."""
+    if impl not in IMPLS:
+        raise ValueError(f"unknown attention {impl!r}; choose one of {', '.join(IMPLS)} (--attention)")
+    if impl == "auto":
+        return "flex" if device.type == "cuda" else "sdpa"
+    if impl == "varlen" and device.type != "cuda":
+        raise ValueError("--attention varlen needs a CUDA device (FlashAttention); use sdpa or flex on CPU")
+    return impl
+
+
+def dense_mask(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Boolean [B, 1, T, T]: causal and same segment."""
+    t = segment_ids.shape[-1]
+    causal = torch.ones(t, t, dtype=torch.bool, device=segment_ids.device).tril()
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]
+    return (same & causal)[:, None]
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(name: str):
+    from torch.nn.attention import flex_attention as fa
+    fn = getattr(fa, name)
+    return torch.compile(fn, dynamic=False)
+
+
+def flex_block_mask(segment_ids: torch.Tensor, block_size: int = 128):
+    from torch.nn.attention.flex_attention import create_block_mask
+    b, t = segment_ids.shape
+    seg = segment_ids
+
+    def document_causal(bi, h, q, k):
+        return (seg[bi, q] == seg[bi, k]) & (k <= q)
+
+    return create_block_mask(document_causal, b, None, t, t, device=seg.device, BLOCK_SIZE=min(block_size, t),
+                             _compile=seg.device.type == "cuda")
+
+
+def varlen_boundaries(segment_ids: torch.Tensor) -> torch.Tensor:
+    """Cumulative start offsets (int32, with the total at the end) of every run of equal segment ids in the
+    flattened batch; every row starts a new run. No host sync: the count stays on the device."""
+    b, t = segment_ids.shape
+    starts = torch.ones_like(segment_ids, dtype=torch.bool)
+    starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
+    idx = torch.nonzero(starts.reshape(-1)).reshape(-1).to(torch.int32)
+    total = torch.full((1,), b * t, dtype=torch.int32, device=segment_ids.device)
+    return torch.cat([idx, total])
+
+
+@dataclass
+class DocumentMask:
+    """What one micro-batch's attention needs, for the chosen kernel."""
+    impl: str
+    dense: Optional[torch.Tensor] = None
+    block: Any = None
+    cu_seqlens: Optional[torch.Tensor] = None
+    max_len: int = 0
+
+
+def build_mask(segment_ids: torch.Tensor, impl: str) -> DocumentMask:
+    if impl == "sdpa":
+        return DocumentMask(impl, dense=dense_mask(segment_ids))
+    if impl == "flex":
+        return DocumentMask(impl, block=flex_block_mask(segment_ids))
+    if impl == "varlen":
+        return DocumentMask(impl, cu_seqlens=varlen_boundaries(segment_ids), max_len=segment_ids.shape[-1])
+    raise ValueError(f"attention impl {impl!r} must be resolved first (resolve_impl)")
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: DocumentMask) -> torch.Tensor:
+    """q, k, v: [B, H, T, D] -> [B, H, T, D]."""
+    if mask.impl == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.dense)
+    if mask.impl == "flex":
+        if q.device.type == "cuda":
+            return _compiled("flex_attention")(q, k, v, block_mask=mask.block)
+        from torch.nn.attention.flex_attention import flex_attention
+        return flex_attention(q, k, v, block_mask=mask.block)
+    if mask.impl == "varlen":
+        from torch.nn.attention.varlen import varlen_attn
+        b, h, t, d = q.shape
+        flat = [z.transpose(1, 2).reshape(b * t, h, d) for z in (q, k, v)]
+        out = varlen_attn(*flat, mask.cu_seqlens, mask.cu_seqlens, mask.max_len, mask.max_len,
+                          window_size=(-1, 0))
+        return out.reshape(b, t, h, d).transpose(1, 2)
+    raise ValueError(f"unknown attention impl {mask.impl!r}")

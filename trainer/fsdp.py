@@ -1,0 +1,94 @@
+"""FSDP2 (`fully_shard`) for a pipeline stage, and activation checkpointing of its blocks.
+
+Each block is its own FSDP unit (all-gathered just before its forward, freed after; re-gathered for backward),
+the stage root holds the embeddings, final LayerNorm and head. On CUDA the parameters compute in bf16 while
+gradients are reduced in fp32 (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`); the sharded
+master weights and AdamW state stay fp32. On CPU everything is fp32 (gloo; the equality tests).
+
+Composes with pipeline parallelism: `PipelineStage` recognises an FSDP module and reduce-scatters gradients only
+after the last micro-batch's backward. Composes with tensor parallelism: apply TP first, then `fully_shard`
+over the data-parallel sub-mesh (2-D sharding).
+
+Activation checkpointing (`ac`):
+- ``none``: keep every activation.
+- ``selective``: op-level: keep the outputs of matmuls and attention, recompute the cheap element-wise ops
+  (LayerNorm, GELU, residual adds) in backward; about a third of a block's activation memory for a few
+  percent of compute.
+- ``full``: keep only each block's input and recompute the block in backward (one extra forward, 4/3 compute).
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn as nn
+
+AC_MODES = ("none", "selective", "full")
+
+# Ops whose outputs selective checkpointing keeps (the expensive ones to recompute).
+_SAVE = None
+
+
+def _save_list():
+    global _SAVE
+    if _SAVE is None:
+        aten = torch.ops.aten
+        ops = [aten.mm.default, aten.addmm.default, aten.bmm.default,
+               aten._scaled_dot_product_efficient_attention.default,
+               aten._scaled_dot_product_flash_attention.default,
+               aten._scaled_dot_product_cudnn_attention.default]
+        flex = getattr(torch.ops.higher_order, "flex_attention", None)
+        if flex is not None:
+            ops.append(flex)
+        _SAVE = ops
+    return _SAVE
+
+
+def _selective_context():
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    save = _save_list()
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
+def apply_activation_checkpointing(stage: nn.Module, mode: str) -> nn.Module:
+    """Set the checkpointing mode on every block (the block's forward applies it; names do not change)."""
+    if mode not in AC_MODES:
+        raise ValueError(f"unknown --ac {mode!r}; choose one of {', '.join(AC_MODES)}")
+    for block in stage.blocks.values():
+        block.ac_mode = mode
+    return stage
+
+
+def checkpointed(fn, mode: str, *args):
+    """Run fn(*args) under the activation-checkpointing `mode` (used by Block.forward)."""
+    from torch.utils.checkpoint import checkpoint
+    if mode == "none" or not torch.is_grad_enabled():
+        return fn(*args)
+    if mode == "full":
+        return checkpoint(fn, *args, use_reentrant=False)
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=_selective_context)
+
+
+def mixed_precision(device: torch.device, bf16: bool = True):
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    if device.type == "cuda" and bf16:
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy()
+
+
+def apply_fsdp(stage: nn.Module, dp_mesh, device: torch.device, bf16: bool = True,
+               reshard_after_forward: bool = True) -> nn.Module:
+    """fully_shard every block, then the stage root; in place, returns the stage (now an FSDPModule).
+
+    With pipeline parallelism pass reshard_after_forward=False: each block is then gathered once per step
+    rather than once per micro-batch forward and again per backward (more memory, far less traffic)."""
+    from torch.distributed.fsdp import fully_shard
+    mp = mixed_precision(device, bf16)
+    for block in stage.blocks.values():
+        fully_shard(block, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(stage, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    return stage
