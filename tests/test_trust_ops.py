@@ -388,6 +388,9 @@ def test_local_output_that_cannot_be_written_is_a_config_error(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match=r"--output .*file/out: not writable"):
         guards.check_local_writable(str(tmp_path / "file" / "out"), "--output")
+    guards.check_local_writable(str(tmp_path / "new" / "out"), "--output")
+    assert not (tmp_path / "new").exists()  # checked, not created (a run failing later leaves nothing)
+    (tmp_path / "fine").mkdir()
     guards.check_local_writable(str(tmp_path / "fine"), "--output")
     assert list((tmp_path / "fine").iterdir()) == []  # the probe is gone
 
@@ -400,7 +403,7 @@ def test_interrupts_exit_130_and_143_in_one_line_even_through_beams_rewrapping(m
 
     assert RunInterrupted(signal.SIGINT).exit_code == 130 and RunInterrupted(signal.SIGTERM).exit_code == 143
     assert RunInterrupted("interrupted by signal 15 [while running 'Tokenize']").exit_code == 143
-    for raised, code in ((KeyboardInterrupt(), 130), (RunInterrupted(15), 143)):
+    for raised, code in ((RunInterrupted(2), 130), (RunInterrupted(15), 143)):
         def interrupted(*_a, exc=raised):
             raise exc
         monkeypatch.setattr(cli, "cmd_shard", interrupted)

@@ -30,7 +30,7 @@ def _shard(inputs, out, *extra, timeout_s=150, env=None):
 
 def _one_line(stderr: str) -> str:
     lines = [ln for ln in stderr.strip().splitlines()
-             if ln.startswith("pileprep:") and not ln.startswith("pileprep: warning:")]
+             if ln.startswith("pileprep:") and not ln.startswith("pileprep: WARNING")]
     assert len(lines) == 1 and "Traceback" not in stderr, stderr[-3000:]
     return lines[0]
 

@@ -42,15 +42,26 @@ DEAD_LETTER_MIN_RECORDS = 1000  # below this a high dead-letter rate is likely a
 
 # ------------------------------------------------------------------------------------------ writability
 def check_local_writable(path: Optional[str], flag: str) -> None:
-    """Create `path` if needed and write + fsync + delete a small probe file in it (ConfigError if that fails).
-
-    The probe has data (4 KiB) and is fsynced, so a full disk fails here too, not only a read-only one.
-    """
+    """ConfigError unless `path` can be written: an existing directory gets a small probe file written, fsynced
+    and deleted (4 KiB of data, so a full disk fails here too, not only a read-only one); a path that does not
+    exist yet is not created here (a run that fails its other checks leaves nothing behind): its nearest
+    existing ancestor must be a writable directory (`access` reports a read-only filesystem even to root)."""
     if not path or not io_utils.is_local(path):
+        return
+    if not os.path.exists(path):
+        ancestor = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(ancestor):
+            ancestor = os.path.dirname(ancestor)
+        if not os.path.isdir(ancestor):
+            raise ConfigError(f"{flag} {path}: not writable ({ancestor} is not a directory)")
+        if not os.access(ancestor, os.W_OK | os.X_OK):
+            raise ConfigError(f"{flag} {path}: not writable (cannot create it in {ancestor}: read-only or no "
+                              "permission); choose a writable location with free space")
         return
     probe = os.path.join(path, f".pileprep-write-probe-{os.getpid()}")
     try:
-        os.makedirs(path, exist_ok=True)
+        if not os.path.isdir(path):
+            raise NotADirectoryError(20, "not a directory")
         with io_utils.open_write(probe) as f:
             f.write(b"\0" * 4096)
         fd = os.open(probe, os.O_RDONLY)

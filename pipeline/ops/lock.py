@@ -64,6 +64,7 @@ class OutputLock:
         self.info = {"host": socket.gethostname(), "pid": os.getpid(), "started": round(time.time(), 3),
                      "token": self.token}
         self.lost = False  # set by the heartbeat if someone broke our lock
+        self._created_output = False  # the lock made the output directory: removed again if left empty
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._local = io_utils.is_local(output)
@@ -108,6 +109,9 @@ class OutputLock:
         holder, _age = self._read()
         if holder is not None and holder.get("token") == self.token:
             self._remove(self.token)
+        if self._created_output:  # a run that failed its checks leaves no empty output directory behind
+            with contextlib.suppress(OSError):
+                os.rmdir(self.output)
 
     def renew(self) -> bool:
         """Renew the lease; False (and `lost`) if the lock is no longer ours."""
@@ -153,7 +157,9 @@ class OutputLock:
     def _try_create(self) -> bool:
         if not self._local:
             return self._s3_put(conditional=True)
-        os.makedirs(self.output, exist_ok=True)
+        if not os.path.isdir(self.output):
+            os.makedirs(self.output, exist_ok=True)
+            self._created_output = True
         try:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
