@@ -122,8 +122,15 @@ def cmd_shard(args, beam_args) -> int:
                 0.0 if args.quiet else 1.0 if tty else 10.0)
             manifest = shard_pipeline.run(config, beam_args, incremental_run=run.incremental,
                                           run_log=run.run_log, progress_every_s=every)
+    except (KeyboardInterrupt, RunInterrupted):
+        worker_log.keep()  # what the workers were doing when interrupted
+        raise
     except Exception as e:
-        if is_user_error(e) or isinstance(e, RunError):  # RunError: a known cause, said in one line
+        if is_user_error(e):
+            worker_log.discard()
+            raise
+        if isinstance(e, RunError):  # a known cause, said in one line (the worker log is kept, not shown)
+            worker_log.keep()
             raise
         raise RunFailed(e, worker_log.last_lines, worker_log.keep()) from e
     from pipeline.tools.inspect_dataset import summary_table  # noqa: PLC0415

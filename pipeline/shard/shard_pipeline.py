@@ -155,7 +155,7 @@ def _parity_sample(config: ShardConfig, paths: list) -> list:
 
     def read(path):
         with io_utils.open_read(path) as f:
-            for rec in iter_raw_records(f, compression_of(path), config.max_line_bytes):
+            for rec in iter_raw_records(f, compression_of(path), config.max_line_bytes, config.max_zstd_window_bytes):
                 if isinstance(rec, RawRecord):
                     yield rec.line, rec.data
 
