@@ -22,7 +22,8 @@ import traceback
 from pipeline import options
 from pipeline.ops import runners
 from pipeline.config import PILEPREP_VERSION, RunOptions, ShardConfig
-from pipeline.errors import UsageError, is_user_error, one_line
+from pipeline.errors import RunError, RunInterrupted, UsageError, is_user_error, one_line
+from pipeline.ops.redaction import RedactingFilter, redact_userinfo
 
 LOG = logging.getLogger("pileprep")
 
@@ -121,12 +122,15 @@ def cmd_shard(args, beam_args) -> int:
                 0.0 if args.quiet else 1.0 if tty else 10.0)
             manifest = shard_pipeline.run(config, beam_args, incremental_run=run.incremental,
                                           run_log=run.run_log, progress_every_s=every)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, RunInterrupted):
         worker_log.keep()  # what the workers were doing when interrupted
         raise
     except Exception as e:
         if is_user_error(e):
             worker_log.discard()
+            raise
+        if isinstance(e, RunError):  # a known cause, said in one line (the worker log is kept, not shown)
+            worker_log.keep()
             raise
         raise RunFailed(e, worker_log.last_lines, worker_log.keep()) from e
     from pipeline.tools.inspect_dataset import summary_table  # noqa: PLC0415
@@ -315,6 +319,7 @@ def _user_view(worker_log, args):
         handler.setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING)
         handler.setFormatter(logging.Formatter("pileprep: %(levelname)s %(message)s"))
         handler.addFilter(lambda r: not progress.is_progress_record(r))
+        handler.addFilter(RedactingFilter())
         LOG.addHandler(handler)
         logging.getLogger().setLevel(min(saved[0], logging.INFO))
         LOG.setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
@@ -343,6 +348,7 @@ def _configure_logging(args=None) -> None:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         for handler in logging.getLogger().handlers:
             handler.addFilter(_quiet_beam_import_warning)
+            handler.addFilter(RedactingFilter())  # credentials in URLs never reach a log line
     if args is not None:
         verbose = getattr(args, "verbose", 0) or 0
         quiet = getattr(args, "quiet", False)
@@ -360,9 +366,15 @@ def main(argv=None) -> int:
         verbose = getattr(args, "verbose", 0) or 0
         _configure_logging(args)
         return args.func(args, beam_args)
+    except RunInterrupted as e:  # the shard run removed its partial generation (pipeline/shard/shard_pipeline.py)
+        print("pileprep: interrupted; previous dataset intact", file=sys.stderr, flush=True)
+        return e.exit_code
     except KeyboardInterrupt:
         print("pileprep: interrupted", file=sys.stderr)
         return 130
+    except RunError as e:
+        print(f"pileprep: failed: {redact_userinfo(one_line(e))}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `pileprep inspect DIR | head`: the reader left; say nothing, like other tools
         try:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
@@ -371,7 +383,7 @@ def main(argv=None) -> int:
         return 141
     except Exception as e:  # noqa: BLE001 - the one place that turns exceptions into exit codes
         if is_user_error(e) or (isinstance(e, PATH_ERRORS) and getattr(args, "path_errors", False)):
-            print(f"pileprep: error: {one_line(e)}", file=sys.stderr)
+            print(f"pileprep: error: {redact_userinfo(one_line(e))}", file=sys.stderr)
             return 2
         _report_failure(e if isinstance(e, RunFailed) else RunFailed(e, [], None), verbose)
         return 1
@@ -391,7 +403,7 @@ def _report_failure(e: RunFailed, verbose: int) -> None:
     message = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
     if len(message) > 500:
         message = message[:497] + "..."
-    print(f"pileprep: failed: {type(cause).__name__}: {message}"
+    print(f"pileprep: failed: {type(cause).__name__}: {redact_userinfo(message)}"
           + ("" if verbose > 1 else " (-vv for the traceback)"), file=sys.stderr)
 
 

@@ -92,6 +92,14 @@ class ShardConfig:
     tokenizer_backend: Literal["auto", "sentencepiece", "kitoken"] = option(
         "auto", "exact fast tokenizer path: auto uses kitoken on BPE models after id-for-id parity with "
         "SentencePiece on the run's sample (transforms/tokenizer_backends.py)", manifest=False)
+    # Operations (docs/OPERATIONS.md §3): how a run guards the output, not what it makes.
+    break_lock: bool = option(
+        False, "remove another run's lock on --output first (only when that run is known to be gone; a crashed "
+        "run's lock goes stale by itself after 120 s)", manifest=False, group="operations (docs/OPERATIONS.md)")
+    max_dead_letter_fraction: float = option(
+        0.5, "fail without committing when more than this fraction of the records read are dead-lettered "
+        "(checked once at least 1,000 records were read)", manifest=False, metavar="FRACTION",
+        group="operations (docs/OPERATIONS.md)")
     extra: dict = option({}, cli=False, manifest=False)
 
     def __post_init__(self):
@@ -125,6 +133,8 @@ class ShardConfig:
             problems.append("--val-fraction + --test-fraction must leave something for train")
         if self.tokenizer_backend not in ("auto", "sentencepiece", "kitoken"):
             problems.append(f"--tokenizer-backend must be auto, sentencepiece or kitoken, got {self.tokenizer_backend!r}")
+        if not 0.0 <= self.max_dead_letter_fraction <= 1.0:
+            problems.append(f"--max-dead-letter-fraction must be in [0, 1], got {self.max_dead_letter_fraction}")
         if self.unit_mb <= 0 or self.max_line_mb <= 0:
             problems.append("--unit-mb and --max-line-mb must be positive")
         if not 0 < self.max_zstd_window_mb <= ZSTD_MAX_WINDOW_MB:

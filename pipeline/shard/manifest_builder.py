@@ -117,7 +117,8 @@ def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, ge
         dead_letters=dead_letters,
         config=config.to_manifest_dict(),
         pileprep_version=PILEPREP_VERSION,
-        extra={"generation": generation, **_statistics(config, unit_results, shard_results)},
+        generation=generation,
+        extra=_statistics(config, unit_results, shard_results),
     )
 
 

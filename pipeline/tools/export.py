@@ -104,7 +104,7 @@ def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: i
         if rows != shard.examples:
             raise RuntimeError(f"{shard.path}: exported {rows} rows but the manifest says {shard.examples} examples")
         files.append({"path": name, "split": shard.split, "rows": rows, "source_shard": shard.path})
-    summary = {"format": "parquet", "generation": manifest.extra.get("generation"), "files": files,
+    summary = {"format": "parquet", "generation": manifest.generation, "files": files,
                "columns": [f.name for f in parquet_schema()]}
     io_utils.write_bytes(io_utils.join(output, "export.json"),
                          (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode("utf-8"))
