@@ -34,10 +34,13 @@ $(SAMPLE_TOKENIZER): $(SAMPLE_DIR)/.done
 	$(BIN)/pileprep tokenizer train --input '$(SAMPLE_DIR)/train/*.jsonl.zst' --output $@ --vocab-size 8000
 
 shard: $(STAMP) $(SAMPLE_DIR)/.done $(TOKENIZER)
-	$(BIN)/pileprep shard --input '$(SAMPLE_DIR)/train/*.jsonl.zst' '$(SAMPLE_DIR)/val.jsonl.zst' \
-	  '$(SAMPLE_DIR)/test.jsonl.zst' --output out/sample --tokenizer $(TOKENIZER) --seq-len $(SEQ_LEN) \
-	  --num-shards 4
+	$(BIN)/pileprep shard --input '$(SAMPLE_DIR)/train/*.jsonl.zst' --val-input '$(SAMPLE_DIR)/val.jsonl.zst' \
+	  --test-input '$(SAMPLE_DIR)/test.jsonl.zst' --output out/sample --tokenizer $(TOKENIZER) \
+	  --seq-len $(SEQ_LEN) --num-shards 4
 	$(BIN)/pileprep inspect out/sample --examples 1
+	$(BIN)/pileprep verify out/sample --inputs '$(SAMPLE_DIR)/train/*.jsonl.zst' '$(SAMPLE_DIR)/val.jsonl.zst' \
+	  '$(SAMPLE_DIR)/test.jsonl.zst' --sample 200
+	$(BIN)/pileprep report out/sample
 
 # Real Airflow for the DAG test, in its own venv: its pins do not co-install with Beam's.
 AIRFLOW_VERSION ?= 3.3.2

@@ -111,7 +111,8 @@ def bubble_worker(args) -> None:
     import torch.distributed as dist
     from trainer.config import model_config
     from trainer.model import token_loss_sum
-    from trainer.parallel import build_rank_stages, build_schedule, init_distributed, rank_stage_specs
+    from trainer.parallel import (bubble_fraction, build_rank_stages, build_schedule, init_distributed,
+                                  rank_stage_specs)
     from trainer.partition import partition_model
     torch.set_num_threads(1)
     world = int(os.environ["WORLD_SIZE"])
@@ -190,7 +191,7 @@ def bubble_worker(args) -> None:
                           "stage_compute_s": busy, "idle_s": idle,
                           "measured_bubble": (sum(idle) / p) / step_time,
                           "bubble_from_compute_alone": 1 - (sum(busy) / p) / step_time,
-                          "theory_bubble": (p - 1) / (v * m + p - 1)}), flush=True)
+                          "theory_bubble": bubble_fraction(p, m, v)}), flush=True)
     dist.destroy_process_group()
 
 

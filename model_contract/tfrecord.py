@@ -52,14 +52,20 @@ def _read_framed(stream: BinaryIO, verify: bool, where: str) -> Optional[bytes]:
 
 
 def iter_records(stream: BinaryIO, *, verify: bool = True, name: str = "<stream>") -> Iterator[bytes]:
-    """Yield the payload of every record in a binary stream; raise TFRecordCorruptError on damage."""
-    index = 0
+    """Yield the payload of every record in a binary stream; raise TFRecordCorruptError on damage.
+
+    Errors name the record's index and the byte offset where its frame starts, so a damaged shard can be
+    located (and compared against a good copy) without re-reading it. The length's checksum is verified
+    before the length is trusted: a flipped length byte is a checksum error, not a misleading "truncated".
+    """
+    index, offset = 0, 0
     while True:
-        data = _read_framed(stream, verify, f"{name}: record {index}")
+        data = _read_framed(stream, verify, f"{name}: record {index} at byte offset {offset}")
         if data is None:
             return
         yield data
         index += 1
+        offset += 16 + len(data)
 
 
 def read_records(path: str, *, verify: bool = True) -> Iterator[bytes]:

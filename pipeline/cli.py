@@ -22,7 +22,8 @@ import traceback
 from pipeline import options
 from pipeline.ops import runners
 from pipeline.config import PILEPREP_VERSION, RunOptions, ShardConfig
-from pipeline.errors import UsageError, is_user_error, one_line
+from pipeline.errors import RunError, RunInterrupted, UsageError, is_user_error, one_line
+from pipeline.ops.redaction import RedactingFilter, redact_userinfo
 
 LOG = logging.getLogger("pileprep")
 
@@ -121,8 +122,15 @@ def cmd_shard(args, beam_args) -> int:
                 0.0 if args.quiet else 1.0 if tty else 10.0)
             manifest = shard_pipeline.run(config, beam_args, incremental_run=run.incremental,
                                           run_log=run.run_log, progress_every_s=every)
+    except (KeyboardInterrupt, RunInterrupted):
+        worker_log.keep()  # what the workers were doing when interrupted
+        raise
     except Exception as e:
         if is_user_error(e):
+            worker_log.discard()
+            raise
+        if isinstance(e, RunError):  # a known cause, said in one line (the worker log is kept, not shown)
+            worker_log.keep()
             raise
         raise RunFailed(e, worker_log.last_lines, worker_log.keep()) from e
     from pipeline.tools.inspect_dataset import summary_table  # noqa: PLC0415
@@ -145,11 +153,49 @@ def cmd_tokenizer_train(args, _beam_args) -> int:
     return 0
 
 
-def cmd_inspect(args, _beam_args) -> int:
-    from pipeline.tools.inspect_dataset import inspect  # noqa: PLC0415
+def _filesystem_args(beam_args) -> None:
+    """inspect/report/export on s3://: Beam's filesystem options (--s3_endpoint_url, ...) after the command."""
+    if beam_args:
+        from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+        from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
 
-    print(inspect(args.dataset, examples=args.examples, tokenizer_path=args.tokenizer))
+        FileSystems.set_options(PipelineOptions(beam_args))
+
+
+def cmd_inspect(args, beam_args) -> int:
+    from pipeline.tools.inspect_dataset import inspect, inspect_json  # noqa: PLC0415
+
+    _filesystem_args(beam_args)
+    if args.json:
+        print(json.dumps(inspect_json(args.dataset, examples=args.examples), indent=1, sort_keys=True))
+    else:
+        print(inspect(args.dataset, examples=args.examples, tokenizer_path=args.tokenizer))
     return 0
+
+
+def cmd_report(args, beam_args) -> int:
+    from pipeline.tools.report import write_report  # noqa: PLC0415
+
+    _filesystem_args(beam_args)
+    print(write_report(args.dataset, args.output, args.metrics))
+    return 0
+
+
+def cmd_export(args, beam_args) -> int:
+    from pipeline.tools.export import export_parquet  # noqa: PLC0415
+
+    _filesystem_args(beam_args)
+    print(json.dumps(export_parquet(args.dataset, args.output), indent=1, sort_keys=True))
+    return 0
+
+
+def cmd_verify(args, beam_args) -> int:
+    from pipeline.tools.verify import verify  # noqa: PLC0415
+
+    report = verify(args.dataset, inputs=args.inputs, sample=args.sample, seed=args.seed,
+                    tokenizer_path=args.tokenizer, filesystem_args=beam_args)
+    print(report.render())
+    return 0 if report.ok else 1
 
 
 def cmd_env(args, _beam_args) -> int:
@@ -197,11 +243,40 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--output", required=True, metavar="PATH.model", help="where to write the model")
     train.add_argument("--vocab-size", type=int, default=8000, help="vocabulary size")
 
+    s3_help = "For s3:// datasets, Beam's S3 options may follow: --s3_endpoint_url=URL --s3_region_name=NAME ..."
     inspect = _subcommand(sub, "inspect", cmd_inspect,
-                          "print a dataset's manifest summary and decode a few examples")
-    inspect.add_argument("dataset", help="dataset directory or manifest.json")
+                          "print a dataset's manifest summary and decode a few examples", epilog=s3_help)
+    inspect.add_argument("dataset", help="dataset directory or manifest.json (local or s3://)")
     inspect.add_argument("--examples", type=int, default=2, help="examples to decode")
     inspect.add_argument("--tokenizer", default=None, help="decode with this model (default: the manifest's)")
+    inspect.add_argument("--json", action="store_true", help="machine-readable: the manifest and decoded examples")
+
+    report = _subcommand(sub, "report", cmd_report, "write a self-contained HTML page (plots embedded) about a "
+                         "dataset", epilog=s3_help)
+    report.add_argument("dataset", help="dataset directory (local or s3://)")
+    report.add_argument("--output", default=None, help="where to write the page (default DATASET/report.html)")
+    report.add_argument("--metrics", default=None, metavar="FILE",
+                        help="the trainer's metrics JSON lines (--metrics-file): adds loss and throughput curves")
+
+    export = _subcommand(sub, "export", cmd_export, "write a dataset's shards in another format (Parquet)",
+                         epilog=s3_help)
+    export.add_argument("dataset", help="dataset directory (local or s3://)")
+    export.add_argument("--format", choices=["parquet"], default="parquet", help="output format")
+    export.add_argument("--output", default=None, help="output directory (default DATASET/parquet)")
+    for p in (inspect, report, export):
+        p.set_defaults(filesystem_args=True)
+
+    verify = _subcommand(sub, "verify", cmd_verify,
+                         "check every shard, dead letter and id index against the manifest (size, sha256); "
+                         "with --inputs, audit a seeded sample of documents", beam_args=True,
+                         epilog="Beam's filesystem options (--s3_endpoint_url, ...) reach s3:// datasets.")
+    verify.add_argument("dataset", help="dataset directory (local, mounted or s3://bucket/prefix)")
+    verify.add_argument("--inputs", nargs="+", default=None, metavar="GLOB",
+                        help="the dataset's input files: re-read and re-tokenize a seeded sample of documents and "
+                             "find each one in the shards (present once, token-exact, one split) or accounted for")
+    verify.add_argument("--sample", type=int, default=200, help="documents to audit with --inputs")
+    verify.add_argument("--seed", type=int, default=0, help="which documents the audit samples")
+    verify.add_argument("--tokenizer", default=None, help="SentencePiece model (default: the manifest's)")
 
     env = _subcommand(sub, "env", cmd_env, "print versions and whether the C varint codec is active")
     env.add_argument("--json", action="store_true", help="machine-readable output")
@@ -232,6 +307,8 @@ def parse(argv: list, parser: argparse.ArgumentParser | None = None):
         if getattr(args, "accepts_beam_args", False):
             # runner short names pileprep adds (--runner=DaskRunner) resolve before Beam's parser sees them
             rest = options.check_beam_args(runners.normalise_beam_args(rest), own)
+        elif getattr(args, "filesystem_args", False) and all(r.startswith("--s3_") and "=" in r for r in rest):
+            pass  # Beam's S3 options (--s3_endpoint_url=...) for an s3:// dataset: inspect, report, export
         else:
             flagged = [r for r in rest if r.startswith("-")]
             bad = (flagged or rest)[0].split("=", 1)[0]
@@ -256,6 +333,7 @@ def _user_view(worker_log, args):
         handler.setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING)
         handler.setFormatter(logging.Formatter("pileprep: %(levelname)s %(message)s"))
         handler.addFilter(lambda r: not progress.is_progress_record(r))
+        handler.addFilter(RedactingFilter())
         LOG.addHandler(handler)
         logging.getLogger().setLevel(min(saved[0], logging.INFO))
         LOG.setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO)
@@ -284,6 +362,7 @@ def _configure_logging(args=None) -> None:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         for handler in logging.getLogger().handlers:
             handler.addFilter(_quiet_beam_import_warning)
+            handler.addFilter(RedactingFilter())  # credentials in URLs never reach a log line
     if args is not None:
         verbose = getattr(args, "verbose", 0) or 0
         quiet = getattr(args, "quiet", False)
@@ -301,9 +380,15 @@ def main(argv=None) -> int:
         verbose = getattr(args, "verbose", 0) or 0
         _configure_logging(args)
         return args.func(args, beam_args)
+    except RunInterrupted as e:  # the shard run removed its partial generation (pipeline/shard/shard_pipeline.py)
+        print("pileprep: interrupted; previous dataset intact", file=sys.stderr, flush=True)
+        return e.exit_code
     except KeyboardInterrupt:
         print("pileprep: interrupted", file=sys.stderr)
         return 130
+    except RunError as e:
+        print(f"pileprep: failed: {redact_userinfo(one_line(e))}", file=sys.stderr)
+        return 1
     except BrokenPipeError:  # `pileprep inspect DIR | head`: the reader left; say nothing, like other tools
         try:
             sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - Python flushes stdout at exit
@@ -312,7 +397,7 @@ def main(argv=None) -> int:
         return 141
     except Exception as e:  # noqa: BLE001 - the one place that turns exceptions into exit codes
         if is_user_error(e) or (isinstance(e, PATH_ERRORS) and getattr(args, "path_errors", False)):
-            print(f"pileprep: error: {one_line(e)}", file=sys.stderr)
+            print(f"pileprep: error: {redact_userinfo(one_line(e))}", file=sys.stderr)
             return 2
         _report_failure(e if isinstance(e, RunFailed) else RunFailed(e, [], None), verbose)
         return 1
@@ -332,7 +417,7 @@ def _report_failure(e: RunFailed, verbose: int) -> None:
     message = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
     if len(message) > 500:
         message = message[:497] + "..."
-    print(f"pileprep: failed: {type(cause).__name__}: {message}"
+    print(f"pileprep: failed: {type(cause).__name__}: {redact_userinfo(message)}"
           + ("" if verbose > 1 else " (-vv for the traceback)"), file=sys.stderr)
 
 

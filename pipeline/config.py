@@ -12,10 +12,12 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from pipeline.errors import ConfigError  # noqa: F401 - re-exported: `from pipeline.config import ConfigError`
+from transforms import mixture
 from transforms.documents import SPLITS
 
 PILEPREP_VERSION = "0.1.0"  # equals [project].version in pyproject.toml (tests/test_install.py checks)
 BYTES_PER_TOKEN_ESTIMATE = 6.0  # serialized int64 varints of 3 features + framing, measured on the sample
+DEFAULT_HOLDOUT_FRACTION = 0.01  # val and test share of train inputs when no held-out files are given
 # Packing holds one example at a time: 3 int64 features, their serialized form and the framed record, measured
 # at 86 bytes per token (tracemalloc, seq_len 262144). The upper bound keeps one example under ~100 MiB, so a
 # typo (`--seq-len 1000000000`) fails before any work instead of growing until the kernel kills the job.
@@ -45,7 +47,7 @@ def option(default=dataclasses.MISSING, help: str = "", *, flag: Optional[str] =
 class ShardConfig:
     """What the shard job makes: every field is a `pileprep shard` option and a `--config` TOML key."""
     inputs: tuple[str, ...] = option(
-        help="input files or globs (.jsonl, .jsonl.zst, .jsonl.gz, .json.gz; local, mounted or s3://)",
+        help="input files or globs (.jsonl, .jsonl.zst, .jsonl.gz, .json.gz, .parquet; local, mounted or s3://)",
         flag="--input", metavar="GLOB")
     output: str = option(help="dataset directory (local, EFS/FSx mount, or s3://bucket/prefix)", manifest=False,
                          metavar="DIR")
@@ -55,10 +57,15 @@ class ShardConfig:
                                        exclusive="size", metavar="N")
     target_shard_mb: float = option(1024.0, "target shard size in MiB, used when --num-shards is not given",
                                     exclusive="size", metavar="MB")
-    val_fraction: float = option(0.01, "fraction of documents (by id hash) that go to the val split")
-    test_fraction: float = option(0.01, "fraction of documents (by id hash) that go to the test split")
+    # None: 0.01 each, or 0 when --val-input/--test-input name the held-out files (resolved in __post_init__)
+    val_fraction: Optional[float] = option(
+        None, "fraction of train-input documents (by id hash) that go to the val split (default 0.01, or 0 with "
+        "--val-input/--test-input)")
+    test_fraction: Optional[float] = option(
+        None, "fraction of train-input documents (by id hash) that go to the test split (default 0.01, or 0 with "
+        "--val-input/--test-input)")
     seed: int = option(0, "seed of the split hash and of packing order")
-    text_field: str = option("text", "JSON field with the text (dotted path)", metavar="FIELD")
+    text_field: str = option("text", "JSON field or Parquet column with the text (dotted path)", metavar="FIELD")
     source_fields: tuple[str, ...] = option(
         ("meta.pile_set_name",), "fields naming the document's source, first present wins (e.g. 'source' for "
         "Dolma)", flag="--source-field", metavar="FIELD")
@@ -71,11 +78,37 @@ class ShardConfig:
         "files need 2^N bytes); files that need more are dead-lettered (zstd_window_too_large)", metavar="MB")
     staging_dir: Optional[str] = option(None, "where spill files and worker logs go (default <output>/_staging)",
                                         manifest=False, metavar="DIR")
+    val_inputs: tuple[str, ...] = option(
+        (), "files or globs that go wholly to val (e.g. the Pile's val.jsonl.zst); held-out copies win over "
+        "train", flag="--val-input", metavar="GLOB")
+    test_inputs: tuple[str, ...] = option(
+        (), "files or globs that go wholly to test (e.g. the Pile's test.jsonl.zst); held-out copies win over "
+        "train", flag="--test-input", metavar="GLOB")
+    source_weights: str = option(
+        "", "mixture weights as epochs per source: 'Pile-CC=1,Wikipedia (en)=3', the preset 'pile' (the Pile "
+        "paper's epochs), or both ('pile,Github=0.5'); unlisted sources weigh 1; train split only "
+        "(transforms/mixture.py)", metavar="SPEC")
     # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
     tokenizer_backend: Literal["auto", "sentencepiece", "kitoken"] = option(
         "auto", "exact fast tokenizer path: auto uses kitoken on BPE models after id-for-id parity with "
         "SentencePiece on the run's sample (transforms/tokenizer_backends.py)", manifest=False)
+    # Operations (docs/OPERATIONS.md §3): how a run guards the output, not what it makes.
+    break_lock: bool = option(
+        False, "remove another run's lock on --output first (only when that run is known to be gone; a crashed "
+        "run's lock goes stale by itself after 120 s)", manifest=False, group="operations (docs/OPERATIONS.md)")
+    max_dead_letter_fraction: float = option(
+        0.5, "fail without committing when more than this fraction of the records read are dead-lettered "
+        "(checked once at least 1,000 records were read)", manifest=False, metavar="FRACTION",
+        group="operations (docs/OPERATIONS.md)")
     extra: dict = option({}, cli=False, manifest=False)
+
+    def __post_init__(self):
+        held_out_files = bool(self.val_inputs or self.test_inputs)
+        for name in ("val_fraction", "test_fraction"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, 0.0 if held_out_files else DEFAULT_HOLDOUT_FRACTION)
+        object.__setattr__(self, "val_inputs", tuple(self.val_inputs))
+        object.__setattr__(self, "test_inputs", tuple(self.test_inputs))
 
     def validate(self) -> None:
         problems = []
@@ -100,13 +133,24 @@ class ShardConfig:
             problems.append("--val-fraction + --test-fraction must leave something for train")
         if self.tokenizer_backend not in ("auto", "sentencepiece", "kitoken"):
             problems.append(f"--tokenizer-backend must be auto, sentencepiece or kitoken, got {self.tokenizer_backend!r}")
+        if not 0.0 <= self.max_dead_letter_fraction <= 1.0:
+            problems.append(f"--max-dead-letter-fraction must be in [0, 1], got {self.max_dead_letter_fraction}")
         if self.unit_mb <= 0 or self.max_line_mb <= 0:
             problems.append("--unit-mb and --max-line-mb must be positive")
         if not 0 < self.max_zstd_window_mb <= ZSTD_MAX_WINDOW_MB:
             problems.append(f"--max-zstd-window-mb must be in (0, {ZSTD_MAX_WINDOW_MB}] (zstd's largest window), "
                             f"got {self.max_zstd_window_mb}")
+        if self.source_weights:
+            try:
+                mixture.parse_weights(self.source_weights)
+            except ValueError as e:
+                problems.append(f"--source-weights: {e}")
         if problems:
             raise ConfigError("invalid shard configuration:\n  " + "\n  ".join(problems))
+
+    @property
+    def mixture_weights(self) -> dict:
+        return mixture.parse_weights(self.source_weights) if self.source_weights else {}
 
     @property
     def unit_bytes(self) -> int:
@@ -127,8 +171,17 @@ class ShardConfig:
             if not f.metadata.get("manifest", True):
                 d.pop(f.name)
         d["inputs"] = list(self.inputs)
+        for key in ("val_inputs", "test_inputs"):  # absent when unused, like source_weights
+            if getattr(self, key):
+                d[key] = list(getattr(self, key))
+            else:
+                d.pop(key)
         d["source_fields"] = list(self.source_fields)
         d["splits"] = list(SPLITS)
+        if not self.source_weights:  # absent when unused, so datasets built before the option keep their names
+            d.pop("source_weights")
+        else:
+            d["source_weights"] = self.mixture_weights
         return d
 
 

@@ -11,6 +11,8 @@ workers), so their user-facing exception classes are *registered* here by class,
 """
 from __future__ import annotations
 
+import re
+
 from model_contract import ContractError, ContractMismatchError
 from transforms.tokenizer import TokenizerError
 
@@ -25,6 +27,28 @@ class ConfigError(UserError):
 
 class UsageError(UserError):
     """The command line itself is wrong (unknown option, missing value)."""
+
+
+class RunError(RuntimeError):
+    """A failed run with a known cause (exit 1, one line, no worker-log tail): it committed nothing, removed its
+    partial generation, and the message says why (no space left, too many dead letters, a damaged dataset)."""
+
+
+class RunInterrupted(BaseException):
+    """SIGINT / SIGTERM: the run stopped, removed its partial generation and committed nothing (exit 130/143)."""
+
+    def __init__(self, signum):
+        # Beam re-raises a failed bundle's exception as the same type with its message augmented, so the
+        # argument is either the signal number or such a message ("interrupted by signal 15 [while running..]").
+        if not isinstance(signum, int):
+            found = re.search(r"signal (\d+)", str(signum))
+            signum = int(found.group(1)) if found else 2
+        super().__init__(f"interrupted by signal {int(signum)}")
+        self.signum = int(signum)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
 
 
 USER_ERRORS: tuple = (UserError, ContractError, ContractMismatchError, TokenizerError)

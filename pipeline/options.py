@@ -279,6 +279,11 @@ def check_beam_args(leftovers: list, own_flags: list) -> list:
     UsageError naming the first unknown option with a did-you-mean over pileprep's and Beam's options."""
     if not leftovers:
         return []
+    own_by_norm = {_norm(f): f for f in own_flags if f.startswith("--")}
+    for arg in leftovers:  # `--seq_len`, `--dry_run`: pileprep's option spelled Beam's way (Beam has a --dry_run)
+        flag = arg.split("=", 1)[0]
+        if flag.startswith("--") and _norm(flag) in own_by_norm:
+            raise UsageError(f"unrecognized option {flag} (did you mean {own_by_norm[_norm(flag)]}?)")
     name = runner_name(leftovers)
     if name:
         import_runner(name)

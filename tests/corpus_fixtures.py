@@ -44,7 +44,8 @@ def write_zst(path: pathlib.Path, lines: list, frames: int = 1) -> None:
 def write_bad_inputs(root: pathlib.Path) -> dict:
     """One file per damage kind; returns {file name: expected dead-letter / filter reasons}."""
     root.mkdir(parents=True, exist_ok=True)
-    good = [pile_line(t, s) for t, s in good_documents(600_000, skip=40)]  # > several 128 KiB zstd blocks
+    # > several 128 KiB zstd blocks; marked so that no text equals one of write_good_corpus's (one id per text)
+    good = [pile_line("# damaged-file fixture\n" + t, s) for t, s in good_documents(600_000, skip=40)]
     # truncated zstd: the complete lines before the cut survive, the rest is one dead letter
     blob = zstandard.ZstdCompressor(level=3).compress(b"".join(good))
     (root / "truncated.jsonl.zst").write_bytes(blob[: len(blob) * 2 // 3])

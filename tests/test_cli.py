@@ -107,6 +107,8 @@ def test_bad_config_file_is_one_line_exit_2(tmp_path, capsys, body, needle):
     (["shard", *REQUIRED, "--num-shard", "4"], "unrecognized option --num-shard (did you mean --num-shards?)"),
     (["shard", *REQUIRED, "--seq", "4"], "unrecognized option --seq (did you mean --seq-len?)"),
     (["shard", *REQUIRED, "--runer=FlinkRunner"], "did you mean --runner?"),
+    (["shard", *REQUIRED, "--dry_run"], "unrecognized option --dry_run (did you mean --dry-run?)"),  # not Beam's
+    (["shard", *REQUIRED, "--seq_len=512"], "unrecognized option --seq_len (did you mean --seq-len?)"),
     (["shard", *REQUIRED, "--runner=NoSuchRunner"], "no such Beam runner"),
     (["shard", *REQUIRED, "--flink_version=0.1", "--runner=FlinkRunner"], "--flink_version"),
     (["shard", *REQUIRED, "--dask_client_address=h:1"], "unrecognized option --dask_client_address"),
@@ -209,9 +211,9 @@ def test_user_errors_are_classes_not_names():
     assert errors.one_line(errors.ConfigError("invalid:\n  a\n  b")) == "invalid: a; b"
 
 
-def _cli(*argv, timeout=120):
+def _cli(*argv, timeout=120, env=None):
     return subprocess.run([sys.executable, "-m", "pipeline.cli", *argv], capture_output=True, text=True,
-                          env=subprocess_env(PYTHONPATH=str(REPO)), cwd=str(REPO), timeout=timeout)
+                          env=subprocess_env(PYTHONPATH=str(REPO), **(env or {})), cwd=str(REPO), timeout=timeout)
 
 
 def test_every_command_reports_user_errors_in_one_line_exit_2(tmp_path):
@@ -222,12 +224,15 @@ def test_every_command_reports_user_errors_in_one_line_exit_2(tmp_path):
         (["shard", "--input", str(tmp_path / "none" / "*"), "--output", str(tmp_path / "o"), "--tokenizer",
           str(tmp_path / "t.model")], "--input"),
     ]
+    tmp = tmp_path / "tmpdir"  # the worker log starts in $TMPDIR
+    tmp.mkdir()
     for argv, needle in cases:
-        res = _cli(*argv)
+        res = _cli(*argv, env={"TMPDIR": str(tmp)})
         assert res.returncode == 2, (argv, res.stderr)
         lines = res.stderr.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0] and lines[0].startswith("pileprep: error:"), res.stderr
     assert not (tmp_path / "o").exists()
+    assert not list(tmp.iterdir())  # a user error leaves no worker log behind
 
 
 def test_verbosity_after_the_subcommand_version_and_env(capsys):

@@ -123,12 +123,14 @@ def test_killed_run_leaves_previous_dataset_and_rerun_gives_same_bytes(tmp_path,
 
 
 # ------------------------------------------------------------------------------------- commit unit tests
+GEN_A, GEN_B, GEN_C = ("gen-" + c * 16 for c in "abc")
+
 def _manifest(tmp_path, generation):
     from model_contract import DataContract, Manifest, ShardInfo
 
     src = json.loads((tmp_path / "seed.json").read_text()) if (tmp_path / "seed.json").exists() else None
     m = Manifest.from_dict(src)
-    m.extra = {"generation": generation, "generations": [{"name": generation}]}
+    m.generation, m.generations = generation, [{"name": generation}]
     m.shards = [ShardInfo(f"{generation}/train-00000-of-00001.tfrecord", "train", 1, 1, 0, 1, 1, "x")]
     return m, DataContract
 
@@ -146,33 +148,33 @@ def seed_manifest(tmp_path_factory):
 def test_commit_refuses_when_another_run_committed_meanwhile_and_gc_keeps_referenced(seed_manifest, tmp_path):
     out = tmp_path / "ds"
     tmp_path = seed_manifest
-    for gen in ("gen-a", "gen-b", "gen-c"):
+    for gen in (GEN_A, GEN_B, GEN_C):
         (out / gen).mkdir(parents=True)
         (out / gen / "train-00000-of-00001.tfrecord").write_bytes(b"x")
-    m_a, _ = _manifest(tmp_path, "gen-a")
-    commit.commit_dataset(str(out), m_a, None, str(out / "_staging" / "gen-a"))
-    m_b, _ = _manifest(tmp_path, "gen-b")
+    m_a, _ = _manifest(tmp_path, GEN_A)
+    commit.commit_dataset(str(out), m_a, None, str(out / "_staging" / GEN_A))
+    m_b, _ = _manifest(tmp_path, GEN_B)
     # A run that started before gen-a was committed must not overwrite it.
-    with pytest.raises(commit.ConcurrentCommitError, match="gen-a"):
-        commit.commit_dataset(str(out), m_b, None, str(out / "_staging" / "gen-b"))
-    assert commit.committed_generation(str(out)) == "gen-a"
+    with pytest.raises(commit.ConcurrentCommitError, match=GEN_A):
+        commit.commit_dataset(str(out), m_b, None, str(out / "_staging" / GEN_B))
+    assert commit.committed_generation(str(out)) == GEN_A
     # A full rebuild replacing gen-a: gen-a is collected after the commit, gen-c (never referenced: maybe a
     # concurrent run's, in flight) is left alone.
-    commit.commit_dataset(str(out), m_b, "gen-a", str(out / "_staging" / "gen-b"), previous=m_a)
-    assert commit.committed_generation(str(out)) == "gen-b"
-    assert not (out / "gen-a").exists() and (out / "gen-b").exists() and (out / "gen-c").exists()
+    commit.commit_dataset(str(out), m_b, GEN_A, str(out / "_staging" / GEN_B), previous=m_a)
+    assert commit.committed_generation(str(out)) == GEN_B
+    assert not (out / GEN_A).exists() and (out / GEN_B).exists() and (out / GEN_C).exists()
     # Beam retrying the commit bundle: publishing the same manifest again is a no-op.
-    commit.commit_dataset(str(out), m_b, "gen-a", str(out / "_staging" / "gen-b"), previous=m_a)
-    assert commit.committed_generation(str(out)) == "gen-b"
+    commit.commit_dataset(str(out), m_b, GEN_A, str(out / "_staging" / GEN_B), previous=m_a)
+    assert commit.committed_generation(str(out)) == GEN_B
 
 
 def test_manifest_replace_is_atomic_a_crash_before_rename_leaves_old_manifest(seed_manifest, tmp_path, monkeypatch):
     out = tmp_path / "ds"
     tmp_path = seed_manifest
-    m_a, _ = _manifest(tmp_path, "gen-a")
+    m_a, _ = _manifest(tmp_path, GEN_A)
     commit.publish_manifest(str(out), m_a.to_json())
     old = (out / "manifest.json").read_bytes()
-    m_b, _ = _manifest(tmp_path, "gen-b")
+    m_b, _ = _manifest(tmp_path, GEN_B)
 
     def crash(*_a, **_k):
         raise KeyboardInterrupt("killed between the temp write and the rename")

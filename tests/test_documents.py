@@ -34,13 +34,13 @@ def test_source_field_and_fallbacks():
 
 
 def test_document_id_is_stable_and_content_based():
-    a = document_id("Pile-CC", "hello")
-    assert a == document_id("Pile-CC", "hello") and 0 <= a < 2 ** 63
-    assert a != document_id("Pile-CC", "hello!") and a != document_id("ArXiv", "hello")
+    a = document_id("hello")
+    assert a == document_id("hello") and 0 <= a < 2 ** 63
+    assert a != document_id("hello!")  # the source is not part of the id (DESIGN.md §7)
 
 
 def test_split_fractions_and_determinism():
-    ids = [document_id("s", str(i)) for i in range(20000)]
+    ids = [document_id(str(i)) for i in range(20000)]
     counts = collections.Counter(split_of(i, 0.1, 0.05) for i in ids)
     assert abs(counts[1] / 20000 - 0.1) < 0.01 and abs(counts[2] / 20000 - 0.05) < 0.01
     assert [split_of(i, 0.1, 0.05) for i in ids[:100]] == [split_of(i, 0.1, 0.05) for i in ids[:100]]
@@ -51,6 +51,6 @@ def test_shard_key_ranges_partition_each_split():
         ranges = [shard_key_range(split, s, 7) for s in range(7)]
         assert ranges[0][0] == split << 62 and ranges[-1][1] == (split + 1) << 62
         assert all(ranges[i][1] == ranges[i + 1][0] for i in range(6))
-    doc = document_id("s", "x")
+    doc = document_id("x")
     key = sort_key(doc, 1, seed=5)
     assert key >> 62 == 1 and key != sort_key(doc, 1, seed=6)

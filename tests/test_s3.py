@@ -54,7 +54,8 @@ def test_s3_end_to_end_commit_listing_and_incremental(tmp_path, s3_server, s3_en
     keys = _keys(client, "pile-out", "ds/")
     manifest = json.loads(client.get_object(Bucket="pile-out", Key="ds/manifest.json")["Body"].read())
     assert not [k for k in keys if "_staging" in k], keys  # staging is gone after the commit
-    assert sorted("ds/" + s["path"] for s in manifest["shards"]) == [k for k in keys if k != "ds/manifest.json"]
+    assert sorted("ds/" + f["path"] for f in manifest["shards"] + manifest["doc_id_indexes"]) == [
+        k for k in keys if k != "ds/manifest.json"]
     for s in manifest["shards"]:  # every listed shard is there, whole
         body = client.get_object(Bucket="pile-out", Key="ds/" + s["path"])["Body"].read()
         assert hashlib.sha256(body).hexdigest() == s["sha256"] and len(body) == s["bytes"]
@@ -139,3 +140,55 @@ def test_wrong_credentials_are_a_clear_error_that_prints_no_secret(tmp_path, aut
     assert "credentials" in res.stderr and "'guarded'" in res.stderr
     assert secret not in res.stderr + res.stdout
     assert "Traceback" not in res.stderr
+
+
+# ------------------------------------------------------------------------------ issue 7: trust on S3
+def test_the_output_lock_on_s3_is_a_conditional_put_the_server_honours(s3_server):
+    from botocore.exceptions import ClientError
+
+    from pipeline.ops import lock
+
+    client = s3_server.client()
+    client.create_bucket(Bucket="locks")
+    options = {"s3_endpoint_url": s3_server.endpoint, "s3_region_name": "us-east-1",
+               "s3_access_key_id": "testing", "s3_secret_access_key": "testing"}
+    first = lock.OutputLock("s3://locks/ds", options)
+    with first.held():
+        with pytest.raises(ClientError) as info:  # the server itself refuses a second create
+            client.put_object(Bucket="locks", Key="ds/" + lock.LOCK_NAME, Body=b"x", IfNoneMatch="*")
+        assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+        with pytest.raises(lock.OutputLockedError, match=r"output is locked by .* pid \d+ since"):
+            lock.OutputLock("s3://locks/ds", options).acquire()
+        assert first.renew() and not first.lost
+        with lock.OutputLock("s3://locks/ds", options).held(break_lock=True):
+            assert not first.renew() and first.lost  # broken: the heartbeat notices
+    assert _keys(client, "locks", "ds/") == []  # released
+
+
+def test_an_empty_shard_on_s3_is_written_with_a_single_put(tmp_path, s3_server, s3_env):
+    client = s3_server.client()
+    client.create_bucket(Bucket="tiny-in")
+    client.create_bucket(Bucket="tiny-out")
+    corpus = real_corpus(tmp_path / "corpus", names=("pile/test.jsonl.zst",))
+    _upload(client, "tiny-in", "raw", list(corpus.iterdir()))
+    args = shard_args(["s3://tiny-in/raw/*"], "s3://tiny-out/ds", *s3_server.beam_args())
+    args[args.index("--num-shards") + 1] = "8"  # more train shards than documents: some are empty
+    res = run_cli(args, timeout_s=150, env=s3_env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    manifest = json.loads(client.get_object(Bucket="tiny-out", Key="ds/manifest.json")["Body"].read())
+    empty = [s for s in manifest["shards"] if s["bytes"] == 0]
+    assert empty, "the input was meant to leave some shards empty"
+    for s in empty:
+        assert client.head_object(Bucket="tiny-out", Key="ds/" + s["path"])["ContentLength"] == 0
+
+
+def test_credentials_in_an_endpoint_url_are_never_printed_or_logged(tmp_path, s3_env):
+    corpus = real_corpus(tmp_path / "corpus", names=("pile/val.jsonl.zst",))
+    run_log = tmp_path / "run.jsonl"
+    endpoint = f"http://AKIAUSER:s3cr3tpassw0rd@127.0.0.1:{free_port()}"  # nothing listens there
+    res = run_cli(shard_args([str(corpus / "*")], "s3://any-bucket/ds", f"--s3_endpoint_url={endpoint}",
+                             "--run-log", str(run_log)), timeout_s=120, env=s3_env)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "http://***@127.0.0.1" in res.stderr and "--output" in res.stderr
+    for text in (res.stdout, res.stderr, run_log.read_text()):
+        assert "s3cr3tpassw0rd" not in text and "AKIAUSER" not in text

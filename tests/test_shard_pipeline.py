@@ -67,11 +67,11 @@ def test_every_document_round_trips_to_its_exact_tokens(corpus, dataset, tiny_to
         for n, (doc, off) in enumerate(zip(ex["piece_doc_ids"], ex["piece_offsets"]), start=1):
             pieces[int(doc)].append((int(off), ex["input_ids"][seg == n]))
             assert split_of_doc.setdefault(int(doc), shard_info["split"]) == shard_info["split"]
-    expected = {document_id(source, text): text for text, source in docs}
+    expected = {document_id(text): text for text, source in docs}
     expected_mixed = ["A fine first document.\nWith two lines.", "CRLF line endings are stripped.",
                       "The last line has no final newline."]
     for text, source in zip(expected_mixed, ["Pile-CC", "Docs", "Docs"]):
-        expected[document_id(source, text)] = text
+        expected[document_id(text)] = text
     assert set(expected) <= set(pieces)
     for doc_id, text in expected.items():
         parts = sorted(pieces[doc_id], key=lambda p: p[0])
@@ -149,7 +149,7 @@ def test_splits_shards_sizes_and_padding(dataset):
 def test_each_train_shard_mixes_all_sources(corpus, dataset):
     root, docs, _ = corpus
     out, manifest = dataset
-    source_of = {document_id(s, t): s for t, s in docs}
+    source_of = {document_id(t): s for t, s in docs}
     for s in manifest["shards"]:
         if s["split"] != "train":
             continue

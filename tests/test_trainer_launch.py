@@ -100,8 +100,8 @@ def test_efa_environment_and_plugin_check(tmp_path):
     assert efa_plugin({"LD_LIBRARY_PATH": str(tmp_path)}) == str(tmp_path / "libnccl-net.so")
 
 
-def test_gpu_requirements_pin_the_same_torch_as_setup():
-    setup = (REPO / "setup.py").read_text()
+def test_gpu_requirements_pin_the_same_torch_as_pyproject():
+    setup = (REPO / "pyproject.toml").read_text()
     pins = re.findall(r'"torch==([\d.]+)"', setup)
     gpu = re.findall(r"^torch==([\d.]+)$", (LAUNCH / "requirements-gpu.txt").read_text(), re.M)
     assert pins and gpu == [pins[0]]

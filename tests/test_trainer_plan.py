@@ -106,8 +106,10 @@ def test_the_trainer_refuses_a_layout_over_the_gpu_and_takes_6_7b_as_tp_x_pp_x_d
     from trainer.config import ConfigError
     from trainer.train import parse_args
     common = ["--data", "/nonexistent", "--gpu", "A100-40GB", "--device", "cuda", "--global-batch", "512"]
+    with pytest.raises(ConfigError, match=r"does not fit on A100-40GB even at micro-batch 1 \(\d+\.\d GiB\)"):
+        parse_args(["--model", "6.7B", "--pp", "4", *common], world=16)  # pipeline alone: weights + Adam > 40 GB
     with pytest.raises(ConfigError, match=r"memory plan: \d+\.\d GiB per GPU does not fit the A100-40GB"):
-        parse_args(["--model", "6.7B", "--pp", "4", *common], world=16)  # pipeline alone: ~125 GiB
+        parse_args(["--model", "6.7B", "--pp", "4", "--microbatch-size", "8", *common], world=16)
     cfg = parse_args(["--model", "6.7B", "--tp", "8", "--pp", "2", "--ac", "selective", "--microbatch-size", "4",
                       *common], world=32)
     p = cfg.parallel

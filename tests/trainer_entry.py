@@ -44,8 +44,10 @@ class HookedTrainer(Trainer):
             torch.save(params, os.path.join(d, f"params-rank{self.env.rank}.pt"))
         if step == self.hooks.get("pause_after_step"):
             sys.stdout.flush()
-            while True:  # wait to be killed, as a crashed node would never finish
+            end = time.time() + 600  # wait to be killed; never outlive a test run that died before killing us
+            while time.time() < end:
                 time.sleep(1)
+            os._exit(3)
 
 
 if __name__ == "__main__":

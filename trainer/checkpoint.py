@@ -124,7 +124,10 @@ def _restore_optimizer(optimizer, module, state: dict) -> None:
     per_param = {p: {k: state[f"optim.{name}.{k}"] for k in ("step", "exp_avg", "exp_avg_sq")}
                  for name, p in params.items()}
     if not _zero(optimizer):
+        on_device = optimizer.defaults.get("fused") or optimizer.defaults.get("capturable")
         for p, st in per_param.items():
+            if on_device:  # fused / capturable AdamW keep `step` beside the parameter
+                st["step"] = st["step"].to(p.device)
             optimizer.state[p] = st
         return
     order = [p for g in optimizer.param_groups for p in g["params"]]

@@ -6,14 +6,14 @@ The data-order rule (what makes resume exact, also with another data-parallel si
   each shard's records in file order. Record i of that order belongs to **logical stream** i mod S, where S =
   `DataConfig.streams` is chosen once for the run (default 512) and stored in checkpoints; it is independent
   of the number of processes.
-* Each stream shuffles its records with a bounded buffer (`shuffle_buffer` records) driven by a numpy PCG64
-  generator seeded by (seed, e, stream).
+* Each stream shuffles its records with a bounded buffer (`shuffle_buffer` records): its i-th output is buffer
+  slot splitmix64(key(seed, e, stream) xor i) mod (buffer fill), swapped out for the last slot.
 * Example n of the epoch (n = k * G + j for global batch k, position j) is the (n div S)-th output of stream
   n mod S. Data-parallel rank r of dp trains on positions [r*G/dp, (r+1)*G/dp) of every global batch, so the
   global batches are the same for any dp (and any micro-batching) that divides G.
 * Every epoch has floor(S * floor(E/S) / G) steps; what does not fill them is dropped.
-* The streams' state is (epoch, per stream: records taken, the buffer as global record indices, generator
-  state). It is the same on every rank — each rank advances all S streams, which is integer arithmetic, and
+* The streams' state is (epoch, per stream: records taken, the buffer as global record indices, records
+  emitted). It is the same on every rank — each rank advances all S streams, which is integer arithmetic, and
   reads only the records at its own positions — so a checkpoint stores it once and any dp resumes from it:
   no example of the epoch is skipped or repeated.
 
@@ -200,52 +200,46 @@ def shard_order(seed: int, epoch: int, n_shards: int) -> list[int]:
     return [int(i) for i in _rng(seed, epoch, 1 << 20).permutation(n_shards)]
 
 
+_M64 = (1 << 64) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finaliser: a bijective 64-bit hash (Steele et al. 2014)."""
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
 @dataclass
 class StreamState:
     stream: int
     epoch: int
     taken: int = 0  # records of this stream moved into the buffer so far this epoch
     buffer: list = field(default_factory=list)  # global record indices, in buffer order
-    rng: Optional[dict] = None  # numpy bit generator state
-    emitted: int = 0
+    emitted: int = 0  # records handed out this epoch; also the index of the next random draw
 
     def to_dict(self) -> dict:
         return {"stream": self.stream, "epoch": self.epoch, "taken": self.taken, "buffer": list(self.buffer),
-                "rng": _json_rng(self.rng), "emitted": self.emitted}
+                "emitted": self.emitted}
 
     @classmethod
     def from_dict(cls, d: dict) -> "StreamState":
-        s = cls(**{**d, "buffer": list(d["buffer"])})  # never share the caller's lists: streams mutate theirs
-        s.rng = _unjson_rng(s.rng)
-        return s
-
-
-def _json_rng(state):
-    if state is None:
-        return None
-    return {"bit_generator": state["bit_generator"], "has_uint32": int(state["has_uint32"]),
-            "uinteger": int(state["uinteger"]),
-            "state": {"state": str(state["state"]["state"]), "inc": str(state["state"]["inc"])}}
-
-
-def _unjson_rng(state):
-    if state is None:
-        return None
-    return {**state, "state": {"state": int(state["state"]["state"]), "inc": int(state["state"]["inc"])}}
+        return cls(**{**d, "buffer": list(d["buffer"])})  # never share the caller's lists: streams mutate theirs
 
 
 class Stream:
     """One logical stream: records s, s+S, s+2S, ... of the epoch's global order through a bounded buffer.
 
-    Pure index arithmetic: it yields global record indices; the loader reads only those it trains on."""
+    Pure index arithmetic: it yields global record indices; the loader reads only those it trains on. The shuffle's
+    random draws are counter-based — draw i of (seed, epoch, stream) is a hash of those and i — so the state is
+    three integers and the buffer (a generator's state costs more to snapshot than the whole step's draws)."""
 
     def __init__(self, n_records: int, n_streams: int, buffer_size: int, seed: int, state: StreamState):
         self.n_streams, self.buffer_size = n_streams, buffer_size
         self.state = state
         self.n_mine = max(0, (n_records - state.stream + n_streams - 1) // n_streams)
-        self.rng = _rng(seed, state.epoch, state.stream)
-        if state.rng is not None:
-            self.rng.bit_generator.state = state.rng
+        self.key = _mix64(_mix64(_mix64(seed & _M64) ^ state.epoch) ^ state.stream)
 
     def next(self) -> Optional[int]:
         s = self.state
@@ -254,17 +248,16 @@ class Stream:
             s.taken += 1
         if not s.buffer:
             return None
-        j = int(self.rng.integers(len(s.buffer)))
+        j = _mix64(self.key ^ s.emitted) % len(s.buffer)
         item = s.buffer[j]
         s.buffer[j] = s.buffer[-1]
         s.buffer.pop()
         s.emitted += 1
         return item
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> tuple:
         s = self.state
-        return StreamState(s.stream, s.epoch, s.taken, list(s.buffer), self.rng.bit_generator.state,
-                           s.emitted).to_dict()
+        return (s.taken, s.buffer.copy(), s.emitted)
 
 
 def make_labels(input_ids: np.ndarray, segment_ids: np.ndarray) -> np.ndarray:
@@ -337,7 +330,7 @@ class ShardLoader:
     def _snapshot(self) -> dict:
         return {"epoch": self._epoch, "step_in_epoch": self._step_in_epoch, "streams": self.n_streams,
                 "seed": self.cfg.seed, "global_batch": self.global_batch, "shard_set": self.shard_set,
-                "stream_states": {str(s.state.stream): s.snapshot() for s in self.streams}}
+                "stream_states": [s.snapshot() for s in self.streams]}
 
     @property
     def epoch(self) -> int:
@@ -349,8 +342,11 @@ class ShardLoader:
         return self._consumed["step_in_epoch"]
 
     def state_dict(self) -> dict:
-        """The position after the last batch handed out; the same on every data-parallel rank."""
-        return self._consumed
+        """The position after the last batch handed out; the same on every data-parallel rank (JSON-ready)."""
+        c = self._consumed
+        streams = {str(i): StreamState(i, c["epoch"], taken, list(buf), emitted).to_dict()
+                   for i, (taken, buf, emitted) in enumerate(c["stream_states"])}
+        return {**c, "stream_states": streams}
 
     def load_state_dict(self, state: dict) -> None:
         for key, mine, flag in (("streams", self.n_streams, "data-streams"), ("seed", self.cfg.seed, "seed"),

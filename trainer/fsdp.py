@@ -18,7 +18,6 @@ Activation checkpointing (`ac`):
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 import torch.nn as nn

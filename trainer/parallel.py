@@ -203,11 +203,6 @@ def build_optimizer(module: nn.Module, lr: float, weight_decay: float, betas, ze
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 
-def default_microbatches(pp: int, virtual_stages: int = 1) -> int:
-    """At least 4 x pp micro-batches: the 1F1B bubble (p-1)/(m+p-1) is then <= 16% (<= 4%/v interleaved)."""
-    return 1 if pp == 1 else 4 * pp
-
-
 def bubble_fraction(pp: int, microbatches: int, virtual_stages: int = 1) -> float:
     """Idle share of a pipeline step in theory: (p-1)/(v*m + p-1) — GPipe and 1F1B have v = 1; interleaved 1F1B
     with v virtual stages per rank divides the bubble's time by v."""

@@ -257,9 +257,11 @@ def choose_micro_batch(cfg: ModelConfig, lay: Layout, global_batch: int, gpu: st
     last = None
     for mb in candidates:
         trial = dataclasses.replace(lay, micro_batch=mb, microbatches=local // mb)
-        last = estimate(cfg, trial, gpu)
-        if last.fits:
-            return last
+        plan = estimate(cfg, trial, gpu)
+        if plan.fits:
+            return plan
+        if last is None or mb < last.layout["micro_batch"]:
+            last = plan  # the smallest micro-batch tried: the one the error reports
     if last is None:
         raise ValueError(f"per-rank batch {local} cannot make >= pp={lay.pp} micro-batches")
     raise LayoutDoesNotFit(f"{cfg.name} with dp={lay.dp} pp={lay.pp} tp={lay.tp} fsdp={lay.fsdp} ac={lay.ac} does "
@@ -283,9 +285,13 @@ def local_gpu() -> Optional[str]:
     return None
 
 
-def plan_for_config(cfg) -> Plan:
+def plan_for_config(cfg, choose_micro_batch_size: bool = False) -> Plan:
     """The plan of a resolved trainer.config.TrainConfig (after resolve_layout) on cfg.gpu or the local GPU; a
-    CPU run (no GPU named, none present, or --device cpu) gets a CPU plan, which always "fits"."""
+    CPU run (no GPU named, none present, or --device cpu) gets a CPU plan, which always "fits".
+
+    choose_micro_batch_size (the user gave neither --microbatches nor --microbatch-size): on a known GPU, set
+    the largest micro-batch that fits (>= 4 x pp micro-batches when pipelining) into cfg.parallel; raises
+    LayoutDoesNotFit when none does."""
     p = cfg.parallel
     gpu = cfg.gpu or (local_gpu() if cfg.device != "cpu" else None)
     if gpu is not None and gpu not in GPUS:
@@ -295,6 +301,10 @@ def plan_for_config(cfg) -> Plan:
     lay = Layout(dp=p.dp, pp=p.pp, tp=p.tp, fsdp=p.fsdp, zero=p.zero, micro_batch=p.microbatch_size,
                  microbatches=p.microbatches, schedule=p.schedule, virtual_stages=p.virtual_stages, ac=p.ac,
                  loss=cfg.loss, bf16=cfg.bf16, device="cuda" if gpu else "cpu", attention=attention)
+    if choose_micro_batch_size and gpu:
+        plan = choose_micro_batch(cfg.model, lay, cfg.global_batch, gpu)
+        p.microbatch_size, p.microbatches = plan.layout["micro_batch"], plan.layout["microbatches"]
+        return plan
     return estimate(cfg.model, lay, gpu or "A100-40GB")
 
 

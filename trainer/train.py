@@ -29,7 +29,7 @@ from trainer.config import ConfigError, TrainConfig, build_parser, from_namespac
 from trainer.data import (DataIntegrityError, ShardLoader, default_index_dir, open_dataset, prepare_shards,
                           read_manifest)
 from trainer.metrics import MetricsLogger
-from trainer.plan import plan_for_config
+from trainer.plan import LayoutDoesNotFit, plan_for_config
 from trainer.model import IGNORE_INDEX, token_loss_sum
 from trainer.parallel import (agree_on, allreduce_grads, build_optimizer, build_rank_stages, build_schedule,
                               clip_grad_norm, init_distributed, parallelize, profile_unit_times, rank_stage_specs,
@@ -56,11 +56,15 @@ def parse_args(argv: Optional[Sequence[str]] = None, world: Optional[int] = None
         contract = read_manifest(cfg.data)[0].contract
     cfg.model = resolve_model(model_args, contract)
     world = world if world is not None else int(os.environ.get("WORLD_SIZE", "1"))
+    auto_micro_batch = not (cfg.parallel.microbatches or cfg.parallel.microbatch_size)
     resolve_layout(cfg, world)
     if contract is not None:
         open_dataset(cfg.data, cfg.model)
     cfg.check_only = ns.check_only  # an action of this CLI, not part of the training config
-    cfg.plan = plan_for_config(cfg)  # the memory plan: a layout over the GPU's memory is refused here (exit 2)
+    try:  # the memory plan: a layout over the GPU's memory is refused here (exit 2)
+        cfg.plan = plan_for_config(cfg, choose_micro_batch_size=auto_micro_batch)
+    except LayoutDoesNotFit as e:
+        raise ConfigError(str(e)) from None
     if not cfg.plan.fits:
         raise ConfigError(f"memory plan: {cfg.plan.total / 2**30:.1f} GiB per GPU does not fit the {cfg.plan.gpu}'s "
                           f"{cfg.plan.capacity / 2**30:.0f} GiB (python -m trainer.plan shows the parts): shard more "

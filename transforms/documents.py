@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import struct
 from dataclasses import dataclass
 from typing import Sequence, Union
@@ -22,7 +23,7 @@ SPLITS = ("train", "val", "test")
 
 @dataclass(frozen=True)
 class Document:
-    doc_id: int  # 63-bit, stable: a hash of the source and the text (same text, same id)
+    doc_id: int  # 63-bit, stable: a hash of the text alone (same text, same id, whatever the source)
     text: str
     source: str
 
@@ -37,11 +38,11 @@ class Rejection:
 ParseResult = Union[Document, Rejection]
 
 
-def document_id(source: str, text: str) -> int:
-    """63-bit content id: stable across runs, machines, file moves; exact duplicates share it."""
+def document_id(text: str) -> int:
+    """63-bit content id of the text alone (DESIGN.md §7 "Document identity"): stable across runs, machines and
+    file moves, and the same text under two sources is one document, so exact duplicates share it wherever they
+    come from and can never be trained on twice or sit in two splits."""
     h = hashlib.blake2b(digest_size=8, person=b"pileprep-doc")
-    h.update(source.encode("utf-8"))
-    h.update(b"\0")
     h.update(text.encode("utf-8"))
     return struct.unpack("<Q", h.digest())[0] >> 1
 
@@ -125,7 +126,7 @@ def parse_record(data: bytes, text_field: str = "text",
     if not text.strip():
         return Rejection(FILTERED, "empty_text", excerpt_of(data))
     source = _source_of(record, source_fields)
-    return Document(document_id(source, text), text, source)
+    return Document(document_id(text), text, source)
 
 
 def _is_present(obj: dict, dotted: str) -> bool:
@@ -158,6 +159,31 @@ def split_of(doc_id: int, val_fraction: float, test_fraction: float) -> int:
     if u < val_fraction + test_fraction:
         return 2
     return 0
+
+
+# Which split an input file's documents go to: HASHED files (the train inputs) are split by document hash with
+# the configured fractions; a --val-input / --test-input file goes wholly to that split.
+HASHED = -1
+_EVAL_NAME = re.compile(r"(?:^|[^a-z])(val|valid|validation|dev|test)(?:[^a-z]|$)")
+
+
+def assign_split(doc_id: int, input_split: int, val_fraction: float, test_fraction: float) -> int:
+    """The split of one copy of a document: its input file's split, or the document hash's for train inputs."""
+    if input_split == HASHED:
+        return split_of(doc_id, val_fraction, test_fraction)
+    return input_split
+
+
+def split_wins(split: int, other: int) -> bool:
+    """When copies of one document sit in different splits, the held-out one is kept: test over val over
+    train (official Pile val/test stay whole, and no text is ever in two splits)."""
+    return split > other
+
+
+def looks_like_held_out(path: str) -> bool:
+    """A train input whose file name says val/valid/test/dev (e.g. the Pile's `val.jsonl.zst`): worth a warning."""
+    name = path.rstrip("/").rsplit("/", 1)[-1].lower()
+    return _EVAL_NAME.search(name) is not None
 
 
 SPLIT_SHIFT = 62  # a sort key holds the split in its top 2 bits and a seeded order key below

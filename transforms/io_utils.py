@@ -1,9 +1,13 @@
 """Thin helpers over Beam's FileSystems, so every stage reads and writes local, EFS/FSx and s3:// paths alike."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import hashlib
 import json
 import os
+import tempfile
+import uuid
 from typing import Iterable
 
 from apache_beam.io.filesystems import FileSystems
@@ -23,9 +27,145 @@ def open_read(path: str):
 
 
 def open_write(path: str):
+    """A new file, visible under `path` only once complete.
+
+    Local (EFS/FSx included): written under a unique hidden temp name in the same directory and renamed into
+    place by `close()`; an exception inside `with` removes the temp file, so a failed or killed writer never
+    leaves a half-written file under a final name, and a file that readers may hold is replaced, never
+    truncated. Object stores: an object appears whole when its upload completes (written once); an empty one
+    is written with a single PUT (a multipart upload with no parts is rejected).
+    """
     if is_local(path):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    return FileSystems.create(path, compression_type="uncompressed")
+        return _LocalAtomicWriter(path)
+    return _ObjectWriter(path)
+
+
+# Fault injection for tests (ENOSPC mid-run, issue 7 §6): with PILEPREP_FAULT_ENOSPC_AFTER_BYTES=N, local
+# writes through open_write fail with ENOSPC once this process has written more than N bytes. Read per write,
+# so Beam workers in other processes see it too; unset, it costs one dict lookup per write.
+FAULT_ENOSPC_ENV = "PILEPREP_FAULT_ENOSPC_AFTER_BYTES"
+_fault_written = [0]
+
+
+def _fault_check(n: int) -> None:
+    limit = os.environ.get(FAULT_ENOSPC_ENV)
+    if limit is None:
+        return
+    _fault_written[0] += n
+    if _fault_written[0] > int(limit):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC) + " (injected)")
+
+
+class _WriteOnce:
+    """`with` closes (publishes) on success and discards on an exception: no half-written file is published."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def discard(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, _exc, _tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.discard()
+        return False
+
+
+class _LocalAtomicWriter(_WriteOnce):
+    def __init__(self, path: str):
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        self.path = path
+        self._tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.part")
+        fd = os.open(self._tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)  # the umask applies, as for open()
+        self._f = os.fdopen(fd, "wb", buffering=1 << 20)
+
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
+
+    def write(self, data) -> int:
+        _fault_check(len(data))
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def close(self) -> None:
+        if self._f.closed:
+            return
+        try:
+            self._f.close()
+            os.replace(self._tmp, self.path)
+        except BaseException:
+            self.discard()
+            raise
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):
+            self._f.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._tmp)
+
+
+class _ObjectWriter(_WriteOnce):
+    """Beam's object-store writer, opened at the first non-empty write; nothing written = one empty PUT."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._stream = None
+        self.closed = False
+
+    def write(self, data) -> int:
+        if len(data) and self._stream is None:
+            self._stream = FileSystems.create(self.path, compression_type="uncompressed")
+        return self._stream.write(data) if len(data) else 0
+
+    def flush(self) -> None:
+        if self._stream is not None:
+            self._stream.flush()
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._stream is not None:
+            self._stream.close()
+        elif self.path.startswith("s3://"):
+            bucket, _, key = self.path.split("://", 1)[1].partition("/")
+            s3_client(_filesystem_options())[1].put_object(Bucket=bucket, Key=key, Body=b"")
+        else:
+            with FileSystems.create(self.path, compression_type="uncompressed"):
+                pass
+
+    def discard(self) -> None:
+        self.closed = True  # an unfinished multipart upload is never completed: no object appears
+
+
+def _filesystem_options() -> dict:
+    opts = FileSystems._pipeline_options  # noqa: SLF001 - the options Beam's S3 client was built from
+    return opts.get_all_options(drop_default=True) if opts is not None else {}
+
+
+def s3_client(options):
+    """(session, boto3 S3 client) built from Beam's s3_* options the way Beam's own client builds it."""
+    import boto3  # noqa: PLC0415 - only object-store runs need it
+
+    o = options or {}
+    session = boto3.session.Session(
+        aws_access_key_id=o.get("s3_access_key_id"), aws_secret_access_key=o.get("s3_secret_access_key"),
+        aws_session_token=o.get("s3_session_token"), region_name=o.get("s3_region_name"))
+    kwargs = {"endpoint_url": o.get("s3_endpoint_url"), "use_ssl": not o.get("s3_disable_ssl", False)}
+    if o.get("s3_verify") is not None:
+        kwargs["verify"] = o["s3_verify"]
+    if o.get("s3_api_version"):
+        kwargs["api_version"] = o["s3_api_version"]
+    return session, session.client("s3", **kwargs)
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -38,12 +178,18 @@ def replace_atomically(path: str, data: bytes) -> None:
     sees the old file or the new one, never a part (EFS/FSx included: rename within a directory is atomic)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    # A unique temp name (never a fixed `<name>.tmp` that a user's file could hold, or another writer share).
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)

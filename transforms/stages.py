@@ -16,9 +16,9 @@ from typing import Optional
 import numpy as np
 
 from model_contract import encode_example, frame_record
-from transforms import io_utils, tokenizer
-from transforms.documents import (DEAD_LETTER, SPLITS, Document, parse_record, shard_key_range, sort_key,
-                                  split_of)
+from transforms import corpus_stats, doc_ids, io_utils, mixture, read_parquet, tokenizer
+from transforms.documents import (DEAD_LETTER, HASHED, SPLIT_SHIFT, SPLITS, Document, assign_split, parse_record,
+                                  shard_key_range, sort_key, split_wins)
 from transforms.packing import pack_documents
 from transforms.read_records import DEFAULT_MAX_ZSTD_WINDOW_BYTES, FileDamage, compression_of, iter_raw_records
 from transforms.spill import INDEX_DTYPE, ChunkWriter, iter_chunk, read_index_range, read_token_range, write_index
@@ -80,8 +80,12 @@ class SplitResult:
 
 
 def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir: str, unit_bytes: int,
-                     max_line_bytes: int, max_zstd_window_bytes: int = DEFAULT_MAX_ZSTD_WINDOW_BYTES) -> SplitResult:
-    """Stream one input file into chunks of about `unit_bytes` of raw lines; damage becomes dead letters."""
+                     max_line_bytes: int, max_zstd_window_bytes: int = DEFAULT_MAX_ZSTD_WINDOW_BYTES,
+                     fields: tuple = ("text", "meta.pile_set_name")) -> SplitResult:
+    """Stream one input file into chunks of about `unit_bytes` of raw lines; damage becomes dead letters.
+
+    Parquet files (transforms/read_parquet.py) give one record per row holding `fields` (text, source fields);
+    a row group may hold up to 4 * unit_bytes of those columns (at least max_line_bytes)."""
     chunks: list = []
     damages: list = []
     stats = _new_file_stats()
@@ -100,7 +104,10 @@ def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir:
         writer, stream = None, None
 
     with io_utils.open_read(input_path) as f:
-        for item in iter_raw_records(f, compression_of(input_path), max_line_bytes, max_zstd_window_bytes):
+        items = (read_parquet.iter_parquet_records(f, fields[0], fields[1:], max_line_bytes, 4 * unit_bytes)
+                 if read_parquet.is_parquet(input_path)
+                 else iter_raw_records(f, compression_of(input_path), max_line_bytes, max_zstd_window_bytes))
+        for item in items:
             if isinstance(item, FileDamage):
                 stats["read"] += 1
                 _bump(stats["dead_lettered"], item.reason)
@@ -137,6 +144,7 @@ class UnitResult:
     split_tokens: list  # tokens incl. EOS per split (train, val, test), before dedup
     stats: dict  # file stats for this chunk's records (written is settled later by pack)
     dead_letter_path: Optional[str]
+    source_stats: dict = field(default_factory=dict)  # transforms/corpus_stats.py, before dedup
 
 
 @dataclass(frozen=True)
@@ -146,6 +154,10 @@ class TokenizeSettings:
     val_fraction: float
     test_fraction: float
     seed: int
+    input_splits: tuple = ()  # per file_idx: HASHED (train inputs) or the split a --val/--test-input goes to
+
+    def input_split(self, file_idx: int) -> int:
+        return self.input_splits[file_idx] if file_idx < len(self.input_splits) else HASHED
 
 
 def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: TokenizeSettings, staging_dir: str,
@@ -160,6 +172,9 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
     batch: list = []  # (line, Document)
     batch_chars = 0
     max_id = np.iinfo(token_dtype).max
+    input_split = settings.input_split(chunk.file_idx)
+    source_stats: dict = {}
+    byte_mask = corpus_stats.byte_piece_mask(sp)
 
     def flush():
         nonlocal batch, batch_chars
@@ -170,12 +185,13 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
             arr = np.asarray(ids)  # int32 from the tokenizer on
             if arr.size and int(arr.max()) > max_id:
                 raise ValueError(f"token id {int(arr.max())} does not fit the spill dtype {token_dtype}")
-            split = split_of(doc.doc_id, settings.val_fraction, settings.test_fraction)
+            split = assign_split(doc.doc_id, input_split, settings.val_fraction, settings.test_fraction)
             if doc.source not in source_idx:
                 source_idx[doc.source] = len(sources)
                 sources.append(doc.source)
             rows.append((sort_key(doc.doc_id, split, settings.seed), doc.doc_id, line, source_idx[doc.source]))
             arrays.append(arr.astype(token_dtype))
+            corpus_stats.add_tokenized(source_stats, doc.source, doc.text, arr, byte_mask)
         batch, batch_chars = [], 0
 
     with io_utils.open_read(chunk.chunk_path) as f:
@@ -227,7 +243,74 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
         dl_path = io_utils.join(data_dir, "dead_letter", name + ".jsonl")
         io_utils.write_jsonl(dl_path, dead)
     return UnitResult(name, chunk.file_idx, chunk.input_path, index_path, tokens_path, len(rows),
-                      token_dtype.str, sources, split_tokens, stats, dl_path)
+                      token_dtype.str, sources, split_tokens, stats, dl_path, source_stats)
+
+
+# ------------------------------------------------------------------------------------------------ dedup
+@dataclass(frozen=True)
+class DedupInputs:
+    """What a packer needs to drop exact duplicates that live outside its own shard (transforms/doc_ids.py).
+
+    Copies of one document in one split share a sort key, so they meet in one shard and the packer keeps the
+    first. Copies in *different* splits (a --val-input document also in a train file) never meet: the
+    global pass `index_held_out_ids` lists each held-out split's ids once, and a packer drops a document that a
+    winning split (`split_wins`) also holds. Copies in committed generations (`--incremental`) are found in
+    their id indexes."""
+    held_out: tuple = ()  # (split, path of its sorted id file) for val and test
+    committed: tuple = ()  # id index paths of every committed generation
+
+    def losers_to(self, split: int) -> list:
+        return [path for s, path in self.held_out if split_wins(s, split)]
+
+
+def index_held_out_ids(units: list, staging_dir: str) -> DedupInputs:
+    """The one global dedup step: every val and test document id, sorted, one small file per split.
+
+    Reads only the held-out key range of each unit's index (it sits at the end, the split being the key's top
+    bits; one ranged read per unit), so the cost follows the held-out documents, and memory is 8 bytes per
+    held-out id."""
+    parts = {split: [] for split in range(1, len(SPLITS))}
+    for unit in units:
+        if unit.n_docs == 0:
+            continue
+        with io_utils.open_read(unit.index_path) as f:
+            rows = read_index_range(f, unit.n_docs, 1 << SPLIT_SHIFT, len(SPLITS) << SPLIT_SHIFT)
+        split_of_row = rows["key"] >> np.uint64(SPLIT_SHIFT)
+        for split in parts:
+            parts[split].append(rows["doc_id"][split_of_row == split])
+    held_out = []
+    for split, arrays in parts.items():
+        path = io_utils.join(staging_dir, "dedup", f"{SPLITS[split]}.ids")
+        with io_utils.open_write(path) as f:
+            doc_ids.write_sorted_ids(f, np.concatenate(arrays) if arrays else np.zeros(0, doc_ids.ID_DTYPE))
+        held_out.append((split, path))
+    return DedupInputs(held_out=tuple(held_out))
+
+
+def duplicate_mask(rows: np.ndarray, split: int, dedup: Optional[DedupInputs]) -> np.ndarray:
+    """Which of a shard's index rows are copies of a document kept elsewhere (winning split or committed)."""
+    dup = np.zeros(rows.size, dtype=bool)
+    if dedup is None or rows.size == 0:
+        return dup
+    ids = rows["doc_id"]
+    for path in dedup.losers_to(split):
+        dup |= doc_ids.member_of_sorted(ids, doc_ids.read_sorted_ids(path))
+    for path in dedup.committed:
+        dup |= doc_ids.IdIndex(path).contains(ids)
+    return dup
+
+
+GENERATION_ID_INDEX = "doc-ids.idx"
+
+
+def write_generation_id_index(shard_results: list, data_dir: str) -> tuple:
+    """Merge the shards' kept ids into the generation's id index; returns (path, documents, bytes, sha256)."""
+    path = io_utils.join(data_dir, GENERATION_ID_INDEX)
+    paths = [r.ids_path for r in sorted(shard_results, key=lambda r: (r.task.split, r.task.shard)) if r.ids_path]
+    # Kept ids are unique across the generation's shards (one split and one shard per id), so n is their sum.
+    n, size, sha = doc_ids.write_index(path, doc_ids.merge_sorted_files(paths),
+                                       sum(r.ids_count for r in shard_results))
+    return path, n, size, sha
 
 
 # ------------------------------------------------------------------------------------------------- pack
@@ -255,6 +338,11 @@ class ShardResult:
     sources: dict = field(default_factory=dict)  # source -> {documents, tokens}
     written_per_file: dict = field(default_factory=dict)  # input path -> documents written
     duplicates_per_file: dict = field(default_factory=dict)  # input path -> exact duplicates dropped
+    duplicates_per_source: dict = field(default_factory=dict)  # source of a dropped copy -> copies dropped
+    ids_path: Optional[str] = None  # sorted ids of the documents kept by dedup (the generation's id index)
+    ids_count: int = 0  # how many (repeats by a mixture weight count once; dropped ones are still kept)
+    dropped_per_file: dict = field(default_factory=dict)  # input path -> documents a mixture weight < 1 dropped
+    source_stats: dict = field(default_factory=dict)  # transforms/corpus_stats.py, of what was written
 
 
 def _gather_shard_documents(task: ShardTask, units: list):
@@ -282,31 +370,64 @@ def _gather_shard_documents(task: ShardTask, units: list):
     return rows[order], which[order], buffers
 
 
-def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: int, data_dir: str) -> ShardResult:
-    """Write one shard: its documents from every unit, deduplicated, packed, framed, checksummed."""
+def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: int, data_dir: str,
+               dedup: Optional[DedupInputs] = None, staging_dir: Optional[str] = None,
+               mixture_weights: Optional[dict] = None, seed: int = 0) -> ShardResult:
+    """Write one shard: its documents from every unit, deduplicated, weighted (train, transforms/mixture.py),
+    packed, framed, checksummed.
+
+    Exact duplicates (one document id) are dropped first: a copy whose id a winning split or a committed
+    generation holds (`dedup`), and every copy after the first inside the shard. With `staging_dir`, the ids
+    kept by dedup (before mixture weights) go to a sorted id file there, merged later into the generation's id
+    index, so a later duplicate of a document a weight dropped is still a duplicate, as in a full build."""
     rows, which, buffers = _gather_shard_documents(task, units)
+    elsewhere = duplicate_mask(rows, task.split, dedup)
     result = ShardResult(task, io_utils.join(data_dir, task.file_name), 0, 0, 0, 0, 0, "")
     sources: dict = collections.defaultdict(lambda: {"documents": 0, "tokens": 0})
     written: dict = collections.Counter()
     duplicates: dict = collections.Counter()
+    duplicate_sources: dict = collections.Counter()
+    kept_ids: list = []
+    dropped: dict = collections.Counter()
+    stats: dict = {}
     eos = np.array([eos_id], dtype=np.int64)
 
-    def documents():
+    def unique_documents():
         previous_doc = None
-        for row, b in zip(rows, which):
+        for i, (row, b) in enumerate(zip(rows, which)):
             u, start, buf = buffers[b]
             unit = units[u]
             doc_id = int(row["doc_id"])
-            if doc_id == previous_doc:  # exact duplicate (same source and text): first occurrence wins
+            source_name = unit.sources[int(row["source_idx"])]
+            if doc_id == previous_doc or elsewhere[i]:  # exact duplicate (same text): the kept copy is elsewhere
                 duplicates[unit.input_path] += 1
+                duplicate_sources[source_name] += 1
+                corpus_stats.add_duplicate(stats, source_name)
                 continue
             previous_doc = doc_id
+            kept_ids.append(doc_id)
             a = int(row["token_start"]) - start
-            tokens = np.concatenate((buf[a:a + int(row["n_tokens"])].astype(np.int64), eos))
-            source = sources[unit.sources[int(row["source_idx"])]]
+            corpus_stats.add_unique(stats, source_name, int(row["n_tokens"]) + 1)
+            yield int(row["key"]), doc_id, source_name, (unit.input_path, buf[a:a + int(row["n_tokens"])])
+
+    def on_dropped(_source_name, payload):
+        dropped[payload[0]] += 1
+
+    if mixture_weights and task.split == 0:
+        lo, hi = shard_key_range(task.split, task.shard, task.num_shards)
+        copies = mixture.arrange(unique_documents(), mixture_weights, seed, lo, hi, on_dropped)
+    else:
+        copies = ((doc_id, source_name, payload, 0) for _key, doc_id, source_name, payload in unique_documents())
+
+    def documents():
+        for doc_id, source_name, (input_path, body), repeat in copies:
+            tokens = np.concatenate((body.astype(np.int64), eos))
+            source = sources[source_name]
             source["documents"] += 1
             source["tokens"] += tokens.size
-            written[unit.input_path] += 1
+            corpus_stats.add_written(stats, source_name, body.size)
+            if repeat == 0:
+                written[input_path] += 1
             result.documents += 1
             yield doc_id, tokens
 
@@ -321,4 +442,12 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
     result.sources = {k: dict(v) for k, v in sorted(sources.items())}
     result.written_per_file = dict(sorted(written.items()))
     result.duplicates_per_file = dict(sorted(duplicates.items()))
+    result.duplicates_per_source = dict(sorted(duplicate_sources.items()))
+    result.dropped_per_file = dict(sorted(dropped.items()))
+    result.source_stats = stats
+    if staging_dir is not None:
+        result.ids_path = io_utils.join(staging_dir, "ids", task.file_name + ".ids")
+        result.ids_count = len(kept_ids)
+        with io_utils.open_write(result.ids_path) as f:
+            doc_ids.write_sorted_ids(f, np.array(kept_ids, dtype=doc_ids.ID_DTYPE))
     return result

@@ -7,9 +7,12 @@ or not at all). A run killed at any moment therefore leaves the previous dataset
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from model_contract import MANIFEST_NAME, Manifest
+from model_contract.manifest import check_generation_name
+from pipeline.config import ConfigError
 from transforms import io_utils
 
 
@@ -40,7 +43,55 @@ class ConcurrentCommitError(RuntimeError):
 
 def committed_generation(output_dir: str) -> Optional[str]:
     m = read_committed(output_dir)
-    return None if m is None else m.extra.get("generation")
+    return None if m is None else m.generation
+
+
+# ------------------------------------------------------------------------------------ path containment
+def _normal(path: str) -> str:
+    """A comparable form of a path: resolved (symlinks, `..`) for local paths, slash-normalised for URLs."""
+    if io_utils.is_local(path):
+        return os.path.realpath(os.path.abspath(path))
+    scheme, rest = path.split("://", 1)
+    parts = [p for p in rest.split("/") if p not in ("", ".")]
+    return scheme + "://" + "/".join(parts)
+
+
+def _inside(path: str, root: str) -> bool:
+    """`path` equals `root` or lies under it (both normalised)."""
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def check_staging_dir(output_dir: str, staging_root: Optional[str]) -> None:
+    """Refuse a `--staging-dir` whose deletion after the commit could remove the dataset.
+
+    Staging is deleted after every commit; it must therefore not be the output itself, contain it, or be (or
+    contain, or lie inside) one of the output's generation directories. `<output>/_staging` (the default) and
+    any other directory are fine.
+    """
+    if not staging_root:
+        return
+    out, staging = _normal(output_dir), _normal(staging_root)
+    problem = None
+    if _inside(out, staging):
+        problem = "is the output directory or contains it"
+    elif _inside(staging, out):
+        head = staging[len(out.rstrip("/")) + 1:].split("/", 1)[0]
+        if head.startswith("gen-") or head == MANIFEST_NAME:
+            problem = f"lies inside the dataset's {head} (generation directories hold committed shards)"
+    if problem:
+        raise ConfigError(f"--staging-dir {staging_root}: {problem}; staging is deleted after each commit, so use "
+                          f"a separate directory (default: {io_utils.join(output_dir, '_staging')})")
+
+
+def _check_deletable(path: str, output_dir: str, keep_paths) -> None:
+    """Never delete the output, anything containing it, or a path the new manifest references."""
+    target, out = _normal(path), _normal(output_dir)
+    if _inside(out, target):
+        raise RuntimeError(f"refusing to delete {path}: it is (or contains) the output directory {output_dir}")
+    for kept in keep_paths:
+        k = _normal(kept)
+        if _inside(k, target) or _inside(target, k):
+            raise RuntimeError(f"refusing to delete {path}: the new manifest references {kept}")
 
 
 def commit_dataset(output_dir: str, manifest: Manifest, expected_previous: Optional[str], staging_dir: str,
@@ -56,9 +107,10 @@ def commit_dataset(output_dir: str, manifest: Manifest, expected_previous: Optio
     """
     from pipeline.ops import incremental  # noqa: PLC0415 - avoid a cycle at import time
 
+    manifest.validate()  # the paths below come from it: never act on a name of the wrong form
     current = read_committed(output_dir)
-    current_gen = None if current is None else current.extra.get("generation")
-    new_gen = manifest.extra.get("generation")
+    current_gen = None if current is None else current.generation
+    new_gen = check_generation_name(manifest.generation)
     if current_gen not in (expected_previous, new_gen):
         raise ConcurrentCommitError(
             f"{output_dir}: the committed generation changed from {expected_previous} to {current_gen} while this "
@@ -67,9 +119,14 @@ def commit_dataset(output_dir: str, manifest: Manifest, expected_previous: Optio
     io_utils.fsync_files(io_utils.join(output_dir, rel) for rel in
                          [s.path for s in manifest.shards if s.path.startswith(str(new_gen) + "/")] +
                          [d for d in manifest.dead_letters if d.startswith(str(new_gen) + "/")])
+    keep = incremental.referenced_generations(manifest)
+    heads = keep | {rel.split("/", 1)[0] for rel in [s.path for s in manifest.shards] + manifest.dead_letters}
+    keep_paths = [io_utils.join(output_dir, h) for h in sorted(heads)] + [manifest_location(output_dir)]
+    _check_deletable(staging_dir, output_dir, keep_paths)  # before publishing: a refused commit changes nothing
     path = publish_manifest(output_dir, manifest.to_json())
     io_utils.delete_tree(staging_dir)
-    keep = incremental.referenced_generations(manifest)
     for gen in sorted(incremental.referenced_generations(previous) - keep):
-        io_utils.delete_tree(io_utils.join(output_dir, gen))
+        old = io_utils.join(output_dir, check_generation_name(gen))  # a direct child of the output, by form
+        _check_deletable(old, output_dir, keep_paths)
+        io_utils.delete_tree(old)
     return path

@@ -3,10 +3,13 @@
 A dataset is a list of *generations*. Each generation is one run's shards in `<output>/gen-<fingerprint>/`,
 built from a set of input files that no other generation holds. The manifest carries:
 
-  extra["ledger"]       one row per input file the dataset holds: path, bytes, mtime, etag (object stores),
-                        sha256 of the file's bytes, and the generation that holds it;
-  extra["generations"]  one row per generation, in commit order, with its totals;
-  extra["generation"]   the newest generation (what a plain re-run compares against).
+  ledger       one row per input file the dataset holds: path, bytes, mtime, etag (object stores),
+               sha256 of the file's bytes, and the generation that holds it;
+  generations  one row per generation, in commit order, with its totals;
+  generation   the newest generation (what a plain re-run compares against).
+
+These are typed fields of `model_contract.Manifest`, validated when a manifest is loaded: generation names are
+read back to decide what to delete, so only names of the generated form are ever accepted.
 
 `--incremental` lists the inputs, diffs them against the ledger and processes only the new files into a
 new generation; the new manifest lists every generation's shards with totals summed. A file that changed
@@ -27,14 +30,16 @@ from typing import Optional
 from apache_beam.io.filesystems import FileSystems
 
 from model_contract import Manifest
+from model_contract.manifest import is_generation_name
 from pipeline.config import ConfigError
-from transforms import io_utils
+from pipeline.ops.redaction import redact_userinfo
+from transforms import corpus_stats, io_utils
 
 LOG = logging.getLogger("pileprep.incremental")
 HASH_BLOCK = 8 << 20
 # Config fields that may differ between generations: they decide how many shards a run writes and how work
 # is cut, not what a document becomes. Everything else must match (it shapes every example).
-NON_SHAPING_CONFIG = ("inputs", "num_shards", "target_shard_mb", "unit_mb")
+NON_SHAPING_CONFIG = ("inputs", "val_inputs", "test_inputs", "num_shards", "target_shard_mb", "unit_mb")
 
 
 class InputsChangedError(ConfigError):
@@ -175,18 +180,18 @@ def ledger_of(manifest: Optional[Manifest]) -> list:
     """The ledger rows of a committed manifest (synthesized from `inputs` for manifests that predate it)."""
     if manifest is None:
         return []
-    if "ledger" in manifest.extra:
-        return list(manifest.extra["ledger"])
-    gen = manifest.extra.get("generation", "")
+    if manifest.ledger is not None:
+        return list(manifest.ledger)
+    gen = manifest.generation or ""
     return [{"path": i["path"], "bytes": i.get("bytes"), "generation": gen} for i in manifest.inputs]
 
 
 def generations_of(manifest: Optional[Manifest]) -> list:
     if manifest is None:
         return []
-    if "generations" in manifest.extra:
-        return list(manifest.extra["generations"])
-    gen = manifest.extra.get("generation")
+    if manifest.generations:
+        return list(manifest.generations)
+    gen = manifest.generation
     return [_generation_row(gen, manifest)] if gen else []
 
 
@@ -197,15 +202,14 @@ def _generation_row(name: str, manifest: Manifest) -> dict:
 
 
 def referenced_generations(manifest: Optional[Manifest]) -> set:
-    """Generation directories a manifest's shards and dead letters live in."""
+    """Generation directories a manifest's shards and dead letters live in (validated names only: a manifest
+    loaded from disk was checked by `Manifest.validate`, and a name of any other form is never returned)."""
     if manifest is None:
         return set()
     names = {g["name"] for g in generations_of(manifest)}
     for rel in [s.path for s in manifest.shards] + list(manifest.dead_letters):
-        head = rel.split("/", 1)[0]
-        if head.startswith("gen-"):
-            names.add(head)
-    return names
+        names.add(rel.split("/", 1)[0])
+    return {n for n in names if is_generation_name(n)}
 
 
 def _sum_into(into: dict, other: dict) -> None:
@@ -234,13 +238,14 @@ def add_ledger(manifest: Manifest, generation: str, rows: list, digests: dict) -
         if sha:
             entry["sha256"] = sha
         ledger.append(entry)
-    manifest.extra["ledger"] = sorted(ledger, key=lambda r: r["path"])
-    manifest.extra["generations"] = [_generation_row(generation, manifest)]
+    manifest.ledger = sorted(ledger, key=lambda r: r["path"])
+    manifest.generations = [_generation_row(generation, manifest)]
     return manifest
 
 
 def merge(previous: Manifest, new: Manifest) -> Manifest:
     """The dataset after committing `new` (one generation) on top of `previous` (any number of generations)."""
+    from pipeline.shard import integrity  # noqa: PLC0415 - integrity imports this module
     splits: dict = {}
     for m in (previous, new):
         _sum_into(splits, m.splits)
@@ -255,8 +260,9 @@ def merge(previous: Manifest, new: Manifest) -> Manifest:
     padding = sum(s.padding_tokens for s in shards)
     seq_len = new.contract.seq_len
     extra = dict(new.extra)
-    extra["generations"] = generations_of(previous) + generations_of(new)
-    extra["ledger"] = sorted(ledger_of(previous) + ledger_of(new), key=lambda r: r["path"])
+    extra.update(integrity.merge_integrity_sections(previous, new))  # id indexes, dead-letter sums, duplicates
+    if "statistics" in extra:  # the report's distributions cover every generation (transforms/corpus_stats.py)
+        extra["statistics"] = corpus_stats.merge_sections(previous.extra.get("statistics"), new.extra["statistics"])
     return Manifest(
         contract=new.contract,
         shards=shards,
@@ -268,6 +274,11 @@ def merge(previous: Manifest, new: Manifest) -> Manifest:
         dead_letters=sorted(set(previous.dead_letters) | set(new.dead_letters)),
         config=new.config,
         pileprep_version=new.pileprep_version,
+        generation=new.generation,
+        generations=generations_of(previous) + generations_of(new),
+        ledger=sorted(ledger_of(previous) + ledger_of(new), key=lambda r: r["path"]),
+        skipped_inputs=sorted({r["path"]: r for r in previous.skipped_inputs + new.skipped_inputs}.values(),
+                              key=lambda r: r["path"]),
         extra=extra,
     )
 
@@ -286,4 +297,4 @@ def redact(text: str, secrets=None) -> str:
     for v in values:
         if v and len(v) >= 4:
             text = text.replace(v, "***")
-    return text
+    return redact_userinfo(text)

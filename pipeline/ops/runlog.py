@@ -131,6 +131,15 @@ class WorkerLog:
             lines = f.read().decode("utf-8", "replace").splitlines()
         return [ln for ln in lines if ln.strip()][-n:]
 
+    def discard(self) -> None:
+        """Remove the log (a user error: the one-line message says everything)."""
+        if self.path:
+            try:
+                os.remove(self.path)
+            except OSError:
+                pass
+            self.path = None
+
     def keep(self) -> Optional[str]:
         """Move the log next to the run's staging files when there are any; its final path."""
         if not self.path:

@@ -14,6 +14,7 @@ import logging
 from typing import Optional
 
 from pipeline.config import ConfigError
+from pipeline.ops.redaction import redact_userinfo
 from transforms import io_utils
 
 LOG = logging.getLogger("pileprep.storage")
@@ -28,19 +29,8 @@ def _bucket_key(path: str) -> tuple:
 
 
 def s3_client(options: Optional[dict]):
-    """A boto3 S3 client built from Beam's s3_* options the way Beam's own client builds it."""
-    import boto3  # noqa: PLC0415 - only object-store runs need it
-
-    o = options or {}
-    session = boto3.session.Session(
-        aws_access_key_id=o.get("s3_access_key_id"), aws_secret_access_key=o.get("s3_secret_access_key"),
-        aws_session_token=o.get("s3_session_token"), region_name=o.get("s3_region_name"))
-    kwargs = {"endpoint_url": o.get("s3_endpoint_url"), "use_ssl": not o.get("s3_disable_ssl", False)}
-    if o.get("s3_verify") is not None:
-        kwargs["verify"] = o["s3_verify"]
-    if o.get("s3_api_version"):
-        kwargs["api_version"] = o["s3_api_version"]
-    return session, session.client("s3", **kwargs)
+    """A boto3 S3 client built from Beam's s3_* options (one implementation: transforms/io_utils.py)."""
+    return io_utils.s3_client(options)
 
 
 def _credential_source(session) -> str:
@@ -57,7 +47,7 @@ def check_s3_path(path: str, options: Optional[dict], flag: str, write: bool = F
 
     bucket, key = _bucket_key(path)
     session, client = s3_client(options)
-    where = f"bucket '{bucket}'" + (f" at {options.get('s3_endpoint_url')}" if (options or {}).get(
+    where = f"bucket '{bucket}'" + (f" at {redact_userinfo(options.get('s3_endpoint_url'))}" if (options or {}).get(
         "s3_endpoint_url") else "")
     source = _credential_source(session)
     try:

@@ -11,6 +11,7 @@ import posixpath
 
 from model_contract import DataContract, Manifest, ShardInfo
 from pipeline.config import BYTES_PER_TOKEN_ESTIMATE, PILEPREP_VERSION, ShardConfig
+from transforms import corpus_stats, mixture
 from transforms.documents import SPLITS
 from transforms.stages import ShardTask, _new_file_stats, merge_file_stats
 
@@ -22,6 +23,9 @@ class ReconciliationError(RuntimeError):
 def plan_shard_tasks(units: list, config: ShardConfig) -> list:
     """How many shards each split gets, from the token counts the tokenize stage reported."""
     totals = [sum(u.split_tokens[s] for u in units) for s in range(len(SPLITS))]
+    if config.mixture_weights and not config.num_shards:  # size train shards for the tokens after weighting
+        totals[0] = int(totals[0] * mixture.weighted_factor(
+            corpus_stats.merge({}, *[u.source_stats for u in units]) if units else {}, config.mixture_weights))
     if config.num_shards:
         tokens_per_shard = max(1, math.ceil(totals[0] / config.num_shards)) if totals[0] else None
     else:
@@ -61,6 +65,9 @@ def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, ge
             files[path]["written"] += n
         for path, n in s.duplicates_per_file.items():
             files[path]["filtered"]["duplicate"] = files[path]["filtered"].get("duplicate", 0) + n
+        for path, n in s.dropped_per_file.items():
+            files[path]["filtered"][mixture.DROPPED_REASON] = files[path]["filtered"].get(
+                mixture.DROPPED_REASON, 0) + n
         name = SPLITS[s.task.split]
         agg = splits.setdefault(name, {"documents": 0, "tokens": 0, "padding_tokens": 0, "examples": 0,
                                        "shards": 0})
@@ -110,5 +117,29 @@ def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, ge
         dead_letters=dead_letters,
         config=config.to_manifest_dict(),
         pileprep_version=PILEPREP_VERSION,
-        extra={"generation": generation},
+        generation=generation,
+        extra=_statistics(config, unit_results, shard_results),
     )
+
+
+def _statistics(config: ShardConfig, unit_results: list, shard_results: list) -> dict:
+    """The report's distributions (transforms/corpus_stats.py) and, with weights, the realised mixture."""
+    stats: dict = {}
+    for u in unit_results:
+        corpus_stats.merge(stats, u.source_stats)
+    for s in shard_results:
+        corpus_stats.merge(stats, s.source_stats)
+    out = {"statistics": {"sources": corpus_stats.finish(stats), "length_bins": "log2"}}
+    weights = config.mixture_weights
+    if weights:
+        train = [s for s in shard_results if s.task.split == 0]
+        unique = collections.Counter()
+        written = collections.Counter()
+        for s in train:
+            for source, values in s.source_stats.items():
+                unique[source] += values.get("unique_tokens", 0)
+            for source, counts in s.sources.items():
+                written[source] += counts["tokens"]
+        out["mixture"] = {"split": "train", "weights": weights,
+                          "sources": mixture.realised_shares(dict(unique), dict(written), weights)}
+    return out

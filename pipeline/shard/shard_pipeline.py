@@ -6,9 +6,14 @@ output is byte-identical whatever the runner or the number of workers.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import logging
 import pickle
+import re
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from typing import Optional
@@ -19,8 +24,10 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from model_contract import DataContract
-from pipeline.ops import commit, incremental, progress, runlog, runners, storage
+from pipeline.ops import commit, guards, incremental, lock, progress, runlog, runners, storage
 from pipeline.config import PILEPREP_VERSION, ShardConfig, fingerprint
+from pipeline.errors import RunError, RunInterrupted
+from pipeline.shard import integrity, split_inputs
 from pipeline.shard.manifest_builder import build_manifest, plan_shard_tasks
 from transforms import io_utils, memory, stages, tokenizer, tokenizer_backends
 
@@ -45,7 +52,12 @@ class JobPlan:
     incremental: bool = False
     nothing_to_do: bool = False
     filesystem_options: Optional["FilesystemOptions"] = None
+    # Splits and dedup (pipeline/shard/split_inputs.py, transforms/doc_ids.py): per ledger file its split
+    # (HASHED for train inputs), and the id indexes of the committed generations new documents are checked against.
+    input_splits: tuple = ()
+    committed_id_indexes: tuple = ()
     tokenizer_backend: Optional["tokenizer_backends.BackendChoice"] = None
+    skipped_inputs: tuple = ()  # glob matches that are not files (directories, dangling symlinks)
 
     @property
     def previous(self):
@@ -99,7 +111,11 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
     removed ones are an error, see pipeline/ops/incremental.py); `nothing_to_do` says there are none.
     """
     config.validate()
-    rows = incremental.list_inputs(config.inputs)
+    commit.check_staging_dir(config.output, config.staging_dir)
+    rows, split_of_path = split_inputs.list_inputs_with_splits(config)
+    for warning in split_inputs.held_out_name_warnings(split_of_path):
+        LOG.warning("%s", warning)
+    skipped = guards.skipped_inputs(tuple(config.inputs) + tuple(config.val_inputs) + tuple(config.test_inputs))
     model_bytes = tokenizer.read_model_bytes(config.tokenizer)
     sp = tokenizer.load_processor(model_bytes, config.tokenizer)
     contract = DataContract.for_tokens(config.seq_len, tokenizer.describe(sp, model_bytes))
@@ -112,14 +128,22 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
             LOG.info("%s: mtime/ETag changed but the bytes did not (sha256 matches); not re-ingested", row["path"])
         incremental.raise_for_changes(diff, config.output)
         rows = diff.new
+    if rows:  # a --text-field that no record has would dead-letter everything: say so before any work
+        guards.sample_text_field([r["path"] for r in rows], config.text_field, config.max_line_bytes)
+    elif previous is not None:  # "nothing to do" only over a dataset whose files are all there
+        damaged = guards.damaged_files(config.output, previous)
+        if damaged:
+            raise RunError(f"{config.output}: the committed dataset is damaged ({len(damaged)} file(s): "
+                           f"{'; '.join(damaged[:3])}); rebuild it without --incremental")
     ledger = [(r["path"], r["bytes"]) for r in rows]
     live = incremental.referenced_generations(previous)
     incremental_plan = incremental_run and previous is not None
     generation = "gen-" + fingerprint(config, contract.tokenizer.model_sha256, ledger,
                                       parents=live if incremental_plan else ())
-    if not incremental_plan and generation in live and live != {generation}:
-        # A full build whose name a committed, multi-generation dataset already uses: never rewrite a live
-        # generation's files in place (a reader or a crash would see them half-written); take a new name.
+    if not incremental_plan and generation in live and (live != {generation} or guards.damaged_files(
+            config.output, previous)):
+        # A full build whose name a committed, multi-generation (or damaged) dataset already uses: never write
+        # into a live generation's directory (a reader or a crash would see it half-written); take a new name.
         generation = "gen-" + fingerprint(config, contract.tokenizer.model_sha256, ledger, parents=live)
     staging_root = config.staging_dir or io_utils.join(config.output, "_staging")
     backend = tokenizer_backends.choose_backend(config.tokenizer_backend, model_bytes, sp,
@@ -127,7 +151,11 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
     return JobPlan(config, ledger, model_bytes, contract, generation, io_utils.join(config.output, generation),
                    io_utils.join(staging_root, generation), input_rows=tuple(rows),
                    previous_json=None if previous is None else previous.to_json(),
-                   incremental=incremental_plan, nothing_to_do=not rows, tokenizer_backend=backend)
+                   incremental=incremental_plan, nothing_to_do=not rows, tokenizer_backend=backend,
+                   input_splits=split_inputs.input_splits_for(ledger, split_of_path),
+                   committed_id_indexes=integrity.committed_id_indexes(previous, config.output)
+                   if incremental_plan else (),
+                   skipped_inputs=tuple(skipped))
 
 
 def _parity_sample(config: ShardConfig, paths: list) -> list:
@@ -137,7 +165,7 @@ def _parity_sample(config: ShardConfig, paths: list) -> list:
 
     def read(path):
         with io_utils.open_read(path) as f:
-            for rec in iter_raw_records(f, compression_of(path), config.max_line_bytes):
+            for rec in iter_raw_records(f, compression_of(path), config.max_line_bytes, config.max_zstd_window_bytes):
                 if isinstance(rec, RawRecord):
                     yield rec.line, rec.data
 
@@ -178,7 +206,8 @@ class SplitInputFile(beam.DoFn):
         file_idx, path = element
         cfg = self.plan.config
         result = stages.split_input_file(file_idx, path, self.plan.staging_dir, self.plan.data_dir,
-                                         cfg.unit_bytes, cfg.max_line_bytes, cfg.max_zstd_window_bytes)
+                                         cfg.unit_bytes, cfg.max_line_bytes, cfg.max_zstd_window_bytes,
+                                         (cfg.text_field, *cfg.source_fields))
         size, sha = incremental.file_sha256(path)
         self.records.inc()
         self.input_bytes.inc(size)
@@ -206,7 +235,7 @@ class TokenizeChunk(beam.DoFn):
         self.dtype = tokenizer.token_dtype(self.plan.contract.tokenizer.vocab_size)
         cfg = self.plan.config
         self.settings = stages.TokenizeSettings(cfg.text_field, tuple(cfg.source_fields), cfg.val_fraction,
-                                                cfg.test_fraction, cfg.seed)
+                                                cfg.test_fraction, cfg.seed, self.plan.input_splits)
 
     def process(self, chunk):
         unit = stages.tokenize_chunk(chunk, self.sp, self.dtype, self.settings, self.plan.staging_dir,
@@ -237,16 +266,24 @@ class PackShard(beam.DoFn):
         return self._units_list
 
     def process(self, task_and_units_path):
-        task, units_path = task_and_units_path
+        task, units_path, dedup = task_and_units_path
         units = self._units(units_path)
         t = self.plan.contract.tokenizer
-        result = stages.pack_shard(task, units, self.plan.config.seq_len, t.eos_id, t.pad_id, self.plan.data_dir)
+        cfg = self.plan.config
+        result = stages.pack_shard(task, units, cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir, dedup,
+                                   self.plan.staging_dir, cfg.mixture_weights, cfg.seed)
         self.examples.inc(result.examples)
         yield result
 
 
 def _sorted_units(units):
     return sorted(units, key=lambda u: u.name)
+
+
+def _index_doc_ids(shard_results, plan: JobPlan) -> tuple:
+    id_index = stages.write_generation_id_index(shard_results, plan.data_dir)
+    io_utils.fsync_files([id_index[0]])  # durable before the manifest that references it (pipeline/ops/commit.py)
+    return id_index
 
 
 def _commit(grouped, plan: JobPlan):
@@ -260,15 +297,19 @@ def _commit(grouped, plan: JobPlan):
     digests = [s.digest for s in split_outputs]
     manifest = build_manifest(plan.config, plan.contract, plan.ledger, plan.generation, plan.config.output,
                               split_results, _sorted_units(parts["unit"]), parts["shard"])
+    guards.check_dead_letter_rate(manifest.records, plan.config.max_dead_letter_fraction)
+    manifest = integrity.add_integrity_sections(manifest, plan.config.output, plan.generation, parts["shard"],
+                                                _index_doc_ids(parts["shard"], plan))
     manifest = incremental.add_ledger(manifest, plan.generation, list(plan.input_rows),
                                       {path: (size, sha) for path, size, sha in digests})
+    manifest.skipped_inputs = [dict(r) for r in plan.skipped_inputs]
     previous = plan.previous
     if plan.incremental:
         manifest = incremental.merge(previous, manifest)
     if plan.tokenizer_backend is not None:  # how this generation was tokenized; the only backend-dependent field
         manifest.extra["tokenizer_backend"] = plan.tokenizer_backend.to_manifest()
     commit.commit_dataset(plan.config.output, manifest,
-                          None if previous is None else previous.extra.get("generation"), plan.staging_dir,
+                          None if previous is None else previous.generation, plan.staging_dir,
                           previous)
     return manifest.to_dict()
 
@@ -323,7 +364,12 @@ def _plan_shards(units, plan: "JobPlan"):
     units = _sorted_units(units)
     path = io_utils.join(plan.staging_dir, UNIT_LIST_NAME)
     io_utils.write_bytes(path, pickle.dumps(units, protocol=pickle.HIGHEST_PROTOCOL))
-    return [(task, path) for task in plan_shard_tasks(units, plan.config)]
+    # Cross-split dedup needs every held-out id before any shard is packed: one global pass over the units'
+    # (small) held-out key ranges here, where all units meet; packers skip ids a winning split or a committed
+    # generation holds (stages.DedupInputs: a few paths, cheap to carry in every task).
+    dedup = dataclasses.replace(stages.index_held_out_ids(units, plan.staging_dir),
+                                committed=plan.committed_id_indexes)
+    return [(task, path, dedup) for task in plan_shard_tasks(units, plan.config)]
 
 
 def build_pipeline(p: beam.Pipeline, plan: JobPlan):
@@ -376,7 +422,11 @@ def run(config: ShardConfig, beam_args=None, incremental_run: bool = False, run_
     log.event("start", output=config.output, inputs=list(config.inputs), incremental=incremental_run,
               runner=options.get_all_options().get("runner"), config=config.to_manifest_dict())
     try:
-        return _run(config, options, incremental_run, log, progress_every_s)
+        with _signals_interrupt():
+            return _run(config, options, incremental_run, log, progress_every_s)
+    except RunInterrupted as e:
+        log.event("interrupted", signal=e.signum)
+        raise
     except Exception as e:
         log.event("error", type=type(e).__name__, message=incremental.redact(str(e)))
         raise
@@ -384,18 +434,77 @@ def run(config: ShardConfig, beam_args=None, incremental_run: bool = False, run_
         log.close()
 
 
+@contextlib.contextmanager
+def _signals_interrupt():
+    """SIGINT / SIGTERM raise RunInterrupted in the driver, so the run can remove its partial generation and
+    the CLI can say so in one line (exit 130 / 143). Only the main thread can take signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, _frame):
+        raise RunInterrupted(signum)
+
+    saved = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _abandon(plan: JobPlan) -> None:
+    """After a failure or an interrupt: remove this run's partial generation (unless it was committed after
+    all) and its staging; the previous dataset is untouched."""
+    try:
+        committed = commit.read_committed(plan.config.output)
+        if plan.generation not in incremental.referenced_generations(committed):
+            io_utils.delete_tree(plan.data_dir)
+        io_utils.delete_tree(plan.staging_dir)
+    except Exception as e:  # noqa: BLE001 - the next run removes what is left (staging marker, lock held)
+        LOG.warning("could not remove the partial generation %s: %s", plan.data_dir, type(e).__name__)
+
+
+def _one_line_failure(e: BaseException, plan: JobPlan) -> Optional[RunError]:
+    """A RunError for failures with a known cause (Beam wraps worker exceptions in its own, with tracebacks)."""
+    text = str(e)
+    if isinstance(e, RunError):
+        return e
+    if (isinstance(e, OSError) and e.errno == errno.ENOSPC) or "No space left on device" in text:
+        return RunError(f"no space left on device while writing {plan.data_dir} or {plan.staging_dir}; the partial "
+                        "generation was removed and the previous dataset is intact. Free space (or choose another "
+                        "--output / --staging-dir) and run again")
+    found = re.search(r"RunError: ([^\n]+)", text)
+    return RunError(found.group(1).strip()) if found else None
+
+
 def _run(config, options, incremental_run, log, progress_every_s) -> dict:
     runners.preflight(options.get_all_options())
     fs_options = FilesystemOptions.from_pipeline_options(options)
     storage.preflight(config.inputs, config.output, config.staging_dir, fs_options.options if fs_options else {})
+    commit.check_staging_dir(config.output, config.staging_dir)
+    guards.check_local_writable(config.output, "--output")
+    guards.check_local_writable(config.staging_dir, "--staging-dir")
+    with lock.OutputLock(config.output, fs_options.options if fs_options else {}).held(config.break_lock):
+        return _run_locked(config, options, incremental_run, log, progress_every_s, fs_options)
+
+
+def _run_locked(config, options, incremental_run, log, progress_every_s, fs_options) -> dict:
     plan = dataclasses.replace(prepare(config, incremental_run), filesystem_options=fs_options)
     committed = plan.previous
+    removed = guards.cleanup_abandoned(config.output, plan.staging_dir.rstrip("/").rsplit("/", 1)[0], committed)
+    if removed:
+        LOG.warning("removed what an interrupted or crashed run left: %s", ", ".join(removed))
+        log.event("cleanup", removed=removed)
+    for row in plan.skipped_inputs:
+        LOG.warning("--input matched %s, a %s; skipped", row["path"], row["reason"].replace("_", " "))
+        log.event("warning", skipped_input=row["path"], reason=row["reason"])
     log.event("plan", generation=plan.generation, files=len(plan.ledger), input_bytes=plan.input_bytes,
               incremental=plan.incremental)
     if plan.nothing_to_do:
         LOG.warning("%s: every input file is already in the dataset: nothing to do", config.output)
         print(f"pileprep: nothing to do: {config.output} already holds every input file", flush=True)
-        log.event("nothing_to_do", generation=committed.extra.get("generation") if committed else None)
+        log.event("nothing_to_do", generation=committed.generation if committed else None)
         return committed.to_dict()
     if (committed is not None and not plan.incremental
             and incremental.referenced_generations(committed) == {plan.generation}):
@@ -403,6 +512,23 @@ def _run(config, options, incremental_run, log, progress_every_s) -> dict:
         print(f"pileprep: nothing to do: {config.output} already holds generation {plan.generation}", flush=True)
         log.event("nothing_to_do", generation=plan.generation)
         return committed.to_dict()
+    guards.mark_staging(plan.staging_dir, config.output, plan.generation)
+    try:
+        return _execute(plan, options, log, progress_every_s)
+    except BaseException as e:
+        _abandon(plan)
+        if isinstance(e, KeyboardInterrupt):
+            raise RunInterrupted(signal.SIGINT) from None
+        if isinstance(e, RunInterrupted):
+            raise
+        failure = _one_line_failure(e, plan)
+        if failure is None:
+            raise
+        raise failure from None
+
+
+def _execute(plan: JobPlan, options, log, progress_every_s) -> dict:
+    config = plan.config
     started = time.time()
     holder: dict = {}
     markers = progress.MarkerReader(plan.staging_dir)
@@ -426,11 +552,11 @@ def _run(config, options, incremental_run, log, progress_every_s) -> dict:
     counters.pop("split_raw_bytes", None)
     LOG.info("shard job finished in %.1fs (pileprep %s)", elapsed, PILEPREP_VERSION)
     committed = commit.read_committed(config.output)
-    if committed is None or committed.extra.get("generation") != plan.generation:
+    if committed is None or committed.generation != plan.generation:
         raise RuntimeError("the pipeline finished but did not commit a manifest")
     final = progress.Progress(elapsed, counters, plan.input_bytes, len(plan.ledger))
     log.event("committed", manifest=commit.manifest_location(config.output), generation=plan.generation,
-              generations=len(committed.extra.get("generations", [])), shards=len(committed.shards),
+              generations=len(committed.generations), shards=len(committed.shards),
               splits=committed.splits)
     log.event("summary", wall_s=round(elapsed, 3), **{k: v for k, v in final.to_dict().items() if k != "eta_s"})
     print(progress.summary_table(counters, elapsed), flush=True)

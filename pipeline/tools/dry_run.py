@@ -99,7 +99,8 @@ def sample_inputs(rows: list, config: ShardConfig, sp, budget_per_file: int = SA
         t0 = time.process_time()
         with io_utils.open_read(row["path"]) as raw:
             stream = _CountingReader(raw)
-            for item in iter_raw_records(stream, compression_of(row["path"]), config.max_line_bytes):
+            for item in iter_raw_records(stream, compression_of(row["path"]), config.max_line_bytes,
+                                         config.max_zstd_window_bytes):
                 if isinstance(item, FileDamage):
                     s.records += 1
                     s.dead_letters += 1

@@ -33,12 +33,49 @@ def summary_table(manifest: dict) -> str:
                  f"{sum(rec['dead_lettered'].values())} {rec['dead_lettered'] or ''}")
     lines.append(f"padding fraction {manifest['padding_fraction']:.4%}; dead-letter files: "
                  f"{len(manifest['dead_letters'])}")
+    if manifest.get("duplicates_by_source"):
+        lines.append(f"exact duplicates removed, by source of the removed copy: {manifest['duplicates_by_source']}")
     return "\n".join(lines)
 
 
+def _load(dataset: str):
+    """(manifest, manifest file) from a local directory or manifest.json, or any Beam filesystem (s3://)."""
+    if "://" not in dataset:
+        return load_manifest(dataset), (dataset if dataset.endswith(".json") else os.path.join(dataset, MANIFEST_NAME))
+    from pipeline.ops import commit  # noqa: PLC0415
+
+    directory = dataset.rsplit("/", 1)[0] if dataset.endswith(".json") else dataset
+    manifest = commit.read_committed(directory)
+    if manifest is None:
+        raise FileNotFoundError(f"no manifest at {commit.manifest_location(directory)}: the dataset is missing or "
+                                f"was never committed")
+    return manifest, commit.manifest_location(directory)
+
+
+def _records(manifest_file: str, shard):
+    from transforms import io_utils  # noqa: PLC0415
+
+    with io_utils.open_read(resolve_shard_path(manifest_file, shard)) as f:
+        yield from iter_records(f)
+
+
+def inspect_json(dataset: str, examples: int = 2) -> dict:
+    """For scripts: the manifest as committed plus the first `examples` examples of the first shard, decoded."""
+    manifest, manifest_file = _load(dataset)
+    out = {"manifest": manifest.to_dict(), "manifest_path": manifest_file, "examples": []}
+    if examples > 0 and manifest.shards:
+        shard = manifest.shards[0]
+        for i, record in enumerate(_records(manifest_file, shard)):
+            if i >= examples:
+                break
+            ex = decode_example(record)
+            out["examples"].append({"shard": shard.path, "index": i,
+                                    **{k: v.tolist() for k, v in sorted(ex.items())}})
+    return out
+
+
 def inspect(dataset: str, examples: int = 2, tokenizer_path: str | None = None) -> str:
-    manifest = load_manifest(dataset)
-    manifest_file = dataset if dataset.endswith(".json") else os.path.join(dataset, MANIFEST_NAME)
+    manifest, manifest_file = _load(dataset)
     out = [summary_table(manifest.to_dict())]
     if examples <= 0 or not manifest.shards:
         return "\n".join(out)
@@ -49,7 +86,7 @@ def inspect(dataset: str, examples: int = 2, tokenizer_path: str | None = None) 
 
         sp = spm.SentencePieceProcessor(model_file=path)
     shard = manifest.shards[0]
-    for i, record in enumerate(iter_records(open(resolve_shard_path(manifest_file, shard), "rb"))):
+    for i, record in enumerate(_records(manifest_file, shard)):
         if i >= examples:
             break
         ex = decode_example(record)

@@ -34,6 +34,7 @@ from trainer.config import MODEL_SIZES
 from trainer.launch.sagemaker_entry import CHECKPOINT_CHANNEL, build_argv
 
 GPUS = {"ml.p4d.24xlarge": 8, "ml.p4de.24xlarge": 8, "ml.p5.48xlarge": 8}
+GPU_MODEL = {"ml.p4d.24xlarge": "A100-40GB", "ml.p4de.24xlarge": "A100-80GB", "ml.p5.48xlarge": "H100"}  # trainer.plan
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GPU_REQUIREMENTS = os.path.join(REPO, "trainer", "launch", "requirements-gpu.txt")
 PACKAGES = ("trainer", "model_contract")
@@ -73,7 +74,7 @@ def estimator_config(*, role: str, data: str, instances: int = 1, instance_type:
     if checkpoint_fsx:
         env[f"SM_CHANNEL_{CHECKPOINT_CHANNEL.upper()}"] = f"/opt/ml/input/data/{CHECKPOINT_CHANNEL}"
     argv = build_argv(env, [x for k, v in hyper.items() for x in (f"--{k}", str(v))])
-    resolved = parse_args(argv, world=world)
+    resolved = parse_args(argv + ["--gpu", GPU_MODEL[instance_type]], world=world)  # + the memory plan
     inputs: dict = {"train": data}
     if checkpoint_fsx:
         fs_id, _, path = checkpoint_fsx.partition(":")

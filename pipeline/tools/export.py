@@ -1,0 +1,111 @@
+"""`pileprep export DIR --format parquet`: the shards as Parquet, for HF `datasets`, pandas, DuckDB, Spark.
+
+One Parquet file per shard (`<out>/<split>-00000-of-00004.parquet`), one row per packed example, in shard order:
+
+  input_ids, segment_ids, positions   list<int32>  the example's seq_len tokens, exactly as in the TFRecord
+  piece_doc_ids, piece_offsets        list<int64>  per document piece: the document id and its token offset
+  split, shard, record                provenance: the split, the shard's manifest path, the record's index
+
+Shards are read through model_contract's TFRecord reader (checksums verified) and written in row groups of
+`rows_per_group` examples, so memory stays at one row group whatever the shard size. Files are written under a
+temporary name and renamed (local) or put whole (object stores); an `export.json` beside them lists the files
+and the manifest generation they came from.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import numpy as np
+
+from model_contract import (INPUT_IDS, PIECE_DOC_IDS, PIECE_OFFSETS, POSITIONS, SEGMENT_IDS, decode_example,
+                            iter_records, resolve_shard_path)
+
+ROWS_PER_GROUP = 1024
+TOKEN_COLUMNS = (INPUT_IDS, SEGMENT_IDS, POSITIONS)
+PIECE_COLUMNS = (PIECE_DOC_IDS, PIECE_OFFSETS)
+FORMATS = ("parquet",)
+
+
+def parquet_schema():
+    import pyarrow as pa  # noqa: PLC0415
+
+    return pa.schema([(name, pa.list_(pa.int32())) for name in TOKEN_COLUMNS]
+                     + [(name, pa.list_(pa.int64())) for name in PIECE_COLUMNS]
+                     + [("split", pa.string()), ("shard", pa.string()), ("record", pa.int64())])
+
+
+def _list_column(arrays: list, dtype):
+    import pyarrow as pa  # noqa: PLC0415
+
+    offsets = np.zeros(len(arrays) + 1, dtype=np.int32)
+    np.cumsum([a.size for a in arrays], out=offsets[1:])
+    values = np.concatenate(arrays).astype(dtype) if arrays else np.zeros(0, dtype)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def examples_to_table(examples: list, split: str, shard: str, first_record: int):
+    """A pyarrow Table of decoded examples (dicts of numpy arrays), with provenance columns."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    columns = [_list_column([e[name] for e in examples], np.int32) for name in TOKEN_COLUMNS]
+    columns += [_list_column([e[name] for e in examples], np.int64) for name in PIECE_COLUMNS]
+    n = len(examples)
+    columns += [pa.array([split] * n, pa.string()), pa.array([shard] * n, pa.string()),
+                pa.array(np.arange(first_record, first_record + n, dtype=np.int64))]
+    return pa.Table.from_arrays(columns, schema=parquet_schema())
+
+
+def _export_shard(stream, out_stream, split: str, shard_path: str, rows_per_group: int) -> int:
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    rows = 0
+    with pq.ParquetWriter(out_stream, parquet_schema(), compression="zstd") as writer:
+        batch: list = []
+        for record in iter_records(stream, name=shard_path):
+            batch.append(decode_example(record))
+            if len(batch) == rows_per_group:
+                writer.write_table(examples_to_table(batch, split, shard_path, rows), row_group_size=rows_per_group)
+                rows += len(batch)
+                batch = []
+        if batch or rows == 0:
+            writer.write_table(examples_to_table(batch, split, shard_path, rows), row_group_size=rows_per_group)
+            rows += len(batch)
+    return rows
+
+
+def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: int = ROWS_PER_GROUP,
+                   splits: Optional[tuple] = None) -> dict:
+    """Write every shard of DIR's committed manifest as Parquet under `output` (default DIR/parquet)."""
+    from pipeline.ops import commit  # noqa: PLC0415
+    from transforms import io_utils  # noqa: PLC0415
+
+    manifest = commit.read_committed(dataset)
+    if manifest is None:
+        raise FileNotFoundError(f"no manifest at {commit.manifest_location(dataset)}: the dataset is missing or "
+                                f"was never committed")
+    output = output or io_utils.join(dataset, "parquet")
+    manifest_file = commit.manifest_location(dataset)
+    files = []
+    for shard in manifest.shards:
+        if splits and shard.split not in splits:
+            continue
+        name = shard.path.rsplit("/", 1)[-1].replace(".tfrecord", "") + ".parquet"
+        target = io_utils.join(output, name)
+        local = io_utils.is_local(target)
+        tmp = target + ".tmp" if local else target
+        if local:
+            os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        with io_utils.open_read(resolve_shard_path(manifest_file, shard)) as src, io_utils.open_write(tmp) as dst:
+            rows = _export_shard(src, dst, shard.split, shard.path, rows_per_group)
+        if local:
+            os.replace(tmp, target)
+        if rows != shard.examples:
+            raise RuntimeError(f"{shard.path}: exported {rows} rows but the manifest says {shard.examples} examples")
+        files.append({"path": name, "split": shard.split, "rows": rows, "source_shard": shard.path})
+    summary = {"format": "parquet", "generation": manifest.generation, "files": files,
+               "columns": [f.name for f in parquet_schema()]}
+    io_utils.write_bytes(io_utils.join(output, "export.json"),
+                         (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+    return {"output": output, **summary}

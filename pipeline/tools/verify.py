@@ -1,0 +1,355 @@
+"""`pileprep verify DIR`: prove a committed dataset is the one its manifest describes, and (with `--inputs`) that
+it holds what its inputs say it should.
+
+1. Files. Every shard, dead-letter file and document-id index the manifest names is hashed and compared with
+   the size and sha256 the manifest recorded; each mismatch (missing, truncated, 0-byte, flipped byte, two
+   shards swapped) is listed by name. Paths go through the one resolver (`model_contract.resolve_shard_path`),
+   which refuses paths outside the dataset. Local, mounted and s3:// datasets alike (Beam FileSystems).
+2. Content audit (`--inputs GLOB --sample N`). A seeded sample of input records is re-read and, for documents,
+   re-tokenized *independently of the shard job's code*: plain zstandard/gzip + `json` + SentencePiece, and the
+   document id recomputed here from its definition (DESIGN.md §7: a hash of the text alone). Each sampled
+   document must then be found through the shards' provenance features (`piece_doc_ids`, `piece_offsets`):
+   present exactly once (one piece at each offset, contiguous from 0), token-exact (its tokens + EOS), in one
+   split, and in its input's split when that input was a --val-input / --test-input. A record that is not a
+   document must be accounted for: in a dead-letter file at its file and line, or filtered (blank / empty text).
+   The audit reads every shard once; its memory is the sample, not the dataset.
+
+Library code: returns a `VerifyReport`; the CLI prints it and exits 1 unless `report.ok`.
+"""
+from __future__ import annotations
+
+import collections
+import fnmatch
+import gzip
+import hashlib
+import heapq
+import io
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from model_contract import (MANIFEST_NAME, ContractError, Manifest, TFRecordCorruptError, decode_example,
+                            iter_records, resolve_shard_path)
+from transforms import io_utils
+
+HASH_BLOCK = 8 << 20
+
+
+@dataclass
+class AuditResult:
+    sampled: int = 0
+    documents: int = 0  # sampled records that are documents, each found once, token-exact, in one split
+    dead_lettered: int = 0  # sampled records found in a dead-letter file
+    filtered: int = 0  # blank lines and empty texts
+    problems: list = field(default_factory=list)
+
+
+@dataclass
+class VerifyReport:
+    dataset: str
+    files_checked: int = 0
+    bytes_checked: int = 0
+    mismatches: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
+    audit: Optional[AuditResult] = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.mismatches and (self.audit is None or not self.audit.problems)
+
+    def render(self) -> str:
+        lines = [f"verify {self.dataset}: {self.files_checked} files, {self.bytes_checked} bytes checked against "
+                 f"the manifest: {len(self.mismatches)} mismatch(es)"]
+        lines += [f"  MISMATCH {m}" for m in self.mismatches]
+        lines += [f"  note: {n}" for n in self.notes]
+        if self.audit is not None:
+            a = self.audit
+            lines.append(f"audit: {a.sampled} sampled records: {a.documents} documents found once and token-exact, "
+                         f"{a.dead_lettered} dead-lettered, {a.filtered} filtered; {len(a.problems)} problem(s)")
+            lines += [f"  PROBLEM {p}" for p in a.problems]
+        lines.append("OK" if self.ok else "FAILED")
+        return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------- files
+def _digest(path: str) -> tuple:
+    sha, n = hashlib.sha256(), 0
+    with io_utils.open_read(path) as f:
+        while True:
+            block = f.read(HASH_BLOCK)
+            if not block:
+                return n, sha.hexdigest()
+            sha.update(block)
+            n += len(block)
+
+
+def _located(manifest_file: str, rel: str) -> str:
+    from pipeline.shard.integrity import resolve_in_dataset  # noqa: PLC0415
+
+    return resolve_in_dataset(manifest_file, rel)
+
+
+def _expected_files(manifest: Manifest, report: VerifyReport) -> list:
+    """(kind, relative path, bytes, sha256) of every file the manifest names."""
+    from pipeline.shard.integrity import DEAD_LETTER_FILES, DOC_ID_INDEXES  # noqa: PLC0415
+
+    files = [("shard", s.path, s.bytes, s.sha256) for s in manifest.shards]
+    recorded = {r["path"]: r for r in manifest.extra.get(DEAD_LETTER_FILES, [])}
+    for rel in manifest.dead_letters:
+        row = recorded.get(rel)
+        if row is None:
+            report.notes.append(f"dead letter {rel}: no size/sha256 recorded (manifest predates them); "
+                                "checked that it exists")
+            files.append(("dead letter", rel, None, None))
+        else:
+            files.append(("dead letter", rel, row["bytes"], row["sha256"]))
+    files += [("id index", r["path"], r["bytes"], r["sha256"]) for r in manifest.extra.get(DOC_ID_INDEXES, [])]
+    return files
+
+
+def check_files(manifest: Manifest, manifest_file: str, report: VerifyReport) -> None:
+    for kind, rel, size, sha in _expected_files(manifest, report):
+        try:
+            path = _located(manifest_file, rel)
+        except ContractError as e:
+            report.mismatches.append(f"{kind} {rel}: refused: {e}")
+            continue
+        try:  # no separate existence check: on object stores each call costs a client and a request
+            got_size, got_sha = _digest(path)
+        except Exception as e:  # noqa: BLE001 - FileNotFoundError locally, BeamIOError & co on object stores
+            report.mismatches.append(f"{kind} {rel}: missing or unreadable ({type(e).__name__})")
+            continue
+        report.files_checked += 1
+        report.bytes_checked += got_size
+        if size is not None and got_size != size:
+            report.mismatches.append(f"{kind} {rel}: {got_size} bytes, the manifest says {size}")
+        elif sha is not None and got_sha != sha:
+            report.mismatches.append(f"{kind} {rel}: sha256 {got_sha[:16]}…, the manifest says {sha[:16]}… "
+                                     "(same size: flipped bytes or a swapped file)")
+
+
+# ------------------------------------------------------------------------------------------------- audit
+def _doc_id(text: str) -> int:
+    """Recomputed from the definition (DESIGN.md §7), not imported, so a drift in the job's id is caught."""
+    h = hashlib.blake2b(digest_size=8, person=b"pileprep-doc")
+    h.update(text.encode("utf-8"))
+    return struct.unpack("<Q", h.digest())[0] >> 1
+
+
+def _lines(path: str):
+    """(1-based line, bytes without terminator) of a .jsonl/.zst/.gz input; stops quietly at damage (the shard
+    job dead-letters it, and damaged records are not sampled)."""
+    import zstandard  # noqa: PLC0415
+
+    raw = io_utils.open_read(path)
+    name = path.lower()
+    if name.endswith((".zst", ".zstd")):
+        reader = io.BufferedReader(zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True), 1 << 20)
+    elif name.endswith(".gz"):
+        reader = gzip.GzipFile(fileobj=raw)
+    else:
+        reader = raw
+    n = 0
+    try:
+        for line in iter(reader.readline, b""):
+            n += 1
+            if line.endswith(b"\n"):
+                line = line[:-1]
+            yield n, line[:-1] if line.endswith(b"\r") else line
+    except (OSError, EOFError, zstandard.ZstdError):
+        return
+    finally:
+        raw.close()
+
+
+def _sample_key(seed: int, path: str, line: int) -> int:
+    h = hashlib.blake2b(f"{seed}\0{path}\0{line}".encode(), digest_size=8, person=b"pileprep-audit")
+    return int.from_bytes(h.digest(), "little")
+
+
+def sample_records(paths: list, n: int, seed: int) -> list:
+    """The n (path, line, bytes) records with the smallest seeded hash: a fair sample, independent of file
+    order and worker count, with memory for n records."""
+    heap: list = []  # max-heap by key (negated)
+    for path in paths:
+        for line, data in _lines(path):
+            key = _sample_key(seed, path, line)
+            if len(heap) < n:
+                heapq.heappush(heap, (-key, path, line, data))
+            elif key < -heap[0][0]:
+                heapq.heapreplace(heap, (-key, path, line, data))
+    return sorted((path, line, data) for _k, path, line, data in heap)
+
+
+def _field(record, dotted: str):
+    cur = record
+    for part in dotted.split("."):
+        if not isinstance(cur, dict) or part not in cur:
+            return None
+        cur = cur[part]
+    return cur
+
+
+def _document_text(data: bytes, text_field: str) -> tuple:
+    """("document", text) | ("filtered", reason) | ("invalid", reason): the record read with plain json."""
+    if not data.strip():
+        return "filtered", "blank_line"
+    try:
+        record = json.loads(data)
+    except (ValueError, RecursionError):
+        return "invalid", "not parseable JSON"
+    text = _field(record, text_field) if isinstance(record, dict) else None
+    if not isinstance(text, str):
+        return "invalid", f"no string {text_field!r}"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "invalid", "lone surrogate"
+    if not text.strip():
+        return "filtered", "empty_text"
+    return "document", text
+
+
+def _dead_letters(manifest: Manifest, manifest_file: str) -> dict:
+    """(file, line) -> reason over every dead-letter file."""
+    out = {}
+    for rel in manifest.dead_letters:
+        try:
+            data = io_utils.read_bytes(_located(manifest_file, rel))
+        except (ContractError, OSError):
+            continue  # reported by the file check
+        for row in data.decode("utf-8", "replace").splitlines():
+            try:
+                d = json.loads(row)
+                out[(d["file"], int(d["line"]))] = d["reason"]
+            except (ValueError, KeyError, TypeError):
+                continue
+    return out
+
+
+def _pieces_of(manifest: Manifest, manifest_file: str, wanted: set, audit: AuditResult) -> dict:
+    """doc_id -> [(offset, tokens, split, shard path)] for the wanted ids, from every shard's provenance."""
+    found = collections.defaultdict(list)
+    for shard in manifest.shards:
+        try:
+            path = _located(manifest_file, shard.path)
+            with io_utils.open_read(path) as f:
+                for record in iter_records(f, name=shard.path):
+                    ex = decode_example(record)
+                    seg = ex["segment_ids"]
+                    for n, (doc, off) in enumerate(zip(ex["piece_doc_ids"], ex["piece_offsets"]), start=1):
+                        if int(doc) in wanted:
+                            found[int(doc)].append((int(off), ex["input_ids"][seg == n], shard.split, shard.path))
+        except (ContractError, OSError, TFRecordCorruptError) as e:
+            audit.problems.append(f"shard {shard.path}: cannot be read for the audit ({e})")
+    return found
+
+
+def _held_out_split(manifest: Manifest, path: str) -> Optional[str]:
+    config = manifest.config
+    for split, key in (("test", "test_inputs"), ("val", "val_inputs")):
+        if any(fnmatch.fnmatchcase(path, g) or path == g for g in config.get(key, []) or []):
+            return split
+    return None
+
+
+def _check_document(doc_id: int, expected: list, pieces: list, where: str, want_split: Optional[str],
+                    audit: AuditResult) -> None:
+    if not pieces:
+        audit.problems.append(f"{where}: document {doc_id:#x} is not in any shard (and not dead-lettered)")
+        return
+    pieces = sorted(pieces, key=lambda p: p[0])
+    offsets = [p[0] for p in pieces]
+    starts = np.cumsum([0] + [len(p[1]) for p in pieces[:-1]]).tolist()
+    splits = sorted({p[2] for p in pieces})
+    if offsets != starts:
+        audit.problems.append(f"{where}: document {doc_id:#x} pieces at offsets {offsets[:8]} are not one copy "
+                              f"(expected {starts[:8]}): duplicated or missing pieces in "
+                              f"{sorted({p[3] for p in pieces})}")
+        return
+    if len(splits) != 1:
+        audit.problems.append(f"{where}: document {doc_id:#x} is in splits {splits}")
+        return
+    got = np.concatenate([p[1] for p in pieces]).tolist()
+    if got != expected:
+        first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+        audit.problems.append(f"{where}: document {doc_id:#x} tokens differ from a fresh tokenization at token "
+                              f"{first} ({len(got)} stored vs {len(expected)} expected) in "
+                              f"{sorted({p[3] for p in pieces})}")
+        return
+    if want_split == "val" and splits[0] not in ("val", "test") or want_split == "test" and splits[0] != "test":
+        audit.problems.append(f"{where}: document {doc_id:#x} from a --{want_split}-input file is in {splits[0]}")
+        return
+    audit.documents += 1
+
+
+def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sample: int, seed: int,
+                  tokenizer_path: Optional[str]) -> AuditResult:
+    import sentencepiece as spm  # noqa: PLC0415
+    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+
+    audit = AuditResult()
+    model_path = tokenizer_path or manifest.config.get("tokenizer")
+    model = io_utils.read_bytes(model_path)
+    if hashlib.sha256(model).hexdigest() != manifest.contract.tokenizer.model_sha256:
+        audit.problems.append(f"tokenizer {model_path}: sha256 differs from the manifest's "
+                              f"{manifest.contract.tokenizer.model_sha256[:16]}…; pass the model the dataset was "
+                              "built with (--tokenizer)")
+        return audit
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    eos = manifest.contract.tokenizer.eos_id
+    paths = sorted({m.path for g in input_globs for m in FileSystems.match([g])[0].metadata_list})
+    held = {row["path"] for row in manifest.inputs}
+    records = sample_records(paths, sample, seed)
+    audit.sampled = len(records)
+    dead = _dead_letters(manifest, manifest_file)
+    text_field = manifest.config.get("text_field", "text")
+    documents = []
+    for path, line, data in records:
+        where = f"{path}:{line}"
+        if path not in held:
+            audit.problems.append(f"{where}: {path} is not an input of this dataset")
+            continue
+        if (path, line) in dead:
+            audit.dead_lettered += 1
+            continue
+        kind, value = _document_text(data, text_field)
+        if kind == "filtered":
+            audit.filtered += 1
+        elif kind == "invalid":
+            audit.problems.append(f"{where}: {value}, but no dead letter names this line")
+        else:
+            documents.append((where, path, _doc_id(value), value))
+    pieces = _pieces_of(manifest, manifest_file, {d[2] for d in documents}, audit)
+    for where, path, doc_id, text in documents:
+        expected = list(sp.encode(text)) + [eos]
+        _check_document(doc_id, expected, pieces.get(doc_id, []), where, _held_out_split(manifest, path), audit)
+    return audit
+
+
+# --------------------------------------------------------------------------------------------------- entry
+def verify(dataset: str, inputs: Optional[list] = None, sample: int = 200, seed: int = 0,
+           tokenizer_path: Optional[str] = None, filesystem_args: Optional[list] = None) -> VerifyReport:
+    """Check `dataset` (a directory or prefix holding manifest.json); see the module doc."""
+    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+    from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
+
+    if filesystem_args:
+        FileSystems.set_options(PipelineOptions(list(filesystem_args)))
+    report = VerifyReport(dataset)
+    manifest_file = dataset if dataset.endswith(".json") else io_utils.join(dataset, MANIFEST_NAME)
+    if not io_utils.exists(manifest_file):
+        report.mismatches.append(f"{manifest_file}: no manifest (never committed, or not a dataset)")
+        return report
+    try:
+        manifest = Manifest.from_json(io_utils.read_bytes(manifest_file).decode("utf-8"))
+    except (ContractError, UnicodeDecodeError) as e:
+        report.mismatches.append(f"{manifest_file}: damaged manifest: {e}")
+        return report
+    check_files(manifest, manifest_file, report)
+    if inputs:
+        report.audit = audit_content(manifest, manifest_file, list(inputs), sample, seed, tokenizer_path)
+    return report

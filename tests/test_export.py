@@ -1,0 +1,122 @@
+"""Formats out: `pileprep export --format parquet` and the torch IterableDataset over the shards."""
+from __future__ import annotations
+
+import collections
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from model_contract import decode_example, read_records
+from pipeline.config import ShardConfig
+from pipeline.shard import shard_pipeline
+from pipeline.tools.export import export_parquet
+from tests.corpus_fixtures import write_good_corpus
+from trainer.iterable_dataset import ShardIterableDataset, batches_per_rank, split_work
+
+IN_MEMORY = ["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+
+
+@pytest.fixture(scope="module")
+def dataset(tiny_tokenizer, tmp_path_factory):
+    root = tmp_path_factory.mktemp("export-corpus")
+    write_good_corpus(root, limit_bytes=300_000)
+    out = tmp_path_factory.mktemp("export-out") / "ds"
+    config = ShardConfig(inputs=(str(root / "*"),), output=str(out), tokenizer=tiny_tokenizer, seq_len=128,
+                         num_shards=3, val_fraction=0.05, test_fraction=0.05)
+    return out, shard_pipeline.run(config, IN_MEMORY, progress_every_s=0)
+
+
+def test_parquet_export_reads_back_to_the_same_arrays(dataset, tmp_path):
+    out, manifest = dataset
+    result = export_parquet(str(out), str(tmp_path / "pq"), rows_per_group=50)
+    assert [f["source_shard"] for f in result["files"]] == [s["path"] for s in manifest["shards"]]
+    for f, shard in zip(result["files"], manifest["shards"]):
+        parquet = pq.ParquetFile(tmp_path / "pq" / f["path"])
+        assert parquet.metadata.num_rows == shard["examples"]
+        assert parquet.metadata.num_row_groups == -(-shard["examples"] // 50)  # bounded: row groups of 50
+        table = parquet.read()
+        columns = table.to_pydict()
+        for i, record in enumerate(read_records(str(out / shard["path"]))):
+            ex = decode_example(record)
+            for name, values in ex.items():
+                assert np.array_equal(np.asarray(columns[name][i]), values), (shard["path"], i, name)
+            assert (columns["split"][i], columns["shard"][i], columns["record"][i]) == (shard["split"],
+                                                                                        shard["path"], i)
+        assert table.schema.field("input_ids").type.value_type.bit_width == 32
+    summary = json.loads((tmp_path / "pq" / "export.json").read_text())
+    assert summary["generation"] == manifest["generation"] and sum(f["rows"] for f in summary["files"]) == sum(
+        s["examples"] for s in manifest["shards"])
+
+
+def test_cli_export(dataset, tmp_path, capsys):
+    from pipeline import cli
+
+    out, manifest = dataset
+    assert cli.main(["export", str(out), "--format", "parquet", "--output", str(tmp_path / "x")]) == 0
+    assert len(json.loads(capsys.readouterr().out)["files"]) == len(manifest["shards"])
+    assert cli.main(["export", str(tmp_path / "missing")]) == 2
+    assert "no manifest" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n,world,batch,workers", [(103, 3, 4, 2), (7, 2, 4, 3), (64, 4, 2, 5), (0, 1, 1, 1)])
+def test_split_work_covers_each_position_at_most_once(n, world, batch, workers):
+    seen = collections.Counter()
+    for rank in range(world):
+        taken = 0
+        for w in range(workers):
+            lo, hi = split_work(n, world, rank, batch, workers, w)
+            assert (hi - lo) % batch == 0
+            seen.update(range(lo, hi))
+            taken += hi - lo
+        assert taken == batches_per_rank(n, world, batch) * batch  # every rank: the same number of batches
+    assert max(seen.values(), default=1) == 1
+    assert sum(seen.values()) == n - n % (world * batch)  # the remainder rule: the tail that cannot fill a round
+    assert all(pos < n - n % (world * batch) for pos in seen)
+
+
+def _epoch(out, world, batch, workers, epoch=0, **kw):
+    per_rank = []
+    for rank in range(world):
+        ds = ShardIterableDataset(str(out), "train", batch_size=batch, rank=rank, world_size=world, seed=3, **kw)
+        ds.set_epoch(epoch)
+        loader = DataLoader(ds, batch_size=batch, num_workers=workers)
+        per_rank.append([b for b in loader])
+    return per_rank
+
+
+def test_iterable_dataset_splits_over_ranks_and_workers(dataset):
+    out, manifest = dataset
+    n = sum(s["examples"] for s in manifest["shards"] if s["split"] == "train")
+    world, batch = 3, 4
+    per_rank = _epoch(out, world, batch, workers=2)
+    counts = [len(batches) for batches in per_rank]
+    assert counts == [n // (world * batch)] * world
+    assert all(b["input_ids"].shape == (batch, manifest["contract"]["seq_len"]) for r in per_rank for b in r)
+    indices = torch.cat([b["index"] for r in per_rank for b in r]).tolist()
+    assert len(indices) == len(set(indices)) == n - n % (world * batch)
+    # the examples are the shards' own, in the epoch's shard order
+    order = [s for s in manifest["shards"] if s["split"] == "train"]
+    from trainer.iterable_dataset import epoch_shard_order
+
+    records = [r for i in epoch_shard_order(len(order), 3, 0, True) for r in read_records(str(out / order[i]["path"]))]
+    for b in per_rank[1]:
+        for idx, ids in zip(b["index"].tolist(), b["input_ids"]):
+            assert np.array_equal(decode_example(records[idx])["input_ids"], ids.numpy())
+    # another epoch: another shard order, the same counts; no workers: the same examples for the rank
+    again = _epoch(out, world, batch, workers=0, epoch=1)
+    assert [len(r) for r in again] == counts
+    single = _epoch(out, world, batch, workers=0)
+    assert sorted(torch.cat([b["index"] for b in single[0]]).tolist()) == sorted(
+        torch.cat([b["index"] for b in per_rank[0]]).tolist())
+
+
+def test_iterable_dataset_rejects_bad_arguments(dataset):
+    out, _ = dataset
+    with pytest.raises(ValueError, match="rank"):
+        ShardIterableDataset(str(out), "train", batch_size=2, rank=3, world_size=2)
+    with pytest.raises(ValueError, match="no shards"):
+        ShardIterableDataset(str(out), "nope", batch_size=2)

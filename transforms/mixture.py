@@ -1,0 +1,150 @@
+"""Source mixture weights: how many times each document of a source appears in the train split.
+
+A weight is a number of epochs (the Pile paper's convention): weight 3 writes every document of the source three
+times, weight 1.5 writes each once and a second time for half of them, weight 0.3 keeps 30% of them once.
+Which documents get the fractional copy (or are kept at all, for weights below 1) is decided by a seeded hash of
+the document id, so it is the same on every runner and for every copy of a text. Unlisted sources weigh 1.
+
+Where this happens (DESIGN.md §7): in the pack stage, after exact dedup, train split only (val and test stay
+whole, as evaluation sets must), and a copy keeps its document's id and split. Copy r > 0 gets its own sort
+key — a seeded hash of (id, r) inside the same shard's key range — so the copies of one document land at
+unrelated places of the shard, never side by side. A document with zero copies is counted as filtered
+("mixture_weight"), so read = written + filtered + dead-lettered still reconciles.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import struct
+from typing import Iterable, Iterator
+
+DROPPED_REASON = "mixture_weight"
+
+# The Pile paper (Gao et al. 2020, Table 1): epochs of each component in the Pile's 1.2 TB training mix,
+# keyed by the `meta.pile_set_name` values of the released jsonl.zst files.
+PILE_EPOCHS = {
+    "Pile-CC": 1.0, "PubMed Central": 2.0, "Books3": 1.5, "OpenWebText2": 2.0, "ArXiv": 2.0, "Github": 1.0,
+    "FreeLaw": 1.5, "StackExchange": 2.0, "USPTO Backgrounds": 2.0, "PubMed Abstracts": 2.0,
+    "Gutenberg (PG-19)": 2.5, "OpenSubtitles": 1.5, "Wikipedia (en)": 3.0, "DM Mathematics": 2.0,
+    "Ubuntu IRC": 2.0, "BookCorpus2": 1.5, "EuroParl": 2.0, "HackerNews": 2.0, "YoutubeSubtitles": 2.0,
+    "PhilPapers": 2.0, "NIH ExPorter": 2.0, "Enron Emails": 2.0,
+}
+PRESETS = {"pile": PILE_EPOCHS}
+
+
+def parse_weights(spec: str) -> dict:
+    """'pile', 'Pile-CC=1,Wikipedia (en)=3' or 'pile,Github=0.5' (later items override) -> {source: weight}.
+
+    Raises ValueError naming the bad item; the caller turns it into a configuration error.
+    """
+    weights: dict = {}
+    for item in (part.strip() for part in spec.split(",")):
+        if not item:
+            continue
+        if "=" not in item:
+            if item not in PRESETS:
+                raise ValueError(f"unknown preset {item!r} (known: {', '.join(sorted(PRESETS))}); "
+                                 f"or give SOURCE=WEIGHT")
+            weights.update(PRESETS[item])
+            continue
+        name, _, value = item.rpartition("=")
+        name = name.strip()
+        try:
+            weight = float(value)
+        except ValueError:
+            raise ValueError(f"{item!r}: weight {value.strip()!r} is not a number") from None
+        if not name:
+            raise ValueError(f"{item!r}: missing source name")
+        if not math.isfinite(weight) or weight < 0:
+            raise ValueError(f"{item!r}: weight must be a finite number >= 0")
+        weights[name] = weight
+    return dict(sorted(weights.items()))
+
+
+def _hash64(*parts: bytes) -> int:
+    h = hashlib.blake2b(digest_size=8, person=b"pileprep-mix")
+    for p in parts:
+        h.update(p)
+    return struct.unpack("<Q", h.digest())[0]
+
+
+def copies(doc_id: int, weight: float, seed: int) -> int:
+    """floor(weight) copies, plus one more when the seeded hash of the id falls below the fractional part."""
+    whole = math.floor(weight)
+    frac = weight - whole
+    if frac <= 0.0:
+        return int(whole)
+    u = _hash64(b"keep", seed.to_bytes(8, "little", signed=True), doc_id.to_bytes(8, "little")) / 2.0 ** 64
+    return int(whole) + (1 if u < frac else 0)
+
+
+def repeat_key(key: int, doc_id: int, repeat: int, seed: int, lo: int, hi: int) -> int:
+    """Sort key of copy `repeat`: the document's own key for the first, a seeded spot in [lo, hi) for others."""
+    if repeat == 0:
+        return key
+    h = _hash64(b"repeat", seed.to_bytes(8, "little", signed=True), doc_id.to_bytes(8, "little"),
+                repeat.to_bytes(4, "little"))
+    return lo + h % (hi - lo)
+
+
+def arrange(documents: Iterable, weights: dict, seed: int, lo: int, hi: int, on_dropped=None) -> Iterator:
+    """Expand deduplicated documents into their copies, in sort-key order.
+
+    `documents`: (key, doc_id, source, payload) in key order, keys in [lo, hi). Yields
+    (doc_id, source, payload, repeat). Documents with zero copies go to `on_dropped(source, payload)`.
+    Holds one shard's document descriptors in memory (the payloads are the caller's, not copied).
+    """
+    placed = []
+    for key, doc_id, source, payload in documents:
+        n = copies(doc_id, weights.get(source, 1.0), seed)
+        if n == 0:
+            if on_dropped is not None:
+                on_dropped(source, payload)
+            continue
+        for r in range(n):
+            placed.append((repeat_key(key, doc_id, r, seed, lo, hi), doc_id, r, source, payload))
+    placed.sort(key=lambda t: (t[0], t[1], t[2]))
+    _separate_copies(placed)
+    for _key, doc_id, r, source, payload in placed:
+        yield doc_id, source, payload, r
+
+
+def _separate_copies(placed: list) -> None:
+    """Hashed spots make neighbouring copies rare, not impossible: move such a copy on to the first place
+    where neither neighbour is the same document (deterministic, in place; a no-op when nothing collides)."""
+    i = 1
+    while i < len(placed):
+        doc = placed[i][1]
+        if placed[i - 1][1] == doc:
+            k = i + 1
+            while k < len(placed) and (placed[k - 1][1] == doc or placed[k][1] == doc):
+                k += 1
+            if k >= len(placed) and placed[-1][1] == doc:
+                i += 1  # nowhere to go (one document dominates the shard): leave it
+                continue
+            placed.insert(k - 1, placed.pop(i))  # k counted before the pop
+            continue
+        i += 1
+
+
+def weighted_factor(source_stats: dict, weights: dict) -> float:
+    """Expected tokens after weighting ÷ tokens before, from per-source token counts (for shard sizing)."""
+    total = sum(s.get("tokens", 0) for s in source_stats.values())
+    if not total:
+        return 1.0
+    return sum(weights.get(src, 1.0) * s.get("tokens", 0) for src, s in source_stats.items()) / total
+
+
+def realised_shares(unique_tokens: dict, written_tokens: dict, weights: dict) -> dict:
+    """Per source: weight, tokens before and after weighting, and target vs realised share of the split."""
+    target_total = sum(weights.get(s, 1.0) * t for s, t in unique_tokens.items())
+    written_total = sum(written_tokens.values())
+    out = {}
+    for source in sorted(set(unique_tokens) | set(written_tokens)):
+        w = weights.get(source, 1.0)
+        u = unique_tokens.get(source, 0)
+        t = written_tokens.get(source, 0)
+        out[source] = {"weight": w, "unique_tokens": u, "tokens": t,
+                       "target_share": round(w * u / target_total, 8) if target_total else 0.0,
+                       "share": round(t / written_total, 8) if written_total else 0.0}
+    return out
