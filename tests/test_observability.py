@@ -212,6 +212,8 @@ def test_quiet_shows_no_progress(tmp_path):
     from tests.ops_fixtures import run_cli
 
     corpus = real_corpus(tmp_path / "corpus", names=("pile/val.jsonl.zst",))
+    # a neutral name: an input named val/test passed as --input is warned about, even under -q
+    (corpus / "val.jsonl.zst").rename(corpus / "part-0.jsonl.zst")
     res = run_cli(["shard", "--input", str(corpus / "*"), "--output", str(tmp_path / "out"), "--tokenizer",
                    tokenizer_path(), "--seq-len", "256", "-q", *FAST_LOCAL], timeout_s=120)
     assert res.returncode == 0 and res.stderr == "", res.stderr[-2000:]
