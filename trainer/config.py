@@ -187,6 +187,9 @@ class TrainConfig:
     stop_at_step: int = opt(0, "checkpoint and exit at this step (e.g. a job time limit); the LR schedule still "
                                "runs to --steps, so a resumed run continues exactly")
     threads: int = opt(0, "torch intra-op threads per process (0 = default)")
+    retro_sidecar: Optional[str] = opt(None, "RETRO: a neighbours sidecar (`pileprep retrieval neighbours`) of this "
+                                             "shard generation; chunk length and k come from its contract")
+    retro_layers: str = opt("1", "RETRO: comma-separated layer indices that get chunked cross-attention")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

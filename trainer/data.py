@@ -278,7 +278,9 @@ class ShardLoader:
 
     def __init__(self, manifest: Manifest, manifest_file: str, cfg: DataConfig, seq_len: int, global_batch: int,
                  dp_rank: int = 0, dp_size: int = 1, microbatches: int = 1, index_dir: Optional[str] = None,
-                 pin_memory: bool = False):
+                 pin_memory: bool = False, neighbours=None):
+        """`neighbours`: a `trainer.retro.AlignedSidecar`; each example then comes with its record's neighbours
+        (keys neighbour_tokens [b, chunks, k, r] and neighbour_doc_ids [b, chunks, k])."""
         if global_batch % dp_size:
             raise ValueError(f"global batch {global_batch} does not split over dp = {dp_size} ranks")
         local = global_batch // dp_size
@@ -292,6 +294,7 @@ class ShardLoader:
         self.dp_rank, self.dp_size = dp_rank, dp_size
         self.positions = range(dp_rank * local, (dp_rank + 1) * local)
         self.pin_memory = pin_memory
+        self.neighbours = neighbours
         self.paths = shard_paths(manifest_file, shards)
         self.names = [s.path for s in shards]
         for path, info in zip(self.paths, shards):
@@ -369,10 +372,13 @@ class ShardLoader:
         self._consumed = self._snapshot()
 
     # -------------------------------------------------------------- reading
-    def _record(self, g: int) -> bytes:
+    def _where(self, g: int) -> tuple[int, int]:
+        """(shard index, record index in it) of global record g of this epoch's order."""
         pos = bisect.bisect_right(self.cum, g)
-        shard = self.order[pos]
-        idx = g - (self.cum[pos - 1] if pos else 0)
+        return self.order[pos], g - (self.cum[pos - 1] if pos else 0)
+
+    def _record(self, g: int) -> bytes:
+        shard, idx = self._where(g)
         f = self._files.get(shard)
         if f is None:
             if len(self._files) >= 8:
@@ -409,6 +415,10 @@ class ShardLoader:
             raise ValueError(f"example of length {ids_a.shape[1]}, expected seq_len {self.seq_len}")
         batch = {"input_ids": torch.from_numpy(ids_a), "positions": torch.from_numpy(pos_a),
                  "segment_ids": torch.from_numpy(seg_a), "labels": torch.from_numpy(make_labels(ids_a, seg_a))}
+        if self.neighbours is not None:  # the sidecar record at the same shard and record index
+            nbs = [self.neighbours.get(self.names[sh], idx) for sh, idx in map(self._where, mine)]
+            for key in ("neighbour_tokens", "neighbour_doc_ids"):
+                batch[key] = torch.from_numpy(np.stack([nb[key] for nb in nbs]))
         if self.pin_memory:
             batch = {k: v.pin_memory() for k, v in batch.items()}
         self.decode_seconds += time.perf_counter() - t0
@@ -453,6 +463,8 @@ class ShardLoader:
         for f in self._files.values():
             f.close()
         self._files.clear()
+        if self.neighbours is not None:
+            self.neighbours.close()
 
 
 def merge_states(states: list) -> dict:

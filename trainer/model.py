@@ -127,7 +127,8 @@ class GPTStage(nn.Module):
     """
 
     def __init__(self, cfg: ModelConfig, layers: Iterable[int], first: bool, last: bool, seed: int = 0,
-                 attention: str = "sdpa", loss: str = "logits", loss_chunk_tokens: int = 4096):
+                 attention: str = "sdpa", loss: str = "logits", loss_chunk_tokens: int = 4096,
+                 retro: Optional[dict] = None):
         super().__init__()
         if loss not in ("logits", "chunked"):
             raise ValueError(f"unknown loss mode {loss!r} (logits | chunked)")
@@ -139,6 +140,14 @@ class GPTStage(nn.Module):
             self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
         # ModuleDict keyed by the global layer index keeps parameter names identical in every layout.
         self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in self.layer_ids})
+        # RETRO (trainer.retro): {"layers", "chunk_len", "neighbour_len", "pad_id"}; the neighbours travel with
+        # the micro-batch through every stage (like segment_ids), the layers named here add chunked cross-attention.
+        self.retro_spec = retro
+        if retro is not None:
+            from trainer.retro import RetroLayer  # noqa: PLC0415
+            self.retro = nn.ModuleDict({
+                str(i): RetroLayer(cfg.vocab_size, cfg.d_model, cfg.n_heads, retro["chunk_len"],
+                                   retro["neighbour_len"]) for i in self.layer_ids if i in retro["layers"]})
         if last:
             self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
             self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -156,6 +165,8 @@ class GPTStage(nn.Module):
                     torch.randn(cfg.seq_len, cfg.d_model, generator=_generator(seed, "pos_emb")) * cfg.init_std)
             for i in self.layer_ids:
                 init_block_(self.blocks[str(i)], cfg, seed, i)
+                if self.retro_spec is not None and str(i) in self.retro:
+                    self.retro[str(i)].reset_parameters(_generator(seed, f"retro{i}"), cfg.init_std)
             if self.last:
                 self.ln_f.weight.fill_(1.0)
                 self.ln_f.bias.zero_()
@@ -172,20 +183,25 @@ class GPTStage(nn.Module):
         chunked = self.loss_mode == "chunked"
         labels = args[-1] if chunked else None
         args = args[:-1] if chunked else args
+        retro = self.retro_spec is not None
+        nb = args[-2:] if retro else ()
+        args = args[:-2] if retro else args
         if self.first:
             input_ids, positions, segment_ids = args
             x = self.tok_emb(input_ids) + self.pos_emb(positions)
         else:
             x, segment_ids = args
         mask = build_mask(segment_ids, resolve_impl(self.attention, segment_ids.device))
-        for block in self.blocks.values():
+        for key, block in self.blocks.items():
             x = block(x, mask)
+            if retro and key in self.retro:
+                x = x + self.retro[key](x, nb[0], nb[1], self.retro_spec["pad_id"])
         if self.last:
             x = self.ln_f(x)
             if chunked:
                 return chunked_loss_sum(x, self.head.weight, labels, self.loss_chunk_tokens).reshape(1)
             return self.head(x)
-        return (x, segment_ids, labels) if chunked else (x, segment_ids)
+        return (x, segment_ids, *nb, labels) if chunked else (x, segment_ids, *nb)
 
     def tied_weight(self) -> Optional[nn.Parameter]:
         """The parameter that is tied across the first and last stage (None if untied or on a middle stage)."""
@@ -207,6 +223,9 @@ def stage_view(parent: GPTStage, layers: Iterable[int], first: bool, last: bool)
     v.cfg, v.first, v.last = parent.cfg, first, last
     v.attention, v.loss_mode, v.loss_chunk_tokens = parent.attention, parent.loss_mode, parent.loss_chunk_tokens
     v.layer_ids = list(layers)
+    v.retro_spec = parent.retro_spec
+    if parent.retro_spec is not None:
+        v.retro = nn.ModuleDict({str(i): parent.retro[str(i)] for i in v.layer_ids if str(i) in parent.retro})
     if first:
         v.tok_emb, v.pos_emb = parent.tok_emb, parent.pos_emb
     v.blocks = nn.ModuleDict({str(i): parent.blocks[str(i)] for i in v.layer_ids})

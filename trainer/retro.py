@@ -122,3 +122,105 @@ class SidecarReader:
         nb = decode_sidecar(self._cache[shard][record], self.contract)
         return {NEIGHBOUR_TOKENS: torch.from_numpy(np.ascontiguousarray(nb[NEIGHBOUR_TOKENS])),
                 NEIGHBOUR_DOC_IDS: torch.from_numpy(np.ascontiguousarray(nb[NEIGHBOUR_DOC_IDS]))}
+
+
+# ---------------------------------------------------------------------------------------------- training wiring
+def open_sidecar(sidecar_dir: str, dataset_manifest: Manifest, seq_len: int) -> tuple:
+    """(sidecar manifest, its RetrievalSpec), checked against this shard generation before any process-group
+    work: another generation, misaligned files or another tokenizer is a ContractMismatchError naming the
+    sidecar (the CLI's exit 2)."""
+    from model_contract import ContractMismatchError, load_manifest  # noqa: PLC0415
+    from model_contract.retrieval import check_sidecar  # noqa: PLC0415
+
+    try:
+        side = load_manifest(sidecar_dir)
+    except FileNotFoundError:
+        raise ContractMismatchError([f"--retro-sidecar {sidecar_dir}: no manifest.json (not a neighbours "
+                                     f"sidecar: run `pileprep retrieval neighbours`)"]) from None
+    try:
+        check_sidecar(dataset_manifest, side)
+        spec = side.contract.retrieval
+        if spec is None:
+            raise ContractMismatchError(["the manifest declares no retrieval spec (not a neighbours sidecar)"])
+        if side.contract.seq_len != seq_len or seq_len % spec.chunk_len:
+            raise ContractMismatchError([f"built for seq_len {side.contract.seq_len} (chunk_len "
+                                         f"{spec.chunk_len}), the model's is {seq_len}"])
+    except ContractMismatchError as e:
+        raise ContractMismatchError([f"--retro-sidecar {sidecar_dir}: {m}" for m in e.mismatches]) from None
+    return side, spec
+
+
+class AlignedSidecar:
+    """Random access to the sidecar record aligned with (dataset shard path, record index): the loader asks for
+    exactly the records it trains on, so neighbours are data keyed by record (resume stays exact)."""
+
+    def __init__(self, sidecar_dir: str, sidecar_manifest: Manifest, verify: bool = True):
+        from model_contract import manifest_path, resolve_shard_path  # noqa: PLC0415
+
+        mfile = manifest_path(sidecar_dir)
+        info = sidecar_manifest.extra["retrieval"]["aligned"]
+        self.contract: DataContract = sidecar_manifest.contract
+        self.paths = {a["shard"]: resolve_shard_path(mfile, a["sidecar"]) for a in info}
+        self.verify = verify
+        self._offsets: dict = {}
+        self._files: dict = {}
+
+    def get(self, shard_path: str, record: int) -> dict:
+        from model_contract.tfrecord import read_record_at, record_offsets  # noqa: PLC0415
+
+        path = self.paths[shard_path]
+        if path not in self._offsets:
+            with open(path, "rb") as f:
+                self._offsets[path] = record_offsets(f, verify=self.verify, name=path)
+        f = self._files.get(path)
+        if f is None:
+            if len(self._files) >= 8:
+                self._files.pop(next(iter(self._files))).close()
+            f = self._files[path] = open(path, "rb", buffering=0)
+        nb = decode_sidecar(read_record_at(f, int(self._offsets[path][record]), verify=self.verify, name=path),
+                            self.contract)
+        return {NEIGHBOUR_TOKENS: nb[NEIGHBOUR_TOKENS], NEIGHBOUR_DOC_IDS: nb[NEIGHBOUR_DOC_IDS]}
+
+    def close(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files.clear()
+
+
+class RetroLayer(nn.Module):
+    """The RETRO part of one chosen decoder layer: its own neighbour encoder (with its own token embedding, so a
+    pipeline stage that owns the layer needs no other stage's weights) and chunked cross-attention."""
+
+    def __init__(self, vocab_size: int, d_model: int, n_heads: int, chunk_len: int, neighbour_len: int):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, d_model)
+        self.encoder = NeighbourEncoder(d_model, n_heads, 1, neighbour_len)
+        self.cca = ChunkedCrossAttention(d_model, n_heads, chunk_len)
+
+    def reset_parameters(self, generator: torch.Generator, std: float) -> None:
+        """Deterministic per layer (every rank builds the same weights for the layers it owns)."""
+        with torch.no_grad():
+            for name, p in self.named_parameters():
+                if name.endswith("bias"):
+                    p.zero_()
+                elif "norm" in name:
+                    p.fill_(1.0)
+                else:
+                    p.copy_(torch.randn(p.shape, generator=generator) * std)
+
+    def forward(self, x: torch.Tensor, neighbour_tokens: torch.Tensor, neighbour_doc_ids: torch.Tensor,
+                pad_id: int) -> torch.Tensor:
+        encoded = self.encoder(neighbour_tokens, self.emb, pad_id)
+        return self.cca(x, encoded, neighbour_inputs(neighbour_tokens, neighbour_doc_ids, pad_id))
+
+
+def parse_layers(text: str, n_layers: int) -> tuple:
+    """'1,3' -> (1, 3); each a layer index of the model."""
+    try:
+        layers = tuple(sorted({int(t) for t in text.split(",") if t.strip()}))
+    except ValueError:
+        raise ValueError(f"--retro-layers {text!r}: comma-separated layer indices, e.g. 1,3") from None
+    bad = [i for i in layers if not 0 <= i < n_layers]
+    if bad:
+        raise ValueError(f"--retro-layers {text!r}: layers {bad} outside 0..{n_layers - 1}")
+    return layers

@@ -59,7 +59,9 @@ def parse_args(argv: Optional[Sequence[str]] = None, world: Optional[int] = None
     auto_micro_batch = not (cfg.parallel.microbatches or cfg.parallel.microbatch_size)
     resolve_layout(cfg, world)
     if contract is not None:
-        open_dataset(cfg.data, cfg.model)
+        manifest = open_dataset(cfg.data, cfg.model)[0]
+        if cfg.retro_sidecar:
+            retro_config(cfg, manifest)
     cfg.check_only = ns.check_only  # an action of this CLI, not part of the training config
     try:  # the memory plan: a layout over the GPU's memory is refused here (exit 2)
         cfg.plan = plan_for_config(cfg, choose_micro_batch_size=auto_micro_batch)
@@ -90,6 +92,21 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return o.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def retro_config(cfg: TrainConfig, manifest) -> Optional[dict]:
+    """The RETRO stage options from --retro-sidecar/--retro-layers, the sidecar checked against this shard
+    generation (ContractMismatchError naming it, exit 2) — before any process-group work."""
+    if not cfg.retro_sidecar:
+        return None
+    from trainer.retro import open_sidecar, parse_layers  # noqa: PLC0415
+    try:
+        layers = parse_layers(cfg.retro_layers, cfg.model.n_layers)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    _, spec = open_sidecar(cfg.retro_sidecar, manifest, cfg.model.seq_len)
+    return {"layers": layers, "chunk_len": spec.chunk_len, "neighbour_len": spec.neighbour_len,
+            "pad_id": manifest.contract.tokenizer.pad_id}
+
+
 # ---------------------------------------------------------------------------------------------- training
 class Trainer:
     """build() once, then train(); train_step() and forward_backward_step() are the per-step pieces
@@ -100,11 +117,13 @@ class Trainer:
         self.step = 0
         self.start_step = 0
         self.history: list = []
+        self.retro: Optional[dict] = None  # RETRO stage options (build: from --retro-sidecar)
 
     # ------------------------------------------------------------------ build
     def build(self) -> "Trainer":
         cfg = self.cfg
         self.manifest, self.manifest_file = open_dataset(cfg.data, cfg.model)  # before any rendezvous
+        self.retro = retro_config(cfg, self.manifest)
         env = self.env = init_distributed(cfg.parallel, cfg.device)
         pcfg, mcfg = cfg.parallel, cfg.model
         torch.manual_seed(cfg.seed)
@@ -113,7 +132,7 @@ class Trainer:
         # This rank's stage(s) -> TP / activation checkpointing / compile per block / FSDP2 or DDP; the owner
         # module keeps the parameter names (checkpoints, optimizer); `runnable` is what forward runs.
         self.module, views = build_rank_stages(mcfg, self._stage_specs(), cfg.seed, env.device,
-                                               attention=cfg.attention, loss=cfg.loss)
+                                               attention=cfg.attention, loss=cfg.loss, retro=self.retro)
         self.runnable = parallelize(self.module, views, env, fsdp=pcfg.fsdp, ac=pcfg.ac, compile=cfg.compile,
                                     bf16=cfg.bf16)
         self.optimizer = build_optimizer(self.module, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas,
@@ -173,9 +192,14 @@ class Trainer:
         if env.rank == 0 and cfg.data.verify_data:
             print(f"verified {len(self.manifest.shards_for(cfg.data.split))} shards' sha256 in "
                   f"{time.perf_counter() - t0:.1f}s", flush=True)
+        neighbours = None
+        if self.retro is not None:
+            from model_contract import load_manifest  # noqa: PLC0415
+            from trainer.retro import AlignedSidecar  # noqa: PLC0415
+            neighbours = AlignedSidecar(cfg.retro_sidecar, load_manifest(cfg.retro_sidecar), cfg.data.verify_crc)
         return ShardLoader(self.manifest, self.manifest_file, cfg.data, cfg.model.seq_len, cfg.global_batch,
                            env.dp_rank, env.dp, cfg.parallel.microbatches, index_dir=index_dir,
-                           pin_memory=env.device.type == "cuda")
+                           pin_memory=env.device.type == "cuda", neighbours=neighbours)
 
     def loss_fn(self, output, labels):
         """output: logits, or (loss="chunked") the last stage's summed token loss, shape [1]."""
@@ -221,6 +245,8 @@ class Trainer:
     def _input_keys(self) -> tuple:
         """The first stage's inputs; labels travel through the pipeline when the last stage computes the loss."""
         keys = ("input_ids", "positions", "segment_ids")
+        if self.retro is not None:  # the neighbours travel with the micro-batch to every stage
+            keys += ("neighbour_tokens", "neighbour_doc_ids")
         return keys + ("labels",) if self.cfg.loss == "chunked" else keys
 
     def sync_grads(self) -> None:
