@@ -210,6 +210,9 @@ class RetroLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, neighbour_tokens: torch.Tensor, neighbour_doc_ids: torch.Tensor,
                 pad_id: int) -> torch.Tensor:
+        # Real ids are always < vocab; the clamp keeps the pipeline's forward metadata inference (which runs later
+        # stages on torch.empty inputs: arbitrary integers) from indexing outside the embedding.
+        neighbour_tokens = neighbour_tokens.clamp(0, self.emb.num_embeddings - 1)
         encoded = self.encoder(neighbour_tokens, self.emb, pad_id)
         return self.cca(x, encoded, neighbour_inputs(neighbour_tokens, neighbour_doc_ids, pad_id))
 
