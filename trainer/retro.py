@@ -1,9 +1,12 @@
 """RETRO-style retrieval for the GPT: a neighbour encoder and chunked cross-attention (CCA), plus the reader of
 the neighbour sidecar (`pileprep retrieval neighbours`) aligned with a shard record.
 
-Not yet wired into `trainer/train.py` (the trainer is being refactored); this module is self-contained: a
-`RetroBlock` wraps a decoder block's output with CCA, so a stage that owns a chosen layer applies it after that
-block, and the neighbours travel with the micro-batch to every stage that has such a layer.
+Training (`--retro-sidecar DIR --retro-layers 1,3`): `open_sidecar` checks the sidecar against the shard
+generation before any process-group work; the loader reads each example's neighbours through `AlignedSidecar`
+(same shard, same record index: data keyed by record, so resume is exact); every chosen layer of a `GPTStage`
+owns a `RetroLayer` (its own neighbour encoder and embedding, so any pipeline stage can hold it) applied after
+that block, and the neighbours travel with the micro-batch to every stage like segment_ids. `RetroBlock` and
+`SidecarReader` are the standalone forms (tests/test_retrieval_retro.py).
 
 CCA (Borgeaud et al. 2022, §2.4): the sequence of n tokens is cut into chunks of m; the neighbours of chunk u
 were retrieved with chunk u's tokens, so they may only inform tokens *after* chunk u is complete. Tokens
