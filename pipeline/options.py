@@ -236,7 +236,7 @@ def runner_name(beam_args: list) -> Optional[str]:
     return None
 
 
-def import_runner(name: str) -> None:
+def import_runner(name: str) -> str:
     """Import the module of the runner named by --runner, so its own PipelineOptions subclasses register."""
     from apache_beam.runners import runner as beam_runner  # noqa: PLC0415
 
@@ -250,6 +250,7 @@ def import_runner(name: str) -> None:
                          f"pip install 'pileprep[gcp]' (apache-beam[gcp])")
     try:
         importlib.import_module(module)
+        return module
     except ImportError as e:
         if "dataflow" in module:
             raise UsageError(f"--runner={name} needs Google Cloud support: pip install 'pileprep[gcp]' "
@@ -257,8 +258,10 @@ def import_runner(name: str) -> None:
         raise UsageError(f"--runner={name}: cannot import {module} ({e})") from None
 
 
-def beam_parser() -> argparse.ArgumentParser:
-    """Beam's own option parser (every PipelineOptions subclass imported so far), abbreviations off."""
+def beam_parser(runner_module: Optional[str] = None) -> argparse.ArgumentParser:
+    """Beam's own option parser, abbreviations off: Beam's general options plus those of the runner named by
+    --runner. Options that a runner module defines (DaskOptions, ...) count only for that runner, whatever else
+    this process imported earlier, so the answer never depends on import order."""
     from apache_beam.options import pipeline_options as po  # noqa: PLC0415
 
     class _Checked(po._BeamArgumentParser):  # noqa: SLF001 - the parser Beam itself uses
@@ -268,6 +271,9 @@ def beam_parser() -> argparse.ArgumentParser:
     parser = _Checked(allow_abbrev=False)
     subset: dict = {}
     for cls in po.PipelineOptions.__subclasses__():  # as PipelineOptions.get_all_options does
+        home = cls.__module__
+        if home.startswith("apache_beam.runners.") and home != runner_module:
+            continue
         subset.setdefault(str(cls), cls)
     for cls in subset.values():
         cls._add_argparse_args(parser)  # noqa: SLF001
@@ -285,9 +291,8 @@ def check_beam_args(leftovers: list, own_flags: list) -> list:
         if flag.startswith("--") and _norm(flag) in own_by_norm:
             raise UsageError(f"unrecognized option {flag} (did you mean {own_by_norm[_norm(flag)]}?)")
     name = runner_name(leftovers)
-    if name:
-        import_runner(name)
-    parser = beam_parser()
+    module = import_runner(name) if name else None
+    parser = beam_parser(module)
     _known, unknown = parser.parse_known_args(leftovers)
     if not unknown:
         return list(leftovers)
