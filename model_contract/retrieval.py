@@ -92,7 +92,7 @@ def check_sidecar(shards_manifest, sidecar_manifest) -> None:
     """The sidecar must belong to exactly this shard generation, file for file and record for record."""
     problems = []
     info = sidecar_manifest.extra.get("retrieval", {})
-    gen = shards_manifest.extra.get("generation")
+    gen = shards_manifest.generation
     if info.get("dataset_generation") != gen:
         problems.append(f"retrieval sidecar: built for generation {info.get('dataset_generation')}, the dataset "
                         f"is {gen} (run `pileprep retrieval neighbours` for the new generation)")

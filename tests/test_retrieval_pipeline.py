@@ -157,8 +157,11 @@ def test_retrieval_contract_mismatches_are_listed(dataset, sidecar):
     # the shards themselves carry no retrieval features: a retrieval trainer pointed at them is told so
     with pytest.raises(ContractMismatchError, match="no retrieval features"):
         check_compatible(load_manifest(str(dataset)), Expectation(SEQ_LEN, 1000, retrieval=spec))
+    same = load_manifest(str(dataset))
+    assert same.generation and side.extra["retrieval"]["dataset_generation"] == same.generation
+    check_sidecar(same, side)  # its own generation passes
     other = load_manifest(str(dataset))
-    other.extra["generation"] = "gen-someotherrun"
+    other.generation = "gen-0123456789abcdef"
     with pytest.raises(ContractMismatchError, match="generation"):
         check_sidecar(other, side)
 

@@ -211,7 +211,7 @@ def build_sidecar_manifest(plan: NeighboursPlan, results: list) -> Manifest:
     shard_bytes = sum(r["shard_bytes"] for r in results)
     totals = {k: sum(r[k] for r in results) for k in ("chunks", "padding_chunks", "neighbours", "missing")}
     retrieval = {
-        "fingerprint": spec.fingerprint, "dataset_generation": dataset.extra.get("generation"),
+        "fingerprint": spec.fingerprint, "dataset_generation": dataset.generation,
         "db": {"fingerprint": plan.db_manifest["fingerprint"], "generation": plan.db_manifest["generation"],
                "encoder": plan.db_manifest["encoder"], "index": {k: v for k, v in plan.db_manifest["index"].items()
                                                                  if k in ("kind", "config", "query_terms")}},
@@ -225,7 +225,7 @@ def build_sidecar_manifest(plan: NeighboursPlan, results: list) -> Manifest:
               "nprobe": plan.config.nprobe}
     return Manifest(contract=contract, shards=shards, config=config,
                     pileprep_version=PILEPREP_VERSION,
-                    extra={"generation": plan.generation, "retrieval": retrieval})
+                    generation=plan.generation, extra={"retrieval": retrieval})
 
 
 def commit_sidecar(results: list, plan: NeighboursPlan) -> dict:

@@ -24,7 +24,7 @@ def show(dataset: str, db: str, sidecar: str, example: int = 0, chunk=None) -> s
         f"{dbm['counts']['documents']:,} documents ({dbm['counts']['tokens']:,} tokens); encoder "
         f"{dbm['encoder']['name']}, index {dbm['index'].get('config', {}).get('spec', dbm['index']['kind'])}",
         "  by source: " + ", ".join(f"{s} {v['chunks']:,}" for s, v in sorted(dbm["sources"].items())),
-        f"neighbours {sidecar}: generation {side.extra['generation']} for dataset {r['dataset_generation']}; "
+        f"neighbours {sidecar}: generation {side.generation} for dataset {r['dataset_generation']}; "
         f"k={spec.num_neighbours}, neighbour_len={spec.neighbour_len}, fingerprint {spec.fingerprint}",
         f"  query chunks {r['counts']['chunks']:,} (padding {r['counts']['padding_chunks']:,}), neighbours "
         f"{r['counts']['neighbours']:,}, missing {r['counts']['missing']:,}",
