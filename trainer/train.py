@@ -348,13 +348,19 @@ def main(argv: Optional[Sequence[str]] = None, trainer_cls=Trainer) -> int:
             torch.set_num_threads(cfg.threads)
         trainer_cls(cfg).build().train()
     except (ContractMismatchError, ConfigError, DataIntegrityError) as e:  # no traceback, exit 2
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        _error_line(f"error: {e}")
         return 2
     except FileNotFoundError as e:
-        print(f"error: {e.filename or e}: not found (--data is a dataset directory with manifest.json)",
-              file=sys.stderr, flush=True)
+        _error_line(f"error: {e.filename or e}: not found (--data is a dataset directory with manifest.json)")
         return 2
     return 0
+
+
+def _error_line(text: str) -> None:
+    """One write(2) per line: every rank of a run shares torchrun's stderr, and print() writes the text and its
+    newline separately, so two ranks' lines could interleave into one."""
+    sys.stderr.flush()
+    os.write(sys.stderr.fileno(), (text.replace("\n", " ") + "\n").encode("utf-8", "replace"))
 
 
 if __name__ == "__main__":
