@@ -47,13 +47,17 @@ def document_id(text: str) -> int:
     return struct.unpack("<Q", h.digest())[0] >> 1
 
 
-def _lookup(obj: dict, dotted: str):
+def lookup_field(obj: dict, dotted: str, missing=None):
+    """The value at a dotted path (`meta.pile_set_name`) in nested dicts, or `missing` when any part is absent."""
     cur = obj
     for part in dotted.split("."):
         if not isinstance(cur, dict) or part not in cur:
-            return None
+            return missing
         cur = cur[part]
     return cur
+
+
+_lookup = lookup_field
 
 
 class _NumberTooLong(Exception):

@@ -173,6 +173,16 @@ def write_bytes(path: str, data: bytes) -> None:
         f.write(data)
 
 
+def publish_bytes(path: str, data: bytes) -> None:
+    """Make `path` hold exactly `data` in one visible step: an atomic replace on local paths (EFS/FSx too),
+    a single PUT on object stores (an object appears whole or not at all). For commit points (manifests) and
+    single-file outputs."""
+    if is_local(path):
+        replace_atomically(path, data)
+    else:
+        write_bytes(path, data)
+
+
 def replace_atomically(path: str, data: bytes) -> None:
     """Local files only: write a temp file, fsync it, rename it over `path`, fsync the directory. A reader
     sees the old file or the new one, never a part (EFS/FSx included: rename within a directory is atomic)."""

@@ -17,6 +17,7 @@ import json
 from typing import BinaryIO, Iterator, Sequence
 
 from transforms.read_records import FileDamage, RawRecord, excerpt_of
+from transforms.documents import lookup_field
 
 BATCH_ROWS = 1024
 PARQUET_SUFFIXES = (".parquet", ".parq")
@@ -27,12 +28,7 @@ def is_parquet(path: str) -> bool:
 
 
 def _get(row: dict, dotted: str):
-    cur = row
-    for part in dotted.split("."):
-        if not isinstance(cur, dict) or part not in cur:
-            return _MISSING
-        cur = cur[part]
-    return cur
+    return lookup_field(row, dotted, _MISSING)
 
 
 class _Missing:

@@ -30,10 +30,7 @@ def read_committed(output_dir: str) -> Optional[Manifest]:
 def publish_manifest(output_dir: str, manifest_json: str) -> str:
     path = manifest_location(output_dir)
     data = manifest_json.encode("utf-8")
-    if io_utils.is_local(path):
-        io_utils.replace_atomically(path, data)
-    else:
-        io_utils.write_bytes(path, data)
+    io_utils.publish_bytes(path, data)
     return path
 
 

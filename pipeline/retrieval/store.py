@@ -122,10 +122,7 @@ def commit(output_dir: str, manifest: dict, files: list, expected_format: str) -
     io_utils.fsync_files(io_utils.join(output_dir, contained(f)) for f in files)
     path = io_utils.join(output_dir, MANIFEST_NAME)
     data = to_json(manifest).encode("utf-8")
-    if io_utils.is_local(path):
-        io_utils.replace_atomically(path, data)
-    else:
-        io_utils.write_bytes(path, data)
+    io_utils.publish_bytes(path, data)
     if previous is not None and previous.get("generation") != manifest["generation"]:
         io_utils.delete_tree(io_utils.join(output_dir, contained(previous["generation"])))
     return path

@@ -355,8 +355,5 @@ def write_report(dataset: str, output: Optional[str] = None, metrics_path: Optio
                          title=dataset.rstrip("/").rsplit("/", 1)[-1])
     output = output or io_utils.join(dataset, REPORT_NAME)
     data = page.encode("utf-8")
-    if io_utils.is_local(output):
-        io_utils.replace_atomically(output, data)
-    else:
-        io_utils.write_bytes(output, data)
+    io_utils.publish_bytes(output, data)
     return output
