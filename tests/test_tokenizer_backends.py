@@ -74,6 +74,7 @@ def test_splintr_refuses_a_model_whose_encode_it_does_not_reproduce():
     sp = spm.SentencePieceProcessor(model_proto=squeezing)
     assert sp.encode("a  b") != _sp(shared_data(*LLAMA2)).encode("a  b")  # the flag is real: the ids differ
     assert tb.splintr_unsupported(llama) == ""
+    assert {"<s>", "</s>", "<unk>", "<0x0A>", "x<s> <s>y\n"} <= set(tb.parity_texts(llama))  # checked every run
     assert "remove_extra_whitespaces" in tb.splintr_unsupported(squeezing)
     choice = tb.choose_backend("splintr", squeezing, sp, ["a  b", "x"])
     assert choice.name == "sentencepiece" and "remove_extra_whitespaces" in choice.reason
