@@ -60,6 +60,21 @@ def test_splintr_matches_sentencepiece_on_real_and_naughty_text(model, tiny_toke
     assert report.documents == len(texts) and report.exact, report.mismatches
 
 
+def test_splintr_matches_sentencepiece_on_every_piece_and_repeated_runs():
+    """Where an HF-style BPE could part from SentencePiece's: a text that is exactly one vocabulary piece (splintr
+    emits a whole-chunk vocabulary hit without merging), ties in score (whitespace-only pieces; two splits of one
+    piece) inside runs of a repeated unit, and the empty text."""
+    model = shared_data(*LLAMA2)
+    sp = _sp(model)
+    pieces = [p.replace("\u2581", " ") for p, _s, kind in tb.model_pieces(model.read_bytes()) if kind == 1]
+    texts = [t for p in pieces for t in (p, p.lstrip(" "), f"({p})")]
+    units = [" ", "  ", "\t", "\n", "a", "aa", "ab", "=", "-", "0", "\u2581", "é", "日", "\U0001f600", "<s>", " x"]
+    texts += [u * k + tail for u in units for k in range(1, 34) for tail in ("", "x", " x", "\n")]
+    texts += ["", "\n" + " " * 12 + "return x"]
+    report = tb.compare(sp, tb.SplintrEncoder(model.read_bytes(), sp, spot_check_every=0), texts)
+    assert report.documents == len(texts) and report.exact, [texts[i] for i in report.mismatches[:10]]
+
+
 def _with_normalizer_flag(model_bytes: bytes, field: int, value: int) -> bytes:
     """The model with one NormalizerSpec flag overridden: a second ModelProto field 3 merges into the first, as
     protobuf defines it, so SentencePiece itself loads and applies the changed flag."""
@@ -88,24 +103,27 @@ def test_auto_tries_fast_backends_in_order_and_records_the_fallback_chain(monkey
     model = shared_data(*LLAMA2)
     sp = _sp(model)
     texts = _real_texts()[-60:]  # the short ones: each naughty string alone
-    assert tb.choose_backend("auto", model.read_bytes(), sp, texts).name == tb.FAST_BACKENDS[0]
-    assert tb.choose_backend("splintr", model.read_bytes(), sp, texts).name == "splintr"
+    first, second = tb.FAST_BACKENDS
+    choice = tb.choose_backend("auto", model.read_bytes(), sp, texts)
+    assert choice.name == first == "splintr" and choice.reason == "parity with SentencePiece on the run's sample"
+    assert choice.version and choice.parity_documents == len(texts) and choice.parity_tokens > 0
+    for name in tb.FAST_BACKENDS:
+        assert tb.choose_backend(name, model.read_bytes(), sp, texts).name == name
     # the first choice not installed: auto takes the next one and says why in the manifest's reason
-    monkeypatch.setitem(tb._ENCODERS, "kitoken", (tb.KitokenEncoder, "kitoken-not-installed"))
+    monkeypatch.setitem(tb._ENCODERS, first, (tb._ENCODERS[first][0], f"{first}-not-installed"))
     choice = tb.choose_backend("auto", model.read_bytes(), sp, texts)
-    assert choice.name == "splintr" and choice.version and choice.parity_documents == len(texts)
-    assert "kitoken: not installed" in choice.reason
-    monkeypatch.setitem(tb._ENCODERS, "splintr", (tb.SplintrEncoder, "splintr-not-installed"))
+    assert choice.name == second and f"{first}: not installed" in choice.reason
+    monkeypatch.setitem(tb._ENCODERS, second, (tb._ENCODERS[second][0], f"{second}-not-installed"))
     choice = tb.choose_backend("auto", model.read_bytes(), sp, texts)
-    assert choice.name == "sentencepiece" and "kitoken: not installed" in choice.reason
-    assert "splintr: not installed" in choice.reason
+    assert choice.name == "sentencepiece"
+    assert f"{first}: not installed" in choice.reason and f"{second}: not installed" in choice.reason
 
 
-def test_auto_chooses_kitoken_on_bpe_after_parity_and_sentencepiece_on_unigram():
+def test_auto_chooses_a_fast_backend_on_bpe_after_parity_and_sentencepiece_on_unigram():
     model = shared_data(*LLAMA2)
     sp = _sp(model)
     choice = tb.choose_backend("auto", model.read_bytes(), sp, _real_texts())
-    assert choice.name == "kitoken" and choice.parity_documents == len(_real_texts()) and choice.parity_tokens > 0
+    assert choice.name == "splintr" and choice.parity_documents == len(_real_texts()) and choice.parity_tokens > 0
     uni = shared_data("tokenizers", "unigram-1k-test.model")
     for backend in ("kitoken", "splintr", "auto"):
         fallback = tb.choose_backend(backend, uni.read_bytes(), _sp(uni), _real_texts())

@@ -2,8 +2,9 @@
 
 Tokenizing is ~99% of the shard job's CPU. kitoken (Rust) reads the same SentencePiece model file and, with
 special-token parsing off, gives ids identical to `sp.encode` on BPE models at about a third of the CPU;
-splintr-rs (Rust, built from the model's pieces and scores) is exact too on the BPE models it accepts but no
-faster than SentencePiece per CPU-second, so `auto` tries kitoken first. Trust is earned, not assumed, in steps:
+splintr-rs (Rust; its BPE over a tokenizer.json built here from the model's pieces and scores) is exact too on
+the BPE models it accepts, faster still, and releases the GIL, so `auto` tries it first (FAST_BACKENDS). Trust
+is earned, not assumed, in steps:
 1. the model: unigram models stay on SentencePiece (its float score ties resolve differently elsewhere), and a
    backend refuses a model whose normalizer or pieces it does not reproduce (`splintr_unsupported`);
 2. at the driver, a seeded ~1 MB sample of the run's own documents must match SentencePiece id for id, or
@@ -15,6 +16,7 @@ manifest records which backend ran and its parity sample, the only fields that m
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import logging
@@ -25,9 +27,8 @@ from typing import Optional
 
 LOG = logging.getLogger("pileprep.tokenizer")
 BACKENDS = ("auto", "sentencepiece", "kitoken", "splintr")
-# The order `auto` tries them in, fastest first per CPU-second on Llama 2 (bench/tokenizer_backend_bench.py):
-# kitoken ~2-3x SentencePiece, splintr-rs 0.22's SpmTokenizer ~1x; both exact on the BPE models they accept.
-FAST_BACKENDS = ("kitoken", "splintr")
+# The order `auto` tries them in, fastest first per CPU-second on Llama 2 (bench/tokenizer_backend_bench.py).
+FAST_BACKENDS = ("splintr", "kitoken")
 SPOT_CHECK_EVERY = 64  # documents: ~1.5% extra SentencePiece work with a fast backend
 PARITY_SAMPLE_BYTES = 1 << 20
 
@@ -116,30 +117,57 @@ def _spec(model_bytes: bytes) -> dict:
     return spec
 
 
-def model_pieces(model_bytes: bytes) -> list:
+@functools.lru_cache(maxsize=2)  # the driver asks several times per run (checks, parity texts, the encoder)
+def model_pieces(model_bytes: bytes) -> tuple:
     """(piece, score, type) of every piece, in id order, from the proto (ModelProto.pieces = 1; piece 1, score 2
-    as a float32, type 3 defaulting to NORMAL): the model file, not a processor, is what a backend is built from."""
+    as a float32, type 3 defaulting to NORMAL): the model file, not a processor, is what a backend is built from.
+    One flat loop rather than `_fields` per piece: a worker builds its encoder from this at start-up."""
     out = []
+    unpack = struct.Struct("<f").unpack_from
     for num, wire, value in _fields(model_bytes):
-        if num == 1 and wire == 2:
-            piece, score, kind = "", 0.0, 1
-            for n, w, v in _fields(value):
-                if n == 1 and w == 2:
-                    piece = v.decode("utf-8")
-                elif n == 2 and w == 5:
-                    score = struct.unpack("<f", v)[0]
-                elif n == 3 and w == 0:
-                    kind = v
-            out.append((piece, score, kind))
-    return out
+        if num != 1 or wire != 2:
+            continue
+        piece, score, kind = "", 0.0, 1
+        i, end = 0, len(value)
+        while i < end:
+            key = value[i]
+            i += 1
+            if key == 0x0A:  # field 1, bytes: the piece (length < 128 in any real model; else the general path)
+                n = value[i]
+                if n >= 0x80:
+                    n, i = _varint(value, i)
+                else:
+                    i += 1
+                piece = value[i:i + n].decode("utf-8")
+                i += n
+            elif key == 0x15:  # field 2, float32: the score
+                score = unpack(value, i)[0]
+                i += 4
+            elif key == 0x18:  # field 3, varint: the type
+                kind, i = _varint(value, i)
+            else:  # anything else: skip by wire type
+                i -= 1
+                key, i = _varint(value, i)
+                wire_type = key & 7
+                if wire_type == 0:
+                    _v, i = _varint(value, i)
+                elif wire_type == 2:
+                    n, i = _varint(value, i)
+                    i += n
+                elif wire_type in (1, 5):
+                    i += 8 if wire_type == 1 else 4
+                else:
+                    raise ValueError(f"unsupported protobuf wire type {wire_type}")
+        out.append((piece, score, kind))
+    return tuple(out)
 
 
 def splintr_unsupported(model_bytes: bytes) -> str:
-    """Why splintr's SentencePiece BPE (`SpmTokenizer`, built from pieces and scores) cannot reproduce this model's
-    `sp.encode`, or "" when it can. It has no normalizer, always prepends the dummy `▁`, keeps repeated
-    whitespace, falls back to `<0xNN>` byte pieces and merges every piece it is given: so the model must have
-    the identity normalizer (no charsmap), those whitespace flags, byte fallback, and no user-defined or unused
-    pieces (SentencePiece matches the former whole and never emits the latter)."""
+    """Why splintr (over `splintr_tokenizer_json`) cannot reproduce this model's `sp.encode`, or "" when it can.
+    That tokenizer has no normalizer but the dummy `▁` prefix and spaces as `▁`, keeps repeated whitespace, falls
+    back to `<0xNN>` byte pieces and merges into normal pieces only: so the model must have the identity
+    normalizer (no charsmap), those whitespace flags, byte fallback, and no user-defined pieces (SentencePiece
+    matches them whole) or unused ones."""
     spec = _spec(model_bytes)
     wanted = {"add_dummy_prefix": 1, "remove_extra_whitespaces": 0, "escape_whitespaces": 1, "byte_fallback": 1,
               "treat_whitespace_as_suffix": 0}
@@ -160,6 +188,11 @@ def _version(distribution: str) -> str:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return ""
+
+
+def _as_list(ids) -> list:
+    """Ids as a list of Python ints, whether a backend returned a list or an array."""
+    return ids.tolist() if hasattr(ids, "tolist") else list(ids)
 
 
 class _SpotChecked:
@@ -189,10 +222,10 @@ class _SpotChecked:
                 if zlib.crc32(text.encode("utf-8", "surrogatepass")) % self.spot_check_every == 0:
                     self.spot_checked += 1
                     want = self._sp.encode(text, out_type=int)
-                    if want != list(got):
+                    if want != _as_list(got):
                         raise BackendMismatchError(
                             f"{self.name} and SentencePiece disagree on a {len(text)}-character document (first ids "
-                            f"{list(got[:8])} vs {want[:8]}); rerun with --tokenizer-backend sentencepiece")
+                            f"{_as_list(got[:8])} vs {want[:8]}); rerun with --tokenizer-backend sentencepiece")
         return ids[0] if single else ids
 
 
@@ -211,14 +244,59 @@ class KitokenEncoder(_SpotChecked):
         return [self._kt.encode(t, False) for t in batch]
 
 
+@functools.lru_cache(maxsize=2)  # ~0.3 s for Llama 2: once per process, whatever the number of worker threads
+def splintr_tokenizer_json(model_bytes: bytes) -> bytes:
+    """A HuggingFace `tokenizer.json` that is the SentencePiece BPE model, for splintr's fast BPE (its byte-level
+    family: chunk cache, cuts between words where the vocabulary proves them free, flat id buffers).
+
+    SentencePiece's BPE merges, again and again, the adjacent pair whose concatenation is a normal piece with
+    the highest score, leftmost first; HF BPE merges the listed pair of lowest rank. So the merges are every
+    split of every normal piece into two normal pieces, ranked by the merged piece's score (highest first, then
+    id, then the left part's id: ties in score occur only among whitespace-only pieces and between the splits
+    of one piece). The normalizer is SentencePiece's for an identity-normalized model: the dummy `▁` prefix, then
+    spaces as `▁`. No added tokens: `<s>` in the text stays characters, as in `sp.encode`. Byte fallback to the
+    `<0xNN>` pieces. Exactness is measured, not assumed (parity at the driver, spot checks on the workers)."""
+    import json  # noqa: PLC0415 - only when splintr is chosen
+
+    pieces = model_pieces(model_bytes)
+    ids = {p: i for i, (p, _s, _k) in enumerate(pieces)}
+    normal = {p for p, _s, k in pieces if k == 1}
+    merges = []
+    for i, (piece, score, kind) in enumerate(pieces):
+        if kind != 1:
+            continue
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in normal and right in normal:
+                merges.append((-score, i, ids[left], left, right))
+    merges.sort()
+    unk = next((p for p, _s, k in pieces if k == 2), "<unk>")
+    spec = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+        "pre_tokenizer": None, "post_processor": None,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": unk, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": ids, "merges": [[left, right] for *_rank, left, right in merges]},
+    }
+    return json.dumps(spec, ensure_ascii=False).encode("utf-8")
+
+
 class SplintrEncoder(_SpotChecked):
-    """splintr's SentencePiece BPE (`SpmTokenizer`, llama.cpp's SPM merge by piece score) built from the model
-    file's own pieces and scores; refused (ValueError) for a model whose encode it does not reproduce
-    (`splintr_unsupported`). Built with no BOS/EOS and no special tokens, so `<s>` written in the text is
-    characters, as in `sp.encode` (checked at the driver by `parity_texts`). Each document is its own
-    `encode_batch([text])` call: unlike `encode`/`encode_ordinary`, which hold the GIL for the whole document,
-    the batch call releases it, so Beam's worker threads in one process tokenize in parallel; one document per
-    call keeps it to one thread's work (Beam's workers are the parallelism). bench/tokenizer_backend_bench.py."""
+    """splintr-rs's BPE over `splintr_tokenizer_json(model)`; refused (ValueError) for a model whose encode it does
+    not reproduce (`splintr_unsupported`). splintr's own SentencePiece class (`SpmTokenizer`) is exact too but
+    no faster than SentencePiece, and holds the GIL for a whole document; this one is ~4x faster per CPU-second
+    on Llama 2 (bench/tokenizer_backend_bench.py).
+
+    Each document is its own `encode_batch_flat([text])` call: that call releases the GIL (so Beam's worker
+    threads in one process tokenize in parallel; `encode`/`encode_flat` hold it), does one document's work on
+    one thread (Beam's workers are the parallelism), and returns the ids as one little-endian uint32 buffer,
+    read here as an int32 array without a Python int per token (ids < 2**31). The empty text is SentencePiece's
+    `[]` (the HF normalizer would prepend `▁` to it)."""
     name = "splintr"
 
     def __init__(self, model_bytes: bytes, sp, spot_check_every: int = SPOT_CHECK_EVERY):
@@ -228,11 +306,15 @@ class SplintrEncoder(_SpotChecked):
         if problem:
             raise ValueError(problem)
         super().__init__(sp, spot_check_every)
-        pieces = model_pieces(model_bytes)
-        self._tok = splintr.SpmTokenizer([p for p, _s, _k in pieces], [s for _p, s, _k in pieces], None, None)
+        self._tok = splintr.from_json_bytes(splintr_tokenizer_json(model_bytes))
+        if self._tok.family != "BPE":
+            raise ValueError(f"splintr loaded the model as {self._tok.family!r}, not its BPE")
 
     def _encode_all(self, batch: list) -> list:
-        return [self._tok.encode_batch([t])[0] for t in batch]
+        import numpy as np  # noqa: PLC0415 - the job's own dependency; local like the backend's import
+
+        empty = np.zeros(0, dtype=np.int32)
+        return [np.frombuffer(self._tok.encode_batch_flat([t])[0], dtype="<i4") if t else empty for t in batch]
 
 
 _ENCODERS = {"kitoken": (KitokenEncoder, "kitoken"), "splintr": (SplintrEncoder, "splintr-rs")}
@@ -294,13 +376,13 @@ def _try_backend(name: str, requested: str, model_bytes: bytes, sp, sample_texts
     except Exception as e:  # noqa: BLE001 - any failure to load means: not usable
         return None, f"cannot load the model: {e}"
     for text in parity_texts(model_bytes):
-        if list(encoder.encode(text)) != sp.encode(text, out_type=int):
+        if _as_list(encoder.encode(text)) != sp.encode(text, out_type=int):
             return None, f"the model's special piece {text!r} encodes differently from SentencePiece"
     digest = hashlib.sha256()
     tokens = 0
     for i, text in enumerate(sample_texts):
         want = sp.encode(text, out_type=int)
-        if list(encoder.encode(text)) != want:
+        if _as_list(encoder.encode(text)) != want:
             return None, f"parity sample document {i} differs from SentencePiece"
         tokens += len(want)
         digest.update(len(want).to_bytes(4, "little"))
@@ -347,6 +429,6 @@ def compare(sp, encoder, texts: list, limit: Optional[int] = None) -> ParityRepo
     report = ParityReport()
     for i, text in enumerate(texts[:limit]):
         report.documents += 1
-        if sp.encode(text, out_type=int) != encoder.encode(text):
+        if sp.encode(text, out_type=int) != _as_list(encoder.encode(text)):
             report.mismatches.append(i)
     return report
