@@ -90,7 +90,7 @@ class ShardConfig:
         "(transforms/mixture.py)", metavar="SPEC")
     # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
     tokenizer_backend: Literal["auto", "sentencepiece", "kitoken", "splintr"] = option(
-        "auto", "exact fast tokenizer path: auto uses kitoken (else splintr) on BPE models after id-for-id parity "
+        "auto", "exact fast tokenizer path: auto uses splintr (else kitoken) on BPE models after id-for-id parity "
         "with SentencePiece on the run's sample (transforms/tokenizer_backends.py)", manifest=False)
     # Operations (docs/OPERATIONS.md §3): how a run guards the output, not what it makes.
     break_lock: bool = option(
