@@ -75,6 +75,28 @@ def test_splintr_matches_sentencepiece_on_every_piece_and_repeated_runs():
     assert report.documents == len(texts) and report.exact, [texts[i] for i in report.mismatches[:10]]
 
 
+def test_one_splintr_encoder_from_two_threads_gives_sentencepiece_ids():
+    """Beam's multi_threading mode shares a process: the encoder's call releases the GIL and must stay exact."""
+    import threading
+
+    model = shared_data(*LLAMA2)
+    sp = _sp(model)
+    encoder = tb.SplintrEncoder(model.read_bytes(), sp, spot_check_every=1)
+    texts = [t for _, t in stdlib_texts(600_000)]
+    got: dict = {}
+
+    def work(part):
+        for i in range(part, len(texts), 2):
+            got[i] = encoder.encode([texts[i]])[0].tolist()
+    threads = [threading.Thread(target=work, args=(part,)) for part in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [got[i] for i in range(len(texts))] == sp.encode(texts, out_type=int)
+    assert encoder.spot_checked > 0  # every document was also checked against SentencePiece, on its thread
+
+
 def _with_normalizer_flag(model_bytes: bytes, field: int, value: int) -> bytes:
     """The model with one NormalizerSpec flag overridden: a second ModelProto field 3 merges into the first, as
     protobuf defines it, so SentencePiece itself loads and applies the changed flag."""
