@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pathlib
 import random
+import sys
 
 import numpy as np
 import pytest
@@ -16,7 +17,8 @@ from pipeline.config import ConfigError, ShardConfig
 from pipeline.ops import runlog, runners
 from pipeline.shard import shard_pipeline
 from tests.corpus_fixtures import good_documents, pile_line, write_good_corpus, write_zst
-from tests.ops_fixtures import FAST_LOCAL, dataset_files
+from tests.conftest import REPO
+from tests.ops_fixtures import FAST_LOCAL, Service, dataset_files, free_port, run_cli, subprocess_env
 from transforms import shard_shuffle, stages
 from transforms.spill import INDEX_DTYPE
 
@@ -92,6 +94,42 @@ def test_the_comparison_covers_dedup_and_empty_shards(built):
     assert "val" in {s["split"] for s in manifest["shards"]}
     # the val repeats lose their train copies (cross-split dedup), plus write_good_corpus's dup.jsonl copy
     assert manifest["records"]["filtered"]["duplicate"] == HELD_OUT_REPEATS + 1
+
+
+@pytest.fixture(scope="module")
+def portable_checkout_services(tmp_path_factory):
+    """Beam's job service and an EXTERNAL worker pool whose workers import this checkout (PYTHONPATH), as a
+    cluster's workers import it from their image; killed at teardown."""
+    tmp = tmp_path_factory.mktemp("portable-shuffle")
+    job_port, pool_port = free_port(), free_port()
+    env = subprocess_env(PYTHONPATH=str(REPO))
+    job = Service([sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main",
+                   "--port", str(job_port)], tmp / "job_service.log", env=env, cwd=str(tmp))
+    pool = Service([sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
+                    "--service_port", str(pool_port)], tmp / "worker_pool.log", env=env, cwd=str(tmp))
+    try:
+        job.wait_port(job_port)
+        pool.wait_port(pool_port)
+        yield ["--runner=PortableRunner", f"--job_endpoint=localhost:{job_port}", "--environment_type=EXTERNAL",
+               f"--environment_config=localhost:{pool_port}"], pool.log_path
+    finally:
+        pool.stop()
+        job.stop()
+
+
+def test_runner_shuffle_on_the_portable_runner_writes_the_same_bytes(built, corpus, tiny_tokenizer, tmp_path,
+                                                                    portable_checkout_services):
+    """The pieces cross process boundaries through the job service's GroupByKey (Beam's coders)."""
+    beam_args, pool_log = portable_checkout_services
+    out = tmp_path / "portable"
+    res = run_cli(["shard", "--input", str(corpus / "train" / "*"), "--val-input", str(corpus / "val.jsonl.zst"),
+                   "--output", str(out), "--tokenizer", tiny_tokenizer, "--seq-len", "128", "--num-shards",
+                   str(NUM_SHARDS), "--unit-mb", "0.05", "--shuffle", "runner", "--progress-every", "0",
+                   *beam_args], timeout_s=150)
+    assert res.returncode == 0, res.stderr[-3000:] + "\n" + pool_log.read_text()[-2000:]
+    reference, got = dataset_files(built["root"] / "files"), dataset_files(out)
+    assert got.keys() == reference.keys()
+    assert [k for k in got if got[k] != reference[k]] == []
 
 
 # ------------------------------------------------------------------------------------------ pure parts
