@@ -25,6 +25,7 @@ from transforms.spill import INDEX_DTYPE
 pytestmark = pytest.mark.timeout(300)
 NUM_SHARDS = 64  # more train shards than ~80 documents fill: some are empty (asserted below)
 HELD_OUT_REPEATS = 7  # train documents the --val-input repeats
+WEIGHTS = "Docs=2,Pile-CC=0.5"  # train copies repeated and dropped (transforms/mixture.py) on both paths
 
 
 @pytest.mark.parametrize("runner,expected", [
@@ -61,7 +62,7 @@ def corpus(tmp_path_factory) -> pathlib.Path:
 def _build(corpus: pathlib.Path, out: pathlib.Path, tokenizer: str, shuffle: str, beam_args=FAST_LOCAL) -> list:
     config = ShardConfig(inputs=(str(corpus / "train" / "*"),), val_inputs=(str(corpus / "val.jsonl.zst"),),
                          output=str(out), tokenizer=tokenizer, seq_len=128, num_shards=NUM_SHARDS, unit_mb=0.05,
-                         shuffle=shuffle)
+                         source_weights=WEIGHTS, shuffle=shuffle)
     shard_pipeline.run(config, beam_args, run_log=str(out.parent / (out.name + ".log")), progress_every_s=0)
     return [e["shuffle"] for e in runlog.read_run_log(str(out.parent / (out.name + ".log")))
             if e["event"] == "shuffle"]
@@ -124,8 +125,8 @@ def test_runner_shuffle_on_the_portable_runner_writes_the_same_bytes(built, corp
     out = tmp_path / "portable"
     res = run_cli(["shard", "--input", str(corpus / "train" / "*"), "--val-input", str(corpus / "val.jsonl.zst"),
                    "--output", str(out), "--tokenizer", tiny_tokenizer, "--seq-len", "128", "--num-shards",
-                   str(NUM_SHARDS), "--unit-mb", "0.05", "--shuffle", "runner", "--progress-every", "0",
-                   *beam_args], timeout_s=150)
+                   str(NUM_SHARDS), "--unit-mb", "0.05", "--source-weights", WEIGHTS, "--shuffle", "runner",
+                   "--progress-every", "0", *beam_args], timeout_s=150)
     assert res.returncode == 0, res.stderr[-3000:] + "\n" + pool_log.read_text()[-2000:]
     reference, got = dataset_files(built["root"] / "files"), dataset_files(out)
     assert got.keys() == reference.keys()
