@@ -12,6 +12,7 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from pipeline.shard import cancel
 from transforms import memory, shard_shuffle, stages
 
 
@@ -32,6 +33,11 @@ def element_key(element) -> str:
     return "" if unit is None else unit.name
 
 
+def _cut(unit, shard_plan) -> list:
+    index, tokens = shard_shuffle.read_unit(unit)
+    return list(shard_shuffle.cut_unit(unit, index, tokens, shard_plan))
+
+
 class EmitPieces(beam.DoFn):
     """One unit → its per-shard pieces (or, for the marker element, every shard's marker)."""
 
@@ -47,8 +53,8 @@ class EmitPieces(beam.DoFn):
         if unit is None:
             yield from shard_shuffle.markers(shard_plan)
             return
-        index, tokens = shard_shuffle.read_unit(unit)
-        for keyed in shard_shuffle.cut_unit(unit, index, tokens, shard_plan):
+        pieces = cancel.call(_cut, unit, shard_plan)  # None: the driver cancelled the run (cancel.py)
+        for keyed in pieces or ():
             self.pieces.inc()
             yield keyed
 
@@ -68,7 +74,9 @@ class PackGroupedShard(beam.DoFn):
         task, dedup, pieces, gathered = shard_shuffle.gather_pieces(key, values)
         t = self.plan.contract.tokenizer
         cfg = self.plan.config
-        result = stages.pack_shard(task, pieces, cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir, dedup,
-                                   self.plan.staging_dir, cfg.mixture_weights, cfg.seed, gathered=gathered)
+        result = cancel.call(stages.pack_shard, task, pieces, cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir,
+                             dedup, self.plan.staging_dir, cfg.mixture_weights, cfg.seed, gathered)
+        if result is None:  # the driver cancelled the run
+            return
         self.examples.inc(result.examples)
         yield result
