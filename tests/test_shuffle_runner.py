@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pathlib
 import random
-import sys
 
 import numpy as np
 import pytest
@@ -18,7 +17,8 @@ from pipeline.ops import runlog, runners
 from pipeline.shard import shard_pipeline
 from tests.corpus_fixtures import good_documents, pile_line, write_good_corpus, write_zst
 from tests.conftest import REPO
-from tests.ops_fixtures import FAST_LOCAL, Service, dataset_files, free_port, run_cli, subprocess_env
+from tests.ops_fixtures import (FAST_LOCAL, dataset_files, portable_args, run_cli, start_portable_services,
+                                subprocess_env)
 from transforms import shard_shuffle, stages
 from transforms.spill import INDEX_DTYPE
 
@@ -101,21 +101,9 @@ def test_the_comparison_covers_dedup_and_empty_shards(built):
 def portable_checkout_services(tmp_path_factory):
     """Beam's job service and an EXTERNAL worker pool whose workers import this checkout (PYTHONPATH), as a
     cluster's workers import it from their image; killed at teardown."""
-    tmp = tmp_path_factory.mktemp("portable-shuffle")
-    job_port, pool_port = free_port(), free_port()
-    env = subprocess_env(PYTHONPATH=str(REPO))
-    job = Service([sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main",
-                   "--port", str(job_port)], tmp / "job_service.log", env=env, cwd=str(tmp))
-    pool = Service([sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
-                    "--service_port", str(pool_port)], tmp / "worker_pool.log", env=env, cwd=str(tmp))
-    try:
-        job.wait_port(job_port)
-        pool.wait_port(pool_port)
-        yield ["--runner=PortableRunner", f"--job_endpoint=localhost:{job_port}", "--environment_type=EXTERNAL",
-               f"--environment_config=localhost:{pool_port}"], pool.log_path
-    finally:
-        pool.stop()
-        job.stop()
+    with start_portable_services(tmp_path_factory.mktemp("portable-shuffle"),
+                                 subprocess_env(PYTHONPATH=str(REPO))) as services:
+        yield portable_args(services), services["logs"][1]
 
 
 def test_runner_shuffle_on_the_portable_runner_writes_the_same_bytes(built, corpus, tiny_tokenizer, tmp_path,
