@@ -361,7 +361,7 @@ class ShardResult:
 def _gather_shard_documents(task: ShardTask, units: list):
     """Index rows of every unit in this shard's key range, merged in key order, plus their token buffers."""
     lo, hi = shard_key_range(task.split, task.shard, task.num_shards)
-    parts, unit_of_row, buffers = [], [], []
+    parts, buffers = [], []
     for u, unit in enumerate(units):
         if unit.n_docs == 0:
             continue
@@ -374,26 +374,40 @@ def _gather_shard_documents(task: ShardTask, units: list):
         with io_utils.open_read(unit.tokens_path) as f:
             buffers.append((u, start, read_token_range(f, np.dtype(unit.token_dtype), start, count)))
         parts.append(rows)
-        unit_of_row.append(np.full(rows.size, len(buffers) - 1, dtype=np.int64))
+    return merge_shard_parts(parts, buffers)
+
+
+def merge_shard_parts(parts: list, buffers: list):
+    """(rows, which, buffers): the parts' index rows merged in key order, `which` naming each row's buffer.
+
+    parts[i] are one unit's rows in the shard's key range and buffers[i] = (unit position, token_start of its
+    first row, its tokens). The order is total (file and line tell any two records apart), so it does not depend
+    on the order the parts came in: the file spill and the runner's shuffle (transforms/shard_shuffle.py) merge
+    to the same rows."""
     if not parts:
         return np.zeros(0, dtype=INDEX_DTYPE), np.zeros(0, dtype=np.int64), buffers
     rows = np.concatenate(parts)
-    which = np.concatenate(unit_of_row)
+    which = np.concatenate([np.full(p.size, b, dtype=np.int64) for b, p in enumerate(parts)])
     order = np.lexsort((rows["line"], rows["file_idx"], rows["doc_id"], rows["key"]))
     return rows[order], which[order], buffers
 
 
 def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: int, data_dir: str,
                dedup: Optional[DedupInputs] = None, staging_dir: Optional[str] = None,
-               mixture_weights: Optional[dict] = None, seed: int = 0) -> ShardResult:
+               mixture_weights: Optional[dict] = None, seed: int = 0,
+               gathered: Optional[tuple] = None) -> ShardResult:
     """Write one shard: its documents from every unit, deduplicated, weighted (train, transforms/mixture.py),
     packed, framed, checksummed.
 
     Exact duplicates (one document id) are dropped first: a copy whose id a winning split or a committed
     generation holds (`dedup`), and every copy after the first inside the shard. With `staging_dir`, the ids
     kept by dedup (before mixture weights) go to a sorted id file there, merged later into the generation's id
-    index, so a later duplicate of a document a weight dropped is still a duplicate, as in a full build."""
-    rows, which, buffers = _gather_shard_documents(task, units)
+    index, so a later duplicate of a document a weight dropped is still a duplicate, as in a full build.
+
+    `gathered`: the shard's (rows, which, buffers), already merged by `merge_shard_parts` from the pieces the
+    runner's shuffle delivered (transforms/shard_shuffle.py); `units` then holds those pieces. Without it the
+    packer gathers its key range from every unit's spill files."""
+    rows, which, buffers = gathered if gathered is not None else _gather_shard_documents(task, units)
     elsewhere = duplicate_mask(rows, task.split, dedup)
     result = ShardResult(task, io_utils.join(data_dir, task.file_name), 0, 0, 0, 0, 0, "")
     sources: dict = collections.defaultdict(lambda: {"documents": 0, "tokens": 0})
