@@ -21,7 +21,8 @@ from transforms.documents import (DEAD_LETTER, HASHED, SPLIT_SHIFT, SPLITS, Docu
                                   shard_key_range, sort_key, split_wins)
 from transforms.packing import pack_documents
 from transforms.read_records import DEFAULT_MAX_ZSTD_WINDOW_BYTES, FileDamage, compression_of, iter_raw_records
-from transforms.spill import INDEX_DTYPE, ChunkWriter, iter_chunk, read_index_range, read_token_range, write_index
+from transforms.spill import (INDEX_DTYPE, ChunkWriter, iter_chunk, read_index_range, read_index_rows,
+                              read_token_range, write_index)
 
 TOKENIZE_BATCH_DOCS = 64
 TOKENIZE_BATCH_CHARS = 1 << 20
@@ -152,6 +153,9 @@ class UnitResult:
     stats: dict  # file stats for this chunk's records (written is settled later by pack)
     dead_letter_path: Optional[str]
     source_stats: dict = field(default_factory=dict)  # transforms/corpus_stats.py, before dedup
+    # First index row of a held-out split (val, then test: the split is the sort key's top bits), so the global
+    # dedup pass reads them with one ranged read, no search. None in units from before this field.
+    held_out_start: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -255,8 +259,9 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
     if dead:
         dl_path = io_utils.join(data_dir, "dead_letter", name + ".jsonl")
         io_utils.write_jsonl(dl_path, dead)
+    held_out_start = int(np.searchsorted(index["key"], np.uint64(1 << SPLIT_SHIFT))) if rows else 0
     return UnitResult(name, chunk.file_idx, chunk.input_path, index_path, tokens_path, len(rows),
-                      token_dtype.str, sources, split_tokens, stats, dl_path, source_stats)
+                      token_dtype.str, sources, split_tokens, stats, dl_path, source_stats, held_out_start)
 
 
 # ------------------------------------------------------------------------------------------------ dedup
@@ -279,15 +284,20 @@ class DedupInputs:
 def index_held_out_ids(units: list, staging_dir: str) -> DedupInputs:
     """The one global dedup step: every val and test document id, sorted, one small file per split.
 
-    Reads only the held-out key range of each unit's index (it sits at the end, the split being the key's top
-    bits; one ranged read per unit), so the cost follows the held-out documents, and memory is 8 bytes per
-    held-out id."""
+    Reads only the held-out rows of each unit's index (they sit at the end, the split being the key's top bits;
+    tokenize recorded where they start, so one ranged read per unit and no search), so the cost follows the
+    held-out documents, and memory is 8 bytes per held-out id."""
     parts = {split: [] for split in range(1, len(SPLITS))}
     for unit in units:
         if unit.n_docs == 0:
             continue
         with io_utils.open_read(unit.index_path) as f:
-            rows = read_index_range(f, unit.n_docs, 1 << SPLIT_SHIFT, len(SPLITS) << SPLIT_SHIFT)
+            if unit.held_out_start is None:
+                rows = read_index_range(f, unit.n_docs, 1 << SPLIT_SHIFT, len(SPLITS) << SPLIT_SHIFT)
+            elif unit.held_out_start < unit.n_docs:
+                rows = read_index_rows(f, unit.held_out_start, unit.n_docs - unit.held_out_start)
+            else:
+                continue
         split_of_row = rows["key"] >> np.uint64(SPLIT_SHIFT)
         for split in parts:
             parts[split].append(rows["doc_id"][split_of_row == split])
