@@ -112,6 +112,16 @@ def read_index_range(stream: BinaryIO, n_records: int, lo: int, hi: int) -> np.n
     return np.frombuffer(stream.read((last - first) * size), dtype=INDEX_DTYPE)
 
 
+def read_index_rows(stream: BinaryIO, start: int, count: int) -> np.ndarray:
+    """Index records [start, start + count) in one ranged read (the row offsets are known: no search)."""
+    size = INDEX_DTYPE.itemsize
+    stream.seek(start * size)
+    data = stream.read(count * size)
+    if len(data) != count * size:
+        raise IOError(f"index spill truncated: wanted {count} records at {start}")
+    return np.frombuffer(data, dtype=INDEX_DTYPE)
+
+
 def read_token_range(stream: BinaryIO, dtype: np.dtype, start: int, count: int) -> np.ndarray:
     stream.seek(start * dtype.itemsize)
     data = stream.read(count * dtype.itemsize)

@@ -21,7 +21,8 @@ from transforms.documents import (DEAD_LETTER, HASHED, SPLIT_SHIFT, SPLITS, Docu
                                   shard_key_range, sort_key, split_wins)
 from transforms.packing import pack_documents
 from transforms.read_records import DEFAULT_MAX_ZSTD_WINDOW_BYTES, FileDamage, compression_of, iter_raw_records
-from transforms.spill import INDEX_DTYPE, ChunkWriter, iter_chunk, read_index_range, read_token_range, write_index
+from transforms.spill import (INDEX_DTYPE, ChunkWriter, iter_chunk, read_index_range, read_index_rows,
+                              read_token_range, write_index)
 
 TOKENIZE_BATCH_DOCS = 64
 TOKENIZE_BATCH_CHARS = 1 << 20
@@ -152,6 +153,9 @@ class UnitResult:
     stats: dict  # file stats for this chunk's records (written is settled later by pack)
     dead_letter_path: Optional[str]
     source_stats: dict = field(default_factory=dict)  # transforms/corpus_stats.py, before dedup
+    # First index row of a held-out split (val, then test: the split is the sort key's top bits), so the global
+    # dedup pass reads them with one ranged read, no search. None in units from before this field.
+    held_out_start: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -255,8 +259,9 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
     if dead:
         dl_path = io_utils.join(data_dir, "dead_letter", name + ".jsonl")
         io_utils.write_jsonl(dl_path, dead)
+    held_out_start = int(np.searchsorted(index["key"], np.uint64(1 << SPLIT_SHIFT))) if rows else 0
     return UnitResult(name, chunk.file_idx, chunk.input_path, index_path, tokens_path, len(rows),
-                      token_dtype.str, sources, split_tokens, stats, dl_path, source_stats)
+                      token_dtype.str, sources, split_tokens, stats, dl_path, source_stats, held_out_start)
 
 
 # ------------------------------------------------------------------------------------------------ dedup
@@ -279,15 +284,20 @@ class DedupInputs:
 def index_held_out_ids(units: list, staging_dir: str) -> DedupInputs:
     """The one global dedup step: every val and test document id, sorted, one small file per split.
 
-    Reads only the held-out key range of each unit's index (it sits at the end, the split being the key's top
-    bits; one ranged read per unit), so the cost follows the held-out documents, and memory is 8 bytes per
-    held-out id."""
+    Reads only the held-out rows of each unit's index (they sit at the end, the split being the key's top bits;
+    tokenize recorded where they start, so one ranged read per unit and no search), so the cost follows the
+    held-out documents, and memory is 8 bytes per held-out id."""
     parts = {split: [] for split in range(1, len(SPLITS))}
     for unit in units:
         if unit.n_docs == 0:
             continue
         with io_utils.open_read(unit.index_path) as f:
-            rows = read_index_range(f, unit.n_docs, 1 << SPLIT_SHIFT, len(SPLITS) << SPLIT_SHIFT)
+            if unit.held_out_start is None:
+                rows = read_index_range(f, unit.n_docs, 1 << SPLIT_SHIFT, len(SPLITS) << SPLIT_SHIFT)
+            elif unit.held_out_start < unit.n_docs:
+                rows = read_index_rows(f, unit.held_out_start, unit.n_docs - unit.held_out_start)
+            else:
+                continue
         split_of_row = rows["key"] >> np.uint64(SPLIT_SHIFT)
         for split in parts:
             parts[split].append(rows["doc_id"][split_of_row == split])
@@ -361,7 +371,7 @@ class ShardResult:
 def _gather_shard_documents(task: ShardTask, units: list):
     """Index rows of every unit in this shard's key range, merged in key order, plus their token buffers."""
     lo, hi = shard_key_range(task.split, task.shard, task.num_shards)
-    parts, unit_of_row, buffers = [], [], []
+    parts, buffers = [], []
     for u, unit in enumerate(units):
         if unit.n_docs == 0:
             continue
@@ -374,26 +384,40 @@ def _gather_shard_documents(task: ShardTask, units: list):
         with io_utils.open_read(unit.tokens_path) as f:
             buffers.append((u, start, read_token_range(f, np.dtype(unit.token_dtype), start, count)))
         parts.append(rows)
-        unit_of_row.append(np.full(rows.size, len(buffers) - 1, dtype=np.int64))
+    return merge_shard_parts(parts, buffers)
+
+
+def merge_shard_parts(parts: list, buffers: list):
+    """(rows, which, buffers): the parts' index rows merged in key order, `which` naming each row's buffer.
+
+    parts[i] are one unit's rows in the shard's key range and buffers[i] = (unit position, token_start of its
+    first row, its tokens). The order is total (file and line tell any two records apart), so it does not depend
+    on the order the parts came in: the file spill and the runner's shuffle (transforms/shard_shuffle.py) merge
+    to the same rows."""
     if not parts:
         return np.zeros(0, dtype=INDEX_DTYPE), np.zeros(0, dtype=np.int64), buffers
     rows = np.concatenate(parts)
-    which = np.concatenate(unit_of_row)
+    which = np.concatenate([np.full(p.size, b, dtype=np.int64) for b, p in enumerate(parts)])
     order = np.lexsort((rows["line"], rows["file_idx"], rows["doc_id"], rows["key"]))
     return rows[order], which[order], buffers
 
 
 def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: int, data_dir: str,
                dedup: Optional[DedupInputs] = None, staging_dir: Optional[str] = None,
-               mixture_weights: Optional[dict] = None, seed: int = 0) -> ShardResult:
+               mixture_weights: Optional[dict] = None, seed: int = 0,
+               gathered: Optional[tuple] = None) -> ShardResult:
     """Write one shard: its documents from every unit, deduplicated, weighted (train, transforms/mixture.py),
     packed, framed, checksummed.
 
     Exact duplicates (one document id) are dropped first: a copy whose id a winning split or a committed
     generation holds (`dedup`), and every copy after the first inside the shard. With `staging_dir`, the ids
     kept by dedup (before mixture weights) go to a sorted id file there, merged later into the generation's id
-    index, so a later duplicate of a document a weight dropped is still a duplicate, as in a full build."""
-    rows, which, buffers = _gather_shard_documents(task, units)
+    index, so a later duplicate of a document a weight dropped is still a duplicate, as in a full build.
+
+    `gathered`: the shard's (rows, which, buffers), already merged by `merge_shard_parts` from the pieces the
+    runner's shuffle delivered (transforms/shard_shuffle.py); `units` then holds those pieces. Without it the
+    packer gathers its key range from every unit's spill files."""
+    rows, which, buffers = gathered if gathered is not None else _gather_shard_documents(task, units)
     elsewhere = duplicate_mask(rows, task.split, dedup)
     result = ShardResult(task, io_utils.join(data_dir, task.file_name), 0, 0, 0, 0, 0, "")
     sources: dict = collections.defaultdict(lambda: {"documents": 0, "tokens": 0})

@@ -3,8 +3,8 @@
 Tokenizing is ~99% of the shard job's CPU. kitoken (Rust) reads the same SentencePiece model file and, with
 special-token parsing off, gives ids identical to `sp.encode` on BPE models at about a third of the CPU;
 splintr-rs (Rust; its BPE over a tokenizer.json built here from the model's pieces and scores) is exact too on
-the BPE models it accepts, faster still, and releases the GIL, so `auto` tries it first (FAST_BACKENDS). Trust
-is earned, not assumed, in steps:
+the BPE models it accepts, as fast on one thread and faster from two threads of one process (its call releases
+the GIL), so `auto` tries it first (FAST_BACKENDS). Trust is earned, not assumed, in steps:
 1. the model: unigram models stay on SentencePiece (its float score ties resolve differently elsewhere), and a
    backend refuses a model whose normalizer or pieces it does not reproduce (`splintr_unsupported`);
 2. at the driver, a seeded ~1 MB sample of the run's own documents must match SentencePiece id for id, or
@@ -27,7 +27,7 @@ from typing import Optional
 
 LOG = logging.getLogger("pileprep.tokenizer")
 BACKENDS = ("auto", "sentencepiece", "kitoken", "splintr")
-# The order `auto` tries them in, fastest first per CPU-second on Llama 2 (bench/tokenizer_backend_bench.py).
+# The order `auto` tries them in, fastest first on Llama 2 (bench/tokenizer_backend_bench.py).
 FAST_BACKENDS = ("splintr", "kitoken")
 SPOT_CHECK_EVERY = 64  # documents: ~1.5% extra SentencePiece work with a fast backend
 PARITY_SAMPLE_BYTES = 1 << 20
@@ -289,8 +289,8 @@ def splintr_tokenizer_json(model_bytes: bytes) -> bytes:
 class SplintrEncoder(_SpotChecked):
     """splintr-rs's BPE over `splintr_tokenizer_json(model)`; refused (ValueError) for a model whose encode it does
     not reproduce (`splintr_unsupported`). splintr's own SentencePiece class (`SpmTokenizer`) is exact too but
-    no faster than SentencePiece, and holds the GIL for a whole document; this one is ~4x faster per CPU-second
-    on Llama 2 (bench/tokenizer_backend_bench.py).
+    no faster than SentencePiece, and holds the GIL for a whole document; this one is ~3x SentencePiece on one
+    thread (as kitoken) and ~7x from two Python threads (kitoken ~4.6x) on Llama 2 (bench/tokenizer_backend_bench.py).
 
     Each document is its own `encode_batch_flat([text])` call: that call releases the GIL (so Beam's worker
     threads in one process tokenize in parallel; `encode`/`encode_flat` hold it), does one document's work on

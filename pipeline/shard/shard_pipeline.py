@@ -29,7 +29,7 @@ from model_contract import DataContract
 from pipeline.ops import commit, guards, incremental, lock, progress, runlog, runners, storage
 from pipeline.config import PILEPREP_VERSION, ShardConfig, fingerprint
 from pipeline.errors import RunError, RunInterrupted
-from pipeline.shard import cancel, integrity, split_inputs
+from pipeline.shard import cancel, integrity, runner_shuffle, split_inputs
 from pipeline.shard.manifest_builder import build_manifest, plan_shard_tasks
 from transforms import corpus_stats, io_utils, memory, stages, tokenizer, tokenizer_backends
 
@@ -414,16 +414,32 @@ def _plan_shards(units, plan: "JobPlan"):
     Carrying the list in every task would move units × shards descriptors through the shuffle; a side input
     would be rebuilt per consumer on some runners. One staged file, read once per worker, does neither.
     """
-    _apply_filesystem_options(plan)
-    units = _sorted_units(units)
+    units, tasks, dedup = _shard_plan(units, plan)
     path = io_utils.join(plan.staging_dir, UNIT_LIST_NAME)
     io_utils.write_bytes(path, pickle.dumps(units, protocol=pickle.HIGHEST_PROTOCOL))
+    return [(task, path, dedup) for task in tasks]
+
+
+def _shard_plan(units, plan: "JobPlan") -> tuple:
+    """(sorted units, shard tasks, dedup inputs): what both shuffles plan from the tokenized units."""
+    _apply_filesystem_options(plan)
+    units = _sorted_units(units)
     # Cross-split dedup needs every held-out id before any shard is packed: one global pass over the units'
     # (small) held-out key ranges here, where all units meet; packers skip ids a winning split or a committed
     # generation holds (stages.DedupInputs: a few paths, cheap to carry in every task).
     dedup = dataclasses.replace(stages.index_held_out_ids(units, plan.staging_dir),
                                 committed=plan.committed_id_indexes)
-    return [(task, path, dedup) for task in plan_shard_tasks(units, plan.config)]
+    return units, plan_shard_tasks(units, plan.config), dedup
+
+
+def _plan_pieces(units, plan: "JobPlan") -> list:
+    """The runner's shuffle: one element per unit carrying the shard plan (runner_shuffle.unit_elements)."""
+    return runner_shuffle.unit_elements(*_shard_plan(units, plan))
+
+
+def shuffle_for(p: beam.Pipeline, plan: "JobPlan") -> str:
+    """'files' or 'runner': --shuffle resolved for the pipeline's runner (pipeline/ops/runners.py)."""
+    return runners.choose_shuffle(plan.config.shuffle, type(p.runner).__name__)
 
 
 def spread_chunks_needed(plan: JobPlan, options: PipelineOptions) -> bool:
@@ -444,14 +460,18 @@ def spread_chunks_needed(plan: JobPlan, options: PipelineOptions) -> bool:
     return len(plan.ledger) < 4 * max(1, workers)
 
 
-def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True):
+def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
+                   shuffle: Optional[str] = None):
     """Attach the shard job to a pipeline; returns the PCollection holding the committed manifest dict.
 
     The graph has no side inputs and no multi-output steps, and its one sink (the commit) depends on every
     stage through main inputs: the same graph then runs each stage exactly once on every runner, FnApiRunner,
     the portable runner, Dataflow/Flink/Spark and DaskRunner alike (which computes only the last step's graph
-    and recomputes side inputs per consumer).
+    and recomputes side inputs per consumer). `shuffle` ('files' or 'runner', default: `shuffle_for`) picks
+    how documents reach their shard (docs/SHUFFLE.md); the output bytes are the same.
     """
+    shuffle = shuffle or shuffle_for(p, plan)
+    LOG.info("shuffle: %s (--shuffle %s, runner %s)", shuffle, plan.config.shuffle, type(p.runner).__name__)
     files = (p
              | "ListInputs" >> beam.Create([(i, path) for i, (path, _size) in enumerate(plan.ledger)])
              | "SpreadFiles" >> Spread(lambda f: f[0]))
@@ -460,11 +480,20 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True):
     if spread_chunks:
         chunks = chunks | "SpreadChunks" >> Spread(lambda c: (c.file_idx, c.chunk_idx))
     units = chunks | "Tokenize" >> beam.ParDo(TokenizeChunk(plan))
-    shards = (units
-              | "CollectUnits" >> GatherAll()
-              | "PlanShards" >> beam.FlatMap(_plan_shards, plan)
-              | "SpreadShards" >> Spread(lambda tu: (tu[0].split, tu[0].shard))
-              | "PackShards" >> beam.ParDo(PackShard(plan)))
+    if shuffle == "runner":  # pieces through the runner's GroupByKey (pipeline/shard/runner_shuffle.py)
+        shards = (units
+                  | "CollectUnits" >> GatherAll()
+                  | "PlanPieces" >> beam.FlatMap(_plan_pieces, plan)
+                  | "SpreadUnits" >> Spread(runner_shuffle.element_key)
+                  | "EmitPieces" >> beam.ParDo(runner_shuffle.EmitPieces(plan))
+                  | "GroupPieces" >> beam.GroupByKey()
+                  | "PackShards" >> beam.ParDo(runner_shuffle.PackGroupedShard(plan)))
+    else:
+        shards = (units
+                  | "CollectUnits" >> GatherAll()
+                  | "PlanShards" >> beam.FlatMap(_plan_shards, plan)
+                  | "SpreadShards" >> Spread(lambda tu: (tu[0].split, tu[0].shard))
+                  | "PackShards" >> beam.ParDo(PackShard(plan)))
     return ((splits | "TagSplits" >> _tagged("split"),
              units | "TagUnits" >> _tagged("unit"),
              shards | "TagShards" >> _tagged("shard"))
@@ -619,7 +648,9 @@ def _execute(plan: JobPlan, options, log, progress_every_s) -> dict:
     try:
         with reporter:
             p = beam.Pipeline(options=options)
-            build_pipeline(p, plan, spread_chunks_needed(plan, options))
+            shuffle = shuffle_for(p, plan)
+            log.event("shuffle", shuffle=shuffle, choice=config.shuffle)
+            build_pipeline(p, plan, spread_chunks_needed(plan, options), shuffle)
             holder["result"] = result = p.run()  # FnApiRunner returns when done; portable runners at once
             result.wait_until_finish()
         elapsed = time.time() - started
