@@ -70,7 +70,7 @@ def test_splintr_matches_sentencepiece_on_every_piece_and_repeated_runs():
     texts = [t for p in pieces for t in (p, p.lstrip(" "), f"({p})")]
     units = [" ", "  ", "\t", "\n", "a", "aa", "ab", "=", "-", "0", "\u2581", "é", "日", "\U0001f600", "<s>", " x"]
     texts += [u * k + tail for u in units for k in range(1, 34) for tail in ("", "x", " x", "\n")]
-    texts += ["", "\n" + " " * 12 + "return x"]
+    texts += ["", "\n" + " " * 12 + "return x", "\x00\x01\x1b[31m\x7f", "a\u00a0b\u3000c", "\r\n\r\n", "\ufb01 \u2460"]
     report = tb.compare(sp, tb.SplintrEncoder(model.read_bytes(), sp, spot_check_every=0), texts)
     assert report.documents == len(texts) and report.exact, [texts[i] for i in report.mismatches[:10]]
 
