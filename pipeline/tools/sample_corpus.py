@@ -11,8 +11,8 @@ something) without downloading anything or committing third-party text to the re
 
 When even that falls short (`--size-mb 384` for the throughput benchmark, issue 10), the documents already
 collected are repeated as marked copies: copy k of a document is its text plus one trailing line
-`# pileprep sample copy k`, with `"copy": k` in its meta. Each copy is a distinct text, so exact dedup keeps it,
-and the mix of sources and text stays that of the installation.
+`# pileprep sample copy k`, with `"copy": k` in its meta. A copy's text differs from its original's and from
+every other copy's, so exact dedup keeps it, and the mix of sources and text stays that of the installation.
 
 Layout (the Pile's): `train/00.jsonl.zst … 07.jsonl.zst`, `val.jsonl.zst`, `test.jsonl.zst`, one JSON line per
 document: `{"text": ..., "meta": {"pile_set_name": source, "path": path relative to its root}}`.
