@@ -18,10 +18,12 @@ Designs:
 - two-level (C): each unit writes its sorted documents in G = ceil(sqrt(shards)) key-range sections; G merge
   tasks read their section from every unit and write one merged run per group; each pack task reads its
   range from its group's run: units × G + shards requests, data moved twice.
-- runner shuffle (D): tokenize emits (shard bucket, packed piece) elements into a GroupByKey; the runner's
-  shuffle (Dataflow Shuffle, Flink/Spark) moves the data once with its own batching (requests are the
-  runner's, counted here as one per 64 MiB of shuffled data). Only for distributed runners: FnApiRunner
-  buffers a whole GroupByKey in memory, so locally the file spill stays.
+- runner shuffle (D, as built: `--shuffle runner`, pipeline/shard/runner_shuffle.py): once the plan knows the
+  shard count, each unit's spill is read whole (index + tokens: 2 requests per unit) and cut into
+  ((split, shard), piece) elements for a GroupByKey; the runner's shuffle (Dataflow Shuffle, Flink/Spark)
+  moves them with its own batching (counted here as one write and one read per 64 MiB of shuffled data).
+  Bytes = the spill read once + shuffled once. Only for distributed runners: FnApiRunner buffers a whole
+  GroupByKey in memory, so locally the file spill stays (`--shuffle auto`).
 
     python bench/shuffle_sim.py [--bytes-per-token 4.0] [--doc-kb 4.3]
 """
@@ -55,7 +57,8 @@ def plan(text_bytes: float, bytes_per_token: float, doc_bytes: float) -> dict:
         "A2_requests": pairs * 2, "A2_bytes": pairs * index_bytes + tokens * SPILL_BYTES_PER_TOKEN,
         "B_requests": pairs * 2, "B_bytes": spill, "B_bytes_per_req": spill / (pairs * 2),
         "C_requests": units * g + g + shards, "C_bytes": 2 * spill, "C_bytes_per_req": 2 * spill / (units * g + g + shards),
-        "D_requests": math.ceil(spill / SHUFFLE_BATCH) * 2, "D_bytes": spill,
+        "D_requests": 2 * units + math.ceil(spill / SHUFFLE_BATCH) * 2, "D_bytes": 2 * spill,
+        "D_bytes_per_req": 2 * spill / (2 * units + math.ceil(spill / SHUFFLE_BATCH) * 2),
     }
 
 
@@ -73,7 +76,7 @@ def main() -> None:
     args = ap.parse_args()
     print("| corpus | units | shards | spill | A today: requests (bytes/req) | A' whole-index reads: requests, "
           "bytes moved | B offsets: requests (bytes/req) | C two-level: requests (bytes/req), bytes | "
-          "D runner shuffle: requests, bytes |")
+          "D runner shuffle: requests (bytes/req), bytes |")
     print("|---|---|---|---|---|---|---|---|---|")
     for gb in (1, 10, 100, 1000):
         p = plan(gb * 1e9, args.bytes_per_token, args.doc_kb * 1e3)
@@ -82,7 +85,7 @@ def main() -> None:
               f"| {_n(p['A2_requests'])}, {_n(p['A2_bytes'])}B "
               f"| {_n(p['B_requests'])} ({_n(p['B_bytes_per_req'])}B) "
               f"| {_n(p['C_requests'])} ({_n(p['C_bytes_per_req'])}B), {_n(p['C_bytes'])}B "
-              f"| {_n(p['D_requests'])}, {_n(p['D_bytes'])}B |")
+              f"| {_n(p['D_requests'])} ({_n(p['D_bytes_per_req'])}B), {_n(p['D_bytes'])}B |")
 
 
 if __name__ == "__main__":

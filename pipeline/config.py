@@ -92,6 +92,11 @@ class ShardConfig:
     tokenizer_backend: Literal["auto", "sentencepiece", "kitoken"] = option(
         "auto", "exact fast tokenizer path: auto uses kitoken on BPE models after id-for-id parity with "
         "SentencePiece on the run's sample (transforms/tokenizer_backends.py)", manifest=False)
+    shuffle: Literal["auto", "files", "runner"] = option(
+        "auto", "how tokenized documents reach their shard (docs/SHUFFLE.md): files = pack tasks read ranges of "
+        "every unit's spill files; runner = the runner's GroupByKey moves per-shard pieces (for Dataflow, Flink, "
+        "Spark); auto = runner on those, files on local runners (FnApiRunner holds a GroupByKey in memory). "
+        "Same bytes either way", manifest=False)
     # Operations (docs/OPERATIONS.md §3): how a run guards the output, not what it makes.
     break_lock: bool = option(
         False, "remove another run's lock on --output first (only when that run is known to be gone; a crashed "
@@ -133,6 +138,8 @@ class ShardConfig:
             problems.append("--val-fraction + --test-fraction must leave something for train")
         if self.tokenizer_backend not in ("auto", "sentencepiece", "kitoken"):
             problems.append(f"--tokenizer-backend must be auto, sentencepiece or kitoken, got {self.tokenizer_backend!r}")
+        if self.shuffle not in ("auto", "files", "runner"):
+            problems.append(f"--shuffle must be auto, files or runner, got {self.shuffle!r}")
         if not 0.0 <= self.max_dead_letter_fraction <= 1.0:
             problems.append(f"--max-dead-letter-fraction must be in [0, 1], got {self.max_dead_letter_fraction}")
         if self.unit_mb <= 0 or self.max_line_mb <= 0:

@@ -174,13 +174,18 @@ def portable_services(tmp_path_factory):
     The worker pool runs from an empty directory without PYTHONPATH: workers import pileprep the way remote
     workers do, as an installed package (`pip install .` / `-e .`), not from the test's working tree.
     """
-    tmp = tmp_path_factory.mktemp("portable")
+    with start_portable_services(tmp_path_factory.mktemp("portable"), subprocess_env(PYTHONPATH=None)) as services:
+        yield services
+
+
+@contextlib.contextmanager
+def start_portable_services(tmp: pathlib.Path, env: dict):
+    """The job service and worker pool of `portable_services`, with the workers' environment `env`."""
     job_port, pool_port = free_port(), free_port()
-    bare = subprocess_env(PYTHONPATH=None)
     job = Service([sys.executable, "-m", "apache_beam.runners.portability.local_job_service_main",
-                   "--port", str(job_port)], tmp / "job_service.log", env=bare, cwd=str(tmp))
+                   "--port", str(job_port)], tmp / "job_service.log", env=env, cwd=str(tmp))
     pool = Service([sys.executable, "-m", "apache_beam.runners.worker.worker_pool_main",
-                    "--service_port", str(pool_port)], tmp / "worker_pool.log", env=bare, cwd=str(tmp))
+                    "--service_port", str(pool_port)], tmp / "worker_pool.log", env=env, cwd=str(tmp))
     try:
         job.wait_port(job_port)
         pool.wait_port(pool_port)

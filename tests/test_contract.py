@@ -104,3 +104,22 @@ def test_c_accelerator_and_numpy_paths_give_identical_bytes():
             example_codec.decode_varints(broken)
         with pytest.raises(ValueError):
             example_codec._decode_varints_numpy(broken)
+
+
+def test_whole_example_c_encoder_and_python_path_give_identical_bytes(monkeypatch):
+    from model_contract import example_codec
+
+    if example_codec._fast is None:
+        pytest.skip("model_contract._varint was not built (no compiler): only the numpy path exists here")
+    rng = np.random.default_rng(11)
+    cases = [{"input_ids": rng.integers(0, 32000, n), "segment_ids": rng.integers(0, 9, n).astype(np.int32),
+              "positions": np.arange(n), "piece_doc_ids": rng.integers(-2 ** 63, 2 ** 63 - 1, k, dtype=np.int64),
+              "piece_offsets": rng.integers(-3, 1 << 40, k)}
+             for n, k in ((0, 0), (1, 1), (127, 2), (128, 3), (2048, 4), (20000, 1))]
+    cases.append({"a" * 200: np.arange(300), "": np.zeros(0, dtype=np.int64)})  # long and empty names
+    fast = [example_codec.encode_example(c) for c in cases]
+    monkeypatch.setattr(example_codec, "_fast", None)
+    assert fast == [example_codec.encode_example(c) for c in cases]
+    for c, data in zip(cases, fast):
+        back = example_codec.decode_example(data)
+        assert sorted(back) == sorted(c) and all((back[k] == v).all() for k, v in c.items())

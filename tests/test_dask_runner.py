@@ -150,3 +150,14 @@ def test_killed_worker_is_recovered_with_identical_output(tmp_path, dask_cluster
     summary = _run_log_summary(log)
     print(f"\nworker {killed} killed at the first unit marker; the scheduler recomputed lost work: "
           f"{summary['counters'].get('stage_reruns', 0)} stage reruns; output identical to FnApiRunner")
+
+
+def test_dask_runner_shuffle_is_byte_identical(tmp_path, dask_cluster, corpus_and_reference):
+    """Issue 10 §3: `--shuffle runner` (pieces through Dask's GroupByKey) writes the file spill's bytes."""
+    corpus, reference, tokenizer = corpus_and_reference
+    res = run_cli(_args(corpus, tmp_path / "dask", tokenizer, "--shuffle", "runner", *_dask(dask_cluster)),
+                  timeout_s=200)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = dataset_files(tmp_path / "dask")
+    assert got.keys() == reference.keys()
+    assert [k for k in got if got[k] != reference[k]] == []

@@ -61,3 +61,18 @@ def test_cli_dry_run_prints_the_estimate_and_writes_nothing(tmp_path):
     bad = run_cli(["shard", "--input", str(corpus / "*"), "--output", str(out), "--tokenizer", tokenizer_path(),
                    "--seq-len", "1", "--dry-run"], timeout_s=120)
     assert bad.returncode == 2 and "--seq-len" in bad.stderr  # same validation as a real run
+
+
+def test_val_and_test_inputs_are_estimated_as_whole_splits(tmp_path):
+    """--val-input / --test-input files go whole to their split (no hashing), as the real run does."""
+    corpus = real_corpus(tmp_path / "corpus", names=("pile/00.jsonl.zst", "other/arxiv.jsonl",
+                                                      "pile/val.jsonl.zst", "pile/test.jsonl.zst"))
+    cfg = ShardConfig(inputs=(str(corpus / "00.jsonl.zst"), str(corpus / "arxiv.jsonl")), output=str(tmp_path / "o"),
+                      val_inputs=(str(corpus / "val.jsonl.zst"),), test_inputs=(str(corpus / "test.jsonl.zst"),),
+                      tokenizer=tokenizer_path(), seq_len=256, num_shards=2, val_fraction=0.0, test_fraction=0.0)
+    est = dry_run.estimate(ShardConfig(**{**cfg.__dict__, "output": str(tmp_path / "never")}), FAST_LOCAL)
+    manifest = shard_pipeline.run(cfg, FAST_LOCAL, progress_every_s=0)
+    for split in ("train", "val", "test"):
+        actual = manifest["splits"][split]["tokens"]
+        assert actual > 0 and _within(est.tokens_per_split[split], actual), (split, est.tokens_per_split, actual)
+    assert not (tmp_path / "never").exists()

@@ -171,7 +171,13 @@ def _same_tree(a: pathlib.Path, b: pathlib.Path) -> None:
 def test_byte_identical_across_workers_and_runners(corpus, dataset, tiny_tokenizer, tmp_path):
     root, _, _ = corpus
     reference, _ = dataset
-    for name, args in (("one", IN_MEMORY), ("direct", DIRECT_TWO)):
+    # Both graph shapes (shard_pipeline.spread_chunks_needed): one worker with >= 4 files fuses split and
+    # tokenize; worker threads outnumbering a quarter of the files keep the chunk redistribution step.
+    n_files = sum(1 for p in root.glob("*") if p.is_file())
+    threads = ["--runner=FnApiRunner", f"--direct_num_workers={n_files // 4 + 1}",
+               "--direct_running_mode=multi_threading"]
+    assert n_files >= 4
+    for name, args in (("one", IN_MEMORY), ("direct", DIRECT_TWO), ("threads", threads)):
         shard(root, tmp_path / name, tiny_tokenizer, args)
         _same_tree(reference, tmp_path / name)
 

@@ -115,8 +115,8 @@ def test_enospc_mid_run_is_one_line_and_the_previous_dataset_is_intact(committed
     assert not any((out / "_staging").glob("gen-*"))
 
 
-def _start(args):
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args, *FAST_LOCAL], stdout=subprocess.PIPE,
+def _start(args, beam_args=tuple(FAST_LOCAL)):
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args, *beam_args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=subprocess_env(PYTHONPATH=str(REPO)), cwd=str(REPO),
                             start_new_session=True)
 
@@ -132,13 +132,13 @@ def _wait_for(proc, predicate, timeout_s=120.0) -> bool:
     return False
 
 
-def _signal_mid_run(committed, tmp_path, send):
+def _signal_mid_run(committed, tmp_path, send, beam_args=tuple(FAST_LOCAL)):
     """Start an incremental run that adds a bigger file to a copy of the committed dataset; `send(proc)` once
     its first tokenized unit is in staging. Returns (output dir, return code, stderr)."""
     out = _copy(committed, tmp_path)
     extra = real_corpus(tmp_path / "more", names=("other/arxiv.jsonl",))
     proc = _start(shard_args([str(committed["corpus"] / "*"), str(extra / "*")], out, "--incremental",
-                             "--unit-mb", "0.05"))
+                             "--unit-mb", "0.05"), beam_args)
     try:
         assert _wait_for(proc, lambda: any((out / "_staging").rglob("units/*"))), "finished before the signal"
         send(proc)
@@ -151,6 +151,16 @@ def _signal_mid_run(committed, tmp_path, send):
 def test_sigterm_ends_in_one_line_with_the_previous_dataset_intact(committed, tmp_path):
     # The driver only, as a scheduler's TERM reaches it (SIGINT takes the same path, exit 130: unit test).
     out, code, err = _signal_mid_run(committed, tmp_path, lambda proc: os.kill(proc.pid, signal.SIGTERM))
+    assert code == 143 and _one_line(err) == "pileprep: interrupted; previous dataset intact", err
+    assert dataset_files(out) == committed["files"]
+    assert not any((out / "_staging").glob("gen-*"))
+
+
+def test_sigterm_stops_the_default_in_process_workers_before_cleaning_up(committed, tmp_path):
+    # No runner flags: the CLI's default local runner, worker threads in the driver's process on small machines
+    # (shard_pipeline.default_beam_args). Those threads must stop before the staging is removed, and none may be
+    # inside native tokenizer code at exit (that aborted with exit 134, seen before pipeline/shard/cancel.py).
+    out, code, err = _signal_mid_run(committed, tmp_path, lambda proc: os.kill(proc.pid, signal.SIGTERM), ())
     assert code == 143 and _one_line(err) == "pileprep: interrupted; previous dataset intact", err
     assert dataset_files(out) == committed["files"]
     assert not any((out / "_staging").glob("gen-*"))

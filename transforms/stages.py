@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -29,6 +29,10 @@ TOKENIZE_BATCH_CHARS = 1 << 20
 # measured 225-480 bytes). A chunk closes at unit_bytes of raw bytes *plus* this per record, so 32 MiB of tiny or
 # blank or broken lines cannot become tens of millions of records held by one worker.
 RECORD_OVERHEAD_BYTES = 256
+
+
+def _never() -> None:
+    """The default `check_cancelled`: a run driven from outside a pipeline is never cancelled."""
 
 
 def _new_file_stats() -> dict:
@@ -81,11 +85,13 @@ class SplitResult:
 
 def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir: str, unit_bytes: int,
                      max_line_bytes: int, max_zstd_window_bytes: int = DEFAULT_MAX_ZSTD_WINDOW_BYTES,
-                     fields: tuple = ("text", "meta.pile_set_name")) -> SplitResult:
+                     fields: tuple = ("text", "meta.pile_set_name"),
+                     check_cancelled: Callable[[], None] = _never) -> SplitResult:
     """Stream one input file into chunks of about `unit_bytes` of raw lines; damage becomes dead letters.
 
     Parquet files (transforms/read_parquet.py) give one record per row holding `fields` (text, source fields);
-    a row group may hold up to 4 * unit_bytes of those columns (at least max_line_bytes)."""
+    a row group may hold up to 4 * unit_bytes of those columns (at least max_line_bytes). `check_cancelled` is
+    called before each chunk and raises when the driver has given up on the run (pipeline/shard/cancel.py)."""
     chunks: list = []
     damages: list = []
     stats = _new_file_stats()
@@ -114,6 +120,7 @@ def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir:
                 damages.append(dead_letter_row(input_path, item.line, item.reason, item.excerpt, item.detail))
                 continue
             if writer is None:
+                check_cancelled()
                 idx = len(chunks)
                 path = io_utils.join(staging_dir, "chunks", f"f{file_idx:06d}-c{idx:05d}.rec.zst")
                 stream = io_utils.open_write(path)
@@ -161,8 +168,12 @@ class TokenizeSettings:
 
 
 def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: TokenizeSettings, staging_dir: str,
-                   data_dir: str) -> UnitResult:
-    """Parse, validate and tokenize one chunk; write its documents sorted by seeded sort key."""
+                   data_dir: str, byte_mask: Optional[np.ndarray] = None,
+                   check_cancelled: Callable[[], None] = _never) -> UnitResult:
+    """Parse, validate and tokenize one chunk; write its documents sorted by seeded sort key.
+
+    `byte_mask`: corpus_stats.byte_piece_mask(sp), computed once per worker by the caller (it asks the model
+    about every piece: ~30 ms per call with a 32k vocabulary, which per chunk would be ~1% of the job)."""
     stats = _new_file_stats()
     dead: list = []
     sources: list = []
@@ -174,12 +185,14 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
     max_id = np.iinfo(token_dtype).max
     input_split = settings.input_split(chunk.file_idx)
     source_stats: dict = {}
-    byte_mask = corpus_stats.byte_piece_mask(sp)
+    if byte_mask is None:
+        byte_mask = corpus_stats.byte_piece_mask(sp)
 
     def flush():
         nonlocal batch, batch_chars
         if not batch:
             return
+        check_cancelled()  # between batches (~0.1 s of tokenizing each): see pipeline/shard/cancel.py
         encoded = tokenizer.encode_batch(sp, [doc.text for _, doc in batch])
         for (line, doc), ids in zip(batch, encoded):
             arr = np.asarray(ids)  # int32 from the tokenizer on
@@ -348,7 +361,7 @@ class ShardResult:
 def _gather_shard_documents(task: ShardTask, units: list):
     """Index rows of every unit in this shard's key range, merged in key order, plus their token buffers."""
     lo, hi = shard_key_range(task.split, task.shard, task.num_shards)
-    parts, unit_of_row, buffers = [], [], []
+    parts, buffers = [], []
     for u, unit in enumerate(units):
         if unit.n_docs == 0:
             continue
@@ -361,26 +374,40 @@ def _gather_shard_documents(task: ShardTask, units: list):
         with io_utils.open_read(unit.tokens_path) as f:
             buffers.append((u, start, read_token_range(f, np.dtype(unit.token_dtype), start, count)))
         parts.append(rows)
-        unit_of_row.append(np.full(rows.size, len(buffers) - 1, dtype=np.int64))
+    return merge_shard_parts(parts, buffers)
+
+
+def merge_shard_parts(parts: list, buffers: list):
+    """(rows, which, buffers): the parts' index rows merged in key order, `which` naming each row's buffer.
+
+    parts[i] are one unit's rows in the shard's key range and buffers[i] = (unit position, token_start of its
+    first row, its tokens). The order is total (file and line tell any two records apart), so it does not depend
+    on the order the parts came in: the file spill and the runner's shuffle (transforms/shard_shuffle.py) merge
+    to the same rows."""
     if not parts:
         return np.zeros(0, dtype=INDEX_DTYPE), np.zeros(0, dtype=np.int64), buffers
     rows = np.concatenate(parts)
-    which = np.concatenate(unit_of_row)
+    which = np.concatenate([np.full(p.size, b, dtype=np.int64) for b, p in enumerate(parts)])
     order = np.lexsort((rows["line"], rows["file_idx"], rows["doc_id"], rows["key"]))
     return rows[order], which[order], buffers
 
 
 def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: int, data_dir: str,
                dedup: Optional[DedupInputs] = None, staging_dir: Optional[str] = None,
-               mixture_weights: Optional[dict] = None, seed: int = 0) -> ShardResult:
+               mixture_weights: Optional[dict] = None, seed: int = 0,
+               gathered: Optional[tuple] = None) -> ShardResult:
     """Write one shard: its documents from every unit, deduplicated, weighted (train, transforms/mixture.py),
     packed, framed, checksummed.
 
     Exact duplicates (one document id) are dropped first: a copy whose id a winning split or a committed
     generation holds (`dedup`), and every copy after the first inside the shard. With `staging_dir`, the ids
     kept by dedup (before mixture weights) go to a sorted id file there, merged later into the generation's id
-    index, so a later duplicate of a document a weight dropped is still a duplicate, as in a full build."""
-    rows, which, buffers = _gather_shard_documents(task, units)
+    index, so a later duplicate of a document a weight dropped is still a duplicate, as in a full build.
+
+    `gathered`: the shard's (rows, which, buffers), already merged by `merge_shard_parts` from the pieces the
+    runner's shuffle delivered (transforms/shard_shuffle.py); `units` then holds those pieces. Without it the
+    packer gathers its key range from every unit's spill files."""
+    rows, which, buffers = gathered if gathered is not None else _gather_shard_documents(task, units)
     elsewhere = duplicate_mask(rows, task.split, dedup)
     result = ShardResult(task, io_utils.join(data_dir, task.file_name), 0, 0, 0, 0, 0, "")
     sources: dict = collections.defaultdict(lambda: {"documents": 0, "tokens": 0})

@@ -89,3 +89,17 @@ def preflight(options: dict) -> None:
             raise ConfigError(f"{flag}={address}: expected HOST:PORT")
         if not _reachable(*hp):
             raise ConfigError(f"{flag}={address}: nothing answers there; start {what} first or fix the address")
+
+
+# Runners whose GroupByKey is a distributed, spilling shuffle (Dataflow Shuffle, Flink and Spark batch): there the
+# shard job lets the runner move the pieces (docs/SHUFFLE.md, design D). Every other runner (FnApiRunner holds a
+# whole GroupByKey in memory; Prism, Direct, Dask and a PortableRunner of unknown backend) keeps the file spill.
+RUNNER_SHUFFLE_RUNNERS = ("DataflowRunner", "FlinkRunner", "SparkRunner")
+
+
+def choose_shuffle(choice: str, runner_name: str) -> str:
+    """`--shuffle auto|files|runner` resolved for a runner (a class name or a dotted path): 'files' or 'runner'."""
+    if choice in ("files", "runner"):
+        return choice
+    name = str(runner_name or "").rsplit(".", 1)[-1]
+    return "runner" if name.endswith(RUNNER_SHUFFLE_RUNNERS) else "files"

@@ -9,7 +9,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import hashlib
 import logging
+import os
 import pickle
 import re
 import signal
@@ -27,12 +29,25 @@ from model_contract import DataContract
 from pipeline.ops import commit, guards, incremental, lock, progress, runlog, runners, storage
 from pipeline.config import PILEPREP_VERSION, ShardConfig, fingerprint
 from pipeline.errors import RunError, RunInterrupted
-from pipeline.shard import integrity, split_inputs
+from pipeline.shard import cancel, integrity, runner_shuffle, split_inputs
 from pipeline.shard.manifest_builder import build_manifest, plan_shard_tasks
-from transforms import io_utils, memory, stages, tokenizer, tokenizer_backends
+from transforms import corpus_stats, io_utils, memory, stages, tokenizer, tokenizer_backends
 
 LOG = logging.getLogger("pileprep.shard")
-DEFAULT_BEAM_ARGS = ["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+
+
+def default_beam_args(cores: Optional[int] = None) -> list:
+    """The local runner when no --runner is given: FnApiRunner, one worker per core.
+
+    Up to 4 cores the workers are threads of this process (multi_threading): tokenizers run in native code
+    without the GIL (SentencePiece scales 1.85x on 2 threads, measured), and the run skips starting worker
+    processes that each import Beam (on 2 cores at 96 MB: ~1.2 s of wall and ~5 CPU-s, measured). Above that the
+    GIL-held share (JSON parsing, packing, ~15% of CPU) would cap the scaling, so workers are processes.
+    Output bytes do not depend on this choice (tests/test_shard_pipeline.py runs both).
+    """
+    cores = cores or len(os.sched_getaffinity(0))
+    mode = "multi_threading" if cores <= 4 else "multi_processing"
+    return ["--runner=FnApiRunner", f"--direct_num_workers={cores}", f"--direct_running_mode={mode}"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,20 @@ class JobPlan:
     committed_id_indexes: tuple = ()
     tokenizer_backend: Optional["tokenizer_backends.BackendChoice"] = None
     skipped_inputs: tuple = ()  # glob matches that are not files (directories, dangling symlinks)
+    # Once the run starts, the model travels as a staged file (stage_model): every DoFn and Map that holds the
+    # plan is pickled (bz2, level 9) into the job graph, and a 0.5 MB model in each cost ~0.5 s of start-up
+    # and megabytes of graph (Dataflow caps a job's graph at 10 MB).
+    model_path: Optional[str] = None
+
+    def tokenizer_model(self) -> bytes:
+        """The model bytes: from the plan, or from the staged copy, checked against the contract's sha256."""
+        if self.model_bytes or self.model_path is None:
+            return self.model_bytes
+        data = io_utils.read_bytes(self.model_path)
+        if hashlib.sha256(data).hexdigest() != self.contract.tokenizer.model_sha256:
+            raise RunError(f"{self.model_path}: the staged tokenizer model does not match the plan's sha256; "
+                           "another process wrote to this run's staging directory")
+        return data
 
     @property
     def previous(self):
@@ -158,6 +187,16 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
                    skipped_inputs=tuple(skipped))
 
 
+MODEL_FILE_NAME = "tokenizer.model"
+
+
+def stage_model(plan: JobPlan) -> JobPlan:
+    """Write the tokenizer model into the run's staging directory; the returned plan carries its path only."""
+    path = io_utils.join(plan.staging_dir, MODEL_FILE_NAME)
+    io_utils.write_bytes(path, plan.model_bytes)
+    return dataclasses.replace(plan, model_bytes=b"", model_path=path)
+
+
 def _parity_sample(config: ShardConfig, paths: list) -> list:
     """About 1 MB of the run's own documents (seeded choice of files), read and parsed as the job does."""
     from transforms.documents import Document, parse_record  # noqa: PLC0415
@@ -203,17 +242,23 @@ class SplitInputFile(beam.DoFn):
         memory.pin_mmap_threshold()
 
     def process(self, element):
-        file_idx, path = element
+        # Every write of the call, its progress marker included, happens inside cancel.call: once the driver
+        # has cancelled the run and seen no call running, nothing writes into the staging it removes.
+        output = cancel.call(self._split, *element)
+        if output is not None:  # None: the driver cancelled the run (pipeline/shard/cancel.py)
+            yield output
+
+    def _split(self, file_idx: int, path: str) -> SplitOutput:
         cfg = self.plan.config
         result = stages.split_input_file(file_idx, path, self.plan.staging_dir, self.plan.data_dir,
                                          cfg.unit_bytes, cfg.max_line_bytes, cfg.max_zstd_window_bytes,
-                                         (cfg.text_field, *cfg.source_fields))
+                                         (cfg.text_field, *cfg.source_fields), cancel.check)
         size, sha = incremental.file_sha256(path)
         self.records.inc()
         self.input_bytes.inc(size)
         progress.write_marker(self.plan.staging_dir, f"split-f{file_idx:06d}", {
             "input_files": 1, "input_bytes": size, "split_raw_bytes": sum(c.raw_bytes for c in result.chunks)})
-        yield SplitOutput(result, (path, size, sha))
+        return SplitOutput(result, (path, size, sha))
 
 
 class TokenizeChunk(beam.DoFn):
@@ -229,17 +274,24 @@ class TokenizeChunk(beam.DoFn):
     def setup(self):
         _apply_filesystem_options(self.plan)
         memory.pin_mmap_threshold()
-        sp = tokenizer.load_processor(self.plan.model_bytes, self.plan.config.tokenizer)
+        model_bytes = self.plan.tokenizer_model()
+        sp = tokenizer.load_processor(model_bytes, self.plan.config.tokenizer)
         self.sp = sp if self.plan.tokenizer_backend is None else tokenizer_backends.make_encoder(
-            self.plan.tokenizer_backend, self.plan.model_bytes, sp)
+            self.plan.tokenizer_backend, model_bytes, sp)
         self.dtype = tokenizer.token_dtype(self.plan.contract.tokenizer.vocab_size)
+        self.byte_mask = corpus_stats.byte_piece_mask(self.sp)
         cfg = self.plan.config
         self.settings = stages.TokenizeSettings(cfg.text_field, tuple(cfg.source_fields), cfg.val_fraction,
                                                 cfg.test_fraction, cfg.seed, self.plan.input_splits)
 
     def process(self, chunk):
+        unit = cancel.call(self._tokenize, chunk)
+        if unit is not None:
+            yield unit
+
+    def _tokenize(self, chunk) -> "stages.UnitResult":
         unit = stages.tokenize_chunk(chunk, self.sp, self.dtype, self.settings, self.plan.staging_dir,
-                                     self.plan.data_dir)
+                                     self.plan.data_dir, self.byte_mask, cancel.check)
         self.documents.inc(unit.n_docs)
         self.tokens.inc(sum(unit.split_tokens))
         self.records.inc(unit.stats["read"])
@@ -247,7 +299,7 @@ class TokenizeChunk(beam.DoFn):
         progress.write_marker(self.plan.staging_dir, "unit-" + unit.name, {
             "documents": unit.n_docs, "tokens": sum(unit.split_tokens), "records": unit.stats["read"],
             "raw_bytes": chunk.raw_bytes, "dead_letters": sum(unit.stats["dead_lettered"].values())})
-        yield unit
+        return unit
 
 
 class PackShard(beam.DoFn):
@@ -270,8 +322,10 @@ class PackShard(beam.DoFn):
         units = self._units(units_path)
         t = self.plan.contract.tokenizer
         cfg = self.plan.config
-        result = stages.pack_shard(task, units, cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir, dedup,
-                                   self.plan.staging_dir, cfg.mixture_weights, cfg.seed)
+        result = cancel.call(stages.pack_shard, task, units, cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir,
+                             dedup, self.plan.staging_dir, cfg.mixture_weights, cfg.seed)
+        if result is None:
+            return
         self.examples.inc(result.examples)
         yield result
 
@@ -360,39 +414,86 @@ def _plan_shards(units, plan: "JobPlan"):
     Carrying the list in every task would move units × shards descriptors through the shuffle; a side input
     would be rebuilt per consumer on some runners. One staged file, read once per worker, does neither.
     """
-    _apply_filesystem_options(plan)
-    units = _sorted_units(units)
+    units, tasks, dedup = _shard_plan(units, plan)
     path = io_utils.join(plan.staging_dir, UNIT_LIST_NAME)
     io_utils.write_bytes(path, pickle.dumps(units, protocol=pickle.HIGHEST_PROTOCOL))
+    return [(task, path, dedup) for task in tasks]
+
+
+def _shard_plan(units, plan: "JobPlan") -> tuple:
+    """(sorted units, shard tasks, dedup inputs): what both shuffles plan from the tokenized units."""
+    _apply_filesystem_options(plan)
+    units = _sorted_units(units)
     # Cross-split dedup needs every held-out id before any shard is packed: one global pass over the units'
     # (small) held-out key ranges here, where all units meet; packers skip ids a winning split or a committed
     # generation holds (stages.DedupInputs: a few paths, cheap to carry in every task).
     dedup = dataclasses.replace(stages.index_held_out_ids(units, plan.staging_dir),
                                 committed=plan.committed_id_indexes)
-    return [(task, path, dedup) for task in plan_shard_tasks(units, plan.config)]
+    return units, plan_shard_tasks(units, plan.config), dedup
 
 
-def build_pipeline(p: beam.Pipeline, plan: JobPlan):
+def _plan_pieces(units, plan: "JobPlan") -> list:
+    """The runner's shuffle: one element per unit carrying the shard plan (runner_shuffle.unit_elements)."""
+    return runner_shuffle.unit_elements(*_shard_plan(units, plan))
+
+
+def shuffle_for(p: beam.Pipeline, plan: "JobPlan") -> str:
+    """'files' or 'runner': --shuffle resolved for the pipeline's runner (pipeline/ops/runners.py)."""
+    return runners.choose_shuffle(plan.config.shuffle, type(p.runner).__name__)
+
+
+def spread_chunks_needed(plan: JobPlan, options: PipelineOptions) -> bool:
+    """Whether the chunks of one input file need their own redistribution step after the split stage.
+
+    The step lets the chunks of a big file tokenize on many workers, which the Pile's 30 files of ~14 GB need.
+    It also makes the split stage a barrier: no worker tokenizes until every file is cut. On the local runner
+    with at least 4 files per worker, whole files already keep every worker busy, so the step is left out and
+    each worker tokenizes a file's chunks as soon as it has cut them (the stage fuses). Remote runners always
+    keep it: their worker count is not known here. Output bytes are the same either way: names and order come
+    from file and chunk indexes, never from placement.
+    """
+    opts = options.get_all_options()
+    runner = str(opts.get("runner") or "")
+    if runner.rsplit(".", 1)[-1] not in ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner"):
+        return True
+    workers = int(opts.get("direct_num_workers") or 1)
+    return len(plan.ledger) < 4 * max(1, workers)
+
+
+def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
+                   shuffle: Optional[str] = None):
     """Attach the shard job to a pipeline; returns the PCollection holding the committed manifest dict.
 
     The graph has no side inputs and no multi-output steps, and its one sink (the commit) depends on every
     stage through main inputs: the same graph then runs each stage exactly once on every runner, FnApiRunner,
     the portable runner, Dataflow/Flink/Spark and DaskRunner alike (which computes only the last step's graph
-    and recomputes side inputs per consumer).
+    and recomputes side inputs per consumer). `shuffle` ('files' or 'runner', default: `shuffle_for`) picks
+    how documents reach their shard (docs/SHUFFLE.md); the output bytes are the same.
     """
+    shuffle = shuffle or shuffle_for(p, plan)
+    LOG.info("shuffle: %s (--shuffle %s, runner %s)", shuffle, plan.config.shuffle, type(p.runner).__name__)
     files = (p
              | "ListInputs" >> beam.Create([(i, path) for i, (path, _size) in enumerate(plan.ledger)])
              | "SpreadFiles" >> Spread(lambda f: f[0]))
     splits = files | "SplitIntoChunks" >> beam.ParDo(SplitInputFile(plan))
-    units = (splits
-             | "Chunks" >> beam.FlatMap(lambda s: s.result.chunks)
-             | "SpreadChunks" >> Spread(lambda c: (c.file_idx, c.chunk_idx))
-             | "Tokenize" >> beam.ParDo(TokenizeChunk(plan)))
-    shards = (units
-              | "CollectUnits" >> GatherAll()
-              | "PlanShards" >> beam.FlatMap(_plan_shards, plan)
-              | "SpreadShards" >> Spread(lambda tu: (tu[0].split, tu[0].shard))
-              | "PackShards" >> beam.ParDo(PackShard(plan)))
+    chunks = splits | "Chunks" >> beam.FlatMap(lambda s: s.result.chunks)
+    if spread_chunks:
+        chunks = chunks | "SpreadChunks" >> Spread(lambda c: (c.file_idx, c.chunk_idx))
+    units = chunks | "Tokenize" >> beam.ParDo(TokenizeChunk(plan))
+    if shuffle == "runner":  # pieces through the runner's GroupByKey (pipeline/shard/runner_shuffle.py)
+        shards = (units
+                  | "CollectUnits" >> GatherAll()
+                  | "PlanPieces" >> beam.FlatMap(_plan_pieces, plan)
+                  | "SpreadUnits" >> Spread(runner_shuffle.element_key)
+                  | "EmitPieces" >> beam.ParDo(runner_shuffle.EmitPieces(plan))
+                  | "GroupPieces" >> beam.GroupByKey()
+                  | "PackShards" >> beam.ParDo(runner_shuffle.PackGroupedShard(plan)))
+    else:
+        shards = (units
+                  | "CollectUnits" >> GatherAll()
+                  | "PlanShards" >> beam.FlatMap(_plan_shards, plan)
+                  | "SpreadShards" >> Spread(lambda tu: (tu[0].split, tu[0].shard))
+                  | "PackShards" >> beam.ParDo(PackShard(plan)))
     return ((splits | "TagSplits" >> _tagged("split"),
              units | "TagUnits" >> _tagged("unit"),
              shards | "TagShards" >> _tagged("shard"))
@@ -404,7 +505,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan):
 def pipeline_options(beam_args) -> PipelineOptions:
     args = runners.normalise_beam_args(beam_args or [])
     if not any(a.startswith("--runner") for a in args):
-        args = DEFAULT_BEAM_ARGS + args
+        args = default_beam_args() + args
     return PipelineOptions(args)
 
 
@@ -451,6 +552,12 @@ def _signals_interrupt():
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)
+
+
+def _stop_in_process_workers() -> None:
+    """Worker threads of this process stop before the driver removes what they write (pipeline/shard/cancel.py)."""
+    if not cancel.cancel_and_wait():
+        LOG.warning("in-process workers did not stop within 30 s; removing the partial generation anyway")
 
 
 def _abandon(plan: JobPlan) -> None:
@@ -514,8 +621,9 @@ def _run_locked(config, options, incremental_run, log, progress_every_s, fs_opti
         return committed.to_dict()
     guards.mark_staging(plan.staging_dir, config.output, plan.generation)
     try:
-        return _execute(plan, options, log, progress_every_s)
+        return _execute(stage_model(plan), options, log, progress_every_s)
     except BaseException as e:
+        _stop_in_process_workers()
         _abandon(plan)
         if isinstance(e, KeyboardInterrupt):
             raise RunInterrupted(signal.SIGINT) from None
@@ -530,6 +638,7 @@ def _run_locked(config, options, incremental_run, log, progress_every_s, fs_opti
 def _execute(plan: JobPlan, options, log, progress_every_s) -> dict:
     config = plan.config
     started = time.time()
+    cancel.reset()
     holder: dict = {}
     markers = progress.MarkerReader(plan.staging_dir)
     reporter = progress.ProgressReporter(
@@ -539,7 +648,9 @@ def _execute(plan: JobPlan, options, log, progress_every_s) -> dict:
     try:
         with reporter:
             p = beam.Pipeline(options=options)
-            build_pipeline(p, plan)
+            shuffle = shuffle_for(p, plan)
+            log.event("shuffle", shuffle=shuffle, choice=config.shuffle)
+            build_pipeline(p, plan, spread_chunks_needed(plan, options), shuffle)
             holder["result"] = result = p.run()  # FnApiRunner returns when done; portable runners at once
             result.wait_until_finish()
         elapsed = time.time() - started
@@ -547,6 +658,9 @@ def _execute(plan: JobPlan, options, log, progress_every_s) -> dict:
         if "FAIL" in state.upper() or "CANCEL" in state.upper():
             raise RuntimeError(f"the pipeline ended in state {state}; nothing was committed")
         counters = progress.merge_snapshots(progress.counters_from_result(result), markers.snapshot())
+    except BaseException:
+        _stop_in_process_workers()  # before anything is removed: they write markers and spill files
+        raise
     finally:
         io_utils.delete_tree(progress.marker_dir(plan.staging_dir))
     counters.pop("split_raw_bytes", None)

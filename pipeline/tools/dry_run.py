@@ -25,7 +25,7 @@ import numpy as np
 from model_contract import encode_example, frame_record
 from pipeline.config import ShardConfig
 from transforms import io_utils
-from transforms.documents import SPLITS, Document, split_of, parse_record
+from transforms.documents import HASHED, SPLITS, Document, assign_split, parse_record
 from transforms.packing import pack_documents
 from transforms.read_records import FileDamage, compression_of, iter_raw_records
 
@@ -90,7 +90,8 @@ def pick_files(rows: list, n: int = MAX_SAMPLE_FILES) -> list:
 
 
 def sample_inputs(rows: list, config: ShardConfig, sp, budget_per_file: int = SAMPLE_INPUT_BYTES_PER_FILE,
-                  tokenize_chars: int = TOKENIZE_CHARS) -> Sample:
+                  tokenize_chars: int = TOKENIZE_CHARS, input_splits: dict = None) -> Sample:
+    """`input_splits`: path -> the split a --val-input / --test-input file goes to whole (HASHED otherwise)."""
     s = Sample()
     chars_left = tokenize_chars
     per_file_chars = max(1, tokenize_chars // max(1, len(rows)))
@@ -114,7 +115,7 @@ def sample_inputs(rows: list, config: ShardConfig, sp, budget_per_file: int = SA
                     else:
                         s.filtered += 1
                 else:
-                    _add_document(s, doc, config, sp, file_chars)
+                    _add_document(s, doc, config, sp, file_chars, (input_splits or {}).get(row["path"], HASHED))
                     if file_chars > 0:
                         file_chars -= len(doc.text)
                 if stream.count >= budget_per_file:
@@ -126,8 +127,9 @@ def sample_inputs(rows: list, config: ShardConfig, sp, budget_per_file: int = SA
     return s
 
 
-def _add_document(s: Sample, doc: Document, config: ShardConfig, sp, chars_budget: int) -> None:
-    split = split_of(doc.doc_id, config.val_fraction, config.test_fraction)
+def _add_document(s: Sample, doc: Document, config: ShardConfig, sp, chars_budget: int,
+                  input_split: int = HASHED) -> None:
+    split = assign_split(doc.doc_id, input_split, config.val_fraction, config.test_fraction)
     n_bytes = len(doc.text.encode("utf-8"))
     s.documents += 1
     s.text_bytes += n_bytes
@@ -200,13 +202,32 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
     if plan.nothing_to_do or not rows:
         return Estimate(0, 0, 0, 0, 0, 0, 0, 0, 0, {}, 0, 0, {}, 0, 0.0, nothing_to_do=True)
     sp = tokenizer.load_processor(plan.model_bytes, config.tokenizer)
-    picked = pick_files(rows, sample_files)
-    s = sample_inputs(picked, config, sp, budget_per_file)
-    scale = total_in / s.input_bytes if s.input_bytes else 0.0
-    tokens_per_byte = s.tokenized_tokens / s.tokenized_text_bytes if s.tokenized_text_bytes else 0.0
-    split_tokens = [(s.split_tokens[i] + s.untokenized_split_bytes[i] * tokens_per_byte) * scale
-                    for i in range(len(SPLITS))]
-    split_docs = [d * scale for d in s.split_docs]
+    # --val-input / --test-input files go whole to their split: sampled and scaled as a group of their own, so a
+    # small official val file is neither skipped by the file pick nor scaled by the train files' size.
+    input_splits = dict(zip((path for path, _size in plan.ledger), plan.input_splits))
+    groups = ([r for r in rows if input_splits.get(r["path"], HASHED) == HASHED],
+              [r for r in rows if input_splits.get(r["path"], HASHED) != HASHED])
+    parts = []  # (picked rows, sample, scale)
+    for group in groups:
+        if group:
+            picked = pick_files(group, sample_files)
+            sample = sample_inputs(picked, config, sp, budget_per_file, input_splits=input_splits)
+            scale = sum(r["bytes"] for r in group) / sample.input_bytes if sample.input_bytes else 0.0
+            parts.append((picked, sample, scale))
+    split_tokens = [0.0] * len(SPLITS)
+    split_docs = [0.0] * len(SPLITS)
+    raw_bytes = records = documents = dead_letters = core_s = 0.0
+    for _picked, s, scale in parts:
+        tokens_per_byte = s.tokenized_tokens / s.tokenized_text_bytes if s.tokenized_text_bytes else 0.0
+        for i in range(len(SPLITS)):
+            split_tokens[i] += (s.split_tokens[i] + s.untokenized_split_bytes[i] * tokens_per_byte) * scale
+            split_docs[i] += s.split_docs[i] * scale
+        raw_bytes += s.raw_bytes * scale
+        records += s.records * scale
+        documents += s.documents * scale
+        dead_letters += s.dead_letters * scale
+        core_s += s.read_cpu_s * scale + (s.tokenize_cpu_s / s.tokenized_text_bytes * s.text_bytes * scale
+                                          if s.tokenized_text_bytes else 0.0)
     units = [types.SimpleNamespace(split_tokens=[int(round(t)) for t in split_tokens])]
     tasks = plan_shard_tasks(units, config)
     shards_per_split = {SPLITS[i]: sum(1 for t in tasks if t.split == i) for i in range(len(SPLITS))}
@@ -216,17 +237,20 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
         if n_shards:  # documents + one EOS each, packed per shard; the last example of a shard is padded
             examples += (split_tokens[i] + split_docs[i]) / config.seq_len + n_shards / 2
     contract = plan.contract.tokenizer
-    bytes_per_example, encode_cpu = output_bytes_per_example(s, config.seq_len, contract.eos_id, contract.pad_id)
+    bytes_per_example, encode_cpu = output_bytes_per_example(
+        max((s for _p, s, _scale in parts), key=lambda s: len(s.token_arrays)), config.seq_len, contract.eos_id,
+        contract.pad_id)
     tokens = int(round(sum(split_tokens)))
-    core_s = s.read_cpu_s * scale + (s.tokenize_cpu_s / s.tokenized_text_bytes * s.text_bytes * scale
-                                     if s.tokenized_text_bytes else 0.0) + encode_cpu * examples
+    core_s += encode_cpu * examples
+    sampled_files = sum(len(picked) for picked, _s, _scale in parts)
+    sampled_bytes = sum(s.input_bytes for _p, s, _scale in parts)
     notes = []
-    if s.input_bytes < total_in:
-        notes.append(f"sampled {s.input_bytes / total_in:.1%} of the input bytes")
-    return Estimate(files=len(rows), input_bytes=total_in, sampled_files=len(picked),
-                    sampled_input_bytes=s.input_bytes, raw_bytes=int(s.raw_bytes * scale),
-                    records=int(round(s.records * scale)), documents=int(round(s.documents * scale)),
-                    dead_letters=int(round(s.dead_letters * scale)), tokens=tokens,
+    if sampled_bytes < total_in:
+        notes.append(f"sampled {sampled_bytes / total_in:.1%} of the input bytes")
+    return Estimate(files=len(rows), input_bytes=total_in, sampled_files=sampled_files,
+                    sampled_input_bytes=sampled_bytes, raw_bytes=int(raw_bytes),
+                    records=int(round(records)), documents=int(round(documents)),
+                    dead_letters=int(round(dead_letters)), tokens=tokens,
                     tokens_per_split={SPLITS[i]: int(round(t)) for i, t in enumerate(split_tokens)},
                     examples=int(math.ceil(examples)), shards=len(tasks), shards_per_split=shards_per_split,
                     output_bytes=int(examples * bytes_per_example), core_hours=core_s / 3600.0, notes=notes)

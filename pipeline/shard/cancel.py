@@ -1,0 +1,69 @@
+"""Stopping in-process workers when the driver gives up on a run (a signal, or another worker's failure).
+
+With FnApiRunner's in_memory and multi_threading modes the workers are threads of the driver's process. When
+the driver stops waiting (SIGTERM raises RunInterrupted in the main thread; a failed bundle raises there too),
+those threads would go on tokenizing and writing into the staging directory the driver is about to remove, and
+a thread still inside native tokenizer code when the interpreter exits aborts the process (exit 134 instead of
+143, seen). So the stage functions take a `check_cancelled` callable they call between batches, DoFns run them
+through `call`, and the driver sets the flag and waits for the running calls to return before it cleans up.
+Worker processes (multi_processing, remote runners) never see the flag: their runner stops them.
+"""
+from __future__ import annotations
+
+import threading
+import time
+
+_stop = threading.Event()
+_active = 0
+_active_lock = threading.Condition()
+
+
+class RunCancelled(RuntimeError):
+    """Raised inside a stage function once the driver has cancelled the run."""
+
+
+def cancelled() -> bool:
+    return _stop.is_set()
+
+
+def check() -> None:
+    if _stop.is_set():
+        raise RunCancelled("the run was cancelled by its driver")
+
+
+def call(fn, *args):
+    """Run one stage call (a DoFn's work) as in-process work; None once the driver has cancelled the run.
+
+    A cancelled call ends quietly instead of raising: the driver has already left the pipeline and reported
+    why, and a raised error would only add a worker traceback after its one-line message."""
+    global _active
+    if _stop.is_set():
+        return None
+    with _active_lock:
+        _active += 1
+    try:
+        return fn(*args)
+    except RunCancelled:
+        return None
+    finally:
+        with _active_lock:
+            _active -= 1
+            _active_lock.notify_all()
+
+
+def cancel_and_wait(timeout_s: float = 30.0) -> bool:
+    """Ask in-process stage calls to stop; True once none is running (False after `timeout_s`)."""
+    _stop.set()
+    deadline = time.monotonic() + timeout_s
+    with _active_lock:
+        while _active:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            _active_lock.wait(left)
+    return True
+
+
+def reset() -> None:
+    """A new run in this process starts uncancelled (tests run several jobs in one interpreter)."""
+    _stop.clear()

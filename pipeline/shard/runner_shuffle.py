@@ -1,0 +1,82 @@
+"""Beam wiring of the runner's shuffle (docs/SHUFFLE.md, design D; the work is in transforms/shard_shuffle.py).
+
+    units (gathered) → PlanPieces: one element per unit, each with the shard plan, plus one for the markers
+                     → EmitPieces: reads a unit twice (index, tokens), yields ((split, shard), piece)
+                     → GroupByKey: the runner moves and spills the pieces
+                     → PackGroupedShard: one shard from its pieces, same packer and bytes as the file spill
+
+Chosen by `--shuffle` (pipeline/ops/runners.py: choose_shuffle); the file spill stays in shard_pipeline.py.
+"""
+from __future__ import annotations
+
+import apache_beam as beam
+from apache_beam.metrics import Metrics
+
+from pipeline.shard import cancel
+from transforms import memory, shard_shuffle, stages
+
+
+def _setup(plan) -> None:
+    if plan.filesystem_options is not None:  # as shard_pipeline._apply_filesystem_options: S3 settings on workers
+        plan.filesystem_options.apply()
+    memory.pin_mmap_threshold()
+
+
+def unit_elements(units: list, tasks: list, dedup) -> list:
+    """(unit or None, plan) per unit with documents, and one (None, plan) that sends every shard its marker."""
+    plan = shard_shuffle.ShardPlan.from_tasks(tasks, dedup)
+    return [(None, plan)] + [(unit, plan) for unit in units if unit.n_docs]
+
+
+def element_key(element) -> str:
+    unit, _plan = element
+    return "" if unit is None else unit.name
+
+
+def _cut(unit, shard_plan) -> list:
+    index, tokens = shard_shuffle.read_unit(unit)
+    return list(shard_shuffle.cut_unit(unit, index, tokens, shard_plan))
+
+
+class EmitPieces(beam.DoFn):
+    """One unit → its per-shard pieces (or, for the marker element, every shard's marker)."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.pieces = Metrics.counter("pileprep", "shuffle_pieces")
+
+    def setup(self):
+        _setup(self.plan)
+
+    def process(self, element):
+        unit, shard_plan = element
+        if unit is None:
+            yield from shard_shuffle.markers(shard_plan)
+            return
+        pieces = cancel.call(_cut, unit, shard_plan)  # None: the driver cancelled the run (cancel.py)
+        for keyed in pieces or ():
+            self.pieces.inc()
+            yield keyed
+
+
+class PackGroupedShard(beam.DoFn):
+    """One shard from its grouped pieces: the file spill's packer (stages.pack_shard) given the merged rows."""
+
+    def __init__(self, plan):
+        self.plan = plan
+        self.examples = Metrics.counter("pileprep", "examples")
+
+    def setup(self):
+        _setup(self.plan)
+
+    def process(self, key_and_values):
+        key, values = key_and_values
+        task, dedup, pieces, gathered = shard_shuffle.gather_pieces(key, values)
+        t = self.plan.contract.tokenizer
+        cfg = self.plan.config
+        result = cancel.call(stages.pack_shard, task, pieces, cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir,
+                             dedup, self.plan.staging_dir, cfg.mixture_weights, cfg.seed, gathered)
+        if result is None:  # the driver cancelled the run
+            return
+        self.examples.inc(result.examples)
+        yield result
