@@ -11,7 +11,8 @@
 3. the real CLI, `python -m pipeline.cli shard ...`, in a fresh process per run, with pileprep's default
    runner (no --runner/--direct_* flags unless `--beam-args` gives them), once per `--backends` entry. Wall time
    is taken around the whole process (start to exit, the user's view) and from the job's own summary line
-   (`wall time`). Runs: best of two at 1× and 4×, one at 16× (`--quick`: 1× and 4×, one run each);
+   (`wall time`). Runs: best of two at 1× and 4×, one at 16× (`--quick`: 1× and 4×, one run each). Units are
+   `--unit-mb 3` at every size (the 1× train files hold ~3 MB each), so peak RSS compares corpus sizes;
 4. ratios in raw single-thread seconds: raw_s = corpus tokens / that corpus's raw rate, i.e. how long one core
    of bare SentencePiece needs for the whole corpus. End to end: raw_s / (workers × wall); marginal between two
    sizes: Δraw_s / (workers × Δwall); fixed start-up: the intercept of wall against raw_s (1× and 4×).
@@ -201,6 +202,11 @@ class ShardRunFailed(RuntimeError):
 _WALL = re.compile(r"^wall time\s+([\d,.]+)s\s*$", re.M)
 
 
+# Units of the same size at every corpus size (the 1× sample's train files hold ~3 MB each): peak RSS then
+# compares corpus sizes, not the units' growth up to --unit-mb, which is the bound by design.
+UNIT_MB = 3
+
+
 def run_pipeline(root: str, tokenizer: str, out: str, backend: str, seq_len: int, beam_args: list) -> dict:
     """One `pileprep shard` in a fresh process: wall (process and job), tokens, backend, peak RSS."""
     files = corpus_files(root)
@@ -209,7 +215,7 @@ def run_pipeline(root: str, tokenizer: str, out: str, backend: str, seq_len: int
     args = [sys.executable, "-m", "pipeline.cli", "shard", "--input", *files["train"],
             "--val-input", files["val"], "--test-input", files["test"], "--output", out,
             "--tokenizer", tokenizer, "--seq-len", str(seq_len), "--target-shard-mb", "16",
-            "--tokenizer-backend", backend, "--progress-every", "0", *beam_args]
+            "--unit-mb", str(UNIT_MB), "--tokenizer-backend", backend, "--progress-every", "0", *beam_args]
     with open(os.path.join(out + "-logs", "stdout"), "w+") as so, open(os.path.join(out + "-logs", "stderr"),
                                                                        "w+") as se:
         start = time.perf_counter()
