@@ -142,7 +142,9 @@ def cmd_shard(args, beam_args) -> int:
 def cmd_sample(args, _beam_args) -> int:
     from pipeline.tools.sample_corpus import write_sample_corpus  # noqa: PLC0415
 
-    print(json.dumps(write_sample_corpus(args.output), indent=1, sort_keys=True))
+    if not 0 < args.size_mb < float("inf"):  # NaN fails too
+        raise UsageError(f"sample: --size-mb must be a positive number of megabytes, got {args.size_mb}")
+    print(json.dumps(write_sample_corpus(args.output, target_mb=args.size_mb), indent=1, sort_keys=True))
     return 0
 
 
@@ -233,6 +235,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sample = _subcommand(sub, "sample", cmd_sample, "write the embedded Pile-format sample corpus")
     sample.add_argument("--output", required=True, help="directory to write the sample corpus to")
+    sample.add_argument("--size-mb", type=float, default=24.0, metavar="N",
+                        help="uncompressed size to write, in MB (10^6 bytes); past the installation's text, "
+                             "marked copies of its documents fill the rest (the throughput benchmark's 96/384 MB)")
 
     tok = sub.add_parser("tokenizer", help="tokenizer tools", description="tokenizer tools")
     _verbosity(tok, top=False)

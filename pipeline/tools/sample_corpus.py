@@ -9,6 +9,11 @@ something) without downloading anything or committing third-party text to the re
 - "PackageCode", only on installations too small to reach the target otherwise (e.g. a distro Python without
   its test suite): the `*.py` files of the installed packages fill the remainder.
 
+When even that falls short (`--size-mb 384` for the throughput benchmark, issue 10), the documents already
+collected are repeated as marked copies: copy k of a document is its text plus one trailing line
+`# pileprep sample copy k`, with `"copy": k` in its meta. A copy's text differs from its original's and from
+every other copy's, so exact dedup keeps it, and the mix of sources and text stays that of the installation.
+
 Layout (the Pile's): `train/00.jsonl.zst … 07.jsonl.zst`, `val.jsonl.zst`, `test.jsonl.zst`, one JSON line per
 document: `{"text": ..., "meta": {"pile_set_name": source, "path": path relative to its root}}`.
 
@@ -38,6 +43,7 @@ NUM_TRAIN_FILES = 8
 # never empty once a source has 3 documents.
 HOLDOUT_PERIOD = 64
 DOCS_SHARE = 0.25  # at most this share of the target comes from PackageDocs (only a few MB exist anyway)
+COPY_MARKER = "\n# pileprep sample copy {k}\n"  # appended to copy k (k >= 1) of a document
 MAX_FILE_BYTES = 1 << 20  # skip giant generated files (data tables, bundled notices)
 ZSTD_LEVEL = 3
 _SKIP_DIRS = {"__pycache__", "site-packages", "dist-packages"}
@@ -135,6 +141,30 @@ def _collect(source: str, cands: list[_Candidate], budget: int) -> list[bytes]:
     return lines
 
 
+def _fill_with_copies(by_source: dict[str, list[bytes]], short: int) -> int:
+    """Append marked copies of the collected documents (copy 1 of each, then copy 2, ...; sources in name
+    order, documents in collection order) to their source until `short` more bytes are reached; return how
+    many copies were made."""
+    originals = {source: list(lines) for source, lines in sorted(by_source.items()) if lines}
+    if not originals:
+        raise ValueError("no text to sample: the installation has no readable source or documentation files")
+    added, made, k = 0, 0, 0
+    while added < short:
+        k += 1
+        for source, lines in originals.items():
+            for line in lines:
+                if added >= short:
+                    return made
+                record = json.loads(line)
+                record["text"] += COPY_MARKER.format(k=k)
+                record["meta"]["copy"] = k
+                copy = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+                by_source[source].append(copy)
+                added += len(copy)
+                made += 1
+    return made
+
+
 def _write_zst(path: str, data: bytes) -> int:
     blob = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
     io_utils.replace_atomically(path, blob)
@@ -152,6 +182,8 @@ def write_sample_corpus(output_dir: str, *, target_mb: float = 24.0) -> dict:
     short = target - docs_bytes - sum(map(len, by_source[STDLIB_CODE]))
     if short > 0:
         by_source[PACKAGE_CODE] = _collect(PACKAGE_CODE, package_code_candidates(), short)
+        short -= sum(map(len, by_source[PACKAGE_CODE]))
+    copies = _fill_with_copies(by_source, short) if short > 0 else 0
 
     train = [[] for _ in range(NUM_TRAIN_FILES)]
     holdout = {"val": [], "test": []}
@@ -179,6 +211,7 @@ def write_sample_corpus(output_dir: str, *, target_mb: float = 24.0) -> dict:
         "output_dir": output_dir,
         "files": files,
         "documents": {s: len(v) for s, v in sorted(by_source.items())},
+        "copies": copies,
         "uncompressed_bytes_by_source": {s: sum(map(len, v)) for s, v in sorted(by_source.items())},
         "documents_by_split": {"train": sum(map(len, train)), "val": len(holdout["val"]),
                                "test": len(holdout["test"])},
