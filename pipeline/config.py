@@ -89,9 +89,9 @@ class ShardConfig:
         "paper's epochs), or both ('pile,Github=0.5'); unlisted sources weigh 1; train split only "
         "(transforms/mixture.py)", metavar="SPEC")
     # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
-    tokenizer_backend: Literal["auto", "sentencepiece", "kitoken"] = option(
-        "auto", "exact fast tokenizer path: auto uses kitoken on BPE models after id-for-id parity with "
-        "SentencePiece on the run's sample (transforms/tokenizer_backends.py)", manifest=False)
+    tokenizer_backend: Literal["auto", "sentencepiece", "kitoken", "splintr"] = option(
+        "auto", "exact fast tokenizer path: auto uses splintr (else kitoken) on BPE models after id-for-id parity "
+        "with SentencePiece on the run's sample (transforms/tokenizer_backends.py)", manifest=False)
     shuffle: Literal["auto", "files", "runner"] = option(
         "auto", "how tokenized documents reach their shard (docs/SHUFFLE.md): files = pack tasks read ranges of "
         "every unit's spill files; runner = the runner's GroupByKey moves per-shard pieces (for Dataflow, Flink, "
@@ -136,8 +136,9 @@ class ShardConfig:
                 problems.append(f"{name} must be in [0, 1), got {value}")
         if self.val_fraction + self.test_fraction >= 1.0:
             problems.append("--val-fraction + --test-fraction must leave something for train")
-        if self.tokenizer_backend not in ("auto", "sentencepiece", "kitoken"):
-            problems.append(f"--tokenizer-backend must be auto, sentencepiece or kitoken, got {self.tokenizer_backend!r}")
+        if self.tokenizer_backend not in ("auto", "sentencepiece", "kitoken", "splintr"):
+            problems.append("--tokenizer-backend must be auto, sentencepiece, kitoken or splintr, "
+                            f"got {self.tokenizer_backend!r}")
         if self.shuffle not in ("auto", "files", "runner"):
             problems.append(f"--shuffle must be auto, files or runner, got {self.shuffle!r}")
         if not 0.0 <= self.max_dead_letter_fraction <= 1.0:
