@@ -107,8 +107,7 @@ def write_index(path: str, batches: Iterable[np.ndarray], n: int, fence_every: i
     while the ids stream through — last."""
     fence = []
     written = 0
-    with io_utils.open_write(path) as raw:
-        out = io_utils.HashingWriter(raw)
+    with io_utils.open_write(path) as raw, io_utils.HashingWriter(raw) as out:
         out.write(_HEADER.pack(INDEX_MAGIC, n, fence_every, -(-n // fence_every)))
         for batch in batches:
             first = (-written) % fence_every  # index inside `batch` of the next fence entry

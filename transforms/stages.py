@@ -468,8 +468,7 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
             result.documents += 1
             yield doc_id, tokens
 
-    with io_utils.open_write(result.path) as raw:
-        out = io_utils.HashingWriter(raw)
+    with io_utils.open_write(result.path) as raw, io_utils.HashingWriter(raw) as out:
         for example in pack_documents(documents(), seq_len, pad_id):
             out.write(frame_record(encode_example(example.features())))
             result.examples += 1

@@ -166,8 +166,7 @@ def neighbour_shard(plan: NeighboursPlan, searcher: Searcher, shard_idx: int, sh
             examples.append(retrieval_chunks.query_chunks(decode_example(record), spec.chunk_len))
     writer_path = io_utils.join(cfg.output, rel)
     stats = {"chunks": 0, "padding_chunks": 0, "neighbours": 0, "missing": 0}
-    with io_utils.open_write(writer_path) as out:
-        hw = io_utils.HashingWriter(out)
+    with io_utils.open_write(writer_path) as out, io_utils.HashingWriter(out) as hw:
         per = max(1, QUERY_BATCH // max(1, len(examples[0]) if examples else 1))
         for b in range(0, len(examples), per):
             batch = examples[b:b + per]
