@@ -6,6 +6,7 @@ are compared in tests/test_shard_pipeline.py (test_byte_identical_across_workers
 SIGTERM end to end in tests/test_trust_ops_runs.py.
 """
 import dataclasses
+import logging
 import threading
 import time
 
@@ -78,3 +79,17 @@ def test_cancel_waits_for_running_calls_and_refuses_new_ones():
     assert cancel.call(stage, cancel.check) is None  # new calls do not start
     cancel.reset()
     assert cancel.call(lambda: "ran") == "ran"
+
+
+def test_beam_worker_errors_after_a_cancel_are_dropped_until_the_next_run(caplog):
+    """A bundle still running when the runner shut down makes Beam's in-process SDK worker log an error after the
+    driver's one-line message (seen in CI); once cancelled those records are dropped, and the next run logs again."""
+    worker_log = logging.getLogger("apache_beam.runners.worker.sdk_worker")
+    cancel.reset()
+    with caplog.at_level(logging.ERROR):
+        cancel.cancel_and_wait(timeout_s=1)
+        worker_log.error("Error processing instruction bundle_5")
+        assert "bundle_5" not in caplog.text
+        cancel.reset()
+        worker_log.error("Error processing instruction bundle_6")
+        assert "bundle_6" in caplog.text

@@ -10,6 +10,7 @@ Worker processes (multi_processing, remote runners) never see the flag: their ru
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -51,8 +52,32 @@ def call(fn, *args):
             _active_lock.notify_all()
 
 
+# Beam's in-process SDK worker logs an error for every bundle it was still running when the runner shut down
+# (the runner has already dropped the bundle: KeyError on release), after the driver's one-line message. Those
+# records say nothing once the run is cancelled, so they are dropped until the next run starts (reset()).
+_BEAM_WORKER_LOGGERS = ("apache_beam.runners.worker.sdk_worker", "apache_beam.runners.worker.bundle_processor",
+                        "apache_beam.runners.worker.data_plane", "apache_beam.runners.worker.operations",
+                        "apache_beam.runners.portability.fn_api_runner.worker_handlers")
+
+
+class _DropWhileCancelled(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not _stop.is_set()
+
+
+_DROP_WHILE_CANCELLED = _DropWhileCancelled()
+
+
+def _quiet_beam_workers() -> None:
+    for name in _BEAM_WORKER_LOGGERS:
+        logger = logging.getLogger(name)
+        if _DROP_WHILE_CANCELLED not in logger.filters:
+            logger.addFilter(_DROP_WHILE_CANCELLED)
+
+
 def cancel_and_wait(timeout_s: float = 30.0) -> bool:
     """Ask in-process stage calls to stop; True once none is running (False after `timeout_s`)."""
+    _quiet_beam_workers()
     _stop.set()
     deadline = time.monotonic() + timeout_s
     with _active_lock:
