@@ -85,11 +85,11 @@ def cut_unit(unit, index: np.ndarray, tokens: np.ndarray, plan: ShardPlan) -> It
     """((split, shard), ShardPiece) for every planned shard this unit has documents in.
 
     The index is sorted by key and the tokens follow it, so each shard's part is one row slice and one token
-    slice, found by one searchsorted over all shard boundaries of a split."""
-    keys = index["key"]
-    for task in plan.tasks():
-        lo, hi = shard_key_range(task.split, task.shard, task.num_shards)
-        first, last = np.searchsorted(keys, np.array([lo, hi], dtype=np.uint64), side="left")
+    slice, found by one searchsorted over every planned shard's boundaries."""
+    tasks = plan.tasks()
+    bounds = np.array([shard_key_range(t.split, t.shard, t.num_shards) for t in tasks], dtype=np.uint64)
+    edges = np.searchsorted(index["key"], bounds.reshape(-1), side="left").reshape(-1, 2)
+    for task, (first, last) in zip(tasks, edges):
         if last <= first:
             continue
         rows = index[first:last]

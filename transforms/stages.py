@@ -154,7 +154,8 @@ class UnitResult:
     dead_letter_path: Optional[str]
     source_stats: dict = field(default_factory=dict)  # transforms/corpus_stats.py, before dedup
     # First index row of a held-out split (val, then test: the split is the sort key's top bits), so the global
-    # dedup pass reads them with one ranged read, no search. None in units from before this field.
+    # dedup pass reads them with one ranged read, no search. tokenize_chunk always sets it; None (a unit built
+    # by hand, as some tests do) makes the pass search the index instead.
     held_out_start: Optional[int] = None
 
 

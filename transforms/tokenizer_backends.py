@@ -22,7 +22,6 @@ import importlib.metadata
 import logging
 import os
 import struct
-import threading
 import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -246,7 +245,6 @@ class KitokenEncoder(_SpotChecked):
         return [self._kt.encode(t, False) for t in batch]
 
 
-@functools.lru_cache(maxsize=2)  # ~0.3 s for Llama 2: once per process, whatever the number of worker threads
 def splintr_tokenizer_json(model_bytes: bytes) -> bytes:
     """A HuggingFace `tokenizer.json` that is the SentencePiece BPE model, for splintr's fast BPE (its byte-level
     family: chunk cache, cuts between words where the vocabulary proves them free, flat id buffers).
@@ -288,20 +286,14 @@ def splintr_tokenizer_json(model_bytes: bytes) -> bytes:
     return json.dumps(spec, ensure_ascii=False).encode("utf-8")
 
 
-_SPLINTR_TOKENIZERS: dict = {}  # model sha256 -> splintr tokenizer, shared by every encoder of this process
-_SPLINTR_LOCK = threading.Lock()
-
-
-def _splintr_tokenizer(splintr, model_bytes: bytes):
+@functools.lru_cache(maxsize=2)
+def _splintr_tokenizer(model_bytes: bytes):
     """One splintr tokenizer per model and process: building it takes ~0.4 s (the tokenizer.json of a 32k model),
     and with in-process workers (FnApiRunner multi_threading) the driver's parity check and every worker thread
     would each build their own. One object serves several threads exactly (tested)."""
-    key = hashlib.sha256(model_bytes).hexdigest()
-    with _SPLINTR_LOCK:
-        tok = _SPLINTR_TOKENIZERS.get(key)
-        if tok is None:
-            tok = _SPLINTR_TOKENIZERS[key] = splintr.from_json_bytes(splintr_tokenizer_json(model_bytes))
-        return tok
+    import splintr  # noqa: PLC0415 - optional dependency, imported only when chosen
+
+    return splintr.from_json_bytes(splintr_tokenizer_json(model_bytes))
 
 
 class SplintrEncoder(_SpotChecked):
@@ -318,13 +310,11 @@ class SplintrEncoder(_SpotChecked):
     name = "splintr"
 
     def __init__(self, model_bytes: bytes, sp, spot_check_every: int = SPOT_CHECK_EVERY):
-        import splintr  # noqa: PLC0415 - optional dependency, imported only when chosen
-
         problem = splintr_unsupported(model_bytes)
         if problem:
             raise ValueError(problem)
         super().__init__(sp, spot_check_every)
-        self._tok = _splintr_tokenizer(splintr, model_bytes)
+        self._tok = _splintr_tokenizer(model_bytes)
         if self._tok.family != "BPE":
             raise ValueError(f"splintr loaded the model as {self._tok.family!r}, not its BPE")
 

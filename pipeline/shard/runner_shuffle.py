@@ -13,13 +13,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from pipeline.shard import cancel
-from transforms import memory, shard_shuffle, stages
-
-
-def _setup(plan) -> None:
-    if plan.filesystem_options is not None:  # as shard_pipeline._apply_filesystem_options: S3 settings on workers
-        plan.filesystem_options.apply()
-    memory.pin_mmap_threshold()
+from transforms import shard_shuffle, stages
 
 
 def unit_elements(units: list, tasks: list, dedup) -> list:
@@ -46,7 +40,7 @@ class EmitPieces(beam.DoFn):
         self.pieces = Metrics.counter("pileprep", "shuffle_pieces")
 
     def setup(self):
-        _setup(self.plan)
+        self.plan.setup_worker()
 
     def process(self, element):
         unit, shard_plan = element
@@ -67,7 +61,7 @@ class PackGroupedShard(beam.DoFn):
         self.examples = Metrics.counter("pileprep", "examples")
 
     def setup(self):
-        _setup(self.plan)
+        self.plan.setup_worker()
 
     def process(self, key_and_values):
         key, values = key_and_values

@@ -88,6 +88,11 @@ class JobPlan:
                            "another process wrote to this run's staging directory")
         return data
 
+    def setup_worker(self) -> None:
+        """What every DoFn of the job does in setup(): the job's S3 settings, and the malloc threshold pin."""
+        _apply_filesystem_options(self)
+        memory.pin_mmap_threshold()
+
     @property
     def previous(self):
         from model_contract import Manifest  # noqa: PLC0415
@@ -238,8 +243,7 @@ class SplitInputFile(beam.DoFn):
         self.input_bytes = Metrics.counter("pileprep", "input_bytes")
 
     def setup(self):
-        _apply_filesystem_options(self.plan)
-        memory.pin_mmap_threshold()
+        self.plan.setup_worker()
 
     def process(self, element):
         # Every write of the call, its progress marker included, happens inside cancel.call: once the driver
@@ -272,8 +276,7 @@ class TokenizeChunk(beam.DoFn):
         self.raw_bytes = Metrics.counter("pileprep", "raw_bytes")
 
     def setup(self):
-        _apply_filesystem_options(self.plan)
-        memory.pin_mmap_threshold()
+        self.plan.setup_worker()
         model_bytes = self.plan.tokenizer_model()
         sp = tokenizer.load_processor(model_bytes, self.plan.config.tokenizer)
         self.sp = sp if self.plan.tokenizer_backend is None else tokenizer_backends.make_encoder(
@@ -308,8 +311,7 @@ class PackShard(beam.DoFn):
         self.examples = Metrics.counter("pileprep", "examples")
 
     def setup(self):
-        _apply_filesystem_options(self.plan)
-        memory.pin_mmap_threshold()
+        self.plan.setup_worker()
 
     def _units(self, path: str) -> list:
         if getattr(self, "_units_path", None) != path:
@@ -622,8 +624,7 @@ def _run_locked(config, options, incremental_run, log, progress_every_s, fs_opti
     guards.mark_staging(plan.staging_dir, config.output, plan.generation)
     try:
         return _execute(stage_model(plan), options, log, progress_every_s)
-    except BaseException as e:
-        _stop_in_process_workers()
+    except BaseException as e:  # in-process workers were stopped in _execute, before anything is removed
         _abandon(plan)
         if isinstance(e, KeyboardInterrupt):
             raise RunInterrupted(signal.SIGINT) from None
