@@ -7,6 +7,7 @@ SIGTERM end to end in tests/test_trust_ops_runs.py.
 """
 import dataclasses
 import logging
+import sys
 import threading
 import time
 
@@ -93,3 +94,21 @@ def test_beam_worker_errors_after_a_cancel_are_dropped_until_the_next_run(caplog
         cancel.reset()
         worker_log.error("Error processing instruction bundle_6")
         assert "bundle_6" in caplog.text
+
+
+def test_beam_worker_tracebacks_printed_after_a_cancel_are_dropped_until_the_next_run(capsys):
+    """Beam's SDK worker also `print`s the traceback of an abandoned bundle straight to sys.stderr, from its worker
+    thread (seen in CI before the driver's one-line message); once cancelled only the main thread's writes pass."""
+    def worker_prints(text):
+        thread = threading.Thread(target=lambda: print(text, file=sys.stderr))
+        thread.start()
+        thread.join(5)
+
+    cancel.reset()
+    cancel.cancel_and_wait(timeout_s=1)
+    worker_prints("KeyError: 'bundle_5'")
+    print("pileprep: interrupted", file=sys.stderr)
+    cancel.reset()
+    worker_prints("KeyError: 'bundle_6'")
+    err = capsys.readouterr().err
+    assert "bundle_5" not in err and "pileprep: interrupted" in err and "bundle_6" in err

@@ -11,6 +11,7 @@ Worker processes (multi_processing, remote runners) never see the flag: their ru
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 
@@ -52,9 +53,12 @@ def call(fn, *args):
             _active_lock.notify_all()
 
 
-# Beam's in-process SDK worker logs an error for every bundle it was still running when the runner shut down
-# (the runner has already dropped the bundle: KeyError on release), after the driver's one-line message. Those
-# records say nothing once the run is cancelled, so they are dropped until the next run starts (reset()).
+# Beam's in-process SDK worker reports every bundle it was still running when the runner shut down (the runner
+# has already dropped the bundle: KeyError on release), both as a log record and as a traceback it `print`s
+# straight to sys.stderr (sdk_worker.SdkHarness._execute), and either can land before or after the driver's
+# one-line message (both seen in CI). Once the run is cancelled they say nothing, so until the next run starts
+# (reset()) the worker loggers drop their records and sys.stderr passes only the main thread's writes: the
+# driver reports the run's end from the main thread; worker threads only report the bundles it abandoned.
 _BEAM_WORKER_LOGGERS = ("apache_beam.runners.worker.sdk_worker", "apache_beam.runners.worker.bundle_processor",
                         "apache_beam.runners.worker.data_plane", "apache_beam.runners.worker.operations",
                         "apache_beam.runners.portability.fn_api_runner.worker_handlers")
@@ -68,11 +72,28 @@ class _DropWhileCancelled(logging.Filter):
 _DROP_WHILE_CANCELLED = _DropWhileCancelled()
 
 
+class _MainThreadStderr:
+    """sys.stderr while a run is cancelled: the main thread writes through, other threads' writes are dropped."""
+
+    def __init__(self, wrapped):
+        self.wrapped = wrapped
+
+    def write(self, text):
+        if _stop.is_set() and threading.current_thread() is not threading.main_thread():
+            return len(text)
+        return self.wrapped.write(text)
+
+    def __getattr__(self, name):  # flush, fileno, encoding, isatty ... of the real stream
+        return getattr(self.wrapped, name)
+
+
 def _quiet_beam_workers() -> None:
     for name in _BEAM_WORKER_LOGGERS:
         logger = logging.getLogger(name)
         if _DROP_WHILE_CANCELLED not in logger.filters:
             logger.addFilter(_DROP_WHILE_CANCELLED)
+    if not isinstance(sys.stderr, _MainThreadStderr):
+        sys.stderr = _MainThreadStderr(sys.stderr)
 
 
 def cancel_and_wait(timeout_s: float = 30.0) -> bool:
@@ -92,3 +113,5 @@ def cancel_and_wait(timeout_s: float = 30.0) -> bool:
 def reset() -> None:
     """A new run in this process starts uncancelled (tests run several jobs in one interpreter)."""
     _stop.clear()
+    if isinstance(sys.stderr, _MainThreadStderr):
+        sys.stderr = sys.stderr.wrapped
