@@ -10,7 +10,7 @@ SEQ_LEN ?= 2048
 # torch's OpenMP threads spin and slow TF/Beam in the same process; passive waits cost nothing here.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: help setup shard test bench train clean flex-template worker-image env airflow retrieval retrieval-bench
+.PHONY: help setup shard test bench bench-megatron train clean flex-template worker-image env airflow retrieval retrieval-bench
 
 # `make help` lists targets with a `## text` after their prerequisites, and these:
 ##@ shard: tokenize, pack and shard the embedded sample corpus into out/sample (TOKENIZER=, SEQ_LEN=)
@@ -61,6 +61,11 @@ ifeq ($(origin TOKENIZER),file)
 else
 	$(BIN)/python bench/shard_bench.py --tokenizer $(TOKENIZER) $(BENCH_ARGS)
 endif
+
+# MEGATRON_DIR=<a Megatron-LM checkout, e.g. tag core_v0.16.1>: its preprocess_data.py beside pileprep shard.
+bench-megatron: $(STAMP) ## Megatron-LM's preprocess_data.py vs pileprep shard, same documents, 96/384 MB
+	test -n "$(MEGATRON_DIR)" || { echo "set MEGATRON_DIR to a Megatron-LM checkout"; exit 2; }
+	$(BIN)/python bench/megatron_side_by_side.py --megatron-dir "$(MEGATRON_DIR)" $(BENCH_ARGS)
 
 clean: ## remove out/
 	rm -rf out

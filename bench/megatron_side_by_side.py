@@ -1,0 +1,168 @@
+"""pileprep against Megatron-LM's own preprocessing on the same documents, in one run (issue 10's comparison).
+
+    python bench/megatron_side_by_side.py --megatron-dir DIR [--sizes 96 384] [--backends sentencepiece auto]
+
+DIR is a checkout of Megatron-LM (the figures in issue 10 used tag core_v0.16.1:
+`git clone --branch core_v0.16.1 https://github.com/NVIDIA/Megatron-LM`), run with this Python. For each corpus
+size (built by `pileprep sample --size-mb N`, cached like bench/shard_bench.py's):
+
+1. raw single-thread `sp.encode` of every document (bench/shard_bench.py's RawReference: the CPU floor);
+2. Megatron's `tools/preprocess_data.py --workers W --append-eod --tokenizer-type Llama2Tokenizer`, unchanged,
+   on one `.jsonl` holding the same documents. It cannot read `.jsonl.zst`; the plain file is written before
+   the clock starts, so Megatron is spared the decompression pileprep pays;
+3. `pileprep shard` with each backend, on the `.jsonl.zst` corpus, with the default runner, W workers
+   (bench/shard_bench.py's run_pipeline: the same command `make bench` times).
+
+Every tool runs in a fresh process; wall is start to exit; peak RSS is the largest single process (wait4's
+ru_maxrss over the process and every child it reaped) and the sampled process tree. Ratios as in
+bench/shard_bench.py: raw single-thread seconds ÷ (W × wall). The run order alternates per size so that a slow
+stretch of a shared VM does not always fall on the same tool.
+
+Megatron's `megatron.training` package imports a Triton GPU kernel module at import time (batch-invariant
+matmuls) that preprocessing never calls; without Triton installed (a CPU machine) that import fails, so the
+entry script `_megatron_entry.py` puts a stand-in for that one module in place before running Megatron's script
+with runpy. Nothing else of Megatron is touched.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from shard_bench import (MB, MiB, REPO, SAMPLE_EVERY_S, SHARED_TOKENIZER, RawReference, _installation_fingerprint,  # noqa: E402
+                         build_corpus, corpus_files, iter_texts, run_pipeline, tree_rss)
+
+ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_megatron_entry.py")
+# Megatron's indexed_dataset DType codes (megatron/core/datasets/indexed_dataset.py) -> bytes per token
+MEGATRON_DTYPE_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 4, 8: 2}
+
+
+def write_plain_jsonl(root: str, path: str) -> int:
+    """Every document of the corpus (train, val, test: what pileprep shards) as one plain jsonl for Megatron."""
+    if os.path.exists(path):
+        return sum(1 for _ in open(path, "rb"))
+    n = 0
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        for text in iter_texts(root):
+            f.write(json.dumps({"text": text}, ensure_ascii=False) + "\n")
+            n += 1
+    os.replace(path + ".tmp", path)
+    return n
+
+
+def megatron_tokens(prefix: str) -> int:
+    """Tokens Megatron wrote: its .bin's size over the dtype its .idx header names (9-byte magic, 8-byte version)."""
+    with open(prefix + ".idx", "rb") as f:
+        header = f.read(18)
+    return os.path.getsize(prefix + ".bin") // MEGATRON_DTYPE_BYTES[header[17]]
+
+
+def run_megatron(megatron_dir: str, jsonl: str, tokenizer: str, out_dir: str, workers: int) -> dict:
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.makedirs(out_dir)
+    prefix = os.path.join(out_dir, "corpus")
+    args = [sys.executable, ENTRY, os.path.join(megatron_dir, "tools", "preprocess_data.py"), "--input", jsonl,
+            "--output-prefix", prefix, "--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", tokenizer,
+            "--workers", str(workers), "--append-eod"]
+    env = dict(os.environ, PYTHONPATH=megatron_dir, OMP_WAIT_POLICY="PASSIVE", PYTHONWARNINGS="ignore")
+    with open(os.path.join(out_dir, "log"), "w+") as log:
+        start = time.perf_counter()
+        child = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out_dir)
+        peak_tree, done = [0], threading.Event()
+
+        def sample():
+            while not done.is_set():
+                try:
+                    peak_tree[0] = max(peak_tree[0], tree_rss(child.pid))
+                except Exception:  # noqa: BLE001 - the process tree changes under us
+                    pass
+                done.wait(SAMPLE_EVERY_S)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        _, status, usage = os.wait4(child.pid, 0)
+        wall = time.perf_counter() - start
+        done.set()
+        sampler.join()
+        log.seek(0)
+        text = log.read()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"Megatron's preprocess_data.py failed:\n{text[-3000:]}")
+    result = {"wall": wall, "tokens": megatron_tokens(prefix + "_text_document"),
+              "largest_mb": usage.ru_maxrss * 1024 / MiB, "tree_mb": peak_tree[0] / MiB}
+    shutil.rmtree(out_dir, ignore_errors=True)
+    return result
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--megatron-dir", default=os.environ.get("MEGATRON_DIR"), required="MEGATRON_DIR" not in os.environ,
+                   help="a Megatron-LM checkout (default $MEGATRON_DIR)")
+    p.add_argument("--tokenizer", default=SHARED_TOKENIZER, help="SentencePiece BPE model (Llama 2's by default)")
+    p.add_argument("--sizes", nargs="+", type=int, default=[96, 384], help="corpus sizes in MB")
+    p.add_argument("--backends", nargs="+", default=["sentencepiece", "auto"])
+    p.add_argument("--workers", type=int, default=2, help="Megatron's --workers; pileprep's default runner uses "
+                                                          "one worker per core")
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--cache-dir", default=os.path.join(REPO, "out", "bench"))
+    args = p.parse_args(argv)
+    script = os.path.join(args.megatron_dir, "tools", "preprocess_data.py")
+    if not os.path.exists(script):
+        raise SystemExit(f"{script} not found: --megatron-dir must be a Megatron-LM checkout")
+    if not os.path.exists(args.tokenizer):
+        raise SystemExit(f"tokenizer {args.tokenizer} not found")
+    fingerprint = _installation_fingerprint()
+    rows = []
+    for i, size in enumerate(args.sizes):
+        corpus = build_corpus(args.cache_dir, size, fingerprint, rebuild=False)
+        root = corpus["output_dir"]
+        jsonl = os.path.join(args.cache_dir, f"megatron-{size}mb.jsonl")
+        docs = write_plain_jsonl(root, jsonl)
+        raw = RawReference(args.tokenizer, root)
+        raw.measure()
+        print(f"{size} MB: {docs:,} documents; raw SentencePiece {raw.rate / 1e6:.2f} M tokens/s/core (pass 1)",
+              flush=True)
+        tools = ["megatron", *args.backends]
+        if i % 2:
+            tools.reverse()
+        results = {}
+        for tool in tools:
+            if tool == "megatron":
+                r = run_megatron(args.megatron_dir, jsonl, args.tokenizer,
+                                 os.path.join(args.cache_dir, "run", "megatron"), args.workers)
+            else:
+                r = run_pipeline(root, args.tokenizer, os.path.join(args.cache_dir, "run", f"side-{tool}"), tool,
+                                 args.seq_len, [])
+                tool = f"pileprep {tool} ({r['backend_ran']})"
+            results[tool] = r
+            print(f"  {tool}: {r['tokens']:,} tokens, wall {r['wall']:.1f}s, peak RSS largest "
+                  f"{r['largest_mb']:.0f} MB / tree {r['tree_mb']:.0f} MB", flush=True)
+        raw.measure()
+        rows.append((size, docs, raw, results))
+    print("\n## Megatron-LM preprocess_data.py vs pileprep shard, same documents, same machine, one run")
+    print(f"{args.workers} workers; ratio = raw single-thread s ÷ ({args.workers} × wall); raw = best of 2 passes "
+          "(before / after the tools ran)\n")
+    print("| corpus | tool | tokens | wall s | ratio | wall ÷ Megatron's | peak RSS largest / tree MB |")
+    print("|---|---|---|---|---|---|---|")
+    for size, docs, raw, results in rows:
+        meg = results["megatron"]["wall"]
+        for tool, r in sorted(results.items(), key=lambda kv: kv[0] != "megatron"):
+            raw_s = r["tokens"] / raw.rate
+            print(f"| {size} MB, {docs:,} docs | {tool} | {r['tokens'] / 1e6:.1f} M | {r['wall']:.1f} "
+                  f"| {raw_s / (args.workers * r['wall']):.2f} | {r['wall'] / meg:.2f} "
+                  f"| {r['largest_mb']:.0f} / {r['tree_mb']:.0f} |")
+    print("\n(Megatron reads plain .jsonl, written before its clock starts; pileprep reads and decompresses the "
+          ".jsonl.zst corpus, splits train/val/test, dedups, packs and writes TFRecord shards with a manifest)")
+    return 0
+
+
+if __name__ == "__main__":
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    sys.exit(main())
