@@ -7,7 +7,7 @@ from model_contract.contract import (CONTRACT_VERSION, INPUT_IDS, NEIGHBOURS, PI
                                      POSITIONS, SEGMENT_IDS, ContractError, ContractMismatchError,
                                      DataContract, Expectation, FeatureSpec, RetrievalSpec, TokenizerInfo,
                                      check_compatible, tf_feature_spec)
-from model_contract.example_codec import decode_example, encode_example
+from model_contract.example_codec import decode_example, encode_example, frame_examples
 from model_contract.manifest import (MANIFEST_NAME, Manifest, ShardInfo, load_manifest, manifest_path,
                                      resolve_shard_path)
 from model_contract.tfrecord import TFRecordCorruptError, frame_record, iter_records, read_records
@@ -15,7 +15,7 @@ from model_contract.tfrecord import TFRecordCorruptError, frame_record, iter_rec
 __all__ = [
     "CONTRACT_VERSION", "INPUT_IDS", "NEIGHBOURS", "PIECE_DOC_IDS", "PIECE_OFFSETS", "POSITIONS", "SEGMENT_IDS",
     "ContractError", "ContractMismatchError", "DataContract", "Expectation", "FeatureSpec", "RetrievalSpec",
-    "TokenizerInfo", "check_compatible", "tf_feature_spec", "decode_example", "encode_example",
+    "TokenizerInfo", "check_compatible", "tf_feature_spec", "decode_example", "encode_example", "frame_examples",
     "MANIFEST_NAME", "Manifest", "ShardInfo", "load_manifest", "manifest_path", "resolve_shard_path",
     "TFRecordCorruptError", "frame_record", "iter_records", "read_records",
 ]

@@ -211,6 +211,25 @@ def encode_example(features: Mapping[str, np.ndarray]) -> bytes:
     return b"".join(parts)
 
 
+def frame_examples(columns: Mapping[str, tuple], n: int) -> bytes:
+    """n `tf.train.Example`s framed as TFRecord records, back to back: what `frame_record(encode_example(...))`
+    gives for each example, in one call. `columns` maps a feature to (int64 values, splits): example e's value
+    is values[splits[e]:splits[e + 1]] (transforms/packing.py's blocks). With the C extension the whole block
+    is encoded, checksummed and framed without the GIL; without it, example by example."""
+    names = sorted(columns)
+    if _fast is not None and hasattr(_fast, "frame_int64_examples"):
+        return _fast.frame_int64_examples(
+            tuple((_key_field(name), np.ascontiguousarray(columns[name][0], dtype="<i8"),
+                   np.ascontiguousarray(columns[name][1], dtype="<i8")) for name in names), n)
+    from model_contract.tfrecord import frame_record  # noqa: PLC0415 - tfrecord imports nothing of this module
+
+    records = []
+    for e in range(n):
+        example = {name: columns[name][0][int(columns[name][1][e]):int(columns[name][1][e + 1])] for name in names}
+        records.append(frame_record(encode_example(example)))
+    return b"".join(records)
+
+
 # ---------------------------------------------------------------------------------------------- decode
 def _decode_feature(buf: memoryview):
     for field, wire, value in _iter_fields(buf):

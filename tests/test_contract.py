@@ -9,6 +9,7 @@ from model_contract import (ContractError, ContractMismatchError, DataContract, 
                             ShardInfo, TFRecordCorruptError, TokenizerInfo, check_compatible, decode_example,
                             encode_example, frame_record, iter_records, tf_feature_spec)
 from model_contract.example_codec import decode_varints, encode_varints
+from model_contract.tfrecord import masked_crc32c
 
 TOK = TokenizerInfo("sentencepiece", "ab" * 32, 1000, 2, 3, 0, 1)
 
@@ -123,3 +124,51 @@ def test_whole_example_c_encoder_and_python_path_give_identical_bytes(monkeypatc
     for c, data in zip(cases, fast):
         back = example_codec.decode_example(data)
         assert sorted(back) == sorted(c) and all((back[k] == v).all() for k, v in c.items())
+
+
+def test_framed_block_of_examples_is_each_example_framed_by_the_python_path(monkeypatch, tmp_path):
+    """frame_examples (one C call per block, without the GIL; its own CRC-32C) writes exactly the bytes of
+    frame_record(encode_example(...)) per example on the numpy path, and tf.data reads them."""
+    from model_contract import example_codec, frame_examples
+
+    if example_codec._fast is None:
+        pytest.skip("model_contract._varint was not built (no compiler): only the numpy path exists here")
+    rng = np.random.default_rng(13)
+    blocks = []
+    for n, seq_len in ((0, 4), (1, 1), (3, 7), (40, 2048)):
+        pieces = rng.integers(0, 5, n)  # examples with no piece at all, too (a padding-only example is never made,
+        splits = np.concatenate(([0], np.cumsum(pieces)))  # but the encoder must not care)
+        dense = np.arange(0, (n + 1) * seq_len, seq_len)
+        blocks.append(({"input_ids": (rng.integers(0, 1 << 20, n * seq_len), dense),
+                        "positions": (rng.integers(-2 ** 63, 2 ** 63 - 1, n * seq_len, dtype=np.int64), dense),
+                        "piece_doc_ids": (rng.integers(-2 ** 63, 2 ** 63 - 1, int(splits[-1]), dtype=np.int64),
+                                          splits)}, n))
+    fast = [frame_examples(columns, n) for columns, n in blocks]
+    c_module = example_codec._fast
+    monkeypatch.setattr(example_codec, "_fast", None)
+    slow = [frame_examples(columns, n) for columns, n in blocks]
+    assert fast == slow and fast[0] == b"" and len(fast[-1]) > 40 * 2048
+    for data in [bytes(rng.integers(0, 256, size, dtype=np.uint8)) for size in (0, 1, 7, 8, 9, 63, 4099)]:
+        want = masked_crc32c(data)  # google-crc32c
+        assert c_module.masked_crc32c(data) == want == c_module.masked_crc32c(data, True)
+    tf = pytest.importorskip("tensorflow")
+    path = tmp_path / "block.tfrecord"
+    path.write_bytes(fast[-1])
+    columns, n = blocks[-1]
+    read = [decode_example(bytes(r.numpy())) for r in tf.data.TFRecordDataset(str(path))]
+    assert len(read) == n
+    for e, example in enumerate(read):
+        for name, (values, splits) in columns.items():
+            assert (example[name] == values[splits[e]:splits[e + 1]]).all()
+
+
+def test_framed_block_refuses_splits_that_do_not_cover_the_values():
+    from model_contract import example_codec
+
+    if example_codec._fast is None:
+        pytest.skip("model_contract._varint was not built (no compiler)")
+    values = np.arange(10)
+    for splits, n in ((np.array([0, 4, 9]), 2), (np.array([0, 6, 4, 10]), 3), (np.array([1, 10]), 1),
+                      (np.array([0, 10]), 2)):
+        with pytest.raises(ValueError, match="splits"):
+            example_codec._fast.frame_int64_examples(((b"\x0a\x01x", values, splits),), n)

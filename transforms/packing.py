@@ -3,6 +3,11 @@
 Documents (token ids + EOS) are laid end to end; an example holds exactly `seq_len` tokens. A document that
 does not fit is split and continues in the next example (never truncated). Padding appears only at the very
 end of a packing group (one per shard), so the padding fraction is about num_shards * seq_len / 2 / tokens.
+
+The work is done a block of examples at a time with whole-array numpy passes (`pack_blocks`): a packer thread
+then spends a few calls per block holding the GIL instead of several per example and per piece, and the block
+goes to the writer as a whole (model_contract.frame_examples, one C call without the GIL). A block holds at
+most `block_examples * seq_len` tokens whatever the documents' sizes: a long document is taken a slice at a time.
 """
 from __future__ import annotations
 
@@ -12,6 +17,8 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from model_contract import INPUT_IDS, PIECE_DOC_IDS, PIECE_OFFSETS, POSITIONS, SEGMENT_IDS
+
+BLOCK_EXAMPLES = 64  # 131k tokens at seq_len 2048: three 1 MiB int64 arrays, ~0.8 MB of framed records
 
 
 @dataclass
@@ -28,59 +35,96 @@ class PackedExample:
                 PIECE_DOC_IDS: self.piece_doc_ids, PIECE_OFFSETS: self.piece_offsets}
 
 
-class _ExampleBuilder:
-    def __init__(self, seq_len: int, pad_id: int):
-        self.seq_len = seq_len
-        self.pad_id = pad_id
-        self._ramp = np.arange(seq_len, dtype=np.int64)
-        self.reset()
-
-    def reset(self) -> None:
-        self.input_ids = np.empty(self.seq_len, dtype=np.int64)
-        self.segment_ids = np.empty(self.seq_len, dtype=np.int64)
-        self.positions = np.empty(self.seq_len, dtype=np.int64)
-        self.doc_ids: list = []
-        self.offsets: list = []
-        self.fill = 0
+@dataclass
+class PackedBlock:
+    """Consecutive examples: dense features as [examples, seq_len] arrays, the per-piece ones flat, example e's
+    pieces being piece_*[piece_splits[e]:piece_splits[e + 1]]. Only a group's last block has padding, at its end."""
+    input_ids: np.ndarray  # int64 [n, seq_len]
+    segment_ids: np.ndarray
+    positions: np.ndarray
+    piece_doc_ids: np.ndarray  # int64 [pieces]
+    piece_offsets: np.ndarray  # int64 [pieces]
+    piece_splits: np.ndarray  # int64 [n + 1]
+    padding: int  # padding tokens, all in the last example
 
     @property
-    def room(self) -> int:
-        return self.seq_len - self.fill
+    def examples(self) -> int:
+        return self.input_ids.shape[0]
 
-    def add_piece(self, doc_id: int, offset: int, tokens: np.ndarray) -> None:
-        a, b = self.fill, self.fill + tokens.size
-        self.input_ids[a:b] = tokens
-        self.segment_ids[a:b] = len(self.doc_ids) + 1
-        self.positions[a:b] = self._ramp[:tokens.size]
-        self.doc_ids.append(doc_id)
-        self.offsets.append(offset)
-        self.fill = b
+    def columns(self) -> dict:
+        """{feature: (values, splits)} for model_contract.frame_examples: example e's value of a feature is
+        values[splits[e]:splits[e + 1]]."""
+        n, seq_len = self.input_ids.shape
+        dense = np.arange(0, (n + 1) * seq_len, seq_len, dtype=np.int64)
+        return {INPUT_IDS: (self.input_ids.reshape(-1), dense), SEGMENT_IDS: (self.segment_ids.reshape(-1), dense),
+                POSITIONS: (self.positions.reshape(-1), dense),
+                PIECE_DOC_IDS: (self.piece_doc_ids, self.piece_splits),
+                PIECE_OFFSETS: (self.piece_offsets, self.piece_splits)}
 
-    def finish(self) -> PackedExample:
-        padding = self.room
-        if padding:
-            self.input_ids[self.fill:] = self.pad_id
-            self.segment_ids[self.fill:] = 0
-            self.positions[self.fill:] = 0
-        example = PackedExample(self.input_ids, self.segment_ids, self.positions,
-                                np.array(self.doc_ids, dtype=np.int64), np.array(self.offsets, dtype=np.int64),
-                                padding)
-        self.reset()
-        return example
+    def example(self, e: int) -> PackedExample:
+        a, b = int(self.piece_splits[e]), int(self.piece_splits[e + 1])
+        return PackedExample(self.input_ids[e], self.segment_ids[e], self.positions[e], self.piece_doc_ids[a:b],
+                             self.piece_offsets[a:b], self.padding if e == self.examples - 1 else 0)
+
+
+def _build_block(pieces: list, seq_len: int, pad_id: int) -> PackedBlock:
+    """One block from its pieces [(doc_id, offset in the document, tokens)], laid end to end.
+
+    A piece here is a document's part inside the block; cutting the stream every seq_len tokens cuts those into
+    the examples' pieces. Every example's piece boundaries are the union of the block's piece starts and the
+    example starts; from them, per token, the segment id (piece number inside its example, from 1) and the
+    position (distance from its piece's start)."""
+    lengths = np.fromiter((t.size for _d, _o, t in pieces), dtype=np.int64, count=len(pieces))
+    real = int(lengths.sum())
+    n = -(-real // seq_len)
+    total = n * seq_len
+    stream = np.full(total, pad_id, dtype=np.int64)
+    np.concatenate([t for _d, _o, t in pieces], out=stream[:real], casting="unsafe")
+    starts = np.zeros(len(pieces), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    cuts = np.union1d(starts, np.arange(0, real, seq_len, dtype=np.int64))  # every example piece's start
+    part = np.searchsorted(starts, cuts, side="right") - 1  # the block piece each example piece belongs to
+    doc_ids = np.fromiter((d for d, _o, _t in pieces), dtype=np.int64, count=len(pieces))[part]
+    offsets = np.fromiter((o for _d, o, _t in pieces), dtype=np.int64, count=len(pieces))[part] + cuts - starts[part]
+    splits = np.searchsorted(cuts, np.arange(0, total + 1, seq_len, dtype=np.int64))  # the last is cuts.size
+    piece_len = np.diff(np.append(cuts, real))
+    segment = np.arange(1, cuts.size + 1, dtype=np.int64) - np.repeat(splits[:-1], np.diff(splits))
+    segment_ids = np.zeros(total, dtype=np.int64)
+    segment_ids[:real] = np.repeat(segment, piece_len)
+    positions = np.zeros(total, dtype=np.int64)
+    positions[:real] = np.arange(real, dtype=np.int64) - np.repeat(cuts, piece_len)
+    return PackedBlock(stream.reshape(n, seq_len), segment_ids.reshape(n, seq_len), positions.reshape(n, seq_len),
+                       doc_ids, offsets, splits.astype(np.int64), total - real)
+
+
+def pack_blocks(documents: Iterable, seq_len: int, pad_id: int,
+                block_examples: int = BLOCK_EXAMPLES) -> Iterator[PackedBlock]:
+    """Pack (doc_id, tokens-including-EOS) pairs, in the given order, into blocks of examples of exactly seq_len.
+
+    Every block but the last holds `block_examples` full examples; the last holds the rest, padded at its end."""
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be positive, got {seq_len}")
+    if block_examples < 1:
+        raise ValueError(f"block_examples must be positive, got {block_examples}")
+    block_tokens = seq_len * block_examples
+    pieces: list = []
+    room = block_tokens
+    for doc_id, tokens in documents:
+        offset = 0
+        while offset < tokens.size:
+            take = min(room, tokens.size - offset)
+            pieces.append((doc_id, offset, tokens[offset:offset + take]))
+            offset += take
+            room -= take
+            if room == 0:
+                yield _build_block(pieces, seq_len, pad_id)
+                pieces, room = [], block_tokens
+    if pieces:
+        yield _build_block(pieces, seq_len, pad_id)
 
 
 def pack_documents(documents: Iterable, seq_len: int, pad_id: int) -> Iterator[PackedExample]:
     """Pack (doc_id, tokens-including-EOS) pairs, in the given order, into examples of exactly seq_len."""
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be positive, got {seq_len}")
-    builder = _ExampleBuilder(seq_len, pad_id)
-    for doc_id, tokens in documents:
-        offset = 0
-        while offset < tokens.size:
-            take = min(builder.room, tokens.size - offset)
-            builder.add_piece(doc_id, offset, tokens[offset:offset + take])
-            offset += take
-            if builder.room == 0:
-                yield builder.finish()
-    if builder.fill:
-        yield builder.finish()
+    for block in pack_blocks(documents, seq_len, pad_id):
+        for e in range(block.examples):
+            yield block.example(e)

@@ -15,11 +15,11 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from model_contract import encode_example, frame_record
+from model_contract import frame_examples
 from transforms import corpus_stats, doc_ids, io_utils, mixture, read_parquet, tokenizer
 from transforms.documents import (DEAD_LETTER, HASHED, SPLIT_SHIFT, SPLITS, Document, assign_split, parse_record,
                                   shard_key_range, sort_key, split_wins)
-from transforms.packing import pack_documents
+from transforms.packing import pack_blocks
 from transforms.read_records import DEFAULT_MAX_ZSTD_WINDOW_BYTES, FileDamage, compression_of, iter_raw_records
 from transforms.spill import (INDEX_DTYPE, ChunkWriter, iter_chunk, read_index_range, read_index_rows,
                               read_token_range, write_index)
@@ -470,11 +470,11 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
             yield doc_id, tokens
 
     with io_utils.open_write(result.path) as raw, io_utils.HashingWriter(raw) as out:
-        for example in pack_documents(documents(), seq_len, pad_id):
-            out.write(frame_record(encode_example(example.features())))
-            result.examples += 1
-            result.tokens += seq_len - example.padding
-            result.padding_tokens += example.padding
+        for block in pack_blocks(documents(), seq_len, pad_id):  # a block of examples: one encode call, no GIL
+            out.write(frame_examples(block.columns(), block.examples))
+            result.examples += block.examples
+            result.tokens += block.examples * seq_len - block.padding
+            result.padding_tokens += block.padding
     result.bytes, result.sha256 = out.bytes, out.sha256
     result.sources = {k: dict(v) for k, v in sorted(sources.items())}
     result.written_per_file = dict(sorted(written.items()))
