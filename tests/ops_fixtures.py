@@ -96,6 +96,9 @@ def run_cli(args, timeout_s: float, env=None, cwd=None) -> subprocess.CompletedP
         out, err = proc.communicate()
         pytest.fail(f"pileprep {' '.join(args[:3])} ... did not finish within {timeout_s}s (killed):\n"
                     f"{err.decode(errors='replace')[-3000:]}")
+    except BaseException:  # pytest-timeout's SIGALRM failure, Ctrl-C: the run must not outlive the test
+        kill_group(proc)
+        raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out.decode(errors="replace"),
                                        err.decode(errors="replace"))
 
