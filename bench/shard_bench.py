@@ -305,6 +305,11 @@ def _secs(x) -> str:
     return "n/a" if x is None else f"{x:.1f}"
 
 
+def _gap(x: float) -> str:
+    """A miss as printed: one significant digit when 2 decimals would round it to "0.00" (1.104 against 1.1)."""
+    return f"{x:.2f}" if x >= 0.005 else f"{x:.1g}"
+
+
 def target_lines(backend_ran: str, fig: dict) -> list:
     kind = "sentencepiece" if backend_ran == "sentencepiece" else "fast"
     out = []
@@ -317,7 +322,7 @@ def target_lines(backend_ran: str, fig: dict) -> list:
             got, label = fig["sizes"].get(size, {}).get("e2e"), f"end to end {size}×"
         if got is None:
             continue
-        verdict = "met" if got >= target else f"missed by {target - got:.2f}"
+        verdict = "met" if got >= target else f"missed by {_gap(target - got)}"
         out.append(f"{label} {got:.2f} (target ≥ {target}): {verdict}")
     return out
 
@@ -368,7 +373,7 @@ def print_report(corpora: dict, raw: dict, by_backend: dict, workers: int, token
         for line in target_lines(ran, fig):
             print(f"  {backend} ({ran}): {line}")
         for k, v in rss_ratios(results, "largest_mb").items():
-            verdict = "met" if v <= RSS_TARGET else f"missed by {v - RSS_TARGET:.2f}"
+            verdict = "met" if v <= RSS_TARGET else f"missed by {_gap(v - RSS_TARGET)}"
             print(f"  {backend} ({ran}): largest-process peak RSS {k}×/1× {v:.2f} (target ≤ {RSS_TARGET}): "
                   f"{verdict}")
 
