@@ -32,12 +32,10 @@ import resource
 import shutil
 import subprocess
 import sys
-import threading
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from shard_bench import (MB, MiB, REPO, SAMPLE_EVERY_S, SHARED_TOKENIZER, RawReference, _installation_fingerprint,  # noqa: E402
-                         build_corpus, corpus_files, iter_texts, run_pipeline, tree_rss)
+from shard_bench import (REPO, SHARED_TOKENIZER, RawReference, _installation_fingerprint, build_corpus,  # noqa: E402
+                         iter_texts, run_measured, run_pipeline)
 
 ENTRY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_megatron_entry.py")
 # Megatron's indexed_dataset DType codes (megatron/core/datasets/indexed_dataset.py) -> bytes per token
@@ -45,9 +43,10 @@ MEGATRON_DTYPE_BYTES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 8, 7: 4, 8: 2}
 
 
 def write_plain_jsonl(root: str, path: str) -> int:
-    """Every document of the corpus (train, val, test: what pileprep shards) as one plain jsonl for Megatron."""
+    """Every document of the corpus (train, val, test: what pileprep shards) as one plain jsonl for Megatron, once."""
     if os.path.exists(path):
-        return sum(1 for _ in open(path, "rb"))
+        with open(path, "rb") as f:
+            return sum(1 for _ in f)
     n = 0
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         for text in iter_texts(root):
@@ -73,30 +72,13 @@ def run_megatron(megatron_dir: str, jsonl: str, tokenizer: str, out_dir: str, wo
             "--workers", str(workers), "--append-eod"]
     env = dict(os.environ, PYTHONPATH=megatron_dir, OMP_WAIT_POLICY="PASSIVE", PYTHONWARNINGS="ignore")
     with open(os.path.join(out_dir, "log"), "w+") as log:
-        start = time.perf_counter()
-        child = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out_dir)
-        peak_tree, done = [0], threading.Event()
-
-        def sample():
-            while not done.is_set():
-                try:
-                    peak_tree[0] = max(peak_tree[0], tree_rss(child.pid))
-                except Exception:  # noqa: BLE001 - the process tree changes under us
-                    pass
-                done.wait(SAMPLE_EVERY_S)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        _, status, usage = os.wait4(child.pid, 0)
-        wall = time.perf_counter() - start
-        done.set()
-        sampler.join()
+        run = run_measured(args, env, out_dir, log, subprocess.STDOUT)
         log.seek(0)
         text = log.read()
-    if os.waitstatus_to_exitcode(status) != 0:
+    if run["returncode"] != 0:
         raise SystemExit(f"Megatron's preprocess_data.py failed:\n{text[-3000:]}")
-    result = {"wall": wall, "tokens": megatron_tokens(prefix + "_text_document"),
-              "largest_mb": usage.ru_maxrss * 1024 / MiB, "tree_mb": peak_tree[0] / MiB}
+    result = {"wall": run["wall"], "tokens": megatron_tokens(prefix + "_text_document"),
+              "largest_mb": run["largest_mb"], "tree_mb": run["tree_mb"]}
     shutil.rmtree(out_dir, ignore_errors=True)
     return result
 
@@ -123,7 +105,7 @@ def main(argv=None) -> int:
     for i, size in enumerate(args.sizes):
         corpus = build_corpus(args.cache_dir, size, fingerprint, rebuild=False)
         root = corpus["output_dir"]
-        jsonl = os.path.join(args.cache_dir, f"megatron-{size}mb.jsonl")
+        jsonl = os.path.join(root, "megatron.jsonl")  # inside the corpus: a rebuilt corpus drops it too
         docs = write_plain_jsonl(root, jsonl)
         raw = RawReference(args.tokenizer, root)
         raw.measure()

@@ -208,6 +208,32 @@ _WALL = re.compile(r"^wall time\s+([\d,.]+)s\s*$", re.M)
 UNIT_MB = 3
 
 
+def run_measured(args: list, env: dict, cwd: str, stdout, stderr) -> dict:
+    """Run a command to its end: exit code, wall (start to exit), peak RSS of the largest process (wait4's
+    ru_maxrss: the process and every child it reaped) and of the whole process tree (sampled every 50 ms)."""
+    start = time.perf_counter()
+    child = subprocess.Popen(args, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
+    peak_tree, done = [0], threading.Event()
+
+    def sample():
+        while not done.is_set():
+            try:
+                peak_tree[0] = max(peak_tree[0], tree_rss(child.pid))
+            except Exception:  # noqa: BLE001 - the process tree changes under us; the next sample counts
+                pass
+            done.wait(SAMPLE_EVERY_S)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.perf_counter() - start
+    child.returncode = os.waitstatus_to_exitcode(status)
+    done.set()
+    sampler.join()
+    return {"returncode": child.returncode, "wall": wall, "largest_mb": usage.ru_maxrss * 1024 / MiB,
+            "tree_mb": peak_tree[0] / MiB}
+
+
 def run_pipeline(root: str, tokenizer: str, out: str, backend: str, seq_len: int, beam_args: list) -> dict:
     """One `pileprep shard` in a fresh process: wall (process and job), tokens, backend, peak RSS."""
     files = corpus_files(root)
@@ -219,41 +245,23 @@ def run_pipeline(root: str, tokenizer: str, out: str, backend: str, seq_len: int
             "--unit-mb", str(UNIT_MB), "--tokenizer-backend", backend, "--progress-every", "0", *beam_args]
     with open(os.path.join(out + "-logs", "stdout"), "w+") as so, open(os.path.join(out + "-logs", "stderr"),
                                                                        "w+") as se:
-        start = time.perf_counter()
-        child = subprocess.Popen(args, stdout=so, stderr=se, env=_env(), cwd=REPO)
-        peak_tree, done = [0], threading.Event()
-
-        def sample():
-            while not done.is_set():
-                try:
-                    peak_tree[0] = max(peak_tree[0], tree_rss(child.pid))
-                except Exception:  # noqa: BLE001 - the process tree changes under us; the next sample counts
-                    pass
-                done.wait(SAMPLE_EVERY_S)
-
-        sampler = threading.Thread(target=sample, daemon=True)
-        sampler.start()
-        _, status, usage = os.wait4(child.pid, 0)  # ru_maxrss: the CLI process and every worker it reaped
-        wall = time.perf_counter() - start
-        child.returncode = os.waitstatus_to_exitcode(status)
-        done.set()
-        sampler.join()
+        run = run_measured(args, _env(), REPO, so, se)
         so.seek(0)
         se.seek(0)
         stdout, stderr = so.read(), se.read()
-    if child.returncode != 0:
-        raise ShardRunFailed(f"pileprep shard failed (exit {child.returncode}): "
+    if run["returncode"] != 0:
+        raise ShardRunFailed(f"pileprep shard failed (exit {run['returncode']}): "
                              f"{' '.join(map(shlex.quote, args))}\n{stderr.strip()[-3000:]}")
     with open(os.path.join(out, "manifest.json")) as f:
         manifest = json.load(f)
     job = _WALL.search(stdout)
     chosen = manifest.get("tokenizer_backend") or {}
-    result = {"wall": wall, "job_wall": float(job.group(1).replace(",", "")) if job else None,
+    result = {"wall": run["wall"], "job_wall": float(job.group(1).replace(",", "")) if job else None,
               "tokens": sum(s["tokens"] for s in manifest["splits"].values()),
               "documents": sum(s["documents"] for s in manifest["splits"].values()),
               "backend_ran": chosen.get("name", "sentencepiece" if backend == "sentencepiece" else "?"),
               "backend_reason": chosen.get("reason", ""),
-              "largest_mb": usage.ru_maxrss * 1024 / MiB, "tree_mb": peak_tree[0] / MiB}
+              "largest_mb": run["largest_mb"], "tree_mb": run["tree_mb"]}
     shutil.rmtree(out, ignore_errors=True)  # the 16× output is ~0.5 GB; only the figures are kept
     return result
 

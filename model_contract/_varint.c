@@ -157,6 +157,22 @@ static PyObject *feature_entries(PyObject *arg, const char *what) {
     return seq;
 }
 
+/* The key field and int64 values buffers of one entry; -1 (and nothing held) on error. */
+static int get_entry_buffers(PyObject *key, PyObject *values, Py_buffer *kb, Py_buffer *vb) {
+    if (PyObject_GetBuffer(key, kb, PyBUF_SIMPLE) < 0) return -1;
+    if (PyObject_GetBuffer(values, vb, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(kb);
+        return -1;
+    }
+    if (vb->len % 8 != 0) {
+        PyBuffer_Release(kb);
+        PyBuffer_Release(vb);
+        PyErr_SetString(PyExc_ValueError, "values must be buffers of int64");
+        return -1;
+    }
+    return 0;
+}
+
 /* encode_int64_example(((key_field, int64 buffer), ...)) -> bytes of a tf.train.Example.
  * `key_field` is the encoded map-entry key (tag 1, length, name) and entries come in the order to write
  * (sorted by name: example_codec.encode_example decides). Sizes are computed first, so every byte is written
@@ -176,17 +192,7 @@ static PyObject *encode_int64_example(PyObject *self, PyObject *arg) {
             PyErr_SetString(PyExc_TypeError, "each entry must be a (key_field, int64 buffer) tuple");
             goto done;
         }
-        if (PyObject_GetBuffer(key, &keys[got], PyBUF_SIMPLE) < 0) goto done;
-        if (PyObject_GetBuffer(values, &vals[got], PyBUF_C_CONTIGUOUS) < 0) {
-            PyBuffer_Release(&keys[got]);
-            goto done;
-        }
-        if (vals[got].len % 8 != 0) {
-            PyBuffer_Release(&keys[got]);
-            PyBuffer_Release(&vals[got]);
-            PyErr_SetString(PyExc_ValueError, "encode_int64_example needs buffers of int64 values");
-            goto done;
-        }
+        if (get_entry_buffers(key, values, &keys[got], &vals[got]) < 0) goto done;
     }
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < k; i++) {
@@ -288,23 +294,19 @@ static PyObject *frame_int64_examples(PyObject *self, PyObject *args) {
             PyErr_SetString(PyExc_TypeError, "each entry must be a (key_field, int64 values, int64 splits) tuple");
             goto done;
         }
-        if (PyObject_GetBuffer(key, &keys[got], PyBUF_SIMPLE) < 0) goto done;
-        if (PyObject_GetBuffer(values, &vals[got], PyBUF_C_CONTIGUOUS) < 0) {
-            PyBuffer_Release(&keys[got]);
-            goto done;
-        }
+        if (get_entry_buffers(key, values, &keys[got], &vals[got]) < 0) goto done;
         if (PyObject_GetBuffer(bounds, &splits[got], PyBUF_C_CONTIGUOUS) < 0) {
             PyBuffer_Release(&keys[got]);
             PyBuffer_Release(&vals[got]);
             goto done;
         }
         const int64_t *b = (const int64_t *)splits[got].buf;
-        int bad = vals[got].len % 8 != 0 || splits[got].len != 8 * (n + 1) || b[0] != 0 || b[n] != vals[got].len / 8;
+        int bad = splits[got].len != 8 * (n + 1) || b[0] != 0 || b[n] != vals[got].len / 8;
         for (Py_ssize_t e = 0; !bad && e < n; e++) bad = b[e] > b[e + 1];
         if (bad) {
             got++;
-            PyErr_SetString(PyExc_ValueError, "values must be int64 and splits n + 1 rising int64 offsets from 0 "
-                                              "to the number of values");
+            PyErr_SetString(PyExc_ValueError, "splits must be n + 1 rising int64 offsets from 0 to the number of "
+                                              "values");
             goto done;
         }
     }

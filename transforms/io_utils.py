@@ -262,13 +262,15 @@ def delete_tree(path: str) -> None:
 class HashingWriter:
     """Write through to a stream while counting bytes and computing sha256 (for the manifest).
 
-    Small writes (one framed example, ~10 KB) are gathered into 1 MiB blocks that are hashed and written at
-    once: hashlib releases the GIL for every update over 2 KB, and with worker threads busy in Python each such
-    release costs the writer a wait for the GIL (measured: packing two shards on two threads took more CPU than
-    one after the other). Use it as a context manager inside the stream's own, so the last block is written
-    before the stream closes: `with open_write(p) as raw, HashingWriter(raw) as out:`."""
+    Small writes (a framed record, ~10 KB) are gathered into 1 MiB blocks that are hashed and written at once
+    (writes of DIRECT bytes or more go straight through): hashlib releases the GIL for every update over 2 KB,
+    and with worker threads busy in Python each such release costs the writer a wait for the GIL (measured:
+    packing two shards on two threads took more CPU than one after the other). Use it as a context manager
+    inside the stream's own, so the last block is written before the stream closes:
+    `with open_write(p) as raw, HashingWriter(raw) as out:`."""
 
     BLOCK = 1 << 20
+    DIRECT = 1 << 18  # a write this large is few enough handoffs already (a packer's block of examples, ~0.8 MB)
 
     def __init__(self, stream):
         self._stream = stream
@@ -278,7 +280,7 @@ class HashingWriter:
 
     def write(self, data: bytes) -> None:
         self.bytes += len(data)
-        if len(data) >= self.BLOCK:  # already a block: no copy into the buffer
+        if len(data) >= self.DIRECT:  # big enough on its own: no copy into the buffer
             self.flush()
             self._stream.write(data)
             self._sha.update(data)

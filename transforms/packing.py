@@ -74,18 +74,19 @@ def _build_block(pieces: list, seq_len: int, pad_id: int) -> PackedBlock:
     the examples' pieces. Every example's piece boundaries are the union of the block's piece starts and the
     example starts; from them, per token, the segment id (piece number inside its example, from 1) and the
     position (distance from its piece's start)."""
-    lengths = np.fromiter((t.size for _d, _o, t in pieces), dtype=np.int64, count=len(pieces))
+    doc_of, offset_of, arrays = zip(*pieces)
+    lengths = np.array([a.size for a in arrays], dtype=np.int64)
     real = int(lengths.sum())
     n = -(-real // seq_len)
     total = n * seq_len
     stream = np.full(total, pad_id, dtype=np.int64)
-    np.concatenate([t for _d, _o, t in pieces], out=stream[:real], casting="unsafe")
-    starts = np.zeros(len(pieces), dtype=np.int64)
+    np.concatenate(arrays, out=stream[:real], casting="unsafe")
+    starts = np.zeros(len(arrays), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
     cuts = np.union1d(starts, np.arange(0, real, seq_len, dtype=np.int64))  # every example piece's start
     part = np.searchsorted(starts, cuts, side="right") - 1  # the block piece each example piece belongs to
-    doc_ids = np.fromiter((d for d, _o, _t in pieces), dtype=np.int64, count=len(pieces))[part]
-    offsets = np.fromiter((o for _d, o, _t in pieces), dtype=np.int64, count=len(pieces))[part] + cuts - starts[part]
+    doc_ids = np.array(doc_of, dtype=np.int64)[part]
+    offsets = np.array(offset_of, dtype=np.int64)[part] + cuts - starts[part]
     splits = np.searchsorted(cuts, np.arange(0, total + 1, seq_len, dtype=np.int64))  # the last is cuts.size
     piece_len = np.diff(np.append(cuts, real))
     segment = np.arange(1, cuts.size + 1, dtype=np.int64) - np.repeat(splits[:-1], np.diff(splits))
@@ -94,7 +95,7 @@ def _build_block(pieces: list, seq_len: int, pad_id: int) -> PackedBlock:
     positions = np.zeros(total, dtype=np.int64)
     positions[:real] = np.arange(real, dtype=np.int64) - np.repeat(cuts, piece_len)
     return PackedBlock(stream.reshape(n, seq_len), segment_ids.reshape(n, seq_len), positions.reshape(n, seq_len),
-                       doc_ids, offsets, splits.astype(np.int64), total - real)
+                       doc_ids, offsets, splits, total - real)
 
 
 def pack_blocks(documents: Iterable, seq_len: int, pad_id: int,
