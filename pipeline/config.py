@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import typing
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -41,6 +42,13 @@ def option(default=dataclasses.MISSING, help: str = "", *, flag: Optional[str] =
     if isinstance(default, (list, dict, set)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def _literal_choices(cls) -> dict:
+    """{field: its allowed values} for the dataclass fields typed Literal[...], so a check never repeats them."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: typing.get_args(hints[f.name]) for f in dataclasses.fields(cls)
+            if typing.get_origin(hints[f.name]) is Literal}
 
 
 @dataclass(frozen=True)
@@ -136,11 +144,11 @@ class ShardConfig:
                 problems.append(f"{name} must be in [0, 1), got {value}")
         if self.val_fraction + self.test_fraction >= 1.0:
             problems.append("--val-fraction + --test-fraction must leave something for train")
-        if self.tokenizer_backend not in ("auto", "sentencepiece", "kitoken", "splintr"):
-            problems.append("--tokenizer-backend must be auto, sentencepiece, kitoken or splintr, "
-                            f"got {self.tokenizer_backend!r}")
-        if self.shuffle not in ("auto", "files", "runner"):
-            problems.append(f"--shuffle must be auto, files or runner, got {self.shuffle!r}")
+        for name, choices in _literal_choices(type(self)).items():  # the allowed values are the type's own
+            value = getattr(self, name)
+            if value not in choices:
+                problems.append(f"--{name.replace('_', '-')} must be {', '.join(choices[:-1])} or {choices[-1]}, "
+                                f"got {value!r}")
         if not 0.0 <= self.max_dead_letter_fraction <= 1.0:
             problems.append(f"--max-dead-letter-fraction must be in [0, 1], got {self.max_dead_letter_fraction}")
         if self.unit_mb <= 0 or self.max_line_mb <= 0:

@@ -93,6 +93,7 @@ def test_config_file_supplies_options_and_flags_override_it(tmp_path):
     ("incremental = 3\n", "--incremental: expected true or false"),
     ("input = [1, 2]\n", "--input: expected a string or a list of strings"),
     ("seq-len = \n", "--config"),
+    ('tokenizer-backend = "fast"\n', "--tokenizer-backend: 'fast' is not one of auto, sentencepiece, kitoken, splintr"),
 ])
 def test_bad_config_file_is_one_line_exit_2(tmp_path, capsys, body, needle):
     cfg = tmp_path / "bad.toml"
@@ -251,3 +252,16 @@ def test_verbosity_after_the_subcommand_version_and_env(capsys):
     from model_contract import example_codec
 
     assert report["c_varint_codec"]["active"] == (example_codec._fast is not None)  # noqa: SLF001
+
+
+def test_a_bad_choice_built_in_code_fails_validation_with_the_types_own_choices():
+    """ShardConfig made in code (the Airflow DAG, tests) skips the CLI's choice check: validate() refuses any
+    value outside a Literal field's choices, naming the flag and listing them."""
+    from pipeline.config import ConfigError, ShardConfig
+
+    good = ShardConfig(inputs=("a",), output="o", tokenizer="t")
+    for name, flag, listed in (("tokenizer_backend", "--tokenizer-backend", "auto, sentencepiece, kitoken or splintr"),
+                               ("shuffle", "--shuffle", "auto, files or runner")):
+        with pytest.raises(ConfigError, match=f"{flag} must be {listed}, got 'bogus'"):
+            dataclasses.replace(good, **{name: "bogus"}).validate()
+    good.validate()
