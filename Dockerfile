@@ -5,7 +5,7 @@
 # then run the job with  --sdk_container_image=REGISTRY/pileprep-worker:0.1.0  (Dataflow), or
 #   --environment_type=DOCKER --environment_config=REGISTRY/pileprep-worker:0.1.0  (Flink / Spark portable),
 # and without --setup_file: the image already holds pileprep and its pinned dependencies.
-# tests/test_install.py checks this file's base image, build context and requirements without a Docker daemon.
+# tests/unit/tools/test_install.py checks this file's base image, build context and requirements without a Docker daemon.
 FROM apache/beam_python3.11_sdk:2.77.0
 
 # Only what the package needs (see .dockerignore), copied to a build directory that is removed afterwards: a

@@ -10,7 +10,7 @@ SEQ_LEN ?= 2048
 # torch's OpenMP threads spin and slow TF/Beam in the same process; passive waits cost nothing here.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: help setup shard test bench bench-megatron train clean flex-template worker-image env airflow retrieval retrieval-bench
+.PHONY: help setup shard test test-fast bench bench-megatron train clean flex-template worker-image env airflow retrieval retrieval-bench
 
 # `make help` lists targets with a `## text` after their prerequisites, and these:
 ##@ shard: tokenize, pack and shard the embedded sample corpus into out/sample (TOKENIZER=, SEQ_LEN=)
@@ -44,14 +44,17 @@ shard: $(STAMP) $(SAMPLE_DIR)/.done $(TOKENIZER)
 
 # Real Airflow for the DAG test, in its own venv: its pins do not co-install with Beam's.
 AIRFLOW_VERSION ?= 3.3.2
-airflow: .venv-airflow/.installed ## real Airflow in .venv-airflow (tests/test_airflow.py)
+airflow: .venv-airflow/.installed ## real Airflow in .venv-airflow (tests/e2e/test_airflow.py)
 .venv-airflow/.installed:
 	test -x .venv-airflow/bin/python || $(PY) -m venv .venv-airflow
 	.venv-airflow/bin/pip install -q "apache-airflow==$(AIRFLOW_VERSION)"
 	touch $@
 
-test: $(STAMP) ## run the test suite
+test: $(STAMP) ## run the whole test suite (tests/unit and tests/e2e; what CI runs)
 	$(BIN)/python -m pytest -q tests
+
+test-fast: $(STAMP) ## the unit tests only (tests/unit/<room>/, marker unit), a few minutes
+	$(BIN)/python -m pytest -q tests/unit -m unit
 
 # The Llama 2 model from ../shared/data when present (else the sample one); TOKENIZER=, BENCH_ARGS=--quick to override.
 bench: $(STAMP) ## shard throughput and peak RSS at 24/96/384 MB vs raw SentencePiece, per backend (~15-20 min)

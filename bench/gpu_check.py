@@ -14,7 +14,7 @@ section and finished sections are skipped when the script is rerun (--force reru
 5. cli       `python -m trainer.train` on 125M for 30 steps with a checkpoint, then a 10-step resume.
 
     python bench/gpu_check.py                 # on the GPU machine
-    python bench/gpu_check.py --tiny          # CPU, tiny shapes (tests/test_gpu_check.py); flex runs eagerly
+    python bench/gpu_check.py --tiny          # CPU, tiny shapes (tests/unit/trainer/test_gpu_check.py); flex runs eagerly
     python bench/gpu_check.py --variants before after-no-compile after   # the old path is selectable
 """
 from __future__ import annotations

@@ -23,8 +23,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from pipeline.retrieval import store  # noqa: E402
-from transforms import retrieval_encoders, retrieval_index, tokenizer  # noqa: E402
-from transforms.retrieval_index import Exclusion, IndexConfig  # noqa: E402
+from transforms.retrieval import retrieval_encoders, retrieval_index  # noqa: E402
+from transforms.tokenize import tokenizer  # noqa: E402
+from transforms.retrieval.retrieval_index import Exclusion, IndexConfig  # noqa: E402
 
 
 def load_chunks(args):

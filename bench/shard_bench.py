@@ -46,8 +46,8 @@ from importlib import metadata
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from transforms.documents import Document, parse_record  # noqa: E402
-from transforms.read_records import RawRecord, compression_of, iter_raw_records  # noqa: E402
+from transforms.shard.documents import Document, parse_record  # noqa: E402
+from transforms.io.read_records import RawRecord, compression_of, iter_raw_records  # noqa: E402
 
 SHARED_TOKENIZER = os.path.join(os.path.dirname(REPO), "shared", "data", "tokenizers", "llama2-bpe-32k.model")
 SAMPLE_TOKENIZER = os.path.join(REPO, "out", "tokenizer", "sample-8k.model")  # `make bench` trains it if needed

@@ -24,7 +24,7 @@ sys.path.insert(0, REPO)
 
 from pipeline.config import ShardConfig  # noqa: E402
 from pipeline.shard import shard_pipeline  # noqa: E402
-from transforms import io_utils  # noqa: E402
+from transforms.io import io_utils  # noqa: E402
 
 IN_MEMORY = ["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 LLAMA2 = os.path.join(os.path.dirname(REPO), "shared", "data", "tokenizers", "llama2-bpe-32k.model")

@@ -36,7 +36,7 @@ UNIT_BYTES = 32 << 20
 SHARD_BYTES = 1 << 30
 DISK_BYTES_PER_TOKEN = 6.0   # serialized Example bytes per token (pipeline/config.py BYTES_PER_TOKEN_ESTIMATE)
 SPILL_BYTES_PER_TOKEN = 2    # uint16 token ids in the spill
-INDEX_ROW = 48               # transforms/spill.py INDEX_DTYPE
+INDEX_ROW = 48               # transforms/shard/spill.py INDEX_DTYPE
 BUCKETS = 4096
 SHUFFLE_BATCH = 64 << 20
 

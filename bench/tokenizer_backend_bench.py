@@ -29,7 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from transforms import tokenizer_backends as tb  # noqa: E402
+from transforms.tokenize import tokenizer_backends as tb  # noqa: E402
 
 EDGE_CASES = [
     "<s>hello</s> <unk> <pad> [INST] x", "<0x0A> <0x41>", "\u200b\ufeff\U0001f600 ünïcödé\r\n\t",

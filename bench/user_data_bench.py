@@ -20,8 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from model_contract import decode_example, load_manifest, read_records
-from transforms.read_parquet import iter_parquet_records
-from transforms.read_records import compression_of, iter_raw_records
+from transforms.io.read_parquet import iter_parquet_records
+from transforms.io.read_records import compression_of, iter_raw_records
 
 
 def _timed(fn):

@@ -12,7 +12,7 @@ import time
 
 from apache_beam.io.filesystems import FileSystems
 
-from transforms import io_utils
+from transforms.io import io_utils
 
 
 def _write(open_fn, directory: str, files: int, mib: int) -> float:

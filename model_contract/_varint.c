@@ -269,7 +269,7 @@ static inline unsigned char *put_le32(unsigned char *p, uint32_t v) {
 
 /* frame_int64_examples(((key_field, int64 values, int64 splits), ...), n) -> bytes of n TFRecord records, each
  * a tf.train.Example laid out exactly as encode_int64_example writes it; example e's value of a feature is
- * values[splits[e]:splits[e + 1]]. One call per block of examples (transforms/packing.py), all of its work
+ * values[splits[e]:splits[e + 1]]. One call per block of examples (transforms/shard/packing.py), all of its work
  * without the GIL: sizes first, then every byte written once, framed (length, masked CRC-32C of the length,
  * data, masked CRC-32C of the data) as tf.io.TFRecordWriter does. */
 static PyObject *frame_int64_examples(PyObject *self, PyObject *args) {

@@ -214,7 +214,7 @@ def encode_example(features: Mapping[str, np.ndarray]) -> bytes:
 def frame_examples(columns: Mapping[str, tuple], n: int) -> bytes:
     """n `tf.train.Example`s framed as TFRecord records, back to back: what `frame_record(encode_example(...))`
     gives for each example, in one call. `columns` maps a feature to (int64 values, splits): example e's value
-    is values[splits[e]:splits[e + 1]] (transforms/packing.py's blocks). With the C extension the whole block
+    is values[splits[e]:splits[e + 1]] (transforms/shard/packing.py's blocks). With the C extension the whole block
     is encoded, checksummed and framed without the GIL; without it, example by example."""
     names = sorted(columns)
     if _fast is not None and hasattr(_fast, "frame_int64_examples"):

@@ -97,7 +97,7 @@ PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, Permiss
 
 # -------------------------------------------------------------------------------------------- commands
 def staging_root(config: ShardConfig) -> str:
-    from transforms import io_utils  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
 
     return config.staging_dir or io_utils.join(config.output, "_staging")
 

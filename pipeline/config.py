@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from pipeline.errors import ConfigError  # noqa: F401 - re-exported: `from pipeline.config import ConfigError`
-from transforms import mixture
-from transforms.documents import SPLITS
+from transforms.shard import mixture
+from transforms.shard.documents import SPLITS
 
-PILEPREP_VERSION = "0.1.0"  # equals [project].version in pyproject.toml (tests/test_install.py checks)
+PILEPREP_VERSION = "0.1.0"  # equals [project].version in pyproject.toml (tests/unit/tools/test_install.py checks)
 BYTES_PER_TOKEN_ESTIMATE = 6.0  # serialized int64 varints of 3 features + framing, measured on the sample
 DEFAULT_HOLDOUT_FRACTION = 0.01  # val and test share of train inputs when no held-out files are given
 # Packing holds one example at a time: 3 int64 features, their serialized form and the framed record, measured
@@ -95,11 +95,11 @@ class ShardConfig:
     source_weights: str = option(
         "", "mixture weights as epochs per source: 'Pile-CC=1,Wikipedia (en)=3', the preset 'pile' (the Pile "
         "paper's epochs), or both ('pile,Github=0.5'); unlisted sources weigh 1; train split only "
-        "(transforms/mixture.py)", metavar="SPEC")
+        "(transforms/shard/mixture.py)", metavar="SPEC")
     # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
     tokenizer_backend: Literal["auto", "sentencepiece", "kitoken", "splintr"] = option(
         "auto", "exact fast tokenizer path: auto uses splintr (else kitoken) on BPE models after id-for-id parity "
-        "with SentencePiece on the run's sample (transforms/tokenizer_backends.py)", manifest=False)
+        "with SentencePiece on the run's sample (transforms/tokenize/tokenizer_backends.py)", manifest=False)
     shuffle: Literal["auto", "files", "runner"] = option(
         "auto", "how tokenized documents reach their shard (docs/SHUFFLE.md): files = pack tasks read ranges of "
         "every unit's spill files; runner = the runner's GroupByKey moves per-shard pieces (for Dataflow, Flink, "

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from model_contract import ContractError, ContractMismatchError
-from transforms.tokenizer import TokenizerError
+from transforms.tokenize.tokenizer import TokenizerError
 
 
 class UserError(ValueError):

@@ -55,3 +55,16 @@ def tiny_tokenizer(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("tok") / "tiny.model"
     path.write_bytes(model.getvalue())
     return str(path)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "e2e: end-to-end run (runners, CLI, S3, crash, torchrun); tests/e2e/")
+    config.addinivalue_line("markers", "unit: a unit test of one module; tests/unit/<room>/")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Markers from the folder: tests/unit/<room>/ mirrors the code, tests/e2e/ runs whole commands."""
+    for item in items:
+        parts = pathlib.Path(str(item.fspath)).relative_to(REPO / "tests").parts
+        if parts and parts[0] in ("unit", "e2e"):
+            item.add_marker(getattr(pytest.mark, parts[0]))

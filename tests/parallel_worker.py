@@ -1,4 +1,4 @@
-"""torchrun worker for the FSDP2 / tensor-parallel equality tests (tests/test_trainer_parallel2.py).
+"""torchrun worker for the FSDP2 / tensor-parallel equality tests (tests/e2e/test_trainer_layouts.py).
 
 Every rank builds the unparallelised model and computes the reference loss and gradients of one global batch
 locally; then, for each requested layout (dp x pp x tp, FSDP on or off, activation checkpointing), it builds its

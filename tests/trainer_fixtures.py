@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from model_contract import DataContract, Manifest, ShardInfo, TokenizerInfo, encode_example, frame_record
-from transforms.packing import pack_documents
+from transforms.shard.packing import pack_documents
 
 EOS = 1
 PAD = 0

@@ -18,7 +18,7 @@ The estimate is analytic (so it runs on a laptop for a 6.7B model) and counts, f
   buffers, pipeline send/receive buffers;
 - a fixed CUDA context + allocator margin.
 It refuses a layout whose total exceeds the GPU's memory. Checked on CPU against torch's own accounting
-(`torch.distributed._tools.mem_tracker.MemTracker`) in tests/test_trainer_plan.py.
+(`torch.distributed._tools.mem_tracker.MemTracker`) in tests/unit/trainer/test_trainer_plan.py.
 """
 from __future__ import annotations
 

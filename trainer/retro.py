@@ -6,7 +6,7 @@ generation before any process-group work; the loader reads each example's neighb
 (same shard, same record index: data keyed by record, so resume is exact); every chosen layer of a `GPTStage`
 owns a `RetroLayer` (its own neighbour encoder and embedding, so any pipeline stage can hold it) applied after
 that block, and the neighbours travel with the micro-batch to every stage like segment_ids. `RetroBlock` and
-`SidecarReader` are the standalone forms (tests/test_retrieval_retro.py).
+`SidecarReader` are the standalone forms (tests/unit/retrieval/test_retrieval_retro.py).
 
 CCA (Borgeaud et al. 2022, §2.4): the sequence of n tokens is cut into chunks of m; the neighbours of chunk u
 were retrieved with chunk u's tokens, so they may only inform tokens *after* chunk u is complete. Tokens

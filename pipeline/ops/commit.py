@@ -13,7 +13,7 @@ from typing import Optional
 from model_contract import MANIFEST_NAME, Manifest
 from model_contract.manifest import check_generation_name
 from pipeline.config import ConfigError
-from transforms import io_utils
+from transforms.io import io_utils
 
 
 def manifest_location(output_dir: str) -> str:

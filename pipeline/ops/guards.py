@@ -27,9 +27,9 @@ from apache_beam.io.filesystems import FileSystems
 from model_contract import MANIFEST_NAME, Manifest
 from model_contract.manifest import is_generation_name, resolve_dataset_path
 from pipeline.errors import ConfigError, RunError
-from transforms import io_utils
-from transforms.documents import parse_record
-from transforms.read_records import FileDamage, compression_of, iter_raw_records
+from transforms.io import io_utils
+from transforms.shard.documents import parse_record
+from transforms.io.read_records import FileDamage, compression_of, iter_raw_records
 
 LOG = logging.getLogger("pileprep.guards")
 STAGING_MARKER = ".pileprep-staging.json"

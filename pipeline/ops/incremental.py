@@ -33,7 +33,8 @@ from model_contract import Manifest
 from model_contract.manifest import is_generation_name
 from pipeline.config import ConfigError
 from pipeline.ops.redaction import redact_userinfo
-from transforms import corpus_stats, io_utils
+from transforms.shard import corpus_stats
+from transforms.io import io_utils
 
 LOG = logging.getLogger("pileprep.incremental")
 HASH_BLOCK = 8 << 20
@@ -261,7 +262,7 @@ def merge(previous: Manifest, new: Manifest) -> Manifest:
     seq_len = new.contract.seq_len
     extra = dict(new.extra)
     extra.update(integrity.merge_integrity_sections(previous, new))  # id indexes, dead-letter sums, duplicates
-    if "statistics" in extra:  # the report's distributions cover every generation (transforms/corpus_stats.py)
+    if "statistics" in extra:  # the report's distributions cover every generation (transforms/shard/corpus_stats.py)
         extra["statistics"] = corpus_stats.merge_sections(previous.extra.get("statistics"), new.extra["statistics"])
     return Manifest(
         contract=new.contract,

@@ -31,7 +31,7 @@ import uuid
 from typing import Optional
 
 from pipeline.config import ConfigError
-from transforms import io_utils
+from transforms.io import io_utils
 
 LOG = logging.getLogger("pileprep.lock")
 LOCK_NAME = ".pileprep.lock"

@@ -23,7 +23,7 @@ from typing import Callable, Optional
 
 from apache_beam.io.filesystems import FileSystems
 
-from transforms import io_utils
+from transforms.io import io_utils
 
 LOG = logging.getLogger("pileprep.progress")
 NAMESPACE = "pileprep"

@@ -21,7 +21,7 @@ import traceback
 import uuid
 from typing import Optional
 
-from transforms import io_utils
+from transforms.io import io_utils
 
 
 class RunLog:

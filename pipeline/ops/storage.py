@@ -15,7 +15,7 @@ from typing import Optional
 
 from pipeline.config import ConfigError
 from pipeline.ops.redaction import redact_userinfo
-from transforms import io_utils
+from transforms.io import io_utils
 
 LOG = logging.getLogger("pileprep.storage")
 CREDENTIAL_HINT = ("check the credentials: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws, "
@@ -29,7 +29,7 @@ def _bucket_key(path: str) -> tuple:
 
 
 def s3_client(options: Optional[dict]):
-    """A boto3 S3 client built from Beam's s3_* options (one implementation: transforms/io_utils.py)."""
+    """A boto3 S3 client built from Beam's s3_* options (one implementation: transforms/io/io_utils.py)."""
     return io_utils.s3_client(options)
 
 

@@ -3,8 +3,8 @@
 Documents are re-assembled from the shards' provenance (`piece_doc_ids` / `piece_offsets`), so the database
 holds exactly the tokens the trainer sees, with no second tokenization. Each document's source is joined from
 the dataset's input files (a JSON parse, no tokenizing). Wiring only; the work is in
-transforms/retrieval_chunks.py (chunks), transforms/retrieval_encoders.py (encoders, the RunInference model
-handler) and transforms/retrieval_index.py (Faiss). Every name and order derives from document ids and the
+transforms/retrieval/retrieval_chunks.py (chunks), transforms/retrieval/retrieval_encoders.py (encoders, the RunInference model
+handler) and transforms/retrieval/retrieval_index.py (Faiss). Every name and order derives from document ids and the
 config, so the database is byte-identical for any number of workers and any runner.
 """
 from __future__ import annotations
@@ -24,9 +24,11 @@ from pipeline.ops import runners
 from pipeline.retrieval import store
 from pipeline.retrieval.config import BuildConfig
 from pipeline.shard.shard_pipeline import FilesystemOptions, pipeline_options
-from transforms import io_utils, retrieval_chunks, retrieval_encoders, retrieval_index, tokenizer
-from transforms.documents import DEAD_LETTER, FILTERED, parse_record
-from transforms.read_records import FileDamage, compression_of, iter_raw_records
+from transforms.io import io_utils
+from transforms.retrieval import retrieval_chunks, retrieval_encoders, retrieval_index
+from transforms.tokenize import tokenizer
+from transforms.shard.documents import DEAD_LETTER, FILTERED, parse_record
+from transforms.io.read_records import FileDamage, compression_of, iter_raw_records
 
 LOG = logging.getLogger("pileprep.retrieval")
 UNKNOWN_SOURCE = ""

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pipeline.config import ConfigError
-from transforms.retrieval_encoders import ENCODERS
-from transforms.retrieval_index import validate_spec
+from transforms.retrieval.retrieval_encoders import ENCODERS
+from transforms.retrieval.retrieval_index import validate_spec
 
 
 @dataclass(frozen=True)

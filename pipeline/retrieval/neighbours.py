@@ -25,8 +25,10 @@ from pipeline.ops import runners
 from pipeline.retrieval import build, store
 from pipeline.retrieval.config import NeighboursConfig
 from pipeline.shard.shard_pipeline import FilesystemOptions, pipeline_options
-from transforms import io_utils, retrieval_chunks, retrieval_encoders, retrieval_index, tokenizer
-from transforms.retrieval_encoders import EncoderInfo, EncoderMismatchError
+from transforms.io import io_utils
+from transforms.retrieval import retrieval_chunks, retrieval_encoders, retrieval_index
+from transforms.tokenize import tokenizer
+from transforms.retrieval.retrieval_encoders import EncoderInfo, EncoderMismatchError
 
 LOG = logging.getLogger("pileprep.retrieval")
 QUERY_BATCH = 256

@@ -4,7 +4,8 @@ from __future__ import annotations
 from model_contract import decode_example, load_manifest, read_records
 from model_contract.retrieval import check_sidecar, decode_sidecar
 from pipeline.retrieval import store
-from transforms import retrieval_chunks, tokenizer
+from transforms.retrieval import retrieval_chunks
+from transforms.tokenize import tokenizer
 
 
 def _clip(text: str, limit: int = 300) -> str:

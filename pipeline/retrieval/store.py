@@ -23,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from transforms import io_utils
+from transforms.io import io_utils
 
 DB_FORMAT = "pileprep.retrieval_db"
 NEIGHBOURS_FORMAT = "pileprep.retrieval_neighbours"

@@ -2,7 +2,7 @@
 
 - `dead_letter_files`: size and sha256 of every dead-letter file (shards carry theirs in `ShardInfo`), so
   `pileprep verify` can check every file a manifest names;
-- `doc_id_indexes`: one row per generation — its id index (transforms/doc_ids.py: every document id it holds,
+- `doc_id_indexes`: one row per generation — its id index (transforms/shard/doc_ids.py: every document id it holds,
   sorted) with size, sha256 and document count. `--incremental` runs look new documents up there;
 - `duplicates_by_source`: exact duplicates removed, counted by the source of the removed copy (the kept copy's
   source is the one in `sources`).
@@ -17,7 +17,7 @@ from typing import Optional
 from model_contract import Manifest
 from pipeline.ops import incremental
 from pipeline.shard.manifest_builder import _relative
-from transforms import io_utils
+from transforms.io import io_utils
 
 DEAD_LETTER_FILES = "dead_letter_files"
 DOC_ID_INDEXES = "doc_id_indexes"

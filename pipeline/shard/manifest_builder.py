@@ -11,9 +11,9 @@ import posixpath
 
 from model_contract import DataContract, Manifest, ShardInfo
 from pipeline.config import BYTES_PER_TOKEN_ESTIMATE, PILEPREP_VERSION, ShardConfig
-from transforms import corpus_stats, mixture
-from transforms.documents import SPLITS
-from transforms.stages import ShardTask, _new_file_stats, merge_file_stats
+from transforms.shard import corpus_stats, mixture
+from transforms.shard.documents import SPLITS
+from transforms.shard.stages import ShardTask, _new_file_stats, merge_file_stats
 
 
 class ReconciliationError(RuntimeError):
@@ -123,7 +123,7 @@ def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, ge
 
 
 def _statistics(config: ShardConfig, unit_results: list, shard_results: list) -> dict:
-    """The report's distributions (transforms/corpus_stats.py) and, with weights, the realised mixture."""
+    """The report's distributions (transforms/shard/corpus_stats.py) and, with weights, the realised mixture."""
     stats: dict = {}
     for u in unit_results:
         corpus_stats.merge(stats, u.source_stats)

@@ -1,4 +1,4 @@
-"""Beam wiring of the runner's shuffle (docs/SHUFFLE.md, design D; the work is in transforms/shard_shuffle.py).
+"""Beam wiring of the runner's shuffle (docs/SHUFFLE.md, design D; the work is in transforms/shard/shard_shuffle.py).
 
     units (gathered) → PlanPieces: one element per unit, each with the shard plan, plus one for the markers
                      → EmitPieces: reads a unit twice (index, tokens), yields ((split, shard), piece)
@@ -13,7 +13,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from pipeline.shard import cancel
-from transforms import shard_shuffle, stages
+from transforms.shard import shard_shuffle, stages
 
 
 def unit_elements(units: list, tasks: list, dedup) -> list:

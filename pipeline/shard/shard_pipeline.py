@@ -1,6 +1,6 @@
 """The shard job: inputs → chunks → tokenized units → packed TFRecord shards → manifest (written last).
 
-Wiring only; the work is in transforms/stages.py. Bulk data moves through files in the staging directory,
+Wiring only; the work is in transforms/shard/stages.py. Bulk data moves through files in the staging directory,
 elements are small descriptors, and every name and order is derived from the input and config, so the
 output is byte-identical whatever the runner or the number of workers.
 """
@@ -31,7 +31,9 @@ from pipeline.config import PILEPREP_VERSION, ShardConfig, fingerprint
 from pipeline.errors import RunError, RunInterrupted
 from pipeline.shard import cancel, integrity, runner_shuffle, split_inputs
 from pipeline.shard.manifest_builder import build_manifest, plan_shard_tasks
-from transforms import corpus_stats, io_utils, memory, stages, tokenizer, tokenizer_backends
+from transforms.shard import corpus_stats, stages
+from transforms.io import io_utils, memory
+from transforms.tokenize import tokenizer, tokenizer_backends
 
 LOG = logging.getLogger("pileprep.shard")
 
@@ -43,7 +45,7 @@ def default_beam_args(cores: Optional[int] = None) -> list:
     without the GIL (SentencePiece scales 1.85x on 2 threads, measured), and the run skips starting worker
     processes that each import Beam (on 2 cores at 96 MB: ~1.2 s of wall and ~5 CPU-s, measured). Above that the
     GIL-held share (JSON parsing, packing, ~15% of CPU) would cap the scaling, so workers are processes.
-    Output bytes do not depend on this choice (tests/test_shard_pipeline.py runs both).
+    Output bytes do not depend on this choice (tests/e2e/test_shard_pipeline.py runs both).
     """
     cores = cores or len(os.sched_getaffinity(0))
     mode = "multi_threading" if cores <= 4 else "multi_processing"
@@ -67,7 +69,7 @@ class JobPlan:
     incremental: bool = False
     nothing_to_do: bool = False
     filesystem_options: Optional["FilesystemOptions"] = None
-    # Splits and dedup (pipeline/shard/split_inputs.py, transforms/doc_ids.py): per ledger file its split
+    # Splits and dedup (pipeline/shard/split_inputs.py, transforms/shard/doc_ids.py): per ledger file its split
     # (HASHED for train inputs), and the id indexes of the committed generations new documents are checked against.
     input_splits: tuple = ()
     committed_id_indexes: tuple = ()
@@ -204,8 +206,8 @@ def stage_model(plan: JobPlan) -> JobPlan:
 
 def _parity_sample(config: ShardConfig, paths: list) -> list:
     """About 1 MB of the run's own documents (seeded choice of files), read and parsed as the job does."""
-    from transforms.documents import Document, parse_record  # noqa: PLC0415
-    from transforms.read_records import RawRecord, compression_of, iter_raw_records  # noqa: PLC0415
+    from transforms.shard.documents import Document, parse_record  # noqa: PLC0415
+    from transforms.io.read_records import RawRecord, compression_of, iter_raw_records  # noqa: PLC0415
 
     def read(path):
         with io_utils.open_read(path) as f:

@@ -10,7 +10,7 @@ import logging
 
 from pipeline.config import ConfigError, ShardConfig
 from pipeline.ops import incremental
-from transforms.documents import HASHED, SPLITS, looks_like_held_out
+from transforms.shard.documents import HASHED, SPLITS, looks_like_held_out
 
 LOG = logging.getLogger("pileprep.splits")
 

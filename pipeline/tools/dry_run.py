@@ -24,10 +24,10 @@ import numpy as np
 
 from model_contract import encode_example, frame_record
 from pipeline.config import ShardConfig
-from transforms import io_utils
-from transforms.documents import HASHED, SPLITS, Document, assign_split, parse_record
-from transforms.packing import pack_documents
-from transforms.read_records import FileDamage, compression_of, iter_raw_records
+from transforms.io import io_utils
+from transforms.shard.documents import HASHED, SPLITS, Document, assign_split, parse_record
+from transforms.shard.packing import pack_documents
+from transforms.io.read_records import FileDamage, compression_of, iter_raw_records
 
 MAX_SAMPLE_FILES = 16
 SAMPLE_INPUT_BYTES_PER_FILE = 16 << 20  # compressed bytes read per sampled file, at most
@@ -193,7 +193,7 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
 
     from pipeline.shard import shard_pipeline  # noqa: PLC0415
     from pipeline.shard.manifest_builder import plan_shard_tasks  # noqa: PLC0415
-    from transforms import tokenizer  # noqa: PLC0415
+    from transforms.tokenize import tokenizer  # noqa: PLC0415
 
     FileSystems.set_options(shard_pipeline.pipeline_options(beam_args))
     plan = shard_pipeline.prepare(config, incremental_run)

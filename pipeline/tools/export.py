@@ -79,7 +79,7 @@ def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: i
                    splits: Optional[tuple] = None) -> dict:
     """Write every shard of DIR's committed manifest as Parquet under `output` (default DIR/parquet)."""
     from pipeline.ops import commit  # noqa: PLC0415
-    from transforms import io_utils  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
 
     manifest = commit.read_committed(dataset)
     if manifest is None:

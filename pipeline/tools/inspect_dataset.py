@@ -5,7 +5,7 @@ import os
 
 from model_contract import decode_example, iter_records, load_manifest, resolve_shard_path
 from model_contract.manifest import MANIFEST_NAME
-from transforms.documents import SPLITS
+from transforms.shard.documents import SPLITS
 
 
 def summary_table(manifest: dict) -> str:
@@ -53,7 +53,7 @@ def _load(dataset: str):
 
 
 def _records(manifest_file: str, shard):
-    from transforms import io_utils  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
 
     with io_utils.open_read(resolve_shard_path(manifest_file, shard)) as f:
         yield from iter_records(f)

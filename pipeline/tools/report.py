@@ -1,6 +1,6 @@
 """`pileprep report DIR`: one self-contained HTML page about a dataset, for people to look at.
 
-Everything comes from the manifest (the shard job computed the distributions, transforms/corpus_stats.py), the
+Everything comes from the manifest (the shard job computed the distributions, transforms/shard/corpus_stats.py), the
 dead-letter files (for excerpts) and, optionally, the trainer's metrics JSON lines (trainer/metrics.py). The
 data itself is never re-read, so a report of a terabyte dataset takes a second. The page needs no network:
 plots are PNGs (matplotlib's Agg canvas, no pyplot global state) embedded as base64 data URIs, styles inline.
@@ -16,7 +16,7 @@ import json
 import math
 from typing import Optional
 
-from transforms.documents import SPLITS
+from transforms.shard.documents import SPLITS
 
 MAX_EXCERPTS_PER_REASON = 3
 MAX_DEAD_LETTER_ROWS = 2000  # read at most this many dead-letter rows for excerpts (they can be many)
@@ -310,7 +310,7 @@ def _flat(d: dict, prefix: str = "", depth: int = 0) -> dict:
 # ------------------------------------------------------------------------------------------------ I/O
 def read_metrics(path: str) -> list:
     """Trainer metrics JSON lines (trainer/metrics.py); lines without a step and a finite loss are skipped."""
-    from transforms import io_utils  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
 
     out = []
     for line in io_utils.read_bytes(path).decode("utf-8").splitlines():
@@ -325,7 +325,7 @@ def read_metrics(path: str) -> list:
 
 
 def read_dead_letter_rows(dataset: str, manifest: dict, limit: int = MAX_DEAD_LETTER_ROWS) -> list:
-    from transforms import io_utils  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
 
     rows: list = []
     for rel in manifest.get("dead_letters", []):
@@ -344,7 +344,7 @@ def read_dead_letter_rows(dataset: str, manifest: dict, limit: int = MAX_DEAD_LE
 def write_report(dataset: str, output: Optional[str] = None, metrics_path: Optional[str] = None) -> str:
     """Render DIR's committed manifest to `output` (default DIR/report.html); returns where it was written."""
     from pipeline.ops import commit  # noqa: PLC0415
-    from transforms import io_utils  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
 
     manifest = commit.read_committed(dataset)
     if manifest is None:

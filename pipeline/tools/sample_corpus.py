@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import zstandard
 
-from transforms import io_utils
+from transforms.io import io_utils
 
 STDLIB_CODE = "StdlibCode"
 PACKAGE_DOCS = "PackageDocs"

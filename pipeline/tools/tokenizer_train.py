@@ -89,8 +89,8 @@ def _sample_sentences(paths: list[str], max_sentences: int, max_chars: int, seed
     """The max_sentences pieces with the smallest seeded rank, in input order (a bottom-k sample)."""
     from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
 
-    from transforms.documents import Document, parse_record  # noqa: PLC0415
-    from transforms.read_records import FileDamage, compression_of, iter_raw_records  # noqa: PLC0415
+    from transforms.shard.documents import Document, parse_record  # noqa: PLC0415
+    from transforms.io.read_records import FileDamage, compression_of, iter_raw_records  # noqa: PLC0415
 
     heap: list[tuple[int, int, str]] = []  # (-rank, order, piece): the max_sentences smallest ranks
     order = 0
@@ -133,7 +133,7 @@ def train_tokenizer(input_globs: list[str], output_path: str, vocab_size: int, *
     if max_sentences < 1 or max_sentence_chars < 16:
         raise ValueError("max_sentences must be >= 1 and max_sentence_chars >= 16")
 
-    from transforms.read_records import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_ZSTD_WINDOW_BYTES  # noqa: PLC0415
+    from transforms.io.read_records import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_ZSTD_WINDOW_BYTES  # noqa: PLC0415
 
     start = time.perf_counter()
     paths = _list_inputs(list(input_globs))

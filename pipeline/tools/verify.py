@@ -33,7 +33,7 @@ import numpy as np
 
 from model_contract import (MANIFEST_NAME, ContractError, Manifest, TFRecordCorruptError, decode_example,
                             iter_records, resolve_shard_path)
-from transforms import io_utils
+from transforms.io import io_utils
 
 HASH_BLOCK = 8 << 20
 

@@ -5,7 +5,7 @@ a run with nothing new exits 0 ("nothing to do"), a changed or removed input exi
 the files named. `max_active_runs=1` keeps one job per output. Paths and the pileprep command come from
 PILEPREP_* environment variables or `pileprep_*` Airflow Variables (see SETTINGS); put Beam flags (e.g. the
 Dataflow or Dask set from docs/OPERATIONS.md) in `extra_args` to run the job on a cluster instead of the
-Airflow worker. Tested with real Airflow (`airflow dags test`, tests/test_airflow.py).
+Airflow worker. Tested with real Airflow (`airflow dags test`, tests/e2e/test_airflow.py).
 """
 from __future__ import annotations
 

@@ -1,0 +1,114 @@
+"""The local runner's defaults and the driver-side pieces around it (no pipeline runs here).
+
+What the shard job picks when no --runner is given, when it fuses the split and tokenize stages, how the
+tokenizer model travels to workers, and how in-process workers are stopped. Output bytes across these choices
+are compared in tests/e2e/test_shard_pipeline.py (test_byte_identical_across_workers_and_runners); stopping on
+SIGTERM end to end in tests/e2e/test_trust_ops_runs.py.
+"""
+import dataclasses
+import logging
+import sys
+import threading
+import time
+
+import pytest
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipeline.config import ShardConfig
+from pipeline.errors import RunError
+from pipeline.shard import cancel, shard_pipeline
+
+
+def test_default_runner_uses_threads_on_small_machines_and_processes_on_big_ones():
+    assert shard_pipeline.default_beam_args(2) == ["--runner=FnApiRunner", "--direct_num_workers=2",
+                                                   "--direct_running_mode=multi_threading"]
+    assert shard_pipeline.default_beam_args(16)[1:] == ["--direct_num_workers=16",
+                                                        "--direct_running_mode=multi_processing"]
+    given = shard_pipeline.pipeline_options(["--runner=DirectRunner"]).get_all_options()
+    assert given["runner"] == "DirectRunner" and not given.get("direct_running_mode", "").startswith("multi_thr")
+
+
+def _plan_with_files(n: int):
+    return dataclasses.replace(_PLAN, ledger=[(f"/in/{i}.jsonl", 1) for i in range(n)])
+
+
+_PLAN = shard_pipeline.JobPlan(ShardConfig(inputs=("x",), output="/o", tokenizer="t"), [], b"", None, "gen-0",
+                               "/o/gen-0", "/o/_staging/gen-0")
+
+
+@pytest.mark.parametrize("files,args,spread", [
+    (8, ["--runner=FnApiRunner", "--direct_num_workers=2"], False),  # 4 files per worker: fuse
+    (7, ["--runner=FnApiRunner", "--direct_num_workers=2"], True),
+    (1, ["--runner=FnApiRunner", "--direct_num_workers=1"], True),  # one big file: its chunks must spread
+    (4, ["--runner=DirectRunner"], False),
+    (500, ["--runner=DataflowRunner"], True),  # remote: worker count unknown here, always spread
+    (500, ["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"], True),
+])
+def test_split_and_tokenize_fuse_only_when_whole_files_keep_local_workers_busy(files, args, spread):
+    assert shard_pipeline.spread_chunks_needed(_plan_with_files(files), PipelineOptions(args)) is spread
+
+
+def test_the_staged_tokenizer_model_is_checked_against_the_plan(tmp_path):
+    model = b"model bytes"
+    import hashlib
+
+    contract = type("C", (), {"tokenizer": type("T", (), {"model_sha256": hashlib.sha256(model).hexdigest()})})
+    plan = dataclasses.replace(_PLAN, model_bytes=model, contract=contract, staging_dir=str(tmp_path / "stage"))
+    staged = shard_pipeline.stage_model(plan)
+    assert staged.model_bytes == b"" and staged.tokenizer_model() == model
+    (tmp_path / "stage" / shard_pipeline.MODEL_FILE_NAME).write_bytes(b"another model")
+    with pytest.raises(RunError, match="does not match the plan's sha256"):
+        staged.tokenizer_model()
+
+
+def test_cancel_waits_for_running_calls_and_refuses_new_ones():
+    cancel.reset()
+    started, results = threading.Event(), []
+
+    def stage(check):  # a stage function: checks between batches
+        started.set()
+        for _ in range(200):
+            check()
+            time.sleep(0.01)
+        return "finished"
+
+    worker = threading.Thread(target=lambda: results.append(cancel.call(stage, cancel.check)))
+    worker.start()
+    assert started.wait(10)
+    assert cancel.cancel_and_wait(timeout_s=10)  # returns once the running call has stopped
+    assert results == [None] and not worker.join(5) and not worker.is_alive()
+    assert cancel.call(stage, cancel.check) is None  # new calls do not start
+    cancel.reset()
+    assert cancel.call(lambda: "ran") == "ran"
+
+
+def test_beam_worker_errors_after_a_cancel_are_dropped_until_the_next_run(caplog):
+    """A bundle still running when the runner shut down makes Beam's in-process SDK worker log an error after the
+    driver's one-line message (seen in CI); once cancelled those records are dropped, and the next run logs again."""
+    worker_log = logging.getLogger("apache_beam.runners.worker.sdk_worker")
+    cancel.reset()
+    with caplog.at_level(logging.ERROR):
+        cancel.cancel_and_wait(timeout_s=1)
+        worker_log.error("Error processing instruction bundle_5")
+        assert "bundle_5" not in caplog.text
+        cancel.reset()
+        worker_log.error("Error processing instruction bundle_6")
+        assert "bundle_6" in caplog.text
+
+
+def test_beam_worker_tracebacks_printed_after_a_cancel_are_dropped_until_the_next_run(capsys):
+    """Beam's SDK worker also `print`s the traceback of an abandoned bundle straight to sys.stderr, from its worker
+    thread (seen in CI before the driver's one-line message); once cancelled only the main thread's writes pass."""
+    def worker_prints(text):
+        thread = threading.Thread(target=lambda: print(text, file=sys.stderr))
+        thread.start()
+        thread.join(5)
+
+    cancel.reset()
+    cancel.cancel_and_wait(timeout_s=1)
+    worker_prints("KeyError: 'bundle_5'")
+    print("pileprep: interrupted", file=sys.stderr)
+    cancel.reset()
+    worker_prints("KeyError: 'bundle_6'")
+    err = capsys.readouterr().err
+    assert "bundle_5" not in err and "pileprep: interrupted" in err and "bundle_6" in err

@@ -1,0 +1,190 @@
+"""Issue 10.2: the exact fast tokenizer paths (kitoken, splintr) — used only where they give SentencePiece's ids."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import sentencepiece as spm
+
+from pipeline.config import ShardConfig
+from pipeline.shard import shard_pipeline
+from tests.conftest import shared_data, stdlib_texts
+from tests.corpus_fixtures import write_good_corpus
+from tests.ops_fixtures import FAST_LOCAL, dataset_files
+from transforms.tokenize import tokenizer_backends as tb
+
+LLAMA2 = ("tokenizers", "llama2-bpe-32k.model")
+
+
+def _sp(path):
+    return spm.SentencePieceProcessor(model_file=str(path))
+
+
+def _real_texts() -> list:
+    texts = []
+    for name in ("arxiv.jsonl", "enron_examples.jsonl"):
+        texts += [json.loads(line)["text"] for line in shared_data("other", name).read_text().splitlines()
+                  if line.strip()]
+    import zstandard
+
+    raw = zstandard.ZstdDecompressor().stream_reader(
+        shared_data("other", "lm_dataformat-naughty-strings.jsonl.zst").open("rb"), read_across_frames=True).read()
+    texts += [json.loads(line)["text"] for line in raw.splitlines() if line.strip()]
+    texts += [line for t in texts[-4:] if isinstance(t, str) for line in t.splitlines()]  # each naughty string alone
+    # text that looks like special pieces must stay plain characters, as in sp.encode
+    texts += ["<s>hello</s> <unk> <pad> [INST] x", "\u200b\ufeff\U0001f600 ünïcödé\r\n\t"]
+    return [t for t in texts if isinstance(t, str)]  # the job dead-letters non-string text before tokenizing
+
+
+def test_model_type_read_from_the_proto(tiny_tokenizer):
+    assert tb.model_type(shared_data(*LLAMA2).read_bytes()) == "bpe"
+    assert tb.model_type(open(tiny_tokenizer, "rb").read()) == "bpe"
+    assert tb.model_type(shared_data("tokenizers", "unigram-1k-test.model").read_bytes()) == "unigram"
+
+
+def test_kitoken_matches_sentencepiece_on_real_and_naughty_text():
+    model = shared_data(*LLAMA2)
+    sp = _sp(model)
+    texts = _real_texts() + [t for _, t in stdlib_texts(400_000)]
+    report = tb.compare(sp, tb.KitokenEncoder(model.read_bytes(), sp, spot_check_every=0), texts)
+    assert report.documents == len(texts) and report.exact, report.mismatches
+
+
+@pytest.mark.parametrize("model", ["llama2", "tiny"])
+def test_splintr_matches_sentencepiece_on_real_and_naughty_text(model, tiny_tokenizer):
+    path = shared_data(*LLAMA2) if model == "llama2" else tiny_tokenizer
+    sp = _sp(path)
+    model_bytes = open(path, "rb").read()
+    texts = _real_texts() + [t for _, t in stdlib_texts(400_000)] + tb.parity_texts(model_bytes)
+    report = tb.compare(sp, tb.SplintrEncoder(model_bytes, sp, spot_check_every=0), texts)
+    assert report.documents == len(texts) and report.exact, report.mismatches
+
+
+def test_splintr_matches_sentencepiece_on_every_piece_and_repeated_runs():
+    """Where an HF-style BPE could part from SentencePiece's: a text that is exactly one vocabulary piece (splintr
+    emits a whole-chunk vocabulary hit without merging), ties in score (whitespace-only pieces; two splits of one
+    piece) inside runs of a repeated unit, and the empty text."""
+    model = shared_data(*LLAMA2)
+    sp = _sp(model)
+    pieces = [p.replace("\u2581", " ") for p, _s, kind in tb.model_pieces(model.read_bytes()) if kind == 1]
+    texts = [t for p in pieces for t in (p, p.lstrip(" "), f"({p})")]
+    units = [" ", "  ", "\t", "\n", "a", "aa", "ab", "=", "-", "0", "\u2581", "é", "日", "\U0001f600", "<s>", " x"]
+    texts += [u * k + tail for u in units for k in range(1, 34) for tail in ("", "x", " x", "\n")]
+    texts += ["", "\n" + " " * 12 + "return x", "\x00\x01\x1b[31m\x7f", "a\u00a0b\u3000c", "\r\n\r\n", "\ufb01 \u2460"]
+    report = tb.compare(sp, tb.SplintrEncoder(model.read_bytes(), sp, spot_check_every=0), texts)
+    assert report.documents == len(texts) and report.exact, [texts[i] for i in report.mismatches[:10]]
+
+
+def test_one_splintr_encoder_from_two_threads_gives_sentencepiece_ids():
+    """Beam's multi_threading mode shares a process: the encoder's call releases the GIL and must stay exact."""
+    import threading
+
+    model = shared_data(*LLAMA2)
+    sp = _sp(model)
+    encoder = tb.SplintrEncoder(model.read_bytes(), sp, spot_check_every=1)
+    texts = [t for _, t in stdlib_texts(600_000)]
+    got: dict = {}
+
+    def work(part):
+        for i in range(part, len(texts), 2):
+            got[i] = encoder.encode([texts[i]])[0].tolist()
+    threads = [threading.Thread(target=work, args=(part,)) for part in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [got[i] for i in range(len(texts))] == sp.encode(texts, out_type=int)
+    assert encoder.spot_checked > 0  # every document was also checked against SentencePiece, on its thread
+
+
+def _with_normalizer_flag(model_bytes: bytes, field: int, value: int) -> bytes:
+    """The model with one NormalizerSpec flag overridden: a second ModelProto field 3 merges into the first, as
+    protobuf defines it, so SentencePiece itself loads and applies the changed flag."""
+    inner = bytes([field << 3, value])
+    return model_bytes + bytes([3 << 3 | 2, len(inner)]) + inner
+
+
+def test_splintr_refuses_a_model_whose_encode_it_does_not_reproduce():
+    """remove_extra_whitespaces=true (SentencePiece's default) collapses "a  b"; splintr has no such step."""
+    llama = shared_data(*LLAMA2).read_bytes()
+    squeezing = _with_normalizer_flag(llama, 4, 1)
+    sp = spm.SentencePieceProcessor(model_proto=squeezing)
+    assert sp.encode("a  b") != _sp(shared_data(*LLAMA2)).encode("a  b")  # the flag is real: the ids differ
+    assert tb.splintr_unsupported(llama) == ""
+    assert {"<s>", "</s>", "<unk>", "<0x0A>", "x<s> <s>y\n"} <= set(tb.parity_texts(llama))  # checked every run
+    assert "remove_extra_whitespaces" in tb.splintr_unsupported(squeezing)
+    choice = tb.choose_backend("splintr", squeezing, sp, ["a  b", "x"])
+    assert choice.name == "sentencepiece" and "remove_extra_whitespaces" in choice.reason
+    uni = shared_data("tokenizers", "unigram-1k-test.model").read_bytes()
+    assert "normalizer" in tb.splintr_unsupported(uni)
+    with pytest.raises(ValueError, match="normalizer"):
+        tb.SplintrEncoder(uni, _sp(shared_data("tokenizers", "unigram-1k-test.model")))
+
+
+def test_auto_tries_fast_backends_in_order_and_records_the_fallback_chain(monkeypatch):
+    model = shared_data(*LLAMA2)
+    sp = _sp(model)
+    texts = _real_texts()[-60:]  # the short ones: each naughty string alone
+    first, second = tb.FAST_BACKENDS
+    choice = tb.choose_backend("auto", model.read_bytes(), sp, texts)
+    assert choice.name == first == "splintr" and choice.reason == "parity with SentencePiece on the run's sample"
+    assert choice.version and choice.parity_documents == len(texts) and choice.parity_tokens > 0
+    for name in tb.FAST_BACKENDS:
+        assert tb.choose_backend(name, model.read_bytes(), sp, texts).name == name
+    # the first choice not installed: auto takes the next one and says why in the manifest's reason
+    monkeypatch.setitem(tb._ENCODERS, first, (tb._ENCODERS[first][0], f"{first}-not-installed"))
+    choice = tb.choose_backend("auto", model.read_bytes(), sp, texts)
+    assert choice.name == second and f"{first}: not installed" in choice.reason
+    monkeypatch.setitem(tb._ENCODERS, second, (tb._ENCODERS[second][0], f"{second}-not-installed"))
+    choice = tb.choose_backend("auto", model.read_bytes(), sp, texts)
+    assert choice.name == "sentencepiece"
+    assert f"{first}: not installed" in choice.reason and f"{second}: not installed" in choice.reason
+
+
+def test_auto_chooses_a_fast_backend_on_bpe_after_parity_and_sentencepiece_on_unigram():
+    model = shared_data(*LLAMA2)
+    sp = _sp(model)
+    choice = tb.choose_backend("auto", model.read_bytes(), sp, _real_texts())
+    assert choice.name == "splintr" and choice.parity_documents == len(_real_texts()) and choice.parity_tokens > 0
+    uni = shared_data("tokenizers", "unigram-1k-test.model")
+    for backend in ("kitoken", "splintr", "auto"):
+        fallback = tb.choose_backend(backend, uni.read_bytes(), _sp(uni), _real_texts())
+        assert fallback.name == "sentencepiece" and "unigram" in fallback.reason
+    assert tb.choose_backend("sentencepiece", model.read_bytes(), sp, []).name == "sentencepiece"
+
+
+def test_parity_failure_falls_back_and_spot_check_mismatch_fails(tiny_tokenizer):
+    """A fast encoder over one model checked against SentencePiece over another: real disagreement."""
+    llama = shared_data(*LLAMA2)
+    other_sp = _sp(tiny_tokenizer)
+    choice = tb.choose_backend("auto", llama.read_bytes(), other_sp, ["def f(x):\n    return x\n"])
+    assert choice.name == "sentencepiece" and "differ" in choice.reason
+    for name, encoder_class in (("kitoken", tb.KitokenEncoder), ("splintr", tb.SplintrEncoder)):
+        choice = tb.choose_backend(name, llama.read_bytes(), other_sp, ["def f(x):\n    return x\n"])
+        assert choice.name == "sentencepiece" and "differ" in choice.reason and name in choice.reason
+        encoder = encoder_class(llama.read_bytes(), other_sp, spot_check_every=1)
+        with pytest.raises(tb.BackendMismatchError, match=f"{name} and SentencePiece.*--tokenizer-backend sentencepiece"):
+            encoder.encode(["import os\n"])
+
+
+def test_shards_are_byte_identical_across_backends(tmp_path):
+    """Only the manifest's record of which backend ran may differ."""
+    tokenizer = str(shared_data(*LLAMA2))
+    write_good_corpus(tmp_path / "in", limit_bytes=400_000, files=2)
+    outs = {}
+    for backend in ("sentencepiece", "kitoken", "splintr"):
+        cfg = ShardConfig(inputs=(str(tmp_path / "in" / "*"),), output=str(tmp_path / backend), tokenizer=tokenizer,
+                          seq_len=256, num_shards=2, tokenizer_backend=backend)
+        shard_pipeline.run(cfg, FAST_LOCAL, progress_every_s=0)
+        outs[backend] = dataset_files(tmp_path / backend)
+    a = outs["sentencepiece"]
+    ma = json.loads(a["manifest.json"])
+    assert ma.pop("tokenizer_backend")["name"] == "sentencepiece"
+    for backend in ("kitoken", "splintr"):
+        b = outs[backend]
+        assert a.keys() == b.keys()
+        assert [k for k in a if k != "manifest.json" and a[k] != b[k]] == []
+        mb = json.loads(b["manifest.json"])
+        ran = mb.pop("tokenizer_backend")
+        assert ran["name"] == backend and ran["parity_documents"] > 0 and ran["spot_check_every"] > 0
+        assert ma == mb

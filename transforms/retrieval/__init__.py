@@ -1,0 +1,1 @@
+"""Retrieval corpora as pure functions: chunks from shard provenance, encoders, neighbour search."""

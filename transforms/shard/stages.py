@@ -1,0 +1,492 @@
+"""The three bulk stages of the shard pipeline as plain functions (the Beam DoFns in pipeline/ wrap them).
+
+  split_input_file  one input file      -> line-aligned zstd chunks in staging (+ dead letters for damage)
+  tokenize_chunk    one chunk           -> a sorted unit (index + tokens) in staging (+ dead letters)
+  pack_shard        one (split, shard)  -> one TFRecord shard, packed from its key range of every unit
+
+Each returns a small picklable result; bulk data only ever moves through files. File names depend only on
+the input and config, so a retried bundle rewrites identical bytes (Beam may run a bundle twice).
+"""
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+
+from model_contract import frame_examples
+from transforms.shard import corpus_stats, doc_ids, mixture
+from transforms.io import io_utils, read_parquet
+from transforms.tokenize import tokenizer
+from transforms.shard.documents import (DEAD_LETTER, HASHED, SPLIT_SHIFT, SPLITS, Document, assign_split, parse_record,
+                                  shard_key_range, sort_key, split_wins)
+from transforms.shard.packing import pack_blocks
+from transforms.io.read_records import DEFAULT_MAX_ZSTD_WINDOW_BYTES, FileDamage, compression_of, iter_raw_records
+from transforms.shard.spill import (INDEX_DTYPE, ChunkWriter, iter_chunk, read_index_range, read_index_rows,
+                              read_token_range, write_index)
+
+TOKENIZE_BATCH_DOCS = 64
+TOKENIZE_BATCH_CHARS = 1 << 20
+# What one record costs the tokenize stage beyond its bytes (index row, token array, or a dead-letter row:
+# measured 225-480 bytes). A chunk closes at unit_bytes of raw bytes *plus* this per record, so 32 MiB of tiny or
+# blank or broken lines cannot become tens of millions of records held by one worker.
+RECORD_OVERHEAD_BYTES = 256
+
+
+def _never() -> None:
+    """The default `check_cancelled`: a run driven from outside a pipeline is never cancelled."""
+
+
+def _new_file_stats() -> dict:
+    return {"read": 0, "written": 0, "filtered": {}, "dead_lettered": {}}
+
+
+def _bump(counter: dict, reason: str, n: int = 1) -> None:
+    counter[reason] = counter.get(reason, 0) + n
+
+
+def merge_file_stats(into: dict, other: dict) -> dict:
+    into["read"] += other["read"]
+    into["written"] += other["written"]
+    for kind in ("filtered", "dead_lettered"):
+        for reason, n in other[kind].items():
+            _bump(into[kind], reason, n)
+    return into
+
+
+def dead_letter_row(path: str, line: int, reason: str, excerpt: str, detail: str = "") -> dict:
+    row = {"file": path, "line": line, "reason": reason, "excerpt": excerpt}
+    if detail:
+        row["detail"] = detail
+    return row
+
+
+# ------------------------------------------------------------------------------------------------ split
+@dataclass(frozen=True)
+class ChunkRef:
+    file_idx: int
+    input_path: str
+    chunk_idx: int
+    chunk_path: str
+    records: int
+    raw_bytes: int
+
+    @property
+    def unit_name(self) -> str:
+        return f"f{self.file_idx:06d}-c{self.chunk_idx:05d}"
+
+
+@dataclass
+class SplitResult:
+    file_idx: int
+    input_path: str
+    chunks: list  # [ChunkRef]
+    stats: dict  # file stats for records this stage settled itself (damage)
+    dead_letter_path: Optional[str]
+
+
+def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir: str, unit_bytes: int,
+                     max_line_bytes: int, max_zstd_window_bytes: int = DEFAULT_MAX_ZSTD_WINDOW_BYTES,
+                     fields: tuple = ("text", "meta.pile_set_name"),
+                     check_cancelled: Callable[[], None] = _never) -> SplitResult:
+    """Stream one input file into chunks of about `unit_bytes` of raw lines; damage becomes dead letters.
+
+    Parquet files (transforms/io/read_parquet.py) give one record per row holding `fields` (text, source fields);
+    a row group may hold up to 4 * unit_bytes of those columns (at least max_line_bytes). `check_cancelled` is
+    called before each chunk and raises when the driver has given up on the run (pipeline/shard/cancel.py)."""
+    chunks: list = []
+    damages: list = []
+    stats = _new_file_stats()
+    writer: Optional[ChunkWriter] = None
+    stream = None
+
+    def close_chunk():
+        nonlocal writer, stream
+        if writer is None:
+            return
+        writer.close()
+        stream.close()
+        ref = chunks[-1]
+        chunks[-1] = ChunkRef(ref.file_idx, ref.input_path, ref.chunk_idx, ref.chunk_path, writer.records,
+                              writer.raw_bytes)
+        writer, stream = None, None
+
+    with io_utils.open_read(input_path) as f:
+        items = (read_parquet.iter_parquet_records(f, fields[0], fields[1:], max_line_bytes, 4 * unit_bytes)
+                 if read_parquet.is_parquet(input_path)
+                 else iter_raw_records(f, compression_of(input_path), max_line_bytes, max_zstd_window_bytes))
+        for item in items:
+            if isinstance(item, FileDamage):
+                stats["read"] += 1
+                _bump(stats["dead_lettered"], item.reason)
+                damages.append(dead_letter_row(input_path, item.line, item.reason, item.excerpt, item.detail))
+                continue
+            if writer is None:
+                check_cancelled()
+                idx = len(chunks)
+                path = io_utils.join(staging_dir, "chunks", f"f{file_idx:06d}-c{idx:05d}.rec.zst")
+                stream = io_utils.open_write(path)
+                writer = ChunkWriter(stream)
+                chunks.append(ChunkRef(file_idx, input_path, idx, path, 0, 0))
+            writer.add(item.line, item.data)
+            if writer.raw_bytes + writer.records * RECORD_OVERHEAD_BYTES >= unit_bytes:
+                close_chunk()
+    close_chunk()
+    dl_path = None
+    if damages:
+        dl_path = io_utils.join(data_dir, "dead_letter", f"f{file_idx:06d}-read.jsonl")
+        io_utils.write_jsonl(dl_path, damages)
+    return SplitResult(file_idx, input_path, chunks, stats, dl_path)
+
+
+# --------------------------------------------------------------------------------------------- tokenize
+@dataclass
+class UnitResult:
+    name: str
+    file_idx: int
+    input_path: str
+    index_path: str
+    tokens_path: str
+    n_docs: int
+    token_dtype: str
+    sources: list  # source names; index rows refer to them by position
+    split_tokens: list  # tokens incl. EOS per split (train, val, test), before dedup
+    stats: dict  # file stats for this chunk's records (written is settled later by pack)
+    dead_letter_path: Optional[str]
+    source_stats: dict = field(default_factory=dict)  # transforms/shard/corpus_stats.py, before dedup
+    # First index row of a held-out split (val, then test: the split is the sort key's top bits), so the global
+    # dedup pass reads them with one ranged read, no search. tokenize_chunk always sets it; None (a unit built
+    # by hand, as some tests do) makes the pass search the index instead.
+    held_out_start: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class TokenizeSettings:
+    text_field: str
+    source_fields: tuple
+    val_fraction: float
+    test_fraction: float
+    seed: int
+    input_splits: tuple = ()  # per file_idx: HASHED (train inputs) or the split a --val/--test-input goes to
+
+    def input_split(self, file_idx: int) -> int:
+        return self.input_splits[file_idx] if file_idx < len(self.input_splits) else HASHED
+
+
+def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: TokenizeSettings, staging_dir: str,
+                   data_dir: str, byte_mask: Optional[np.ndarray] = None,
+                   check_cancelled: Callable[[], None] = _never) -> UnitResult:
+    """Parse, validate and tokenize one chunk; write its documents sorted by seeded sort key.
+
+    `byte_mask`: corpus_stats.byte_piece_mask(sp), computed once per worker by the caller (it asks the model
+    about every piece: ~30 ms per call with a 32k vocabulary, which per chunk would be ~1% of the job)."""
+    stats = _new_file_stats()
+    dead: list = []
+    sources: list = []
+    source_idx: dict = {}
+    rows: list = []  # (key, doc_id, line, source_idx) per document, parallel to token arrays
+    arrays: list = []
+    batch: list = []  # (line, Document)
+    batch_chars = 0
+    max_id = np.iinfo(token_dtype).max
+    input_split = settings.input_split(chunk.file_idx)
+    source_stats: dict = {}
+    if byte_mask is None:
+        byte_mask = corpus_stats.byte_piece_mask(sp)
+
+    def flush():
+        nonlocal batch, batch_chars
+        if not batch:
+            return
+        check_cancelled()  # between batches (~0.1 s of tokenizing each): see pipeline/shard/cancel.py
+        encoded = tokenizer.encode_batch(sp, [doc.text for _, doc in batch])
+        for (line, doc), ids in zip(batch, encoded):
+            arr = np.asarray(ids)  # int32 from the tokenizer on
+            if arr.size and int(arr.max()) > max_id:
+                raise ValueError(f"token id {int(arr.max())} does not fit the spill dtype {token_dtype}")
+            split = assign_split(doc.doc_id, input_split, settings.val_fraction, settings.test_fraction)
+            if doc.source not in source_idx:
+                source_idx[doc.source] = len(sources)
+                sources.append(doc.source)
+            rows.append((sort_key(doc.doc_id, split, settings.seed), doc.doc_id, line, source_idx[doc.source]))
+            arrays.append(arr.astype(token_dtype))
+            corpus_stats.add_tokenized(source_stats, doc.source, doc.text, arr, byte_mask)
+        batch, batch_chars = [], 0
+
+    with io_utils.open_read(chunk.chunk_path) as f:
+        for line, data in iter_chunk(f):
+            stats["read"] += 1
+            result = parse_record(data, settings.text_field, settings.source_fields)
+            if isinstance(result, Document):
+                batch.append((line, result))
+                batch_chars += len(result.text)
+                if len(batch) >= TOKENIZE_BATCH_DOCS or batch_chars >= TOKENIZE_BATCH_CHARS:
+                    flush()
+                continue
+            if result.kind == DEAD_LETTER:
+                _bump(stats["dead_lettered"], result.reason)
+                dead.append(dead_letter_row(chunk.input_path, line, result.reason, result.excerpt))
+            else:
+                _bump(stats["filtered"], result.reason)
+    flush()
+    if stats["read"] != chunk.records:  # the spill file lost records: fail loudly, never drop them
+        raise IOError(f"{chunk.chunk_path}: holds {stats['read']} records, the split stage wrote {chunk.records}")
+
+    index = np.zeros(len(rows), dtype=INDEX_DTYPE)
+    if rows:
+        index["key"] = [r[0] for r in rows]
+        index["doc_id"] = [r[1] for r in rows]
+        index["line"] = [r[2] for r in rows]
+        index["source_idx"] = [r[3] for r in rows]
+        index["n_tokens"] = [a.size for a in arrays]
+        index["file_idx"] = chunk.file_idx
+    order = np.lexsort((index["line"], index["doc_id"], index["key"]))
+    index = index[order]
+    lengths = index["n_tokens"].astype(np.int64)
+    index["token_start"] = np.concatenate(([0], np.cumsum(lengths)[:-1])) if rows else []
+    split_tokens = [0, 0, 0]
+    for split in range(len(SPLITS)):
+        in_split = (index["key"] >> np.uint64(62)) == split
+        split_tokens[split] = int(lengths[in_split].sum() + in_split.sum())  # + one EOS per document
+
+    name = chunk.unit_name
+    index_path = io_utils.join(staging_dir, "units", name + ".index")
+    tokens_path = io_utils.join(staging_dir, "units", name + ".tokens")
+    with io_utils.open_write(index_path) as f:
+        write_index(f, index)
+    with io_utils.open_write(tokens_path) as f:
+        for i in order:
+            f.write(arrays[i].tobytes())
+    dl_path = None
+    if dead:
+        dl_path = io_utils.join(data_dir, "dead_letter", name + ".jsonl")
+        io_utils.write_jsonl(dl_path, dead)
+    held_out_start = int(np.searchsorted(index["key"], np.uint64(1 << SPLIT_SHIFT))) if rows else 0
+    return UnitResult(name, chunk.file_idx, chunk.input_path, index_path, tokens_path, len(rows),
+                      token_dtype.str, sources, split_tokens, stats, dl_path, source_stats, held_out_start)
+
+
+# ------------------------------------------------------------------------------------------------ dedup
+@dataclass(frozen=True)
+class DedupInputs:
+    """What a packer needs to drop exact duplicates that live outside its own shard (transforms/shard/doc_ids.py).
+
+    Copies of one document in one split share a sort key, so they meet in one shard and the packer keeps the
+    first. Copies in *different* splits (a --val-input document also in a train file) never meet: the
+    global pass `index_held_out_ids` lists each held-out split's ids once, and a packer drops a document that a
+    winning split (`split_wins`) also holds. Copies in committed generations (`--incremental`) are found in
+    their id indexes."""
+    held_out: tuple = ()  # (split, path of its sorted id file) for val and test
+    committed: tuple = ()  # id index paths of every committed generation
+
+    def losers_to(self, split: int) -> list:
+        return [path for s, path in self.held_out if split_wins(s, split)]
+
+
+def index_held_out_ids(units: list, staging_dir: str) -> DedupInputs:
+    """The one global dedup step: every val and test document id, sorted, one small file per split.
+
+    Reads only the held-out rows of each unit's index (they sit at the end, the split being the key's top bits;
+    tokenize recorded where they start, so one ranged read per unit and no search), so the cost follows the
+    held-out documents, and memory is 8 bytes per held-out id."""
+    parts = {split: [] for split in range(1, len(SPLITS))}
+    for unit in units:
+        if unit.n_docs == 0:
+            continue
+        with io_utils.open_read(unit.index_path) as f:
+            if unit.held_out_start is None:
+                rows = read_index_range(f, unit.n_docs, 1 << SPLIT_SHIFT, len(SPLITS) << SPLIT_SHIFT)
+            elif unit.held_out_start < unit.n_docs:
+                rows = read_index_rows(f, unit.held_out_start, unit.n_docs - unit.held_out_start)
+            else:
+                continue
+        split_of_row = rows["key"] >> np.uint64(SPLIT_SHIFT)
+        for split in parts:
+            parts[split].append(rows["doc_id"][split_of_row == split])
+    held_out = []
+    for split, arrays in parts.items():
+        path = io_utils.join(staging_dir, "dedup", f"{SPLITS[split]}.ids")
+        with io_utils.open_write(path) as f:
+            doc_ids.write_sorted_ids(f, np.concatenate(arrays) if arrays else np.zeros(0, doc_ids.ID_DTYPE))
+        held_out.append((split, path))
+    return DedupInputs(held_out=tuple(held_out))
+
+
+def duplicate_mask(rows: np.ndarray, split: int, dedup: Optional[DedupInputs]) -> np.ndarray:
+    """Which of a shard's index rows are copies of a document kept elsewhere (winning split or committed)."""
+    dup = np.zeros(rows.size, dtype=bool)
+    if dedup is None or rows.size == 0:
+        return dup
+    ids = rows["doc_id"]
+    for path in dedup.losers_to(split):
+        dup |= doc_ids.member_of_sorted(ids, doc_ids.read_sorted_ids(path))
+    for path in dedup.committed:
+        dup |= doc_ids.IdIndex(path).contains(ids)
+    return dup
+
+
+GENERATION_ID_INDEX = "doc-ids.idx"
+
+
+def write_generation_id_index(shard_results: list, data_dir: str) -> tuple:
+    """Merge the shards' kept ids into the generation's id index; returns (path, documents, bytes, sha256)."""
+    path = io_utils.join(data_dir, GENERATION_ID_INDEX)
+    paths = [r.ids_path for r in sorted(shard_results, key=lambda r: (r.task.split, r.task.shard)) if r.ids_path]
+    # Kept ids are unique across the generation's shards (one split and one shard per id), so n is their sum.
+    n, size, sha = doc_ids.write_index(path, doc_ids.merge_sorted_files(paths),
+                                       sum(r.ids_count for r in shard_results))
+    return path, n, size, sha
+
+
+# ------------------------------------------------------------------------------------------------- pack
+@dataclass(frozen=True)
+class ShardTask:
+    split: int
+    shard: int
+    num_shards: int
+
+    @property
+    def file_name(self) -> str:
+        return f"{SPLITS[self.split]}-{self.shard:05d}-of-{self.num_shards:05d}.tfrecord"
+
+
+@dataclass
+class ShardResult:
+    task: ShardTask
+    path: str  # full path of the written shard
+    examples: int
+    tokens: int
+    padding_tokens: int
+    documents: int
+    bytes: int
+    sha256: str
+    sources: dict = field(default_factory=dict)  # source -> {documents, tokens}
+    written_per_file: dict = field(default_factory=dict)  # input path -> documents written
+    duplicates_per_file: dict = field(default_factory=dict)  # input path -> exact duplicates dropped
+    duplicates_per_source: dict = field(default_factory=dict)  # source of a dropped copy -> copies dropped
+    ids_path: Optional[str] = None  # sorted ids of the documents kept by dedup (the generation's id index)
+    ids_count: int = 0  # how many (repeats by a mixture weight count once; dropped ones are still kept)
+    dropped_per_file: dict = field(default_factory=dict)  # input path -> documents a mixture weight < 1 dropped
+    source_stats: dict = field(default_factory=dict)  # transforms/shard/corpus_stats.py, of what was written
+
+
+def _gather_shard_documents(task: ShardTask, units: list):
+    """Index rows of every unit in this shard's key range, merged in key order, plus their token buffers."""
+    lo, hi = shard_key_range(task.split, task.shard, task.num_shards)
+    parts, buffers = [], []
+    for u, unit in enumerate(units):
+        if unit.n_docs == 0:
+            continue
+        with io_utils.open_read(unit.index_path) as f:
+            rows = read_index_range(f, unit.n_docs, lo, hi)
+        if rows.size == 0:
+            continue
+        start = int(rows["token_start"][0])
+        count = int(rows["token_start"][-1] + rows["n_tokens"][-1]) - start
+        with io_utils.open_read(unit.tokens_path) as f:
+            buffers.append((u, start, read_token_range(f, np.dtype(unit.token_dtype), start, count)))
+        parts.append(rows)
+    return merge_shard_parts(parts, buffers)
+
+
+def merge_shard_parts(parts: list, buffers: list):
+    """(rows, which, buffers): the parts' index rows merged in key order, `which` naming each row's buffer.
+
+    parts[i] are one unit's rows in the shard's key range and buffers[i] = (unit position, token_start of its
+    first row, its tokens). The order is total (file and line tell any two records apart), so it does not depend
+    on the order the parts came in: the file spill and the runner's shuffle (transforms/shard/shard_shuffle.py) merge
+    to the same rows."""
+    if not parts:
+        return np.zeros(0, dtype=INDEX_DTYPE), np.zeros(0, dtype=np.int64), buffers
+    rows = np.concatenate(parts)
+    which = np.concatenate([np.full(p.size, b, dtype=np.int64) for b, p in enumerate(parts)])
+    order = np.lexsort((rows["line"], rows["file_idx"], rows["doc_id"], rows["key"]))
+    return rows[order], which[order], buffers
+
+
+def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: int, data_dir: str,
+               dedup: Optional[DedupInputs] = None, staging_dir: Optional[str] = None,
+               mixture_weights: Optional[dict] = None, seed: int = 0,
+               gathered: Optional[tuple] = None) -> ShardResult:
+    """Write one shard: its documents from every unit, deduplicated, weighted (train, transforms/shard/mixture.py),
+    packed, framed, checksummed.
+
+    Exact duplicates (one document id) are dropped first: a copy whose id a winning split or a committed
+    generation holds (`dedup`), and every copy after the first inside the shard. With `staging_dir`, the ids
+    kept by dedup (before mixture weights) go to a sorted id file there, merged later into the generation's id
+    index, so a later duplicate of a document a weight dropped is still a duplicate, as in a full build.
+
+    `gathered`: the shard's (rows, which, buffers), already merged by `merge_shard_parts` from the pieces the
+    runner's shuffle delivered (transforms/shard/shard_shuffle.py); `units` then holds those pieces. Without it the
+    packer gathers its key range from every unit's spill files."""
+    rows, which, buffers = gathered if gathered is not None else _gather_shard_documents(task, units)
+    elsewhere = duplicate_mask(rows, task.split, dedup)
+    result = ShardResult(task, io_utils.join(data_dir, task.file_name), 0, 0, 0, 0, 0, "")
+    sources: dict = collections.defaultdict(lambda: {"documents": 0, "tokens": 0})
+    written: dict = collections.Counter()
+    duplicates: dict = collections.Counter()
+    duplicate_sources: dict = collections.Counter()
+    kept_ids: list = []
+    dropped: dict = collections.Counter()
+    stats: dict = {}
+    eos = np.array([eos_id], dtype=np.int64)
+
+    def unique_documents():
+        previous_doc = None
+        for i, (row, b) in enumerate(zip(rows, which)):
+            u, start, buf = buffers[b]
+            unit = units[u]
+            doc_id = int(row["doc_id"])
+            source_name = unit.sources[int(row["source_idx"])]
+            if doc_id == previous_doc or elsewhere[i]:  # exact duplicate (same text): the kept copy is elsewhere
+                duplicates[unit.input_path] += 1
+                duplicate_sources[source_name] += 1
+                corpus_stats.add_duplicate(stats, source_name)
+                continue
+            previous_doc = doc_id
+            kept_ids.append(doc_id)
+            a = int(row["token_start"]) - start
+            corpus_stats.add_unique(stats, source_name, int(row["n_tokens"]) + 1)
+            yield int(row["key"]), doc_id, source_name, (unit.input_path, buf[a:a + int(row["n_tokens"])])
+
+    def on_dropped(_source_name, payload):
+        dropped[payload[0]] += 1
+
+    if mixture_weights and task.split == 0:
+        lo, hi = shard_key_range(task.split, task.shard, task.num_shards)
+        copies = mixture.arrange(unique_documents(), mixture_weights, seed, lo, hi, on_dropped)
+    else:
+        copies = ((doc_id, source_name, payload, 0) for _key, doc_id, source_name, payload in unique_documents())
+
+    def documents():
+        for doc_id, source_name, (input_path, body), repeat in copies:
+            tokens = np.concatenate((body.astype(np.int64), eos))
+            source = sources[source_name]
+            source["documents"] += 1
+            source["tokens"] += tokens.size
+            corpus_stats.add_written(stats, source_name, body.size)
+            if repeat == 0:
+                written[input_path] += 1
+            result.documents += 1
+            yield doc_id, tokens
+
+    with io_utils.open_write(result.path) as raw, io_utils.HashingWriter(raw) as out:
+        for block in pack_blocks(documents(), seq_len, pad_id):  # a block of examples: one encode call, no GIL
+            out.write(frame_examples(block.columns(), block.examples))
+            result.examples += block.examples
+            result.tokens += block.examples * seq_len - block.padding
+            result.padding_tokens += block.padding
+    result.bytes, result.sha256 = out.bytes, out.sha256
+    result.sources = {k: dict(v) for k, v in sorted(sources.items())}
+    result.written_per_file = dict(sorted(written.items()))
+    result.duplicates_per_file = dict(sorted(duplicates.items()))
+    result.duplicates_per_source = dict(sorted(duplicate_sources.items()))
+    result.dropped_per_file = dict(sorted(dropped.items()))
+    result.source_stats = stats
+    if staging_dir is not None:
+        result.ids_path = io_utils.join(staging_dir, "ids", task.file_name + ".ids")
+        result.ids_count = len(kept_ids)
+        with io_utils.open_write(result.ids_path) as f:
+            doc_ids.write_sorted_ids(f, np.array(kept_ids, dtype=doc_ids.ID_DTYPE))
+    return result

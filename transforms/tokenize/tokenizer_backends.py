@@ -1,0 +1,444 @@
+"""Exact fast tokenizer backends: a faster encoder is used only where it provably gives SentencePiece's ids.
+
+Tokenizing is ~99% of the shard job's CPU. kitoken (Rust) reads the same SentencePiece model file and, with
+special-token parsing off, gives ids identical to `sp.encode` on BPE models at about a third of the CPU;
+splintr-rs (Rust; its BPE over a tokenizer.json built here from the model's pieces and scores) is exact too on
+the BPE models it accepts, as fast on one thread and faster from two threads of one process (its call releases
+the GIL), so `auto` tries it first (FAST_BACKENDS). Trust is earned, not assumed, in steps:
+1. the model: unigram models stay on SentencePiece (its float score ties resolve differently elsewhere), and a
+   backend refuses a model whose normalizer or pieces it does not reproduce (`splintr_unsupported`);
+2. at the driver, a seeded ~1 MB sample of the run's own documents must match SentencePiece id for id, or
+   the run falls back to SentencePiece with the reason logged and recorded in the manifest;
+3. on the workers, a seeded 1-in-N spot check re-encodes documents with SentencePiece; one mismatch fails the
+   run (`BackendMismatchError`) rather than write different tokens.
+The backend never changes the shards (byte-identical, tested) and is not part of the dataset's fingerprint; the
+manifest records which backend ran and its parity sample, the only fields that may differ between backends.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import logging
+import os
+import struct
+import zlib
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+LOG = logging.getLogger("pileprep.tokenizer")
+BACKENDS = ("auto", "sentencepiece", "kitoken", "splintr")
+# The order `auto` tries them in, fastest first on Llama 2 (bench/tokenizer_backend_bench.py).
+FAST_BACKENDS = ("splintr", "kitoken")
+SPOT_CHECK_EVERY = 64  # documents: ~1.5% extra SentencePiece work with a fast backend
+PARITY_SAMPLE_BYTES = 1 << 20
+
+# sentencepiece_model.proto: ModelProto.trainer_spec = 2, TrainerSpec.model_type = 3 (UNIGRAM 1, BPE 2, ...)
+_MODEL_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}
+
+
+class BackendMismatchError(RuntimeError):
+    """A fast backend produced ids that differ from SentencePiece's: the run stops, nothing is written."""
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """What the driver decided; goes into the plan (workers build the same encoder) and the manifest."""
+    name: str  # the backend that runs: "sentencepiece", "kitoken" or "splintr"
+    requested: str
+    reason: str
+    version: str = ""
+    parity_documents: int = 0
+    parity_tokens: int = 0
+    parity_ids_sha256: str = ""
+    spot_check_every: int = 0
+
+    def to_manifest(self) -> dict:
+        return asdict(self)
+
+
+def _varint(buf: bytes, i: int):
+    shift = value = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i
+        shift += 7
+
+
+def _fields(buf: bytes):
+    """(field number, wire type, value) of a serialized protobuf message, top level only."""
+    i = 0
+    while i < len(buf):
+        key, i = _varint(buf, i)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            value, i = _varint(buf, i)
+        elif wire == 2:
+            n, i = _varint(buf, i)
+            value, i = buf[i:i + n], i + n
+        elif wire == 1:
+            value, i = buf[i:i + 8], i + 8
+        elif wire == 5:
+            value, i = buf[i:i + 4], i + 4
+        else:
+            raise ValueError(f"unsupported protobuf wire type {wire}")
+        yield num, wire, value
+
+
+def model_type(model_bytes: bytes) -> str:
+    """The SentencePiece model's algorithm, read from the proto's wire format (sentencepiece's own generated
+    module needs a newer protobuf runtime than the pinned one). Unigram is the proto's default."""
+    for num, wire, value in _fields(model_bytes):
+        if num == 2 and wire == 2:
+            for n, w, v in _fields(value):
+                if n == 3 and w == 0:
+                    return _MODEL_TYPES.get(v, f"type-{v}")
+    return "unigram"
+
+
+# sentencepiece_model.proto, the fields an encode depends on (defaults as in the proto)
+_PIECE_TYPES = {1: "normal", 2: "unknown", 3: "control", 4: "user-defined", 5: "unused", 6: "byte"}
+
+
+def _spec(model_bytes: bytes) -> dict:
+    """What a SentencePiece BPE encode depends on beyond the pieces: the normalizer (ModelProto field 3) and the
+    trainer flags that change encoding (field 2), with the proto's defaults where a field is absent."""
+    spec = {"normalizer": "nmt_nfkc", "charsmap": b"", "add_dummy_prefix": 1, "remove_extra_whitespaces": 1,
+            "escape_whitespaces": 1, "byte_fallback": 0, "treat_whitespace_as_suffix": 0}
+    names = {(3, 1): "normalizer", (3, 2): "charsmap", (3, 3): "add_dummy_prefix", (3, 4): "remove_extra_whitespaces",
+             (3, 5): "escape_whitespaces", (2, 35): "byte_fallback", (2, 24): "treat_whitespace_as_suffix"}
+    for num, wire, value in _fields(model_bytes):
+        if num in (2, 3) and wire == 2:
+            for n, _w, v in _fields(value):
+                if (num, n) in names:
+                    spec[names[num, n]] = v.decode("utf-8", "replace") if (num, n) == (3, 1) else v
+    return spec
+
+
+@functools.lru_cache(maxsize=2)  # the driver asks several times per run (checks, parity texts, the encoder)
+def model_pieces(model_bytes: bytes) -> tuple:
+    """(piece, score, type) of every piece, in id order, from the proto (ModelProto.pieces = 1; piece 1, score 2
+    as a float32, type 3 defaulting to NORMAL): the model file, not a processor, is what a backend is built from.
+    One flat loop rather than `_fields` per piece: a worker builds its encoder from this at start-up."""
+    out = []
+    unpack = struct.Struct("<f").unpack_from
+    for num, wire, value in _fields(model_bytes):
+        if num != 1 or wire != 2:
+            continue
+        piece, score, kind = "", 0.0, 1
+        i, end = 0, len(value)
+        while i < end:
+            key = value[i]
+            i += 1
+            if key == 0x0A:  # field 1, bytes: the piece (length < 128 in any real model; else the general path)
+                n = value[i]
+                if n >= 0x80:
+                    n, i = _varint(value, i)
+                else:
+                    i += 1
+                piece = value[i:i + n].decode("utf-8")
+                i += n
+            elif key == 0x15:  # field 2, float32: the score
+                score = unpack(value, i)[0]
+                i += 4
+            elif key == 0x18:  # field 3, varint: the type
+                kind, i = _varint(value, i)
+            else:  # anything else: skip by wire type
+                i -= 1
+                key, i = _varint(value, i)
+                wire_type = key & 7
+                if wire_type == 0:
+                    _v, i = _varint(value, i)
+                elif wire_type == 2:
+                    n, i = _varint(value, i)
+                    i += n
+                elif wire_type in (1, 5):
+                    i += 8 if wire_type == 1 else 4
+                else:
+                    raise ValueError(f"unsupported protobuf wire type {wire_type}")
+        out.append((piece, score, kind))
+    return tuple(out)
+
+
+def splintr_unsupported(model_bytes: bytes) -> str:
+    """Why splintr (over `splintr_tokenizer_json`) cannot reproduce this model's `sp.encode`, or "" when it can.
+    That tokenizer has no normalizer but the dummy `▁` prefix and spaces as `▁`, keeps repeated whitespace, falls
+    back to `<0xNN>` byte pieces and merges into normal pieces only: so the model must have the identity
+    normalizer (no charsmap), those whitespace flags, byte fallback, and no user-defined pieces (SentencePiece
+    matches them whole) or unused ones."""
+    spec = _spec(model_bytes)
+    wanted = {"add_dummy_prefix": 1, "remove_extra_whitespaces": 0, "escape_whitespaces": 1, "byte_fallback": 1,
+              "treat_whitespace_as_suffix": 0}
+    if spec["charsmap"]:
+        return f"splintr has no normalizer; the model normalizes with {spec['normalizer']!r}"
+    for name, value in wanted.items():
+        if spec[name] != value:
+            return f"splintr needs {name}={bool(value)}; the model has {bool(spec[name])}"
+    kinds = {_PIECE_TYPES.get(k, str(k)) for _p, _s, k in model_pieces(model_bytes)}
+    odd = sorted(kinds - {"normal", "unknown", "control", "byte"})
+    if odd:
+        return f"splintr would merge into the model's {'/'.join(odd)} pieces"
+    return ""
+
+
+def _version(distribution: str) -> str:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def _as_list(ids) -> list:
+    """Ids as a list of Python ints, whether a backend returned a list or an array."""
+    return ids.tolist() if hasattr(ids, "tolist") else list(ids)
+
+
+class _SpotChecked:
+    """SentencePiece-compatible `encode(texts, out_type=int, num_threads=1)` on a fast backend, spot-checked.
+
+    Every `spot_check_every`-th document (by a hash of its text: the same documents whatever the worker or
+    bundle) is re-encoded with SentencePiece and compared; a mismatch raises BackendMismatchError. `reference`
+    is SentencePiece itself: transforms.tokenize.tokenizer.encode_batch sends very long texts to it (the fast backends'
+    memory per byte is higher)."""
+    name = ""
+
+    def __init__(self, sp, spot_check_every: int):
+        self._sp = sp
+        self.reference = sp
+        self.spot_check_every = spot_check_every
+        self.spot_checked = 0
+
+    def _encode_all(self, batch: list) -> list:
+        raise NotImplementedError
+
+    def encode(self, texts, out_type=int, num_threads=1):  # noqa: ARG002 - SentencePiece's signature
+        single = isinstance(texts, str)
+        batch = [texts] if single else list(texts)
+        ids = self._encode_all(batch)
+        if self.spot_check_every:
+            for text, got in zip(batch, ids):
+                if zlib.crc32(text.encode("utf-8", "surrogatepass")) % self.spot_check_every == 0:
+                    self.spot_checked += 1
+                    want = self._sp.encode(text, out_type=int)
+                    if want != _as_list(got):
+                        raise BackendMismatchError(
+                            f"{self.name} and SentencePiece disagree on a {len(text)}-character document (first ids "
+                            f"{_as_list(got[:8])} vs {want[:8]}); rerun with --tokenizer-backend sentencepiece")
+        return ids[0] if single else ids
+
+
+class KitokenEncoder(_SpotChecked):
+    """kitoken reads the SentencePiece model file itself. Special-token parsing is off: SentencePiece's `encode`
+    treats `<s>` in text as plain characters, and so must we."""
+    name = "kitoken"
+
+    def __init__(self, model_bytes: bytes, sp, spot_check_every: int = SPOT_CHECK_EVERY):
+        import kitoken  # noqa: PLC0415 - optional dependency, imported only when chosen
+
+        super().__init__(sp, spot_check_every)
+        self._kt = kitoken.Kitoken.from_sentencepiece(model_bytes)
+
+    def _encode_all(self, batch: list) -> list:
+        return [self._kt.encode(t, False) for t in batch]
+
+
+def splintr_tokenizer_json(model_bytes: bytes) -> bytes:
+    """A HuggingFace `tokenizer.json` that is the SentencePiece BPE model, for splintr's fast BPE (its byte-level
+    family: chunk cache, cuts between words where the vocabulary proves them free, flat id buffers).
+
+    SentencePiece's BPE merges, again and again, the adjacent pair whose concatenation is a normal piece with
+    the highest score, leftmost first; HF BPE merges the listed pair of lowest rank. So the merges are every
+    split of every normal piece into two normal pieces, ranked by the merged piece's score (highest first, then
+    id, then the left part's id: ties in score occur only among whitespace-only pieces and between the splits
+    of one piece). The normalizer is SentencePiece's for an identity-normalized model: the dummy `▁` prefix, then
+    spaces as `▁`. No added tokens: `<s>` in the text stays characters, as in `sp.encode`. Byte fallback to the
+    `<0xNN>` pieces. Exactness is measured, not assumed (parity at the driver, spot checks on the workers)."""
+    import json  # noqa: PLC0415 - only when splintr is chosen
+
+    pieces = model_pieces(model_bytes)
+    ids = {p: i for i, (p, _s, _k) in enumerate(pieces)}
+    normal = {p for p, _s, k in pieces if k == 1}
+    merges = []
+    for i, (piece, score, kind) in enumerate(pieces):
+        if kind != 1:
+            continue
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in normal and right in normal:
+                merges.append((-score, i, ids[left], left, right))
+    merges.sort()
+    unk = next((p for p, _s, k in pieces if k == 2), "<unk>")
+    spec = {
+        "version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+        "normalizer": {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": "\u2581"}, {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+        "pre_tokenizer": None, "post_processor": None,
+        "decoder": {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+            {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+        "model": {"type": "BPE", "dropout": None, "unk_token": unk, "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                  "vocab": ids, "merges": [[left, right] for *_rank, left, right in merges]},
+    }
+    return json.dumps(spec, ensure_ascii=False).encode("utf-8")
+
+
+@functools.lru_cache(maxsize=2)
+def _splintr_tokenizer(model_bytes: bytes):
+    """One splintr tokenizer per model and process: building it takes ~0.4 s (the tokenizer.json of a 32k model),
+    and with in-process workers (FnApiRunner multi_threading) the driver's parity check and every worker thread
+    would each build their own. One object serves several threads exactly (tested)."""
+    import splintr  # noqa: PLC0415 - optional dependency, imported only when chosen
+
+    return splintr.from_json_bytes(splintr_tokenizer_json(model_bytes))
+
+
+class SplintrEncoder(_SpotChecked):
+    """splintr-rs's BPE over `splintr_tokenizer_json(model)`; refused (ValueError) for a model whose encode it does
+    not reproduce (`splintr_unsupported`). splintr's own SentencePiece class (`SpmTokenizer`) is exact too but
+    no faster than SentencePiece, and holds the GIL for a whole document; this one is ~3x SentencePiece on one
+    thread (as kitoken) and ~7x from two Python threads (kitoken ~4.6x) on Llama 2 (bench/tokenizer_backend_bench.py).
+
+    Each document is its own `encode_batch_flat([text])` call: that call releases the GIL (so Beam's worker
+    threads in one process tokenize in parallel; `encode`/`encode_flat` hold it), does one document's work on
+    one thread (Beam's workers are the parallelism), and returns the ids as one little-endian uint32 buffer,
+    read here as an int32 array without a Python int per token (ids < 2**31). The empty text is SentencePiece's
+    `[]` (the HF normalizer would prepend `▁` to it)."""
+    name = "splintr"
+
+    def __init__(self, model_bytes: bytes, sp, spot_check_every: int = SPOT_CHECK_EVERY):
+        problem = splintr_unsupported(model_bytes)
+        if problem:
+            raise ValueError(problem)
+        super().__init__(sp, spot_check_every)
+        self._tok = _splintr_tokenizer(model_bytes)
+        if self._tok.family != "BPE":
+            raise ValueError(f"splintr loaded the model as {self._tok.family!r}, not its BPE")
+
+    def _encode_all(self, batch: list) -> list:
+        import numpy as np  # noqa: PLC0415 - the job's own dependency; local like the backend's import
+
+        empty = np.zeros(0, dtype=np.int32)
+        return [np.frombuffer(self._tok.encode_batch_flat([t])[0], dtype="<i4") if t else empty for t in batch]
+
+
+_ENCODERS = {"kitoken": (KitokenEncoder, "kitoken"), "splintr": (SplintrEncoder, "splintr-rs")}
+
+
+def make_encoder(choice: BackendChoice, model_bytes: bytes, sp):
+    """The encoder a worker uses: SentencePiece itself, or a spot-checked fast backend."""
+    if choice.name in _ENCODERS:
+        return _ENCODERS[choice.name][0](model_bytes, sp, choice.spot_check_every)
+    return sp
+
+
+def parity_texts(model_bytes: bytes) -> list:
+    """Text spelling each of the model's special pieces (`<s>`, `<unk>`, `<0x0A>`...) alone and inside words: a
+    fast backend must encode them as SentencePiece does (as plain characters), whether or not the run's sample
+    happens to contain them."""
+    special = [p for p, _s, k in model_pieces(model_bytes) if k != 1]
+    return special + [f"x{p} {p}y\n" for p in special]
+
+
+def choose_backend(requested: str, model_bytes: bytes, sp, sample_texts: list) -> BackendChoice:
+    """Decide the backend at the driver: `sentencepiece` as asked; a fast backend only on a BPE model and after
+    id-for-id parity with SentencePiece on `sample_texts` (the run's own documents) and the model's special
+    pieces spelled as text. `auto` tries FAST_BACKENDS fastest first and takes the first that passes; a fast
+    backend asked for explicitly but failing is a fallback too. Every rejection's reason is logged and kept in
+    the choice's `reason`: never different tokens."""
+    if requested not in BACKENDS:
+        raise ValueError(f"--tokenizer-backend {requested!r}: choose one of {', '.join(BACKENDS)}")
+    if requested == "sentencepiece":
+        return BackendChoice("sentencepiece", requested, "requested")
+    kind = model_type(model_bytes)
+    if kind != "bpe":
+        return _fallback(requested, f"{kind} model: only BPE models have an exact fast path")
+    if not sample_texts:
+        return _fallback(requested, "no documents to check parity on")
+    rejected = []
+    for name in (FAST_BACKENDS if requested == "auto" else (requested,)):
+        choice, why = _try_backend(name, requested, model_bytes, sp, sample_texts)
+        if choice is not None:
+            reason = "parity with SentencePiece on the run's sample"
+            if rejected:
+                reason += f" ({'; '.join(rejected)})"
+                LOG.warning("tokenizer backend: using %s (%s)", name, "; ".join(rejected))
+            return BackendChoice(name, requested, reason, *choice)
+        rejected.append(f"{name}: {why}")
+        LOG.info("tokenizer backend: not %s (%s)", name, why)
+    return _fallback(requested, "; ".join(rejected))
+
+
+def _try_backend(name: str, requested: str, model_bytes: bytes, sp, sample_texts: list):
+    """((version, documents, tokens, ids sha256, spot-check interval), "") when `name` matches SentencePiece on
+    every sample text, else (None, why not)."""
+    encoder_class, distribution = _ENCODERS[name]
+    version = _version(distribution)
+    if not version:
+        return None, f"not installed (pip install {distribution})"
+    try:
+        encoder = encoder_class(model_bytes, sp, spot_check_every=0)
+    except Exception as e:  # noqa: BLE001 - any failure to load means: not usable
+        return None, f"cannot load the model: {e}"
+    for text in parity_texts(model_bytes):
+        if _as_list(encoder.encode(text)) != sp.encode(text, out_type=int):
+            return None, f"the model's special piece {text!r} encodes differently from SentencePiece"
+    digest = hashlib.sha256()
+    tokens = 0
+    # SentencePiece's batch call on every core: the reference side is ~3x the fast backend's CPU, and this runs
+    # at the driver before any worker starts (the job's fixed cost).
+    wanted = sp.encode(list(sample_texts), out_type=int, num_threads=len(os.sched_getaffinity(0)))
+    for i, (text, want) in enumerate(zip(sample_texts, wanted)):
+        if _as_list(encoder.encode(text)) != want:
+            return None, f"parity sample document {i} differs from SentencePiece"
+        tokens += len(want)
+        digest.update(len(want).to_bytes(4, "little"))
+        digest.update(struct.pack(f"<{len(want)}I", *want))
+    return (version, len(sample_texts), tokens, digest.hexdigest(), SPOT_CHECK_EVERY), ""
+
+
+def _fallback(requested: str, reason: str) -> BackendChoice:
+    LOG.warning("tokenizer backend: using sentencepiece (%s)", reason)
+    return BackendChoice("sentencepiece", requested, reason)
+
+
+def sample_documents(paths: list, text_field: str, seed: int, limit_bytes: int = PARITY_SAMPLE_BYTES,
+                     parse=None, read=None) -> list:
+    """Texts of a seeded sample of the run's documents, about `limit_bytes` of them: records from the input
+    files in a seeded order, read with the job's own bounded reader and parser (damaged records skipped)."""
+    order = sorted(paths, key=lambda p: hashlib.sha256(f"{seed}:{p}".encode()).digest())
+    out: list = []
+    total = 0
+    for path in order:
+        for _line, data in read(path):
+            doc = parse(data)
+            if doc is None:
+                continue
+            out.append(doc)
+            total += len(doc)
+            if total >= limit_bytes:
+                return out
+    return out
+
+
+@dataclass
+class ParityReport:
+    """For tests and the benchmark: how two encoders compare on a list of texts."""
+    documents: int = 0
+    mismatches: list = field(default_factory=list)
+
+    @property
+    def exact(self) -> bool:
+        return not self.mismatches
+
+
+def compare(sp, encoder, texts: list, limit: Optional[int] = None) -> ParityReport:
+    report = ParityReport()
+    for i, text in enumerate(texts[:limit]):
+        report.documents += 1
+        if sp.encode(text, out_type=int) != _as_list(encoder.encode(text)):
+            report.mismatches.append(i)
+    return report
