@@ -156,6 +156,9 @@ class OptimConfig:
     betas: tuple = opt((0.9, 0.95), "AdamW betas", cli=False)
     warmup_steps: int = opt(10, "linear warm-up steps")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0 = off)")
+    adamw: Literal["auto", "fused", "foreach"] = opt("auto", "AdamW kernel: fused (one kernel per parameter "
+                                                             "group), foreach, or auto (fused on CUDA, foreach "
+                                                             "on CPU)")
 
 
 @dataclass
@@ -239,6 +242,8 @@ def resolve_layout(cfg: TrainConfig, world: int) -> TrainConfig:
     if p.fsdp and (p.zero or p.virtual_stages > 1):
         raise ConfigError("--fsdp already shards the optimizer state (drop --zero) and does not take "
                           "--virtual-stages yet")
+    if p.zero and p.tp > 1:
+        raise ConfigError("--zero shards plain parameters only: with --tp drop --zero (or use --fsdp)")
     if cfg.global_batch < 1 or cfg.global_batch % dp:
         raise ConfigError(f"--global-batch {cfg.global_batch} does not split over dp = {dp} ranks: use a multiple "
                           f"of {dp}")

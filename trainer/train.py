@@ -19,7 +19,7 @@ import math
 import os
 import sys
 import time
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,9 @@ from trainer.parallel import (agree_on, allreduce_grads, build_optimizer, build_
                               clip_grad_norm, init_distributed, parallelize, profile_unit_times, rank_stage_specs,
                               sync_tied_grad)
 from trainer.partition import StageSpec, describe, model_units, partition_model, unit_costs
+
+if TYPE_CHECKING:
+    from trainer.retro import RetroSpec
 
 
 # ---------------------------------------------------------------------------------------------- CLI
@@ -92,19 +95,19 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return o.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def retro_config(cfg: TrainConfig, manifest) -> Optional[dict]:
+def retro_config(cfg: TrainConfig, manifest) -> Optional[RetroSpec]:
     """The RETRO stage options from --retro-sidecar/--retro-layers, the sidecar checked against this shard
     generation (ContractMismatchError naming it, exit 2) — before any process-group work."""
     if not cfg.retro_sidecar:
         return None
-    from trainer.retro import open_sidecar, parse_layers  # noqa: PLC0415
+    from trainer.retro import RetroSpec, open_sidecar, parse_layers  # noqa: PLC0415
     try:
         layers = parse_layers(cfg.retro_layers, cfg.model.n_layers)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     _, spec = open_sidecar(cfg.retro_sidecar, manifest, cfg.model.seq_len)
-    return {"layers": layers, "chunk_len": spec.chunk_len, "neighbour_len": spec.neighbour_len,
-            "pad_id": manifest.contract.tokenizer.pad_id}
+    return RetroSpec(layers=layers, chunk_len=spec.chunk_len, neighbour_len=spec.neighbour_len,
+                     pad_id=manifest.contract.tokenizer.pad_id)
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -117,26 +120,15 @@ class Trainer:
         self.step = 0
         self.start_step = 0
         self.history: list = []
-        self.retro: Optional[dict] = None  # RETRO stage options (build: from --retro-sidecar)
+        self.retro: Optional[RetroSpec] = None  # RETRO stage options (build: from --retro-sidecar)
 
     # ------------------------------------------------------------------ build
     def build(self) -> "Trainer":
         cfg = self.cfg
         self.manifest, self.manifest_file = open_dataset(cfg.data, cfg.model)  # before any rendezvous
         self.retro = retro_config(cfg, self.manifest)
-        env = self.env = init_distributed(cfg.parallel, cfg.device)
-        pcfg, mcfg = cfg.parallel, cfg.model
-        torch.manual_seed(cfg.seed)
-        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if (env.device.type == "cuda" and cfg.bf16)
-                         else contextlib.nullcontext())
-        # This rank's stage(s) -> TP / activation checkpointing / compile per block / FSDP2 or DDP; the owner
-        # module keeps the parameter names (checkpoints, optimizer); `runnable` is what forward runs.
-        self.module, views = build_rank_stages(mcfg, self._stage_specs(), cfg.seed, env.device,
-                                               attention=cfg.attention, loss=cfg.loss, retro=self.retro)
-        self.runnable = parallelize(self.module, views, env, fsdp=pcfg.fsdp, ac=pcfg.ac, compile=cfg.compile,
-                                    bf16=cfg.bf16)
-        self.optimizer = build_optimizer(self.module, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas,
-                                         pcfg.zero, env)
+        self.build_model()
+        env, pcfg, mcfg = self.env, cfg.parallel, cfg.model
         latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
         meta = ckpt.read_meta(latest) if latest else None
         if meta and not cfg.data.streams:
@@ -150,9 +142,7 @@ class Trainer:
                 print(f"resumed from {latest} at step {self.start_step} (was dp={meta['dp']} pp={meta['pp']}, "
                       f"now dp={env.dp} pp={env.pp}; restored in {meta['load_seconds']:.2f}s)", flush=True)
         self.step = self.start_step
-        self.model = self.runnable[0]
-        self.loss_scale = 1.0
-        self.schedule = build_schedule(self.runnable, env, pcfg, self.loss_fn) if env.pp > 1 else None
+        self.build_schedule()
         self.metrics = MetricsLogger(mcfg.flops_per_token(), env.world, env.device, cfg.metrics_file, env.rank == 0)
         if env.rank == 0:
             print(f"model {mcfg.name}: {mcfg.num_params() / 1e6:.2f}M params, {mcfg.flops_per_token() / 1e6:.1f} "
@@ -160,6 +150,31 @@ class Trainer:
                   f"schedule={pcfg.schedule} device={env.device}; {self.loader.n_streams} data streams, "
                   f"{self.loader.steps_per_epoch} steps/epoch; steps {self.start_step}->{cfg.steps}", flush=True)
         return self
+
+    def build_model(self) -> None:
+        """Process groups and mesh, this rank's stage(s) with their parallelisms, and the optimizer: the part of
+        build() that reads no data (tests/parallel_worker.py drives it with its own batches)."""
+        cfg = self.cfg
+        env = self.env = init_distributed(cfg.parallel, cfg.device)
+        pcfg, mcfg = cfg.parallel, cfg.model
+        torch.manual_seed(cfg.seed)
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if (env.device.type == "cuda" and cfg.bf16)
+                         else contextlib.nullcontext())
+        # This rank's stage(s) -> TP / activation checkpointing / compile per block / FSDP2 or DDP; the owner
+        # module keeps the parameter names (checkpoints, optimizer); `runnable` is what forward runs.
+        self.module, views = build_rank_stages(mcfg, self._stage_specs(), cfg.seed, env.device,
+                                               attention=cfg.attention, loss=cfg.loss, retro=self.retro)
+        self.runnable = parallelize(self.module, views, env, fsdp=pcfg.fsdp, ac=pcfg.ac, compile=cfg.compile,
+                                    bf16=cfg.bf16)
+        self.optimizer = build_optimizer(self.module, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas,
+                                         pcfg.zero, env, cfg.optim.adamw)
+
+    def build_schedule(self) -> None:
+        """The module forward runs, and the pipeline schedule when pp > 1."""
+        self.model = self.runnable[0]
+        self.loss_scale = 1.0
+        self.schedule = (build_schedule(self.runnable, self.env, self.cfg.parallel, self.loss_fn)
+                         if self.env.pp > 1 else None)
 
     def _stage_specs(self) -> list:
         """This rank's stage specs: one, or --virtual-stages of them (interleaved placement)."""
@@ -218,8 +233,7 @@ class Trainer:
             for i in range(m):
                 if self.cfg.parallel.fsdp:  # reduce-scatter once, after the last micro-batch's backward
                     self.model.set_requires_gradient_sync(i == m - 1)
-                sync = (contextlib.nullcontext() if (env.dp == 1 or i == m - 1 or self.cfg.parallel.fsdp)
-                        else _no_sync(self.model))
+                sync = _no_sync(self.model) if i < m - 1 else contextlib.nullcontext()
                 with sync:
                     with self.autocast:
                         inputs = [chunks[k][i] for k in self._input_keys]
@@ -329,7 +343,11 @@ class Trainer:
 
 
 def _no_sync(model):
-    return getattr(model, "_orig_mod", model).no_sync()
+    """DDP's no_sync (skip the all-reduce of a micro-batch before the last); a nullcontext for every module
+    that is not DDP: one process, FSDP2 (set_requires_gradient_sync) and tensor parallelism (DTensor
+    parameters: `allreduce_grads` averages after the last micro-batch)."""
+    inner = getattr(model, "_orig_mod", model)
+    return inner.no_sync() if hasattr(inner, "no_sync") else contextlib.nullcontext()
 
 
 def train(cfg: TrainConfig) -> list:
