@@ -160,8 +160,8 @@ def run_layout(o: dict, ref: dict) -> dict:
     got = {name: full(p.detach()) for name, p in t.module.named_parameters()}
     return {"layout": tag(o), "rank": int(os.environ["RANK"]), "optimizer": type(t.optimizer).__name__,
             "param_groups": len(t.optimizer.param_groups), "fused": bool(t.optimizer.defaults.get("fused")),
-            "losses": [float(s["loss"]) for s in steps], "ref_losses": ref["losses"],
-            "norms": [float(s["grad_norm"]) for s in steps], "ref_norms": ref["norms"],
+            "losses": [float(s.loss) for s in steps], "ref_losses": ref["losses"],
+            "norms": [float(s.grad_norm) for s in steps], "ref_norms": ref["norms"],
             "max_rel_grad_error": max(grad_err.values()), "worst_grad": max(grad_err, key=grad_err.get),
             "param_excess": {n: excess(got[n], want[n]) for n in got}, "atol": ATOL,
             "moved": min(relerr(want[n], ref["init"].get(n, ref["init"]["tok_emb.weight"])) for n in got),

@@ -175,9 +175,11 @@ class TrainConfig:
     checkpoint_dir: Optional[str] = opt(None, "checkpoints (on shared storage for multi-node runs)")
     checkpoint_every: int = opt(0, "checkpoint every N steps (0 = only at the end)")
     keep_checkpoints: int = opt(2, "complete checkpoints kept")
-    resume: bool = opt(True, "resume from checkpoint-dir/latest when it exists", flag="--no-resume")
+    resume: bool = opt(True, "start fresh, ignoring checkpoint-dir/latest (without this flag a run resumes from "
+                             "checkpoint-dir/latest when it exists)", flag="--no-resume")
     metrics_file: Optional[str] = opt(None, "append metrics as JSON lines here")
-    bf16: bool = opt(True, "bf16 autocast on GPU (CPU runs fp32)", flag="--no-bf16")
+    bf16: bool = opt(True, "compute in fp32 on GPU too (without this flag GPU runs use bf16 autocast and FSDP2 "
+                           "bf16 parameters; CPU runs are always fp32)", flag="--no-bf16")
     max_seconds: float = opt(0.0, "stop after this much training time (benchmarks); 0 = no limit")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "device")
     compile: bool = opt(False, "torch.compile every block (GPU runs; works with pp and --ac)")
@@ -293,6 +295,18 @@ def _fields(cls):
             yield f, hints[f.name]
 
 
+def help_with_default(text: str, is_flag: bool, default=None) -> str:
+    """The help text with its default: a flag is off unless given (its text says what it does); a value shows
+    its default, unless the text already explains a computed one ("default: the dataset's ...")."""
+    text = text.replace("%", "%%")  # argparse %-formats help strings
+    if is_flag:
+        return f"{text} (default: off)"
+    if default is None and "default" in text:
+        return text
+    shown = "none" if default is None else str(default).replace("%", "%%")
+    return f"{text} (default: {shown})"
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str) -> None:
     """One option per CLI field of `cls`, its type, default, choices (Literal) and help from the dataclass."""
     for f, tp in _fields(cls):
@@ -302,7 +316,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str) -> None:
         if tp is bool:
             inverted = flag.startswith("--no-")
             parser.add_argument(flag, dest=dest, action="store_false" if inverted else "store_true",
-                                default=default, help=f.metadata["help"])
+                                default=default, help=help_with_default(f.metadata["help"], True))
             continue
         args = typing.get_args(tp)
         if typing.get_origin(tp) is typing.Union:  # Optional[X]
@@ -312,7 +326,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str) -> None:
         if typing.get_origin(tp) is Literal:
             kw["choices"] = list(args)
             tp = type(args[0])
-        parser.add_argument(flag, dest=dest, type=tp, default=default, help=f.metadata["help"], **kw)
+        parser.add_argument(flag, dest=dest, type=tp, default=default,
+                            help=help_with_default(f.metadata["help"], False, default), **kw)
 
 
 def build_parser(prog: str = "trainer.train", description: str = "") -> argparse.ArgumentParser:

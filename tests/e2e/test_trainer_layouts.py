@@ -9,6 +9,8 @@ process running plain AdamW on the same global batches.
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import subprocess
 
 import pytest
@@ -93,9 +95,23 @@ def test_cli_fsdp_x_tp_trains_checkpoints_and_resumes_like_one_process(dataset, 
     run_trainer(1, common + ["--metrics-file", str(tmp_path / "one.jsonl")])
     par = common + ["--dp", "2", "--tp", "2", "--fsdp", "--ac", "selective", "--microbatches", "2",
                     "--checkpoint-dir", str(tmp_path / "ck"), "--metrics-file", str(tmp_path / "par.jsonl")]
-    run_trainer(4, par + ["--stop-at-step", "2"], timeout=200)
-    proc = run_trainer(4, par, timeout=200)
+    first = run_trainer(4, par + ["--stop-at-step", "2"], timeout=200)
+    # each progress line: step/total, loss, lr, grad norm, tokens/s, MFU, elapsed, ETA
+    progress = [line for line in first.stdout.splitlines() if line.startswith("step ")]
+    assert progress and all(re.search(r"^step +\d+/3 \| loss [\d.]+ \| lr [\d.e+-]+ \| grad norm [\d.]+ \| "
+                                      r"[\d,]+ tok/s \|.*MFU .*\| elapsed [\d.hms]+ \| ETA [\d.hms]+$", line)
+                            for line in progress), progress
+    # the last line names the checkpoint and the exact command that resumes: run that command
+    last = first.stdout.strip().splitlines()[-1]
+    m = re.match(r"stopped at step 2/3; checkpoint (\S+); resume with: cd (\S+) && (.*)$", last)
+    assert m and m.group(1) == str(tmp_path / "ck" / "step_00000002"), last
+    cmd = shlex.split(m.group(3))
+    assert cmd[:4] == ["torchrun", "--standalone", "--nproc-per-node", "4"] and "--stop-at-step" not in cmd
+    proc = subprocess.run(TORCHRUN + cmd[1:], cwd=m.group(2), env=env(), capture_output=True, text=True,
+                          timeout=200)
+    assert proc.returncode == 0, proc.stderr[-6000:]
     assert "resumed from" in proc.stdout and "at step 2" in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1].startswith("finished 3/3 steps; checkpoint ")
     one, got = losses(tmp_path / "one.jsonl"), losses(tmp_path / "par.jsonl")
     assert sorted(got) == [1, 2, 3]
     for step in one:

@@ -90,7 +90,8 @@ def test_chunked_model_loss_equals_logits_path():
 
 @pytest.mark.parametrize("name,peak", [
     ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.0),
-    ("NVIDIA H200", 989.0), ("NVIDIA A100-SXM4-40GB", 312.0), ("NVIDIA A100 80GB PCIe", 312.0),
+    ("NVIDIA H200", 989.0), ("NVIDIA H200 NVL", 835.0), ("NVIDIA A100-SXM4-40GB", 312.0),
+    ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A100 80GB PCIe", 312.0), ("NVIDIA A100-PCIE-40GB", 312.0),
     ("NVIDIA GeForce RTX 3090", None),
 ])
 def test_peak_flops_by_exact_device_name(name, peak):
