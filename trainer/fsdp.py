@@ -39,6 +39,10 @@ def _save_list():
         flex = getattr(torch.ops.higher_order, "flex_attention", None)
         if flex is not None:
             ops.append(flex)
+        from trainer.attention import varlen_attention_op  # noqa: PLC0415
+        varlen = varlen_attention_op()  # --attention varlen: recomputing it would run the kernel twice
+        if varlen is not None:
+            ops.append(varlen)
         _SAVE = ops
     return _SAVE
 
