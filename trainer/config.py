@@ -147,6 +147,8 @@ class ParallelConfig:
                             "fp32 reduction on GPU)")
     ac: Literal["none", "selective", "full"] = opt("none", "activation checkpointing of every block")
     virtual_stages: int = opt(1, "pipeline stages per rank (interleaved-1f1b: >= 2)")
+    timeout_minutes: float = opt(60.0, "process-group timeout for every collective (NCCL's default of 10 "
+                                       "minutes can expire while the first steps index Pile-scale shards)")
 
 
 @dataclass

@@ -191,7 +191,9 @@ class GPTStage(nn.Module):
         args = args[:-2] if retro else args
         if self.first:
             input_ids, positions, segment_ids = args
-            x = self.tok_emb(input_ids) + self.pos_emb(positions)
+            # fp32 residual stream in every layout: under FSDP2 the embedding weights are bf16 copies
+            # (trainer/fsdp.py mixed_precision); a no-op with fp32 weights
+            x = (self.tok_emb(input_ids) + self.pos_emb(positions)).float()
         else:
             x, segment_ids = args
         mask = build_mask(segment_ids, resolve_impl(self.attention, segment_ids.device))

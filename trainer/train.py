@@ -75,7 +75,7 @@ def parse_args(argv: Optional[Sequence[str]] = None, world: Optional[int] = None
         raise ConfigError(str(e)) from None
     if not cfg.plan.fits:
         raise ConfigError(f"memory plan: {cfg.plan.total / 2**30:.1f} GiB per GPU does not fit the {cfg.plan.gpu}'s "
-                          f"{cfg.plan.capacity / 2**30:.0f} GiB (python -m trainer.plan shows the parts): shard more "
+                          f"{cfg.plan.capacity / 2**30:.1f} GiB (python -m trainer.plan shows the parts): shard more "
                           f"(--fsdp, --tp, --pp), checkpoint activations (--ac) or lower --microbatch-size")
     return cfg
 
@@ -189,7 +189,8 @@ class Trainer:
             return [StageSpec(0, (), True, True, tuple(range(mcfg.n_layers)))]
         times = None
         if pcfg.partition == "profile":
-            times = agree_on(profile_unit_times(mcfg, pcfg.microbatch_size, env.device))
+            times = agree_on(profile_unit_times(mcfg, pcfg.microbatch_size, env.device, attention=cfg.attention,
+                                                bf16=cfg.bf16))
         specs = partition_model(mcfg, env.pp * pcfg.virtual_stages, pcfg.partition, times)
         if env.rank == 0:
             units = model_units(mcfg)
