@@ -85,7 +85,7 @@ worker-image: ## build the Beam worker container (Dockerfile) as pileprep-worker
 
 # ---- trainer: the tiny GPT on `make shard`'s output, real torchrun processes on CPU (gloo).
 # `make train` = PP=2 (2 processes); `make train DP=2` = DP=2 x PP=2 (4 processes). RESUME=1 continues the
-# last run from out/train/ckpt instead of starting fresh.
+# last run from out/train/ckpt; without it a TRAIN_DIR that already holds a run is refused, never deleted.
 DP ?= 1
 PP ?= 2
 NPROC ?= $(shell expr $(DP) \* $(PP))
@@ -94,8 +94,11 @@ MICROBATCHES ?=
 TRAIN_DIR ?= out/train
 TRAIN_ARGS ?=
 train: $(STAMP)
+	@if [ -z "$(RESUME)" ] && [ -n "$$(ls -A $(TRAIN_DIR) 2>/dev/null)" ]; then \
+	  echo "error: $(TRAIN_DIR) already holds a training run (make train never deletes one): continue it with" \
+	    "'make train RESUME=1 TRAIN_DIR=$(TRAIN_DIR)', or start fresh in a new directory with 'make train TRAIN_DIR=$(TRAIN_DIR)-2'" >&2; \
+	  exit 2; fi
 	test -f out/sample/manifest.json || $(MAKE) shard
-	$(if $(RESUME),,rm -rf $(TRAIN_DIR))
 	mkdir -p $(TRAIN_DIR)
 	$(BIN)/torchrun --standalone --nproc-per-node $(NPROC) -m trainer.train --data out/sample --model tiny \
 	  --dp $(DP) --pp $(PP) $(if $(MICROBATCHES),--microbatches $(MICROBATCHES)) --global-batch 8 \

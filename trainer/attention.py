@@ -54,6 +54,8 @@ def _compiled(name: str):
 
 
 def flex_block_mask(segment_ids: torch.Tensor, block_size: int = 128):
+    """The document-causal BlockMask. On CUDA `create_block_mask` itself is compiled (`torch.compile` of the
+    function: the form torch 2.11-2.13 all support; its `_compile=True` argument is deprecated in 2.13)."""
     from torch.nn.attention.flex_attention import create_block_mask
     b, t = segment_ids.shape
     seg = segment_ids
@@ -61,19 +63,54 @@ def flex_block_mask(segment_ids: torch.Tensor, block_size: int = 128):
     def document_causal(bi, h, q, k):
         return (seg[bi, q] == seg[bi, k]) & (k <= q)
 
-    return create_block_mask(document_causal, b, None, t, t, device=seg.device, BLOCK_SIZE=min(block_size, t),
-                             _compile=seg.device.type == "cuda")
+    build = _compiled("create_block_mask") if seg.device.type == "cuda" else create_block_mask
+    return build(document_causal, b, None, t, t, device=seg.device, BLOCK_SIZE=min(block_size, t))
 
 
-def varlen_boundaries(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Cumulative start offsets (int32, with the total at the end) of every run of equal segment ids in the
-    flattened batch; every row starts a new run. No host sync: the count stays on the device."""
+def varlen_boundaries(segment_ids: torch.Tensor, bound: Optional[int] = None) -> torch.Tensor:
+    """Cumulative start offsets (int32) of every run of equal segment ids in the flattened batch (every row
+    starts a new run), padded with the total to a fixed length of `bound` + 1 (default b * t + 1, the most
+    runs a batch can hold): the padding entries are empty sequences.
+
+    No host sync and one shape for every micro-batch: the runs are ranked with a cumulative sum and
+    scattered (no `torch.nonzero`, whose output length the host must read), so blocks compiled with
+    dynamic=False do not recompile as the document count changes."""
     b, t = segment_ids.shape
+    n = b * t
+    bound = n if bound is None else bound
     starts = torch.ones_like(segment_ids, dtype=torch.bool)
     starts[:, 1:] = segment_ids[:, 1:] != segment_ids[:, :-1]
-    idx = torch.nonzero(starts.reshape(-1)).reshape(-1).to(torch.int32)
-    total = torch.full((1,), b * t, dtype=torch.int32, device=segment_ids.device)
-    return torch.cat([idx, total])
+    flat = starts.reshape(-1)
+    rank = torch.cumsum(flat.to(torch.int32), 0) - 1  # index of each run start among the starts
+    # non-starts (and, with a bound below n, starts past it) land in a dump slot that is cut off
+    slot = torch.where(flat & (rank < bound), rank, torch.full_like(rank, bound + 1))
+    offsets = torch.arange(n, dtype=torch.int32, device=segment_ids.device)
+    cu = torch.full((bound + 2,), n, dtype=torch.int32, device=segment_ids.device)
+    cu.scatter_(0, slot.to(torch.int64), offsets)
+    return cu[: bound + 1]
+
+
+def varlen_attention_op():
+    """The varlen attention op (for the selective-checkpointing save list), or None on a torch without it."""
+    try:
+        import torch.nn.attention.varlen  # noqa: F401,PLC0415 - registers torch.ops.torch_attn on import
+    except ImportError:
+        return None
+    ns = getattr(torch.ops, "torch_attn", None)
+    op = getattr(ns, "_varlen_attn", None) if ns is not None else None
+    return getattr(op, "default", None) if op is not None else None
+
+
+@functools.lru_cache(maxsize=None)
+def _varlen_causal_kwargs() -> tuple:
+    """How this torch spells a causal varlen call: `window_size=(-1, 0)` (2.13) or `is_causal=True` (2.11)."""
+    import inspect
+
+    from torch.nn.attention.varlen import varlen_attn
+    params = inspect.signature(varlen_attn).parameters
+    if "window_size" in params:
+        return (("window_size", (-1, 0)),)
+    return (("is_causal", True),)
 
 
 @dataclass
@@ -110,6 +147,6 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: DocumentMask
         b, h, t, d = q.shape
         flat = [z.transpose(1, 2).reshape(b * t, h, d) for z in (q, k, v)]
         out = varlen_attn(*flat, mask.cu_seqlens, mask.cu_seqlens, mask.max_len, mask.max_len,
-                          window_size=(-1, 0))
+                          **dict(_varlen_causal_kwargs()))
         return out.reshape(b, t, h, d).transpose(1, 2)
     raise ValueError(f"unknown attention impl {mask.impl!r}")

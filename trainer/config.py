@@ -147,6 +147,8 @@ class ParallelConfig:
                             "fp32 reduction on GPU)")
     ac: Literal["none", "selective", "full"] = opt("none", "activation checkpointing of every block")
     virtual_stages: int = opt(1, "pipeline stages per rank (interleaved-1f1b: >= 2)")
+    timeout_minutes: float = opt(60.0, "process-group timeout for every collective (NCCL's default of 10 "
+                                       "minutes can expire while the first steps index Pile-scale shards)")
 
 
 @dataclass
@@ -156,6 +158,9 @@ class OptimConfig:
     betas: tuple = opt((0.9, 0.95), "AdamW betas", cli=False)
     warmup_steps: int = opt(10, "linear warm-up steps")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0 = off)")
+    adamw: Literal["auto", "fused", "foreach"] = opt("auto", "AdamW kernel: fused (one kernel per parameter "
+                                                             "group), foreach, or auto (fused on CUDA, foreach "
+                                                             "on CPU)")
 
 
 @dataclass
@@ -172,9 +177,11 @@ class TrainConfig:
     checkpoint_dir: Optional[str] = opt(None, "checkpoints (on shared storage for multi-node runs)")
     checkpoint_every: int = opt(0, "checkpoint every N steps (0 = only at the end)")
     keep_checkpoints: int = opt(2, "complete checkpoints kept")
-    resume: bool = opt(True, "resume from checkpoint-dir/latest when it exists", flag="--no-resume")
+    resume: bool = opt(True, "start fresh, ignoring checkpoint-dir/latest (without this flag a run resumes from "
+                             "checkpoint-dir/latest when it exists)", flag="--no-resume")
     metrics_file: Optional[str] = opt(None, "append metrics as JSON lines here")
-    bf16: bool = opt(True, "bf16 autocast on GPU (CPU runs fp32)", flag="--no-bf16")
+    bf16: bool = opt(True, "compute in fp32 on GPU too (without this flag GPU runs use bf16 autocast and FSDP2 "
+                           "bf16 parameters; CPU runs are always fp32)", flag="--no-bf16")
     max_seconds: float = opt(0.0, "stop after this much training time (benchmarks); 0 = no limit")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "device")
     compile: bool = opt(False, "torch.compile every block (GPU runs; works with pp and --ac)")
@@ -239,6 +246,8 @@ def resolve_layout(cfg: TrainConfig, world: int) -> TrainConfig:
     if p.fsdp and (p.zero or p.virtual_stages > 1):
         raise ConfigError("--fsdp already shards the optimizer state (drop --zero) and does not take "
                           "--virtual-stages yet")
+    if p.zero and p.tp > 1:
+        raise ConfigError("--zero shards plain parameters only: with --tp drop --zero (or use --fsdp)")
     if cfg.global_batch < 1 or cfg.global_batch % dp:
         raise ConfigError(f"--global-batch {cfg.global_batch} does not split over dp = {dp} ranks: use a multiple "
                           f"of {dp}")
@@ -288,6 +297,18 @@ def _fields(cls):
             yield f, hints[f.name]
 
 
+def help_with_default(text: str, is_flag: bool, default=None) -> str:
+    """The help text with its default: a flag is off unless given (its text says what it does); a value shows
+    its default, unless the text already explains a computed one ("default: the dataset's ...")."""
+    text = text.replace("%", "%%")  # argparse %-formats help strings
+    if is_flag:
+        return f"{text} (default: off)"
+    if default is None and "default" in text:
+        return text
+    shown = "none" if default is None else str(default).replace("%", "%%")
+    return f"{text} (default: {shown})"
+
+
 def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str) -> None:
     """One option per CLI field of `cls`, its type, default, choices (Literal) and help from the dataclass."""
     for f, tp in _fields(cls):
@@ -297,7 +318,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str) -> None:
         if tp is bool:
             inverted = flag.startswith("--no-")
             parser.add_argument(flag, dest=dest, action="store_false" if inverted else "store_true",
-                                default=default, help=f.metadata["help"])
+                                default=default, help=help_with_default(f.metadata["help"], True))
             continue
         args = typing.get_args(tp)
         if typing.get_origin(tp) is typing.Union:  # Optional[X]
@@ -307,7 +328,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str) -> None:
         if typing.get_origin(tp) is Literal:
             kw["choices"] = list(args)
             tp = type(args[0])
-        parser.add_argument(flag, dest=dest, type=tp, default=default, help=f.metadata["help"], **kw)
+        parser.add_argument(flag, dest=dest, type=tp, default=default,
+                            help=help_with_default(f.metadata["help"], False, default), **kw)
 
 
 def build_parser(prog: str = "trainer.train", description: str = "") -> argparse.ArgumentParser:

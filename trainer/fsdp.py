@@ -2,7 +2,7 @@
 
 Each block is its own FSDP unit (all-gathered just before its forward, freed after; re-gathered for backward),
 the stage root holds the embeddings, final LayerNorm and head. On CUDA the parameters compute in bf16 while
-gradients are reduced in fp32 (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`); the sharded
+gradients are reduced in fp32 (`mixed_precision`; the residual stream stays fp32, see there); the sharded
 master weights and AdamW state stay fp32. On CPU everything is fp32 (gloo; the equality tests).
 
 Composes with pipeline parallelism: `PipelineStage` recognises an FSDP module and reduce-scatters gradients only
@@ -39,6 +39,10 @@ def _save_list():
         flex = getattr(torch.ops.higher_order, "flex_attention", None)
         if flex is not None:
             ops.append(flex)
+        from trainer.attention import varlen_attention_op  # noqa: PLC0415
+        varlen = varlen_attention_op()  # --attention varlen: recomputing it would run the kernel twice
+        if varlen is not None:
+            ops.append(varlen)
         _SAVE = ops
     return _SAVE
 
@@ -73,9 +77,18 @@ def checkpointed(fn, mode: str, *args):
 
 
 def mixed_precision(device: torch.device, bf16: bool = True):
+    """bf16 parameters for compute, fp32 gradient reduction; block inputs are *not* cast.
+
+    Decision: the residual stream stays fp32 under FSDP2, as under DDP with autocast (and on every CPU test).
+    FSDP2's default casts each block's input to bf16, which would make the residual stream bf16 under FSDP2
+    only: a different model numerically, with more rounding per layer at depth. With cast_forward_inputs off,
+    autocast (trainer/train.py) runs the matmuls in bf16 and LayerNorm in fp32 on the fp32 residual, and the
+    first stage hands the blocks an fp32 embedding sum (trainer/model.py); trainer/plan.py counts the
+    residual-stream activations as fp32 accordingly."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
     if device.type == "cuda" and bf16:
-        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                    cast_forward_inputs=False)
     return MixedPrecisionPolicy()
 
 

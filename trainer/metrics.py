@@ -1,8 +1,19 @@
 """Per-interval training metrics: loss, tokens/s, TFLOP/s, MFU, peak memory, and where input time goes.
 
+Timing cannot flatter: the rates of an interval are its tokens divided by its *wall* time, read after the
+device has finished the interval's work (`torch.cuda.synchronize` at each flush, so GPU work still queued at the
+last step's return is counted in the interval it belongs to). Per-step host times are not summed: on CUDA a step
+returns as soon as its kernels are queued. Checkpoint saves are excluded (`exclude`); they report their own time.
+
 Input time is split three ways: `read` (file I/O, TFRecord framing and CRC), `decode` (protobuf parsing,
-batching, label construction) and `h2d` (host-to-device copy). When their share of the step time passes
+batching, label construction) and `h2d` (host-to-device copy, timed with CUDA events on the device: the copy is
+non-blocking, so host time would only measure its enqueue). When their share of the interval passes
 `input_bound_share`, a warning names the largest part and the knob that helps.
+
+MFU follows the PaLM / Megatron convention: model FLOPs per token = 6N + 12·L·d·T (N matmul weights, full T×T
+attention) over the device's dense bf16 peak. With document masking the attention actually executed is smaller
+and activation checkpointing recomputes a forward; `hardware_flops_per_token` estimates that executed work
+(the "HFU" beside MFU).
 """
 from __future__ import annotations
 
@@ -10,21 +21,36 @@ import json
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
-# Dense bf16 peak per device, TFLOP/s (no sparsity), matched against torch.cuda.get_device_name in order: the
-# first pattern found in the name wins, so the PCIe / NVL parts come before the plain "H100" (SXM) entry.
-# CPU or an unknown device: none (MFU is not reported rather than guessed).
+FLOP_CONVENTION = "6N+12LdT"
+
+# Dense bf16 peak per device, TFLOP/s (no sparsity). Exact torch.cuda.get_device_name strings first; then
+# substrings, in order (the first found wins: the PCIe / NVL parts before the plain SXM names). CPU or an
+# unknown device: none (MFU is not reported rather than guessed).
+PEAK_TFLOPS_EXACT = {
+    "NVIDIA H200 NVL": 835.0,
+    "NVIDIA H200": 989.0,
+    "NVIDIA GH200 480GB": 989.0,
+    "NVIDIA H100 80GB HBM3": 989.0,  # SXM5
+    "NVIDIA H100 PCIe": 756.0,
+    "NVIDIA H100 NVL": 835.0,
+    "NVIDIA A100-SXM4-40GB": 312.0,
+    "NVIDIA A100-SXM4-80GB": 312.0,
+    "NVIDIA A100-PCIE-40GB": 312.0,
+    "NVIDIA A100 80GB PCIe": 312.0,
+}
 PEAK_TFLOPS = (
+    ("H200 NVL", 835.0),
     ("GH200", 989.0),
     ("H200", 989.0),
     ("H100 PCIe", 756.0),
     ("H100 NVL", 835.0),
     ("H100", 989.0),  # SXM5 ("NVIDIA H100 80GB HBM3")
     ("H800", 989.0),
-    ("A100", 312.0),  # SXM4 and PCIe have the same tensor-core peak
+    ("A100", 312.0),  # SXM4 and PCIe, 40 and 80 GB: the same tensor-core peak
     ("A800", 312.0),
     ("L40S", 362.0),
     ("A10G", 70.0),
@@ -45,6 +71,9 @@ def peak_tflops(device: torch.device) -> Optional[float]:
 
 
 def peak_tflops_for_name(name: str) -> Optional[float]:
+    name = name.strip()
+    if name in PEAK_TFLOPS_EXACT:
+        return PEAK_TFLOPS_EXACT[name]
     for key, value in PEAK_TFLOPS:
         if key in name:
             return value
@@ -57,14 +86,69 @@ def peak_memory_bytes(device: torch.device) -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # Linux reports KiB
 
 
+def attended_keys_per_token(segment_ids) -> float:
+    """Mean number of keys a query attends to under the causal document mask: a document of n tokens costs
+    n (n + 1) / 2 query-key pairs (padding, segment 0, counts as one document). Pure host arithmetic on the
+    loader's CPU batch (no device sync)."""
+    seg = torch.as_tensor(segment_ids).reshape(-1, torch.as_tensor(segment_ids).shape[-1])
+    b, t = seg.shape
+    starts = torch.ones(b, t, dtype=torch.bool)
+    starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
+    idx = torch.nonzero(starts.reshape(-1)).reshape(-1)
+    lengths = torch.diff(torch.cat([idx, torch.tensor([b * t])])).double()
+    return float((lengths * (lengths + 1) / 2).sum() / (b * t))
+
+
+def hardware_flops_per_token(model_cfg, attended_keys: float, ac: str = "none") -> float:
+    """Executed training FLOPs per token (estimate): the matmuls of 6N, attention over the keys actually
+    attended (2·2·d per key forward, x3 with backward) instead of the convention's T, and one more forward of
+    every block under full activation checkpointing (selective recomputes only element-wise ops)."""
+    d, f, layers = model_cfg.d_model, model_cfg.d_ff, model_cfg.n_layers
+    block_fwd = 2 * (4 * d * d + 2 * d * f) + 4 * attended_keys * d
+    recompute = 1.0 if ac == "full" else 0.0
+    return layers * block_fwd * (3 + recompute) + model_cfg.head_flops_per_token()
+
+
+def interval_rates(tokens: int, steps: int, wall: float, flops_per_token: float, world: int,
+                   peak: Optional[float], hw_flops_per_token: Optional[float] = None) -> dict:
+    """The interval's figures from its wall time alone: tokens/s = tokens / wall, step time = wall / steps,
+    TFLOP/s per device and MFU (and HFU with the executed-work estimate) against `peak` TFLOP/s."""
+    wall = max(wall, 1e-9)
+    tok_s = tokens / wall
+    tflops = tok_s * flops_per_token / world / 1e12
+    hw = tok_s * hw_flops_per_token / world / 1e12 if hw_flops_per_token else None
+    return {"tokens_per_s": tok_s, "step_seconds": wall / max(steps, 1), "tflops_per_device": tflops,
+            "mfu": tflops / peak if peak else None,
+            "hfu": (hw / peak) if (peak and hw is not None) else None}
+
+
+class DeviceTimer:
+    """Seconds of a section summed over an interval: CUDA event pairs (device time, read after the flush's
+    synchronize) and host seconds (CPU, where the copy is synchronous)."""
+
+    def __init__(self):
+        self.pairs: list = []
+        self.host = 0.0
+
+    def add(self, host_seconds: float, events: Optional[tuple] = None) -> None:
+        if events is not None:
+            self.pairs.append(events)
+        else:
+            self.host += host_seconds
+
+    def total(self) -> float:
+        """Call after the device is synchronised."""
+        return self.host + sum(a.elapsed_time(b) for a, b in self.pairs) / 1e3
+
+
 @dataclass
 class Interval:
     steps: int = 0
-    step_seconds: float = 0.0
+    host_seconds: float = 0.0  # per-step host time (diagnostic only: rates use the interval's wall)
     read: float = 0.0
     decode: float = 0.0
-    h2d: float = 0.0
     tokens: int = 0  # tokens processed (all positions) over all ranks
+    attended: float = 0.0  # sum over steps of the mean attended keys per token
     loss_sum: float = 0.0
 
 
@@ -76,23 +160,38 @@ class MetricsLogger:
     path: Optional[str] = None
     is_writer: bool = True  # rank 0 writes
     input_bound_share: float = 0.10
+    total_steps: int = 0  # for "step s/total" and the ETA
+    model_cfg: object = None  # a ModelConfig: the executed-work (HFU) estimate
+    ac: str = "none"
+    clock: Callable[[], float] = time.perf_counter
     cur: Interval = field(default_factory=Interval)
     history: list = field(default_factory=list)
 
     def __post_init__(self):
         self._peak = peak_tflops(self.device)
         self._file = open(self.path, "a") if (self.path and self.is_writer) else None
-        self._t_start = time.perf_counter()
+        self._t_start = self.clock()
+        self._t_interval = self._t_start
+        self._excluded = 0.0
+        self._steps_run = 0
+        self._run_seconds = 0.0  # wall of the steps run by this process (the ETA's rate)
+        self.h2d = DeviceTimer()
 
-    def record_step(self, *, loss, step_seconds: float, read: float, decode: float, h2d: float,
-                    tokens: int) -> None:
+    def exclude(self, seconds: float) -> None:
+        """Wall time inside the interval that is not training (a checkpoint save)."""
+        self._excluded += seconds
+
+    def record_step(self, *, loss, read: float, decode: float, tokens: int, step_seconds: float = 0.0,
+                    h2d: float = 0.0, h2d_events: Optional[tuple] = None, segment_ids=None) -> None:
         c = self.cur
         c.steps += 1
-        c.step_seconds += step_seconds
+        c.host_seconds += step_seconds
         c.read += read
         c.decode += decode
-        c.h2d += h2d
+        self.h2d.add(h2d, h2d_events)
         c.tokens += tokens
+        if segment_ids is not None:
+            c.attended += attended_keys_per_token(segment_ids)
         # A device tensor stays on the device (no host sync per step); it is read once, at flush.
         c.loss_sum = c.loss_sum + (loss.detach() if isinstance(loss, torch.Tensor) else loss)
 
@@ -100,24 +199,35 @@ class MetricsLogger:
         c = self.cur
         if c.steps == 0:
             return None
-        tok_s = c.tokens / c.step_seconds
-        tflops = tok_s * self.flops_per_token / self.world / 1e12  # per device
-        wait = c.read + c.decode + c.h2d
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the interval's queued work belongs to the interval
+        now = self.clock()
+        wall = max(now - self._t_interval - self._excluded, 1e-9)
+        loss, norm = float(c.loss_sum) / c.steps, float(grad_norm)
+        h2d = self.h2d.total()
+        hw = None
+        if self.model_cfg is not None and c.attended:
+            hw = hardware_flops_per_token(self.model_cfg, c.attended / c.steps, self.ac)
+        rates = interval_rates(c.tokens, c.steps, wall, self.flops_per_token, self.world, self._peak, hw)
+        self._steps_run += c.steps
+        self._run_seconds += wall
+        wait = c.read + c.decode + h2d
         rec = {
-            "step": step, "loss": float(c.loss_sum) / c.steps, "lr": lr, "grad_norm": float(grad_norm),
-            "tokens_per_s": tok_s, "tflops_per_device": tflops,
-            "mfu": (tflops / self._peak) if self._peak else None,
+            "step": step, "total_steps": self.total_steps, "loss": loss, "lr": lr, "grad_norm": norm,
+            **rates, "flop_convention": FLOP_CONVENTION, "peak_tflops": self._peak,
             "peak_memory_bytes": peak_memory_bytes(self.device),
-            "step_seconds": c.step_seconds / c.steps,
-            "data_wait_share": wait / c.step_seconds,
-            "data_wait": {k: getattr(c, k) / c.step_seconds for k in ("read", "decode", "h2d")},
-            "input_bound": wait / c.step_seconds > self.input_bound_share,
-            "elapsed_s": time.perf_counter() - self._t_start,
+            "interval_seconds": wall, "interval_steps": c.steps,
+            "data_wait_share": wait / wall,
+            "data_wait": {"read": c.read / wall, "decode": c.decode / wall, "h2d": h2d / wall},
+            "input_bound": wait / wall > self.input_bound_share,
+            "elapsed_s": now - self._t_start,
+            "eta_s": eta_seconds(step, self.total_steps, self._steps_run, self._run_seconds),
         }
         if extra:
             rec.update(extra)
         if rec["input_bound"]:
-            cause = max(("read", "decode", "h2d"), key=lambda k: getattr(c, k))
+            parts = {"read": c.read, "decode": c.decode, "h2d": h2d}
+            cause = max(parts, key=parts.get)
             rec["warning"] = (f"input-bound: {100 * rec['data_wait_share']:.0f}% of step time waiting for data, "
                               f"mostly {cause} ({100 * rec['data_wait'][cause]:.0f}%): {_ADVICE[cause]}")
         self.history.append(rec)
@@ -129,17 +239,22 @@ class MetricsLogger:
             if "warning" in rec:
                 print(f"WARNING {rec['warning']}", flush=True)
         self.cur = Interval()
+        self.h2d = DeviceTimer()
+        self._t_interval, self._excluded = self.clock(), 0.0
         return rec
 
     @staticmethod
     def format(rec: dict) -> str:
-        mfu = f"{100 * rec['mfu']:.1f}%" if rec["mfu"] is not None else "n/a"
-        w = rec["data_wait"]
-        return (f"step {rec['step']:>6} | loss {rec['loss']:.4f} | {rec['tokens_per_s']:,.0f} tok/s | "
-                f"{rec['tflops_per_device']:.3f} TFLOP/s/dev | MFU {mfu} | "
-                f"mem {rec['peak_memory_bytes'] / 2**30:.2f} GiB | data wait {100 * rec['data_wait_share']:.1f}% "
-                f"(read {100 * w['read']:.1f} / decode {100 * w['decode']:.1f} / h2d {100 * w['h2d']:.1f})")
+        from trainer.progress import format_progress  # noqa: PLC0415
+        return format_progress(rec)
 
     def close(self) -> None:
         if self._file:
             self._file.close()
+
+
+def eta_seconds(step: int, total: int, steps_run: int, run_seconds: float) -> Optional[float]:
+    """Remaining steps at the mean wall per step of the steps this process ran (None before any)."""
+    if not total or steps_run <= 0:
+        return None
+    return max(0, total - step) * run_seconds / steps_run

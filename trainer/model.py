@@ -22,7 +22,7 @@ for the layers it owns without building the rest of the model.
 from __future__ import annotations
 
 import math
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
 import torch
 import torch.nn as nn
@@ -31,6 +31,9 @@ import torch.nn.functional as F
 from trainer.attention import DocumentMask, attend, build_mask, dense_mask, resolve_impl
 from trainer.config import ModelConfig
 from trainer.loss import IGNORE_INDEX, chunked_loss_sum, plain_loss_sum
+
+if TYPE_CHECKING:
+    from trainer.retro import RetroSpec
 
 
 def attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
@@ -128,7 +131,7 @@ class GPTStage(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layers: Iterable[int], first: bool, last: bool, seed: int = 0,
                  attention: str = "sdpa", loss: str = "logits", loss_chunk_tokens: int = 4096,
-                 retro: Optional[dict] = None):
+                 retro: Optional[RetroSpec] = None):
         super().__init__()
         if loss not in ("logits", "chunked"):
             raise ValueError(f"unknown loss mode {loss!r} (logits | chunked)")
@@ -140,14 +143,14 @@ class GPTStage(nn.Module):
             self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
         # ModuleDict keyed by the global layer index keeps parameter names identical in every layout.
         self.blocks = nn.ModuleDict({str(i): Block(cfg) for i in self.layer_ids})
-        # RETRO (trainer.retro): {"layers", "chunk_len", "neighbour_len", "pad_id"}; the neighbours travel with
+        # RETRO (trainer.retro.RetroSpec): the neighbours travel with
         # the micro-batch through every stage (like segment_ids), the layers named here add chunked cross-attention.
         self.retro_spec = retro
         if retro is not None:
             from trainer.retro import RetroLayer  # noqa: PLC0415
             self.retro = nn.ModuleDict({
-                str(i): RetroLayer(cfg.vocab_size, cfg.d_model, cfg.n_heads, retro["chunk_len"],
-                                   retro["neighbour_len"]) for i in self.layer_ids if i in retro["layers"]})
+                str(i): RetroLayer(cfg.vocab_size, cfg.d_model, cfg.n_heads, retro.chunk_len,
+                                   retro.neighbour_len) for i in self.layer_ids if i in retro.layers})
         if last:
             self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
             self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -188,14 +191,16 @@ class GPTStage(nn.Module):
         args = args[:-2] if retro else args
         if self.first:
             input_ids, positions, segment_ids = args
-            x = self.tok_emb(input_ids) + self.pos_emb(positions)
+            # fp32 residual stream in every layout: under FSDP2 the embedding weights are bf16 copies
+            # (trainer/fsdp.py mixed_precision); a no-op with fp32 weights
+            x = (self.tok_emb(input_ids) + self.pos_emb(positions)).float()
         else:
             x, segment_ids = args
         mask = build_mask(segment_ids, resolve_impl(self.attention, segment_ids.device))
         for key, block in self.blocks.items():
             x = block(x, mask)
             if retro and key in self.retro:
-                x = x + self.retro[key](x, nb[0], nb[1], self.retro_spec["pad_id"])
+                x = x + self.retro[key](x, nb[0], nb[1], self.retro_spec.pad_id)
         if self.last:
             x = self.ln_f(x)
             if chunked:

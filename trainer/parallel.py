@@ -7,6 +7,7 @@ goes over EFA. With tp = 1 the mesh is the 2-D ("dp", "pp") one.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import socket
 import time
@@ -78,7 +79,10 @@ def init_distributed(cfg: ParallelConfig, device_kind: str = "auto") -> Parallel
         torch.cuda.set_device(device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None)
+        # An explicit timeout: at Pile scale the first collective can wait minutes while ranks walk shard
+        # offsets (trainer/data.py prepare_shards); NCCL's default would abort the job before it.
+        dist.init_process_group(backend=backend, device_id=device if device.type == "cuda" else None,
+                                timeout=datetime.timedelta(minutes=float(getattr(cfg, "timeout_minutes", 60))))
     from torch.distributed.device_mesh import init_device_mesh
     if tp == 1:
         mesh = init_device_mesh(device.type, (cfg.dp, cfg.pp), mesh_dim_names=("dp", "pp"))
@@ -105,36 +109,49 @@ def build_stage(cfg: ModelConfig, spec: StageSpec, seed: int, device: torch.devi
 
 
 # ---------------------------------------------------------------------------------------------- profiling
-def profile_unit_times(cfg: ModelConfig, batch: int, device: torch.device, repeats: int = 2) -> list[float]:
-    """Measured forward+backward seconds of every unit (embed, block i, head) on one micro-batch."""
+def profile_unit_times(cfg: ModelConfig, batch: int, device: torch.device, repeats: int = 2,
+                       attention: str = "auto", bf16: bool = True) -> list[float]:
+    """Measured forward+backward seconds of every unit (embed, block i, head) on one micro-batch, with the
+    kernels training will run: the resolved attention kernel on a packed-document mask and, on CUDA, bf16
+    autocast (fp32 blocks on dense SDPA would time other kernels than the run's)."""
+    import contextlib
+
+    from trainer.attention import build_mask, resolve_impl
     torch.manual_seed(0)
     t = cfg.seq_len
     ids = torch.randint(0, cfg.vocab_size, (batch, t), device=device)
     pos = torch.arange(t, device=device).expand(batch, t)
     seg = torch.ones(batch, t, dtype=torch.long, device=device)
+    seg[:, t // 2:] = 2  # two documents per row, like packed data
     x = torch.randn(batch, t, cfg.d_model, device=device, requires_grad=True)
-    mask = (torch.ones(t, t, dtype=torch.bool, device=device).tril())[None, None].expand(batch, 1, t, t)
+    mask = build_mask(seg, resolve_impl(attention, device))
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if (device.type == "cuda" and bf16)
+                else contextlib.nullcontext())
 
     def timed(fn):
-        fn()  # warm-up
+        def run():
+            with autocast:
+                out = fn()
+            out.float().sum().backward()
+        run()  # warm-up
         best = float("inf")
         for _ in range(repeats):
             if device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            fn()
+            run()
             if device.type == "cuda":
                 torch.cuda.synchronize()
             best = min(best, time.perf_counter() - t0)
         return best
 
-    emb = GPTStage(cfg, [], first=True, last=False).to(device)
-    head = GPTStage(cfg, [], first=False, last=True).to(device)
-    times = [timed(lambda: emb(ids, pos, seg)[0].sum().backward())]
+    emb = GPTStage(cfg, [], first=True, last=False, attention=attention).to(device)
+    head = GPTStage(cfg, [], first=False, last=True, attention=attention).to(device)
+    times = [timed(lambda: emb(ids, pos, seg)[0])]
     for i in range(cfg.n_layers):
         blk = Block(cfg).to(device)
-        times.append(timed(lambda: blk(x, mask).sum().backward()))
-    times.append(timed(lambda: head(x, seg).float().sum().backward()))
+        times.append(timed(lambda: blk(x, mask)))
+    times.append(timed(lambda: head(x, seg)))
     return times
 
 
@@ -163,41 +180,124 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
+class GradBuckets:
+    """Flat reduction buckets for one module's gradients, allocated once and reused every step.
+
+    Buckets follow the parameters in reverse order (the order backward produces them) and hold one dtype each;
+    `reduce` packs each bucket (one copy in), starts its all-reduce asynchronously, and only then packs the
+    next, so communication overlaps the remaining copies; then it waits and copies the averages back. Before
+    this, every step flattened fresh buffers and reduced them one after another."""
+
+    def __init__(self, bucket_bytes: int = 25 << 20):
+        self.bucket_bytes = bucket_bytes
+        self.layout: Optional[list] = None  # [(param indices, numels)] per bucket
+        self.buffers: list = []
+        self.key: Optional[tuple] = None
+
+    def _plan(self, grads: list) -> None:
+        self.layout, self.buffers = [], []
+        cur, size, dtype = [], 0, None
+        order = list(range(len(grads)))[::-1]
+        for i in order + [None]:
+            g = grads[i] if i is not None else None
+            if cur and (g is None or size >= self.bucket_bytes or g.dtype != dtype):
+                self.layout.append(cur)
+                self.buffers.append(torch.empty(sum(grads[j].numel() for j in cur), dtype=dtype,
+                                                device=grads[cur[0]].device))
+                cur, size = [], 0
+            if g is not None:
+                cur.append(i)
+                size += g.numel() * g.element_size()
+                dtype = g.dtype
+        self.key = tuple((g.shape, g.dtype, g.device) for g in grads)
+
+    def reduce(self, grads: list, group, world: int) -> None:
+        if not grads:
+            return
+        if self.key != tuple((g.shape, g.dtype, g.device) for g in grads):
+            self._plan(grads)
+        handles = []
+        for idx, buf in zip(self.layout, self.buffers):
+            offset = 0
+            for j in idx:
+                n = grads[j].numel()
+                buf[offset:offset + n].copy_(grads[j].reshape(-1))
+                offset += n
+            buf.div_(world)
+            handles.append(dist.all_reduce(buf, group=group, async_op=True))
+        for idx, buf, h in zip(self.layout, self.buffers, handles):
+            h.wait()
+            offset = 0
+            for j in idx:
+                n = grads[j].numel()
+                grads[j].copy_(buf[offset:offset + n].view_as(grads[j]))
+                offset += n
+
+
 def allreduce_grads(module: nn.Module, env: ParallelEnv, bucket_bytes: int = 25 << 20,
                     always: bool = False) -> None:
-    """Average gradients over the data-parallel group in flat buckets (pp > 1 path; `always` for tp > 1
-    without FSDP, where DDP does not take DTensor parameters)."""
+    """Average gradients over the data-parallel group in reused flat buckets (pp > 1 path; `always` for tp > 1
+    without FSDP, where DDP does not take DTensor parameters). The buckets live on the module."""
     if env.dp == 1 or (env.pp == 1 and not always):
         return
-    from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+    buckets = getattr(module, "_grad_buckets", None)
+    if buckets is None:
+        buckets = GradBuckets(bucket_bytes)
+        object.__setattr__(module, "_grad_buckets", buckets)  # not a submodule / parameter: plain attribute
     grads = [_local(p.grad) for p in module.parameters() if p.grad is not None]
-    bucket, size = [], 0
-    for g in grads + [None]:
-        if g is not None:
-            bucket.append(g)
-            size += g.numel() * g.element_size()
-        if bucket and (g is None or size >= bucket_bytes):
-            flat = _flatten_dense_tensors(bucket)
-            flat.div_(env.dp)
-            dist.all_reduce(flat, group=env.dp_group)
-            for dst, src in zip(bucket, _unflatten_dense_tensors(flat, bucket)):
-                dst.copy_(src)
-            bucket, size = [], 0
+    buckets.reduce(grads, env.dp_group, env.dp)
 
 
-def build_optimizer(module: nn.Module, lr: float, weight_decay: float, betas, zero: bool, env: ParallelEnv):
-    decay = [p for n, p in module.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in module.named_parameters() if p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+def _tensor_kind(p: torch.Tensor):
+    """What a foreach / fused AdamW kernel may batch together: plain tensors with plain tensors, DTensors with
+    DTensors of the same mesh and placements (one kernel call over a mix raises "got mixed torch.Tensor and
+    DTensor": tensor-parallel weights beside replicated embeddings and norms, trainer/tensor_parallel.py)."""
+    if not hasattr(p, "device_mesh"):
+        return None
+    mesh = p.device_mesh
+    return (tuple(mesh.mesh.flatten().tolist()), tuple(mesh.mesh_dim_names or ()),
+            tuple(str(pl) for pl in p.placements))
+
+
+def param_groups(module: nn.Module, weight_decay: float) -> list:
+    """AdamW groups: (decay for matrices, none for vectors) x tensor kind, in first-appearance order (the
+    same on every rank of a replica). Checkpoints key optimizer state by parameter name
+    (trainer/checkpoint.py), so the grouping does not enter them."""
+    groups: dict = {}
+    for _, p in module.named_parameters():
+        decay = p.dim() >= 2
+        groups.setdefault((decay, _tensor_kind(p)), []).append(p)
+    return [{"params": ps, "weight_decay": weight_decay if decay else 0.0} for (decay, _), ps in groups.items()]
+
+
+ADAMW_IMPLS = ("auto", "fused", "foreach")
+
+
+def adamw_impl(impl: str, device: torch.device) -> str:
+    """auto: one fused kernel per group on CUDA, the foreach chain elsewhere (fused also runs on CPU)."""
+    if impl not in ADAMW_IMPLS:
+        raise ValueError(f"unknown --adamw {impl!r}; choose one of {', '.join(ADAMW_IMPLS)}")
+    if impl == "auto":
+        return "fused" if device.type == "cuda" else "foreach"
+    return impl
+
+
+def build_optimizer(module: nn.Module, lr: float, weight_decay: float, betas, zero: bool, env: ParallelEnv,
+                    impl: str = "auto"):
+    kind = adamw_impl(impl, env.device)
+    flags = {"fused": True} if kind == "fused" else {"foreach": True}
+    groups = param_groups(module, weight_decay)
     if zero and env.dp > 1:
+        if any(_tensor_kind(p) is not None for g in groups for p in g["params"]):
+            raise ValueError("--zero takes plain parameters only: with --tp or --fsdp drop --zero")
         from torch.distributed.optim import ZeroRedundancyOptimizer
-        opt = ZeroRedundancyOptimizer(decay, optimizer_class=torch.optim.AdamW, process_group=env.dp_group,
-                                      lr=lr, betas=betas, weight_decay=weight_decay)
-        opt.add_param_group({"params": no_decay, "weight_decay": 0.0})
+        opt = ZeroRedundancyOptimizer(groups[0]["params"], optimizer_class=torch.optim.AdamW,
+                                      process_group=env.dp_group, lr=lr, betas=betas,
+                                      weight_decay=groups[0]["weight_decay"], **flags)
+        for g in groups[1:]:
+            opt.add_param_group(g)
         return opt
-    if env.device.type == "cuda":  # one fused kernel for the whole step instead of a chain of foreach ops
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)
-    return torch.optim.AdamW(groups, lr=lr, betas=betas, foreach=True)
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, **flags)
 
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")

@@ -30,8 +30,9 @@ from typing import Optional
 from trainer.config import ModelConfig, model_config
 
 GiB = 2**30
-GPUS = {  # usable device memory, bytes (nvidia-smi totals)
-    "A100-40GB": 40 * GiB, "A100-80GB": 80 * GiB, "H100": 80 * GiB, "H200": 141 * GiB,
+GPUS = {  # device memory the caching allocator can use, bytes: torch.cuda.get_device_properties().total_memory,
+    # below the marketing sizes (40 / 80 / 141 GB) and nvidia-smi's totals; CUDA_CONTEXT comes off on top
+    "A100-40GB": int(39.4 * GiB), "A100-80GB": int(79.1 * GiB), "H100": int(79.1 * GiB), "H200": int(140.0 * GiB),
 }
 CUDA_CONTEXT = int(1.5 * GiB)  # CUDA context, cuBLAS/NCCL workspaces: outside the caching allocator
 FRAGMENTATION = 0.10  # caching-allocator slack on top of the live bytes
@@ -71,7 +72,7 @@ class Plan:
     peak_at: str = ""
 
     def format(self) -> str:
-        lines = [f"memory plan: {self.model} on {self.gpu} ({self.capacity / GiB:.0f} GiB); "
+        lines = [f"memory plan: {self.model} on {self.gpu} ({self.capacity / GiB:.1f} GiB); "
                  + ", ".join(f"{k}={v}" for k, v in self.layout.items() if k in
                              ("dp", "pp", "tp", "fsdp", "zero", "micro_batch", "microbatches", "schedule",
                               "virtual_stages", "ac", "loss"))]
@@ -81,7 +82,7 @@ class Plan:
             lines.append(f"  {k:<28} {v / GiB:8.2f} GiB")
         verdict = "fits" if self.fits else "DOES NOT FIT"
         lines.append(f"  {'peak (' + self.peak_at + ')':<28} {self.total / GiB:8.2f} GiB of "
-                     f"{self.capacity / GiB:.0f} GiB: {verdict}")
+                     f"{self.capacity / GiB:.1f} GiB: {verdict}")
         return "\n".join(lines)
 
 
@@ -146,6 +147,10 @@ def estimate(cfg: ModelConfig, lay: Layout, gpu: str = "A100-40GB") -> Plan:
     elif cuda and lay.bf16:
         parts["autocast bf16 weight copies"] = 2 * n
     parts["gradients (fp32)"] = 4 * n / shard
+    if lay.fsdp and lay.dp > 1 and (lay.microbatches > 1 or lay.pp > 1):
+        # gradient sync is off until the last micro-batch (trainer/train.py, PipelineStage): FSDP2 holds the
+        # unsharded fp32 gradients of the stage until the reduce-scatter (~4.9 GiB at 1.3B)
+        parts["FSDP unsharded grads (accumulation)"] = 4 * n * (1 - 1 / shard)
     parts["AdamW state (2 x fp32)"] = 8 * n / (lay.dp if (lay.fsdp or lay.zero) else 1)
 
     d, f, t = cfg.d_model, cfg.d_ff, cfg.seq_len
@@ -192,7 +197,7 @@ def estimate(cfg: ModelConfig, lay: Layout, gpu: str = "A100-40GB") -> Plan:
     # when gradients accumulate over micro-batches, the gradients) and the optimizer step (foreach AdamW
     # holds about one more fp32 copy of the parameters in temporaries). With checkpointing the backward also
     # holds one recomputed block.
-    grads = parts["gradients (fp32)"]
+    grads = parts["gradients (fp32)"] + parts.get("FSDP unsharded grads (accumulation)", 0)
     accumulating = lay.microbatches > 1 or lay.pp > 1
     weights = parts["parameters (fp32)"] + parts.get("FSDP gathered params", 0) + parts.get(
         "autocast bf16 weight copies", 0) + parts["AdamW state (2 x fp32)"]
@@ -200,7 +205,7 @@ def estimate(cfg: ModelConfig, lay: Layout, gpu: str = "A100-40GB") -> Plan:
                    + parts.get("embedding output", 0) + comm)
     backward = weights + grads + stored + parts["attention masks"] + recompute + comm
     step = weights + grads + 4 * n / shard + comm
-    parts["gradients (fp32)"] = grads  # listed; counted per moment above
+    # listed as parts; counted per moment above
     peak_name = max((("end of forward", forward_end), ("backward", backward), ("optimizer step", step)),
                     key=lambda kv: kv[1])
     live = peak_name[1]
@@ -223,7 +228,7 @@ def check_fits(cfg: ModelConfig, lay: Layout, gpu: str) -> Plan:
         raise LayoutDoesNotFit(
             f"{cfg.name} with dp={lay.dp} pp={lay.pp} tp={lay.tp} fsdp={lay.fsdp} micro-batch {lay.micro_batch} "
             f"ac={lay.ac} needs {plan.total / GiB:.1f} GiB per GPU, more than the {gpu}'s "
-            f"{plan.capacity / GiB:.0f} GiB: shard (--fsdp, --tp, --pp), checkpoint activations (--ac) or lower "
+            f"{plan.capacity / GiB:.1f} GiB: shard (--fsdp, --tp, --pp), checkpoint activations (--ac) or lower "
             f"the micro-batch size")
     return plan
 

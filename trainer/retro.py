@@ -16,6 +16,7 @@ padding chunks) are masked out; a chunk with none contributes 0.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -26,6 +27,16 @@ import torch.nn.functional as F
 from model_contract import DataContract, Manifest, RetrievalSpec, read_records
 from model_contract.contract import NEIGHBOUR_DOC_IDS, NEIGHBOUR_TOKENS
 from model_contract.retrieval import decode_sidecar
+
+
+@dataclass(frozen=True)
+class RetroSpec:
+    """The RETRO options a model stage needs: which layers get chunked cross-attention, the sidecar's chunk and
+    neighbour lengths, and the tokenizer's pad id (trainer/train.py `retro_config` builds it from the sidecar)."""
+    layers: tuple
+    chunk_len: int
+    neighbour_len: int
+    pad_id: int
 
 
 class NeighbourEncoder(nn.Module):

@@ -19,7 +19,7 @@ import math
 import os
 import sys
 import time
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,9 @@ from trainer import checkpoint as ckpt
 from trainer.config import ConfigError, TrainConfig, build_parser, from_namespace, resolve_layout, resolve_model
 from trainer.data import (DataIntegrityError, ShardLoader, default_index_dir, open_dataset, prepare_shards,
                           read_manifest)
+from trainer.batch import Batch, StepResult
 from trainer.metrics import MetricsLogger
+from trainer.progress import final_line, resume_command
 from trainer.plan import LayoutDoesNotFit, plan_for_config
 from trainer.model import IGNORE_INDEX, token_loss_sum
 from trainer.parallel import (agree_on, allreduce_grads, build_optimizer, build_rank_stages, build_schedule,
@@ -36,13 +38,17 @@ from trainer.parallel import (agree_on, allreduce_grads, build_optimizer, build_
                               sync_tied_grad)
 from trainer.partition import StageSpec, describe, model_units, partition_model, unit_costs
 
+if TYPE_CHECKING:
+    from trainer.retro import RetroSpec
+
 
 # ---------------------------------------------------------------------------------------------- CLI
 def _parser():
     p = build_parser(description=__doc__.split("\n")[0])
     p.add_argument("--check-only", action="store_true",
                    help="validate the configuration for WORLD_SIZE processes (layout, batch rules, data contract "
-                        "when the data is reachable), print the resolved layout and exit; launchers run it first")
+                        "when the data is reachable), print the resolved layout and exit; launchers run it first "
+                        "(default: off)")
     return p
 
 
@@ -69,7 +75,7 @@ def parse_args(argv: Optional[Sequence[str]] = None, world: Optional[int] = None
         raise ConfigError(str(e)) from None
     if not cfg.plan.fits:
         raise ConfigError(f"memory plan: {cfg.plan.total / 2**30:.1f} GiB per GPU does not fit the {cfg.plan.gpu}'s "
-                          f"{cfg.plan.capacity / 2**30:.0f} GiB (python -m trainer.plan shows the parts): shard more "
+                          f"{cfg.plan.capacity / 2**30:.1f} GiB (python -m trainer.plan shows the parts): shard more "
                           f"(--fsdp, --tp, --pp), checkpoint activations (--ac) or lower --microbatch-size")
     return cfg
 
@@ -92,19 +98,19 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return o.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def retro_config(cfg: TrainConfig, manifest) -> Optional[dict]:
+def retro_config(cfg: TrainConfig, manifest) -> Optional[RetroSpec]:
     """The RETRO stage options from --retro-sidecar/--retro-layers, the sidecar checked against this shard
     generation (ContractMismatchError naming it, exit 2) — before any process-group work."""
     if not cfg.retro_sidecar:
         return None
-    from trainer.retro import open_sidecar, parse_layers  # noqa: PLC0415
+    from trainer.retro import RetroSpec, open_sidecar, parse_layers  # noqa: PLC0415
     try:
         layers = parse_layers(cfg.retro_layers, cfg.model.n_layers)
     except ValueError as e:
         raise ConfigError(str(e)) from None
     _, spec = open_sidecar(cfg.retro_sidecar, manifest, cfg.model.seq_len)
-    return {"layers": layers, "chunk_len": spec.chunk_len, "neighbour_len": spec.neighbour_len,
-            "pad_id": manifest.contract.tokenizer.pad_id}
+    return RetroSpec(layers=layers, chunk_len=spec.chunk_len, neighbour_len=spec.neighbour_len,
+                     pad_id=manifest.contract.tokenizer.pad_id)
 
 
 # ---------------------------------------------------------------------------------------------- training
@@ -117,26 +123,16 @@ class Trainer:
         self.step = 0
         self.start_step = 0
         self.history: list = []
-        self.retro: Optional[dict] = None  # RETRO stage options (build: from --retro-sidecar)
+        self.last_checkpoint: Optional[str] = None
+        self.retro: Optional[RetroSpec] = None  # RETRO stage options (build: from --retro-sidecar)
 
     # ------------------------------------------------------------------ build
     def build(self) -> "Trainer":
         cfg = self.cfg
         self.manifest, self.manifest_file = open_dataset(cfg.data, cfg.model)  # before any rendezvous
         self.retro = retro_config(cfg, self.manifest)
-        env = self.env = init_distributed(cfg.parallel, cfg.device)
-        pcfg, mcfg = cfg.parallel, cfg.model
-        torch.manual_seed(cfg.seed)
-        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if (env.device.type == "cuda" and cfg.bf16)
-                         else contextlib.nullcontext())
-        # This rank's stage(s) -> TP / activation checkpointing / compile per block / FSDP2 or DDP; the owner
-        # module keeps the parameter names (checkpoints, optimizer); `runnable` is what forward runs.
-        self.module, views = build_rank_stages(mcfg, self._stage_specs(), cfg.seed, env.device,
-                                               attention=cfg.attention, loss=cfg.loss, retro=self.retro)
-        self.runnable = parallelize(self.module, views, env, fsdp=pcfg.fsdp, ac=pcfg.ac, compile=cfg.compile,
-                                    bf16=cfg.bf16)
-        self.optimizer = build_optimizer(self.module, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas,
-                                         pcfg.zero, env)
+        self.build_model()
+        env, pcfg, mcfg = self.env, cfg.parallel, cfg.model
         latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
         meta = ckpt.read_meta(latest) if latest else None
         if meta and not cfg.data.streams:
@@ -150,16 +146,40 @@ class Trainer:
                 print(f"resumed from {latest} at step {self.start_step} (was dp={meta['dp']} pp={meta['pp']}, "
                       f"now dp={env.dp} pp={env.pp}; restored in {meta['load_seconds']:.2f}s)", flush=True)
         self.step = self.start_step
-        self.model = self.runnable[0]
-        self.loss_scale = 1.0
-        self.schedule = build_schedule(self.runnable, env, pcfg, self.loss_fn) if env.pp > 1 else None
-        self.metrics = MetricsLogger(mcfg.flops_per_token(), env.world, env.device, cfg.metrics_file, env.rank == 0)
+        self.build_schedule()
+        self.metrics = MetricsLogger(mcfg.flops_per_token(), env.world, env.device, cfg.metrics_file, env.rank == 0,
+                                     total_steps=cfg.steps, model_cfg=mcfg, ac=pcfg.ac)
         if env.rank == 0:
             print(f"model {mcfg.name}: {mcfg.num_params() / 1e6:.2f}M params, {mcfg.flops_per_token() / 1e6:.1f} "
                   f"MFLOP/token; dp={env.dp} pp={env.pp} microbatches={pcfg.microbatches}x{pcfg.microbatch_size} "
                   f"schedule={pcfg.schedule} device={env.device}; {self.loader.n_streams} data streams, "
                   f"{self.loader.steps_per_epoch} steps/epoch; steps {self.start_step}->{cfg.steps}", flush=True)
         return self
+
+    def build_model(self) -> None:
+        """Process groups and mesh, this rank's stage(s) with their parallelisms, and the optimizer: the part of
+        build() that reads no data (tests/parallel_worker.py drives it with its own batches)."""
+        cfg = self.cfg
+        env = self.env = init_distributed(cfg.parallel, cfg.device)
+        pcfg, mcfg = cfg.parallel, cfg.model
+        torch.manual_seed(cfg.seed)
+        self.autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if (env.device.type == "cuda" and cfg.bf16)
+                         else contextlib.nullcontext())
+        # This rank's stage(s) -> TP / activation checkpointing / compile per block / FSDP2 or DDP; the owner
+        # module keeps the parameter names (checkpoints, optimizer); `runnable` is what forward runs.
+        self.module, views = build_rank_stages(mcfg, self._stage_specs(), cfg.seed, env.device,
+                                               attention=cfg.attention, loss=cfg.loss, retro=self.retro)
+        self.runnable = parallelize(self.module, views, env, fsdp=pcfg.fsdp, ac=pcfg.ac, compile=cfg.compile,
+                                    bf16=cfg.bf16)
+        self.optimizer = build_optimizer(self.module, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas,
+                                         pcfg.zero, env, cfg.optim.adamw)
+
+    def build_schedule(self) -> None:
+        """The module forward runs, and the pipeline schedule when pp > 1."""
+        self.model = self.runnable[0]
+        self.loss_scale = 1.0
+        self.schedule = (build_schedule(self.runnable, self.env, self.cfg.parallel, self.loss_fn)
+                         if self.env.pp > 1 else None)
 
     def _stage_specs(self) -> list:
         """This rank's stage specs: one, or --virtual-stages of them (interleaved placement)."""
@@ -169,7 +189,8 @@ class Trainer:
             return [StageSpec(0, (), True, True, tuple(range(mcfg.n_layers)))]
         times = None
         if pcfg.partition == "profile":
-            times = agree_on(profile_unit_times(mcfg, pcfg.microbatch_size, env.device))
+            times = agree_on(profile_unit_times(mcfg, pcfg.microbatch_size, env.device, attention=cfg.attention,
+                                                bf16=cfg.bf16))
         specs = partition_model(mcfg, env.pp * pcfg.virtual_stages, pcfg.partition, times)
         if env.rank == 0:
             units = model_units(mcfg)
@@ -208,46 +229,36 @@ class Trainer:
         return token_loss_sum(output, labels) * self.loss_scale
 
     # ------------------------------------------------------------------ one step
-    def forward_backward_step(self, batch: dict) -> torch.Tensor:
+    def forward_backward_step(self, batch: Batch) -> torch.Tensor:
         """Forward and backward over this rank's micro-batches; returns the summed scaled loss (0 off the last
         stage), on device."""
         env, m = self.env, self.cfg.parallel.microbatches
+        retro, labels_in = self.retro is not None, self.cfg.loss == "chunked"
         if self.schedule is None:
             total = torch.zeros((), device=env.device, dtype=torch.float32)
-            chunks = {k: v.chunk(m) for k, v in batch.items()}
-            for i in range(m):
+            for i, mb in enumerate(batch.chunk(m)):
                 if self.cfg.parallel.fsdp:  # reduce-scatter once, after the last micro-batch's backward
                     self.model.set_requires_gradient_sync(i == m - 1)
-                sync = (contextlib.nullcontext() if (env.dp == 1 or i == m - 1 or self.cfg.parallel.fsdp)
-                        else _no_sync(self.model))
+                sync = _no_sync(self.model) if i < m - 1 else contextlib.nullcontext()
                 with sync:
                     with self.autocast:
-                        inputs = [chunks[k][i] for k in self._input_keys]
-                        output = self.model(*inputs)
-                    loss = self.loss_fn(output, chunks["labels"][i])
+                        output = self.model(*mb.inputs(retro, labels_in))
+                    loss = self.loss_fn(output, mb.labels)
                     loss.backward()
                 total += loss.detach().float()
             return total
         losses: list = []
         with self.autocast:
             if env.is_first_stage:
-                self.schedule.step(*[batch[k] for k in self._input_keys],
-                                   **({"target": batch["labels"], "losses": losses} if env.is_last_stage else {}))
+                self.schedule.step(*batch.inputs(retro, labels_in),
+                                   **({"target": batch.labels, "losses": losses} if env.is_last_stage else {}))
             elif env.is_last_stage:
-                self.schedule.step(target=batch["labels"], losses=losses)
+                self.schedule.step(target=batch.labels, losses=losses)
             else:
                 self.schedule.step()
         if env.is_last_stage:
             return torch.stack([l.detach().float() for l in losses]).sum()
         return torch.zeros((), device=env.device, dtype=torch.float32)
-
-    @property
-    def _input_keys(self) -> tuple:
-        """The first stage's inputs; labels travel through the pipeline when the last stage computes the loss."""
-        keys = ("input_ids", "positions", "segment_ids")
-        if self.retro is not None:  # the neighbours travel with the micro-batch to every stage
-            keys += ("neighbour_tokens", "neighbour_doc_ids")
-        return keys + ("labels",) if self.cfg.loss == "chunked" else keys
 
     def sync_grads(self) -> None:
         if not self.cfg.parallel.fsdp:  # FSDP2 reduce-scatters in backward
@@ -255,17 +266,23 @@ class Trainer:
             allreduce_grads(self.module, self.env, always=self.env.tp > 1)
         sync_tied_grad(self.module, self.env)
 
-    def train_step(self) -> dict:
+    def train_step(self) -> StepResult:
         """One optimizer step: data, forward/backward, gradient sync, clip, AdamW; returns its measurements."""
         cfg, env = self.cfg, self.env
         t0 = time.perf_counter()
-        batch = next(self.loader)
+        host = Batch.from_loader(next(self.loader))
         wait = time.perf_counter() - t0  # data wait: the wall time of next(loader)
         t1 = time.perf_counter()
-        batch = {k: v.to(env.device, non_blocking=True) for k, v in batch.items()}
+        events = None
+        if env.device.type == "cuda":  # the copy is non-blocking: time it on the device, read at the flush
+            events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            events[0].record()
+        batch = host.to(env.device, non_blocking=True)
+        if events is not None:
+            events[1].record()
         h2d = time.perf_counter() - t1
 
-        valid = (batch["labels"] != IGNORE_INDEX).sum().to(torch.float64)
+        valid = (batch.labels != IGNORE_INDEX).sum().to(torch.float64)
         if env.dp > 1:
             dist.all_reduce(valid, group=env.dp_group)
         self.loss_scale = (env.dp / valid.clamp(min=1.0)).float()  # a device tensor: no host sync per step
@@ -282,9 +299,8 @@ class Trainer:
         # only last stages contribute; each replica's share sums to dp x its mean, once per tensor-parallel rank
         dist.all_reduce(loss_t)
         self.step += 1
-        # loss and grad_norm stay device tensors; the metrics read them once per logging interval
-        return {"loss": loss_t[0] / (env.dp * env.tp), "lr": lr, "grad_norm": grad_norm, "wait": wait, "h2d": h2d,
-                "seconds": time.perf_counter() - t0}
+        return StepResult(loss=loss_t[0] / (env.dp * env.tp), lr=lr, grad_norm=grad_norm, wait=wait, h2d=h2d,
+                          seconds=time.perf_counter() - t0, segment_ids=host.segment_ids, h2d_events=events)
 
     def on_step_end(self, step: int) -> None:
         """Hook after a step's metrics and checkpoint (tests extend it)."""
@@ -293,16 +309,16 @@ class Trainer:
     def train(self) -> list:
         """Run to cfg.steps (or a stop); returns the metrics records (every rank gets the same losses)."""
         cfg, env = self.cfg, self.env
-        t_train = time.perf_counter()
+        clock = StopClock(cfg.max_seconds, cfg.log_every)
         try:
             while self.step < cfg.steps:
                 out = self.train_step()
-                self.metrics.record_step(loss=out["loss"], step_seconds=out["seconds"], read=out["wait"], decode=0.0,
-                                         h2d=out["h2d"], tokens=cfg.global_batch * cfg.model.seq_len)
-                stop = cfg.max_seconds > 0 and agree_on(time.perf_counter() - t_train > cfg.max_seconds)
-                stop = stop or self.step == cfg.stop_at_step
+                self.metrics.record_step(loss=out.loss, step_seconds=out.seconds, read=out.wait, decode=0.0,
+                                         h2d=out.h2d, h2d_events=out.h2d_events, segment_ids=out.segment_ids,
+                                         tokens=cfg.global_batch * cfg.model.seq_len)
+                stop = clock.should_stop(self.step) or self.step == cfg.stop_at_step
                 if self.step % cfg.log_every == 0 or self.step == cfg.steps or stop:
-                    self.metrics.flush(self.step, out["lr"], out["grad_norm"],
+                    self.metrics.flush(self.step, out.lr, out.grad_norm,
                                        {"epoch": self.loader.state_dict()["epoch"]})
                 if cfg.checkpoint_dir and ((cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0)
                                            or self.step == cfg.steps or stop):
@@ -315,6 +331,9 @@ class Trainer:
             self.loader.close()
         dist.barrier()
         dist.destroy_process_group()
+        if env.rank == 0:
+            last = self.last_checkpoint or ckpt.latest_checkpoint(cfg.checkpoint_dir)
+            print(final_line(self.step, cfg.steps, last, resume_command(sys.argv[1:], _main_module())), flush=True)
         return self.metrics.history
 
     def save_checkpoint(self) -> str:
@@ -323,13 +342,45 @@ class Trainer:
                 "model": dataclasses.asdict(cfg.model)}
         t0 = time.perf_counter()
         path = ckpt.save(cfg.checkpoint_dir, self.step, self.module, self.optimizer, meta, env, cfg.keep_checkpoints)
+        dt = time.perf_counter() - t0
+        self.last_checkpoint = path
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.exclude(dt)  # not training time: the interval's rates leave it out
         if env.rank == 0:
-            print(f"checkpoint {path} saved in {time.perf_counter() - t0:.2f}s", flush=True)
+            print(f"checkpoint {path} saved in {dt:.2f}s", flush=True)
         return path
 
 
+class StopClock:
+    """--max-seconds without a collective per step: every rank must stop at the same step, so rank 0's clock is
+    broadcast (`agree_on`, a device sync on NCCL) only every `every` steps; 0 seconds = never."""
+
+    def __init__(self, max_seconds: float, every: int, agree=None, clock=time.perf_counter):
+        self.max_seconds, self.every = max_seconds, max(1, every)
+        self.agree = agree or agree_on
+        self.clock = clock
+        self.t0 = clock()
+        self.checks = 0
+
+    def should_stop(self, step: int) -> bool:
+        if self.max_seconds <= 0 or step % self.every:
+            return False
+        self.checks += 1
+        return bool(self.agree(self.clock() - self.t0 > self.max_seconds))
+
+
+def _main_module() -> str:
+    """The module torchrun / python -m started (trainer.train, or a test entry point), for the resume line."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) or "trainer.train"
+
+
 def _no_sync(model):
-    return getattr(model, "_orig_mod", model).no_sync()
+    """DDP's no_sync (skip the all-reduce of a micro-batch before the last); a nullcontext for every module
+    that is not DDP: one process, FSDP2 (set_requires_gradient_sync) and tensor parallelism (DTensor
+    parameters: `allreduce_grads` averages after the last micro-batch)."""
+    inner = getattr(model, "_orig_mod", model)
+    return inner.no_sync() if hasattr(inner, "no_sync") else contextlib.nullcontext()
 
 
 def train(cfg: TrainConfig) -> list:

@@ -159,3 +159,22 @@ def test_sagemaker_launcher_prints_config(capsys):
     cfg = json.loads(capsys.readouterr().out)
     assert cfg["hyperparameters"]["trainer-args"] == "--zero" and cfg["resolved"]["dp"] == 8
     assert sm_main(["--role", "r", "--data", "s3://b/d", "--instances", "2"]) == 2  # no shared checkpoints
+
+
+@pytest.mark.timeout(60)
+def test_make_train_refuses_a_directory_that_holds_a_run(tmp_path):
+    """Without RESUME=1, `make train` on a TRAIN_DIR that already holds a run exits 2 with both ways forward and
+    leaves every file where it was (it used to `rm -rf` the directory, checkpoints included)."""
+    run = tmp_path / "train"
+    (run / "ckpt" / "step_00000020").mkdir(parents=True)
+    (run / "ckpt" / "latest").write_text("step_00000020")
+    (run / "metrics.jsonl").write_text("{}\n")
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    # -o: take the venv stamp as up to date (never reinstall from a test)
+    proc = subprocess.run(["make", "-s", "-o", ".venv/.installed", "train", f"TRAIN_DIR={run}"], cwd=REPO,
+                          capture_output=True, text=True, timeout=50)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"make train RESUME=1 TRAIN_DIR={run}" in proc.stderr
+    assert f"make train TRAIN_DIR={run}-2" in proc.stderr
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+    assert (run / "ckpt" / "latest").read_text() == "step_00000020"
