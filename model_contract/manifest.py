@@ -80,7 +80,7 @@ class Manifest:
     dead_letters: list = field(default_factory=list)  # dead-letter files, relative paths
     config: dict = field(default_factory=dict)
     pileprep_version: str = ""
-    # The committed dataset's state (pipeline/ops/incremental.py): the newest generation, one row per generation
+    # The committed dataset's state (pipeline/shard/integrity.py): the newest generation, one row per generation
     # in commit order ({name, inputs, shards, examples, tokens, documents}), one ledger row per input file held
     # ({path, bytes, generation[, mtime, etag, sha256]}). Validated on load: they decide what a run deletes.
     generation: Optional[str] = None
@@ -211,6 +211,17 @@ def resolve_dataset_path(manifest_file: str, rel: str, what: str = "path") -> st
     check_relative_path(rel, what)
     base = posixpath.dirname(manifest_file) if "://" in manifest_file else os.path.dirname(manifest_file)
     return _join(base, rel)
+
+
+def dataset_relative_path(path: str, dataset_dir: str) -> str:
+    """The manifest-relative form of `path`, a file the job wrote under `dataset_dir` (the inverse of
+    `resolve_dataset_path`; the result is checked the same way, so a path outside the dataset is refused)."""
+    if "://" in dataset_dir:
+        base = dataset_dir.rstrip("/") + "/"
+        rel = path[len(base):] if path.startswith(base) else path
+    else:
+        rel = posixpath.relpath(path.replace("\\", "/"), dataset_dir.replace("\\", "/"))
+    return check_relative_path(rel, "path")
 
 
 def resolve_shard_path(manifest_file: str, shard) -> str:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import collections
 import math
-import posixpath
 
 from model_contract import DataContract, Manifest, ShardInfo
+from model_contract.manifest import dataset_relative_path
 from pipeline.config import BYTES_PER_TOKEN_ESTIMATE, PILEPREP_VERSION, ShardConfig
 from transforms.shard import corpus_stats, mixture
 from transforms.shard.documents import SPLITS
@@ -42,12 +42,6 @@ def plan_shard_tasks(units: list, config: ShardConfig) -> list:
             n = max(1, math.ceil(tokens / tokens_per_shard))
         tasks.extend(ShardTask(split, i, n) for i in range(n))
     return tasks
-
-
-def _relative(path: str, base: str) -> str:
-    if "://" in base:
-        return path[len(base.rstrip("/")) + 1:]
-    return posixpath.relpath(path.replace("\\", "/"), base.replace("\\", "/"))
 
 
 def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, generation: str, output_dir: str,
@@ -100,12 +94,12 @@ def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, ge
 
     examples = sum(s.examples for s in shard_results)
     padding = sum(s.padding_tokens for s in shard_results)
-    dead_letters = sorted(_relative(p, output_dir) for p in
+    dead_letters = sorted(dataset_relative_path(p, output_dir) for p in
                           [r.dead_letter_path for r in split_results] + [u.dead_letter_path for u in unit_results]
                           if p)
-    shards = [ShardInfo(path=_relative(s.path, output_dir), split=SPLITS[s.task.split], examples=s.examples,
-                        tokens=s.tokens, padding_tokens=s.padding_tokens, documents=s.documents, bytes=s.bytes,
-                        sha256=s.sha256) for s in shard_results]
+    shards = [ShardInfo(path=dataset_relative_path(s.path, output_dir), split=SPLITS[s.task.split],
+                        examples=s.examples, tokens=s.tokens, padding_tokens=s.padding_tokens,
+                        documents=s.documents, bytes=s.bytes, sha256=s.sha256) for s in shard_results]
     return Manifest(
         contract=contract,
         shards=shards,

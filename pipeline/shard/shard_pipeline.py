@@ -26,7 +26,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from model_contract import DataContract
-from pipeline.ops import commit, guards, incremental, lock, progress, runlog, runners, storage
+from pipeline.ops import commit, guards, incremental, lock, progress, redaction, runlog, runners, storage
 from pipeline.config import PILEPREP_VERSION, ShardConfig, fingerprint
 from pipeline.errors import RunError, RunInterrupted
 from pipeline.shard import cancel, integrity, runner_shuffle, split_inputs
@@ -158,7 +158,7 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
     previous = commit.read_committed(config.output)
     if incremental_run and previous is not None:
         incremental.check_compatible(previous, contract.to_dict(), config.to_manifest_dict())
-        diff = incremental.diff_ledger(incremental.ledger_of(previous), rows)
+        diff = incremental.diff_ledger(integrity.ledger_of(previous), rows)
         LOG.info("--incremental over %s: %s", config.output, diff.summary())
         for row in diff.touched:
             LOG.info("%s: mtime/ETag changed but the bytes did not (sha256 matches); not re-ingested", row["path"])
@@ -172,7 +172,7 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
             raise RunError(f"{config.output}: the committed dataset is damaged ({len(damaged)} file(s): "
                            f"{'; '.join(damaged[:3])}); rebuild it without --incremental")
     ledger = [(r["path"], r["bytes"]) for r in rows]
-    live = incremental.referenced_generations(previous)
+    live = integrity.referenced_generations(previous)
     incremental_plan = incremental_run and previous is not None
     generation = "gen-" + fingerprint(config, contract.tokenizer.model_sha256, ledger,
                                       parents=live if incremental_plan else ())
@@ -358,12 +358,12 @@ def _commit(grouped, plan: JobPlan):
     guards.check_dead_letter_rate(manifest.records, plan.config.max_dead_letter_fraction)
     manifest = integrity.add_integrity_sections(manifest, plan.config.output, plan.generation, parts["shard"],
                                                 _index_doc_ids(parts["shard"], plan))
-    manifest = incremental.add_ledger(manifest, plan.generation, list(plan.input_rows),
+    manifest = integrity.add_ledger(manifest, plan.generation, list(plan.input_rows),
                                       {path: (size, sha) for path, size, sha in digests})
     manifest.skipped_inputs = [dict(r) for r in plan.skipped_inputs]
     previous = plan.previous
     if plan.incremental:
-        manifest = incremental.merge(previous, manifest)
+        manifest = integrity.merge(previous, manifest)
     if plan.tokenizer_backend is not None:  # how this generation was tokenized; the only backend-dependent field
         manifest.extra["tokenizer_backend"] = plan.tokenizer_backend.to_manifest()
     commit.commit_dataset(plan.config.output, manifest,
@@ -533,7 +533,7 @@ def run(config: ShardConfig, beam_args=None, incremental_run: bool = False, run_
         log.event("interrupted", signal=e.signum)
         raise
     except Exception as e:
-        log.event("error", type=type(e).__name__, message=incremental.redact(str(e)))
+        log.event("error", type=type(e).__name__, message=redaction.redact(str(e)))
         raise
     finally:
         log.close()
@@ -569,7 +569,7 @@ def _abandon(plan: JobPlan) -> None:
     all) and its staging; the previous dataset is untouched."""
     try:
         committed = commit.read_committed(plan.config.output)
-        if plan.generation not in incremental.referenced_generations(committed):
+        if plan.generation not in integrity.referenced_generations(committed):
             io_utils.delete_tree(plan.data_dir)
         io_utils.delete_tree(plan.staging_dir)
     except Exception as e:  # noqa: BLE001 - the next run removes what is left (staging marker, lock held)
@@ -618,7 +618,7 @@ def _run_locked(config, options, incremental_run, log, progress_every_s, fs_opti
         log.event("nothing_to_do", generation=committed.generation if committed else None)
         return committed.to_dict()
     if (committed is not None and not plan.incremental
-            and incremental.referenced_generations(committed) == {plan.generation}):
+            and integrity.referenced_generations(committed) == {plan.generation}):
         LOG.info("%s already holds generation %s: nothing to do", config.output, plan.generation)
         print(f"pileprep: nothing to do: {config.output} already holds generation {plan.generation}", flush=True)
         log.event("nothing_to_do", generation=plan.generation)

@@ -33,6 +33,7 @@ import numpy as np
 
 from model_contract import (MANIFEST_NAME, ContractError, Manifest, TFRecordCorruptError, decode_example,
                             iter_records, resolve_shard_path)
+from model_contract.manifest import resolve_dataset_path
 from transforms.io import io_utils
 
 HASH_BLOCK = 8 << 20
@@ -87,9 +88,7 @@ def _digest(path: str) -> tuple:
 
 
 def _located(manifest_file: str, rel: str) -> str:
-    from pipeline.shard.integrity import resolve_in_dataset  # noqa: PLC0415
-
-    return resolve_in_dataset(manifest_file, rel)
+    return resolve_dataset_path(manifest_file, rel)
 
 
 def _expected_files(manifest: Manifest, report: VerifyReport) -> list:

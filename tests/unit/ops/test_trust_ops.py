@@ -21,8 +21,8 @@ from model_contract import (ContractError, DataContract, Manifest, ShardInfo, TF
                             encode_example, frame_record, iter_records)
 from pipeline.config import ShardConfig
 from pipeline.errors import ConfigError, RunError
-from pipeline.ops import commit, guards, incremental, lock
-from pipeline.shard import manifest_builder
+from pipeline.ops import commit, guards, lock, redaction
+from pipeline.shard import integrity, manifest_builder
 from transforms.io import io_utils
 from transforms.shard import stages
 
@@ -126,7 +126,7 @@ def test_totals_after_two_generations_equal_the_sum_of_both():
     b = _manifest(GEN_B, [_shard(GEN_B)], rec_b, inputs=[{"path": "b", "read": 5}])
     b.splits = {"train": {"documents": 4, "tokens": 40, "examples": 2, "shards": 1, "padding_tokens": 1}}
     b.sources = {"s": {"train": {"documents": 4, "tokens": 40}}}
-    merged = incremental.merge(a, b)
+    merged = integrity.merge(a, b)
     assert merged.records == {"read": 15, "written": 11, "filtered": {"empty": 3},
                               "dead_lettered": {"invalid_json": 1}}
     assert merged.splits["train"] == {"documents": 11, "tokens": 110, "examples": 5, "shards": 2,
@@ -329,7 +329,7 @@ def test_redaction_removes_userinfo_from_messages_and_log_records():
     record = logging.LogRecord("x", logging.WARNING, "f", 1, "endpoint %s failed", ("http://a:s3cr3t@h",), None)
     RedactingFilter().filter(record)
     assert "s3cr3t" not in record.getMessage() and "***@h" in record.getMessage()
-    assert "s3cr3t" not in incremental.redact("url http://a:s3cr3t@h")
+    assert "s3cr3t" not in redaction.redact("url http://a:s3cr3t@h")
 
 
 def test_glob_matches_that_are_not_files_are_listed(tmp_path):
