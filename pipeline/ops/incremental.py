@@ -25,19 +25,18 @@ unchanged if its sha256 still matches.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass, field
 
 from apache_beam.io.filesystems import FileSystems
 
 from model_contract import Manifest
+from model_contract.hashing import sha256_file
 from pipeline.config import ConfigError
 from pipeline.ops.redaction import redact
 from transforms.io import io_utils
 
 LOG = logging.getLogger("pileprep.incremental")
-HASH_BLOCK = 8 << 20
 # Config fields that may differ between generations: they decide how many shards a run writes and how work
 # is cut, not what a document becomes. Everything else must match (it shapes every example).
 NON_SHAPING_CONFIG = ("inputs", "val_inputs", "test_inputs", "num_shards", "target_shard_mb", "unit_mb")
@@ -75,16 +74,8 @@ def list_inputs(globs) -> list:
 
 
 def file_sha256(path: str) -> tuple:
-    """(bytes, sha256) of a file's raw bytes, streamed."""
-    sha, n = hashlib.sha256(), 0
-    with io_utils.open_read(path) as f:
-        while True:
-            block = f.read(HASH_BLOCK)
-            if not block:
-                break
-            sha.update(block)
-            n += len(block)
-    return n, sha.hexdigest()
+    """(bytes, sha256) of a file's raw bytes, streamed; local paths and object stores alike."""
+    return sha256_file(path, opener=io_utils.open_read)
 
 
 # --------------------------------------------------------------------------------------------------- diff

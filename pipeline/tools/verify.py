@@ -33,10 +33,9 @@ import numpy as np
 
 from model_contract import (MANIFEST_NAME, ContractError, Manifest, TFRecordCorruptError, decode_example,
                             iter_records, resolve_shard_path)
+from model_contract.hashing import sha256_file
 from model_contract.manifest import resolve_dataset_path
 from transforms.io import io_utils
-
-HASH_BLOCK = 8 << 20
 
 
 @dataclass
@@ -77,14 +76,7 @@ class VerifyReport:
 
 # ------------------------------------------------------------------------------------------------- files
 def _digest(path: str) -> tuple:
-    sha, n = hashlib.sha256(), 0
-    with io_utils.open_read(path) as f:
-        while True:
-            block = f.read(HASH_BLOCK)
-            if not block:
-                return n, sha.hexdigest()
-            sha.update(block)
-            n += len(block)
+    return sha256_file(path, opener=io_utils.open_read)  # the shared hash, not the job's reader
 
 
 def _located(manifest_file: str, rel: str) -> str:
