@@ -18,9 +18,10 @@ import collections
 from typing import Optional
 
 from model_contract import MANIFEST_NAME, Manifest
-from model_contract.manifest import dataset_relative_path, is_generation_name, resolve_dataset_path
+from model_contract.manifest import LedgerRow, dataset_relative_path, is_generation_name, resolve_dataset_path
 from pipeline.config import ConfigError
 from pipeline.ops.incremental import InputsChangedError, file_sha256
+from pipeline.shard.records import InputFile
 from transforms.io import io_utils
 from transforms.shard import corpus_stats
 
@@ -129,17 +130,17 @@ def _sorted_nested(d: dict) -> dict:
 
 
 def add_ledger(manifest: Manifest, generation: str, rows: list, digests: dict) -> Manifest:
-    """Give a one-generation manifest its ledger (with sha256 from the workers) and generations sections."""
+    """Give a one-generation manifest its ledger and generations sections. `rows`: the listing rows of the files
+    it ingested; `digests`: path -> InputFile (pipeline/shard/records.py) of what the workers read, with sha256."""
     ledger = []
     for row in rows:
-        size, sha = digests.get(row["path"], (None, None))
-        if size is not None and size != row["bytes"]:
-            raise InputsChangedError(f"{row['path']}: listed with {row['bytes']} bytes but {size} bytes were read; "
-                                     "the file changed during the run. Re-run once it is stable.")
-        entry = dict(row, generation=generation)
-        if sha:
-            entry["sha256"] = sha
-        ledger.append(entry)
+        listed, read = InputFile.from_dict(row), digests.get(row["path"])
+        if read is not None and read.bytes != listed.bytes:
+            raise InputsChangedError(f"{listed.path}: listed with {listed.bytes} bytes but {read.bytes} bytes were "
+                                     "read; the file changed during the run. Re-run once it is stable.")
+        entry = LedgerRow(listed.path, listed.bytes, generation, listed.mtime, listed.etag,
+                          read.sha256 if read is not None and read.sha256 else None)
+        ledger.append(entry.to_dict())
     manifest.ledger = sorted(ledger, key=lambda r: r["path"])
     manifest.generations = [_generation_row(generation, manifest)]
     return manifest

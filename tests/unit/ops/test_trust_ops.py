@@ -35,10 +35,9 @@ def _config(**kw) -> ShardConfig:
 
 
 def _split_result(path, read, dead=0):
-    stats = stages._new_file_stats()
-    stats["read"] = read
+    stats = stages.FileStats(read=read)
     if dead:
-        stats["dead_lettered"]["invalid_json"] = dead
+        stats.dead_letter("invalid_json", dead)
     return stages.SplitResult(0, path, [], stats, None)
 
 
