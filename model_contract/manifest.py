@@ -9,44 +9,16 @@ from __future__ import annotations
 import json
 import os
 import posixpath
-import re
 from dataclasses import dataclass, field
 from typing import Optional
 
 from model_contract.contract import ContractError, DataContract
+from model_contract.retrieval import SidecarInfo
+from model_contract.schema import Fields, check_generation_name, check_relative_path, is_generation_name
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "pileprep.manifest"
-# The only form a generation directory's name takes (pipeline/config.py `fingerprint`): `gen-` + 16 hex digits.
-# Names are read back from the manifest to decide what to delete, so anything else is refused, never resolved.
-GENERATION_PATTERN = re.compile(r"gen-[0-9a-f]{16}")
 GENERATION_FIELDS = ("name", "inputs", "shards", "examples", "tokens", "documents")
-
-
-def is_generation_name(name) -> bool:
-    return isinstance(name, str) and GENERATION_PATTERN.fullmatch(name) is not None
-
-
-def check_generation_name(name, what: str = "generation") -> str:
-    """`name` if it is a generation directory name of the exact generated form, else ContractError."""
-    if not is_generation_name(name):
-        raise ContractError(f"manifest {what} {name!r} is not a generation name (gen-<16 hex digits>); refusing a "
-                            "damaged or hand-edited manifest")
-    return name
-
-
-def check_relative_path(rel, what: str = "path") -> str:
-    """`rel` if it is a relative path that stays inside the dataset directory, else ContractError.
-
-    Manifest paths are relative to the manifest (module doc); an absolute path, a `..` component, an empty
-    component, a backslash or a URL would let a damaged manifest point readers (or deletions) elsewhere.
-    """
-    ok = isinstance(rel, str) and rel and "\\" not in rel and "://" not in rel and "\x00" not in rel
-    parts = rel.split("/") if ok else []
-    if not ok or rel.startswith("/") or any(p in ("", ".", "..") for p in parts) or re.match(r"[A-Za-z]:", rel):
-        raise ContractError(f"manifest {what} {rel!r} is not a relative path inside the dataset directory; refusing "
-                            "a damaged or hand-edited manifest")
-    return rel
 
 
 @dataclass(frozen=True)
@@ -64,7 +36,13 @@ class ShardInfo:
         return dict(self.__dict__)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ShardInfo":
+    def from_dict(cls, d: dict, prefix: str = "shard") -> "ShardInfo":
+        f = Fields(d, prefix)
+        check_relative_path(f.string("path"), f.path("path"))
+        f.string("split")
+        for name in ("examples", "tokens", "padding_tokens", "documents", "bytes"):
+            f.count(name)
+        f.sha256("sha256")
         return cls(**{k: d[k] for k in cls.__dataclass_fields__})
 
 
@@ -80,7 +58,7 @@ class Manifest:
     dead_letters: list = field(default_factory=list)  # dead-letter files, relative paths
     config: dict = field(default_factory=dict)
     pileprep_version: str = ""
-    # The committed dataset's state (pipeline/ops/incremental.py): the newest generation, one row per generation
+    # The committed dataset's state (pipeline/shard/integrity.py): the newest generation, one row per generation
     # in commit order ({name, inputs, shards, examples, tokens, documents}), one ledger row per input file held
     # ({path, bytes, generation[, mtime, etag, sha256]}). Validated on load: they decide what a run deletes.
     generation: Optional[str] = None
@@ -118,32 +96,9 @@ class Manifest:
         return d
 
     def validate(self) -> "Manifest":
-        """Refuse a manifest whose state could steer reads or deletions outside the dataset (ContractError)."""
-        for i, s in enumerate(self.shards):
-            check_relative_path(s.path, f"shards[{i}].path")
-        for i, rel in enumerate(self.dead_letters):
-            check_relative_path(rel, f"dead_letters[{i}]")
-        if self.generation is not None:
-            check_generation_name(self.generation, "generation")
-        if not isinstance(self.generations, list):
-            raise ContractError("manifest generations must be a list")
-        for i, g in enumerate(self.generations):
-            if not isinstance(g, dict):
-                raise ContractError(f"manifest generations[{i}] must be an object, got {g!r}")
-            check_generation_name(g.get("name"), f"generations[{i}].name")
-            for k in GENERATION_FIELDS[1:]:
-                if k in g and (not isinstance(g[k], int) or isinstance(g[k], bool) or g[k] < 0):
-                    raise ContractError(f"manifest generations[{i}].{k} must be a count, got {g[k]!r}")
-        if self.ledger is not None:
-            if not isinstance(self.ledger, list):
-                raise ContractError("manifest ledger must be a list")
-            for i, row in enumerate(self.ledger):
-                if not isinstance(row, dict) or not isinstance(row.get("path"), str):
-                    raise ContractError(f"manifest ledger[{i}] must be an object with a path, got {row!r}")
-                size = row.get("bytes")
-                if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0):
-                    raise ContractError(f"manifest ledger[{i}].bytes must be a size, got {size!r}")
-                check_generation_name(row.get("generation"), f"ledger[{i}].generation")
+        """Refuse a manifest with any field of the wrong type or range (ContractError naming the field path):
+        its paths and generation names steer reads and deletions, its counts are checked and reported."""
+        check_manifest_dict(self.to_dict())
         return self
 
     def to_json(self) -> str:
@@ -153,12 +108,10 @@ class Manifest:
     def from_dict(cls, d: dict) -> "Manifest":
         if d.get("format") != MANIFEST_FORMAT:
             raise ContractError(f"not a pileprep manifest (format={d.get('format')!r})")
+        check_manifest_dict(d)
         known = {"format", "pileprep_version", "contract", "shards", "splits", "sources", "padding_fraction",
                  "records", "inputs", "dead_letters", "config", "generation", "generations", "ledger", "skipped_inputs"}
-        try:
-            shards = [ShardInfo.from_dict(s) for s in d["shards"]]
-        except (KeyError, TypeError) as e:
-            raise ContractError(f"manifest shards are damaged ({type(e).__name__}: {e})") from None
+        shards = [ShardInfo.from_dict(s) for s in d["shards"]]
         return cls(
             contract=DataContract.from_dict(d["contract"]),
             shards=shards,
@@ -175,7 +128,7 @@ class Manifest:
             ledger=d.get("ledger"),
             skipped_inputs=d.get("skipped_inputs", []),
             extra={k: v for k, v in d.items() if k not in known},
-        ).validate()
+        )
 
     @classmethod
     def from_json(cls, text: str) -> "Manifest":
@@ -186,6 +139,228 @@ class Manifest:
         if not isinstance(d, dict):
             raise ContractError("manifest is not a JSON object")
         return cls.from_dict(d)
+
+
+# ------------------------------------------------------------------------------------------ typed records
+# The manifest's sections as records. `Manifest` keeps them as plain JSON values (their readers index them
+# by key); each record's `from_dict` checks one row against its schema, naming the field path, and
+# `to_dict` writes the same JSON back (optional fields absent when unset, as the job writes them).
+@dataclass(frozen=True)
+class RecordCounts:
+    """`records` (whole dataset) and each `inputs` row: read = written + filtered + dead-lettered."""
+    read: int = 0
+    written: int = 0
+    filtered: dict = field(default_factory=dict)  # reason -> count
+    dead_lettered: dict = field(default_factory=dict)  # reason -> count
+
+    def to_dict(self) -> dict:
+        return {"read": self.read, "written": self.written, "filtered": dict(self.filtered),
+                "dead_lettered": dict(self.dead_lettered)}
+
+    @classmethod
+    def from_dict(cls, d: dict, prefix: str = "records") -> "RecordCounts":
+        f = Fields(d, prefix)
+        return cls(read=f.count("read", required=False) or 0, written=f.count("written", required=False) or 0,
+                   filtered=f.counts("filtered", required=False), dead_lettered=f.counts("dead_lettered", required=False))
+
+
+@dataclass(frozen=True)
+class InputFileStats:
+    """One `inputs` row: an input file of this dataset with its record counts."""
+    path: str
+    bytes: Optional[int]
+    counts: RecordCounts
+
+    def to_dict(self) -> dict:
+        return {"path": self.path, "bytes": self.bytes, **self.counts.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict, prefix: str = "inputs[0]") -> "InputFileStats":
+        f = Fields(d, prefix)
+        return cls(path=f.string("path"), bytes=f.count("bytes", required=False, nullable=True),
+                   counts=RecordCounts.from_dict(d, prefix))
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    """One `ledger` row: an input file the dataset holds and the generation that ingested it
+    (pipeline/ops/incremental.py compares these with the current listing)."""
+    path: str
+    bytes: Optional[int]
+    generation: str
+    mtime: Optional[float] = None
+    etag: Optional[str] = None
+    sha256: Optional[str] = None
+
+    def to_dict(self) -> dict:
+        d = {"path": self.path, "bytes": self.bytes, "generation": self.generation}
+        d.update({k: v for k, v in (("mtime", self.mtime), ("etag", self.etag), ("sha256", self.sha256))
+                  if v is not None})
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict, prefix: str = "ledger[0]") -> "LedgerRow":
+        f = Fields(d, prefix)
+        path = f.string("path")
+        size = f.count("bytes", required=False, nullable=True)
+        generation = check_generation_name(d.get("generation"), f.path("generation"))
+        f.number("mtime", required=False)
+        f.string("etag", required=False)
+        f.sha256("sha256", required=False)
+        return cls(path=path, bytes=size, generation=generation, mtime=d.get("mtime"), etag=d.get("etag"),
+                   sha256=d.get("sha256"))
+
+
+@dataclass(frozen=True)
+class GenerationRow:
+    """One `generations` row, in commit order, with the generation's totals."""
+    name: str
+    inputs: int = 0
+    shards: int = 0
+    examples: int = 0
+    tokens: int = 0
+    documents: int = 0
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict, prefix: str = "generations[0]") -> "GenerationRow":
+        f = Fields(d, prefix)
+        name = check_generation_name(d.get("name"), f.path("name"))
+        counts = {k: f.count(k, required=False) for k in GENERATION_FIELDS[1:]}
+        return cls(name=name, **{k: v for k, v in counts.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class FileDigest:
+    """A file the manifest names besides shards (`dead_letter_files` rows): size and sha256 for `verify`."""
+    path: str
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict, prefix: str) -> "FileDigest":
+        f = Fields(d, prefix)
+        check_relative_path(f.string("path"), f.path("path"))
+        return cls(path=d["path"], bytes=f.count("bytes"), sha256=f.sha256("sha256"))
+
+
+@dataclass(frozen=True)
+class IdIndexRow:
+    """A `doc_id_indexes` row: one generation's sorted document-id index (transforms/shard/doc_ids.py)."""
+    generation: str
+    path: str
+    documents: int
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict, prefix: str) -> "IdIndexRow":
+        f = Fields(d, prefix)
+        digest = FileDigest.from_dict({k: d.get(k) for k in ("path", "bytes", "sha256")}, prefix)
+        return cls(generation=check_generation_name(d.get("generation"), f.path("generation")), path=digest.path,
+                   documents=f.count("documents"), bytes=digest.bytes, sha256=digest.sha256)
+
+
+@dataclass(frozen=True)
+class SkippedInput:
+    """A `skipped_inputs` row: a glob match that was not read (a directory, a dangling link) and why."""
+    path: str
+    reason: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict, prefix: str) -> "SkippedInput":
+        f = Fields(d, prefix)
+        return cls(path=f.string("path"), reason=f.string("reason"))
+
+
+# Sections of `extra` written by the shard job (pipeline/shard/integrity.py), checked row by row on load.
+EXTRA_ROWS = {"dead_letter_files": FileDigest, "doc_id_indexes": IdIndexRow}
+EXTRA_OBJECTS = ("statistics", "mixture", "tokenizer_backend", "retrieval")
+
+
+def check_contract_dict(d, prefix: str = "contract") -> None:
+    """The contract's fields as the trainer sizes its model from them: types first (DataContract.from_dict
+    converts with int(), so `seq_len: "512"` would pass it unnoticed)."""
+    f = Fields(d, prefix)
+    f.string("version")
+    f.positive("seq_len")
+    t = f.obj("tokenizer")
+    t.string("kind")
+    t.sha256("model_sha256")
+    t.positive("vocab_size")
+    for name in ("bos_id", "eos_id", "pad_id", "unk_id"):
+        t.integer(name)
+    for path, feature in f.items("features"):
+        g = Fields(feature, path)
+        g.string("name")
+        g.string("dtype")
+        for dim_path, dim in g.items("shape"):
+            if dim is not None and not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0):
+                g.fail("shape", "a list of sizes (integers >= 0, or null)", dim)
+        g.string("description", required=False)
+    if d.get("retrieval") is not None:
+        r = f.obj("retrieval")
+        for name in ("chunk_len", "num_neighbours", "neighbour_len"):
+            r.positive(name)
+        r.string("fingerprint", required=False)
+        r.string("token_dtype", required=False)
+
+
+def check_manifest_dict(d) -> None:
+    """Every field of a (dataset or sidecar) manifest against its schema; ContractError naming the first bad
+    field path, e.g. `manifest shards[3].sha256: expected a 64-hex string, got 12`."""
+    f = Fields(d, "")
+    if d.get("format") != MANIFEST_FORMAT:
+        raise ContractError(f"not a pileprep manifest (format={d.get('format')!r})")
+    f.string("pileprep_version", required=False)
+    check_contract_dict(d.get("contract"), "contract") if "contract" in d else f.obj("contract")
+    for path, row in f.items("shards"):
+        ShardInfo.from_dict(row, path)
+    for split, totals in f.obj("splits", required=False).d.items():
+        g = Fields(totals, f"splits.{split}")
+        for k in totals:
+            g.count(k)
+    for source, per_split in f.obj("sources", required=False).d.items():
+        g = Fields(per_split, f"sources.{source}")
+        for split in per_split:
+            g.counts(split)
+    f.number("padding_fraction", required=False, lo=0, hi=1)
+    RecordCounts.from_dict(d.get("records", {}), "records")
+    for path, row in f.items("inputs", required=False):
+        InputFileStats.from_dict(row, path)
+    for path, rel in f.items("dead_letters", required=False):
+        check_relative_path(rel, path)
+    f.obj("config", required=False)
+    if d.get("generation") is not None:
+        check_generation_name(d["generation"], "generation")
+    for path, row in f.items("generations", required=False):
+        GenerationRow.from_dict(row, path)
+    if d.get("ledger") is not None:
+        for path, row in f.items("ledger"):
+            LedgerRow.from_dict(row, path)
+    for path, row in f.items("skipped_inputs", required=False):
+        SkippedInput.from_dict(row, path)
+    for key, record in EXTRA_ROWS.items():
+        for path, row in f.items(key, required=False):
+            record.from_dict(row, path)
+    if "duplicates_by_source" in d:
+        f.counts("duplicates_by_source")
+    for key in EXTRA_OBJECTS:
+        if key in d:
+            f.obj(key)
+    if "retrieval" in d:
+        SidecarInfo.from_dict(d["retrieval"], "retrieval")
 
 
 def _join(base: str, rel: str) -> str:
@@ -211,6 +386,17 @@ def resolve_dataset_path(manifest_file: str, rel: str, what: str = "path") -> st
     check_relative_path(rel, what)
     base = posixpath.dirname(manifest_file) if "://" in manifest_file else os.path.dirname(manifest_file)
     return _join(base, rel)
+
+
+def dataset_relative_path(path: str, dataset_dir: str) -> str:
+    """The manifest-relative form of `path`, a file the job wrote under `dataset_dir` (the inverse of
+    `resolve_dataset_path`; the result is checked the same way, so a path outside the dataset is refused)."""
+    if "://" in dataset_dir:
+        base = dataset_dir.rstrip("/") + "/"
+        rel = path[len(base):] if path.startswith(base) else path
+    else:
+        rel = posixpath.relpath(path.replace("\\", "/"), dataset_dir.replace("\\", "/"))
+    return check_relative_path(rel, "path")
 
 
 def resolve_shard_path(manifest_file: str, shard) -> str:

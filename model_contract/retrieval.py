@@ -13,12 +13,16 @@ features (the figure `storage` in the sidecar manifest states for each run).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import Optional
+
 import numpy as np
 
 from model_contract.contract import (NEIGHBOUR_CHUNK_INDEX, NEIGHBOUR_DOC_IDS, NEIGHBOUR_TOKENS,
-                                     ContractMismatchError, DataContract, FeatureSpec, RetrievalSpec,
+                                     ContractError, ContractMismatchError, DataContract, FeatureSpec, RetrievalSpec,
                                      TokenizerInfo)
 from model_contract.example_codec import _TAG1, _TAG2, _TAG3, _length, decode_example, encode_varints
+from model_contract.schema import Fields, check_generation_name, check_relative_path
 
 SIDECAR_FEATURES = (NEIGHBOUR_TOKENS, NEIGHBOUR_DOC_IDS, NEIGHBOUR_CHUNK_INDEX)
 
@@ -104,3 +108,107 @@ def check_sidecar(shards_manifest, sidecar_manifest) -> None:
         problems.append("retrieval sidecar: built with another tokenizer than the dataset's")
     if problems:
         raise ContractMismatchError(problems)
+
+
+# ------------------------------------------------------------------------------------------- manifests
+# The sidecar manifest is a pileprep manifest (model_contract/manifest.py) whose `retrieval` section is a
+# SidecarInfo; the chunk database's manifest is its own format, checked by `check_db_manifest`. Both are
+# checked on load, every field, naming its path (model_contract/schema.py).
+DB_FORMAT = "pileprep.retrieval_db"
+
+
+@dataclass(frozen=True)
+class AlignedShard:
+    """One `retrieval.aligned` row: the sidecar file holding a shard's neighbours, record for record."""
+    shard: str
+    examples: int
+    sidecar: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict, prefix: str) -> "AlignedShard":
+        f = Fields(d, prefix)
+        for key in ("shard", "sidecar"):
+            check_relative_path(f.string(key), f.path(key))
+        return cls(shard=d["shard"], examples=f.count("examples"), sidecar=d["sidecar"])
+
+
+@dataclass(frozen=True)
+class SidecarInfo:
+    """The sidecar manifest's `retrieval` section: what the neighbours were built from and for."""
+    fingerprint: str
+    dataset_generation: Optional[str]
+    aligned: tuple  # (AlignedShard, ...) in shard order
+    db: dict = field(default_factory=dict)  # {fingerprint, generation, encoder, index} of the chunk database
+    counts: dict = field(default_factory=dict)  # chunks, padding_chunks, neighbours, missing
+    storage: dict = field(default_factory=dict)  # sidecar_bytes, shard_bytes, ratio_to_shards, token_dtype
+
+    def to_dict(self) -> dict:
+        return {"fingerprint": self.fingerprint, "dataset_generation": self.dataset_generation,
+                "aligned": [a.to_dict() for a in self.aligned], "db": self.db, "counts": self.counts,
+                "storage": self.storage}
+
+    @classmethod
+    def from_dict(cls, d: dict, prefix: str = "retrieval") -> "SidecarInfo":
+        f = Fields(d, prefix)
+        f.string("fingerprint")
+        gen = d.get("dataset_generation")
+        if gen is not None:
+            check_generation_name(gen, f.path("dataset_generation"))
+        aligned = tuple(AlignedShard.from_dict(row, path) for path, row in f.items("aligned"))
+        db = f.obj("db", required=False)
+        db.string("fingerprint", required=False)
+        if db.d.get("generation") is not None:
+            check_generation_name(db.d["generation"], db.path("generation"))
+        counts = f.counts("counts", required=False)
+        storage = f.obj("storage", required=False)
+        storage.count("sidecar_bytes", required=False)
+        storage.count("shard_bytes", required=False)
+        storage.number("ratio_to_shards", required=False, lo=0)
+        storage.string("token_dtype", required=False)
+        return cls(fingerprint=d["fingerprint"], dataset_generation=gen, aligned=aligned, db=db.d, counts=counts,
+                   storage=storage.d)
+
+
+def _check_file_entry(f: Fields, key: str, extra_counts=()) -> None:
+    entry = f.obj(key)
+    check_relative_path(entry.string("path"), entry.path("path"))
+    entry.count("bytes")
+    entry.sha256("sha256")
+    for name in extra_counts:
+        entry.count(name, required=False)
+
+
+def check_db_manifest(d, what: str = "retrieval database manifest") -> dict:
+    """Every field of a chunk database manifest (pipeline/retrieval/build.py `build_manifest`); returns it."""
+    f = Fields(d, "", what)
+    if d.get("format") != DB_FORMAT:
+        raise ContractError(f"not a {DB_FORMAT} manifest (format={d.get('format')!r})")
+    f.string("pileprep_version", required=False)
+    check_generation_name(d.get("generation"), "generation")
+    f.string("fingerprint")
+    f.positive("chunk_len")
+    for key in ("dataset", "tokenizer", "config", "encoder"):
+        f.obj(key, required=False)
+    index = f.obj("index")
+    index.string("kind")
+    if "trained" in index.d:
+        _check_file_entry(index, "trained")
+    for name in index.obj("files", required=False).d:
+        _check_file_entry(index.obj("files"), name)
+    for path, row in f.items("shards"):
+        s = Fields(row, path, what)
+        check_relative_path(s.string("path"), s.path("path"))
+        for name in ("chunks", "documents", "tokens", "bytes", "first_id"):
+            s.count(name)
+        s.sha256("sha256")
+        if "embeddings" in row:
+            _check_file_entry(s, "embeddings", ("rows",))
+        if "index_part" in row:
+            _check_file_entry(s, "index_part", ("vectors",))
+    f.counts("counts", required=False)
+    for source in f.obj("sources", required=False).d:
+        f.obj("sources").counts(source)
+    return d

@@ -30,6 +30,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import time
 
+from model_contract.hashing import fsync_directory
+
 LATEST = "latest"
 
 
@@ -38,11 +40,7 @@ def _name(step: int) -> str:
 
 
 def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_directory(path)  # the one directory fsync (model_contract/hashing.py)
 
 
 def latest_checkpoint(root: Optional[str]) -> Optional[str]:

@@ -45,6 +45,7 @@ import torch
 
 from model_contract import (INPUT_IDS, POSITIONS, SEGMENT_IDS, Expectation, Manifest, ShardInfo, check_compatible,
                             decode_example, load_manifest, manifest_path, resolve_shard_path)
+from model_contract import hashing
 from model_contract.tfrecord import read_record_at, record_offsets
 from trainer.config import DEFAULT_STREAMS, DataConfig, ModelConfig
 from trainer.model import IGNORE_INDEX
@@ -121,14 +122,8 @@ def check_size(path: str, info: ShardInfo) -> None:
                                  f"replaced or still being written): re-run the shard job or restore the file")
 
 
-def sha256_file(path: str, chunk: int = 8 << 20) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        while True:
-            b = f.read(chunk)
-            if not b:
-                return h.hexdigest()
-            h.update(b)
+def sha256_file(path: str) -> str:
+    return hashing.sha256_file(path)[1]  # the producer's hash (model_contract/hashing.py)
 
 
 def default_index_dir(checkpoint_dir: Optional[str]) -> str:

@@ -13,6 +13,7 @@ from typing import Optional
 from model_contract import MANIFEST_NAME, Manifest
 from model_contract.manifest import check_generation_name
 from pipeline.config import ConfigError
+from pipeline.shard import integrity
 from transforms.io import io_utils
 
 
@@ -102,8 +103,6 @@ def commit_dataset(output_dir: str, manifest: Manifest, expected_previous: Optio
     one step, and only then are staging and unreferenced generations deleted (a crash in between leaves
     garbage, never a dangling reference).
     """
-    from pipeline.ops import incremental  # noqa: PLC0415 - avoid a cycle at import time
-
     manifest.validate()  # the paths below come from it: never act on a name of the wrong form
     current = read_committed(output_dir)
     current_gen = None if current is None else current.generation
@@ -116,13 +115,13 @@ def commit_dataset(output_dir: str, manifest: Manifest, expected_previous: Optio
     io_utils.fsync_files(io_utils.join(output_dir, rel) for rel in
                          [s.path for s in manifest.shards if s.path.startswith(str(new_gen) + "/")] +
                          [d for d in manifest.dead_letters if d.startswith(str(new_gen) + "/")])
-    keep = incremental.referenced_generations(manifest)
+    keep = integrity.referenced_generations(manifest)
     heads = keep | {rel.split("/", 1)[0] for rel in [s.path for s in manifest.shards] + manifest.dead_letters}
     keep_paths = [io_utils.join(output_dir, h) for h in sorted(heads)] + [manifest_location(output_dir)]
     _check_deletable(staging_dir, output_dir, keep_paths)  # before publishing: a refused commit changes nothing
     path = publish_manifest(output_dir, manifest.to_json())
     io_utils.delete_tree(staging_dir)
-    for gen in sorted(incremental.referenced_generations(previous) - keep):
+    for gen in sorted(integrity.referenced_generations(previous) - keep):
         old = io_utils.join(output_dir, check_generation_name(gen))  # a direct child of the output, by form
         _check_deletable(old, output_dir, keep_paths)
         io_utils.delete_tree(old)

@@ -27,6 +27,7 @@ from apache_beam.io.filesystems import FileSystems
 from model_contract import MANIFEST_NAME, Manifest
 from model_contract.manifest import is_generation_name, resolve_dataset_path
 from pipeline.errors import ConfigError, RunError
+from pipeline.shard import integrity
 from transforms.io import io_utils
 from transforms.shard.documents import parse_record
 from transforms.io.read_records import FileDamage, compression_of, iter_raw_records
@@ -200,10 +201,8 @@ def cleanup_abandoned(output: str, staging_root: str, committed: Optional[Manife
     """Remove what failed runs on `output` left: staging directories under `staging_root` whose marker names
     `output`, and generation directories the committed manifest does not reference. Call only while holding
     the output's lock (then no other run is writing either). Returns the removed paths."""
-    from pipeline.ops import incremental  # noqa: PLC0415
-
     removed = []
-    live = incremental.referenced_generations(committed) | set(keep)
+    live = integrity.referenced_generations(committed) | set(keep)
     try:
         markers = FileSystems.match([io_utils.join(staging_root, "*", STAGING_MARKER)])[0].metadata_list
     except Exception:  # noqa: BLE001 - nothing staged

@@ -1,4 +1,4 @@
-"""Incremental runs: an input ledger in the manifest, a diff against the current listing, generations.
+"""Incremental runs: list the inputs, diff them against the committed ledger, check the new run fits.
 
 A dataset is a list of *generations*. Each generation is one run's shards in `<output>/gen-<fingerprint>/`,
 built from a set of input files that no other generation holds. The manifest carries:
@@ -11,6 +11,9 @@ built from a set of input files that no other generation holds. The manifest car
 These are typed fields of `model_contract.Manifest`, validated when a manifest is loaded: generation names are
 read back to decide what to delete, so only names of the generated form are ever accepted.
 
+This module lists, diffs and checks compatibility; building the ledger and generation rows and merging a new
+generation into the committed manifest live beside the integrity sections' merge (pipeline/shard/integrity.py).
+
 `--incremental` lists the inputs, diffs them against the ledger and processes only the new files into a
 new generation; the new manifest lists every generation's shards with totals summed. A file that changed
 or disappeared since it was ingested is an error naming the files (mixing two versions of a file silently
@@ -22,22 +25,18 @@ unchanged if its sha256 still matches.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass, field
-from typing import Optional
 
 from apache_beam.io.filesystems import FileSystems
 
 from model_contract import Manifest
-from model_contract.manifest import is_generation_name
+from model_contract.hashing import sha256_file
 from pipeline.config import ConfigError
-from pipeline.ops.redaction import redact_userinfo
-from transforms.shard import corpus_stats
+from pipeline.ops.redaction import redact
 from transforms.io import io_utils
 
 LOG = logging.getLogger("pileprep.incremental")
-HASH_BLOCK = 8 << 20
 # Config fields that may differ between generations: they decide how many shards a run writes and how work
 # is cut, not what a document becomes. Everything else must match (it shapes every example).
 NON_SHAPING_CONFIG = ("inputs", "val_inputs", "test_inputs", "num_shards", "target_shard_mb", "unit_mb")
@@ -75,16 +74,8 @@ def list_inputs(globs) -> list:
 
 
 def file_sha256(path: str) -> tuple:
-    """(bytes, sha256) of a file's raw bytes, streamed."""
-    sha, n = hashlib.sha256(), 0
-    with io_utils.open_read(path) as f:
-        while True:
-            block = f.read(HASH_BLOCK)
-            if not block:
-                break
-            sha.update(block)
-            n += len(block)
-    return n, sha.hexdigest()
+    """(bytes, sha256) of a file's raw bytes, streamed; local paths and object stores alike."""
+    return sha256_file(path, opener=io_utils.open_read)
 
 
 # --------------------------------------------------------------------------------------------------- diff
@@ -174,128 +165,3 @@ def check_compatible(previous: Manifest, contract_dict: dict, config_dict: dict)
             "--incremental: this run would write examples unlike the committed dataset's, so they cannot be one "
             "dataset:\n  " + "\n  ".join(problems) + "\nUse the committed settings (--seq-len, --tokenizer, ...) or "
             "write a new dataset to another --output.")
-
-
-# ----------------------------------------------------------------------------------------- manifest merge
-def ledger_of(manifest: Optional[Manifest]) -> list:
-    """The ledger rows of a committed manifest (synthesized from `inputs` for manifests that predate it)."""
-    if manifest is None:
-        return []
-    if manifest.ledger is not None:
-        return list(manifest.ledger)
-    gen = manifest.generation or ""
-    return [{"path": i["path"], "bytes": i.get("bytes"), "generation": gen} for i in manifest.inputs]
-
-
-def generations_of(manifest: Optional[Manifest]) -> list:
-    if manifest is None:
-        return []
-    if manifest.generations:
-        return list(manifest.generations)
-    gen = manifest.generation
-    return [_generation_row(gen, manifest)] if gen else []
-
-
-def _generation_row(name: str, manifest: Manifest) -> dict:
-    return {"name": name, "inputs": len(manifest.inputs), "shards": len(manifest.shards),
-            "examples": sum(s.examples for s in manifest.shards), "tokens": sum(s.tokens for s in manifest.shards),
-            "documents": sum(s.documents for s in manifest.shards)}
-
-
-def referenced_generations(manifest: Optional[Manifest]) -> set:
-    """Generation directories a manifest's shards and dead letters live in (validated names only: a manifest
-    loaded from disk was checked by `Manifest.validate`, and a name of any other form is never returned)."""
-    if manifest is None:
-        return set()
-    names = {g["name"] for g in generations_of(manifest)}
-    for rel in [s.path for s in manifest.shards] + list(manifest.dead_letters):
-        names.add(rel.split("/", 1)[0])
-    return {n for n in names if is_generation_name(n)}
-
-
-def _sum_into(into: dict, other: dict) -> None:
-    for k, v in other.items():
-        if isinstance(v, dict):
-            _sum_into(into.setdefault(k, {}), v)
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            into[k] = into.get(k, 0) + v
-        else:
-            into[k] = v
-
-
-def _sorted_nested(d: dict) -> dict:
-    return {k: (_sorted_nested(v) if isinstance(v, dict) else v) for k, v in sorted(d.items())}
-
-
-def add_ledger(manifest: Manifest, generation: str, rows: list, digests: dict) -> Manifest:
-    """Give a one-generation manifest its ledger (with sha256 from the workers) and generations sections."""
-    ledger = []
-    for row in rows:
-        size, sha = digests.get(row["path"], (None, None))
-        if size is not None and size != row["bytes"]:
-            raise InputsChangedError(f"{row['path']}: listed with {row['bytes']} bytes but {size} bytes were read; "
-                                     "the file changed during the run. Re-run once it is stable.")
-        entry = dict(row, generation=generation)
-        if sha:
-            entry["sha256"] = sha
-        ledger.append(entry)
-    manifest.ledger = sorted(ledger, key=lambda r: r["path"])
-    manifest.generations = [_generation_row(generation, manifest)]
-    return manifest
-
-
-def merge(previous: Manifest, new: Manifest) -> Manifest:
-    """The dataset after committing `new` (one generation) on top of `previous` (any number of generations)."""
-    from pipeline.shard import integrity  # noqa: PLC0415 - integrity imports this module
-    splits: dict = {}
-    for m in (previous, new):
-        _sum_into(splits, m.splits)
-    sources: dict = {}
-    for m in (previous, new):
-        _sum_into(sources, m.sources)
-    records: dict = {}
-    for m in (previous, new):
-        _sum_into(records, m.records)
-    shards = list(previous.shards) + list(new.shards)
-    examples = sum(s.examples for s in shards)
-    padding = sum(s.padding_tokens for s in shards)
-    seq_len = new.contract.seq_len
-    extra = dict(new.extra)
-    extra.update(integrity.merge_integrity_sections(previous, new))  # id indexes, dead-letter sums, duplicates
-    if "statistics" in extra:  # the report's distributions cover every generation (transforms/shard/corpus_stats.py)
-        extra["statistics"] = corpus_stats.merge_sections(previous.extra.get("statistics"), new.extra["statistics"])
-    return Manifest(
-        contract=new.contract,
-        shards=shards,
-        splits=_sorted_nested(splits),
-        sources=_sorted_nested(sources),
-        padding_fraction=round(padding / (examples * seq_len), 8) if examples else 0.0,
-        records=_sorted_nested(records),
-        inputs=sorted(list(previous.inputs) + list(new.inputs), key=lambda r: r["path"]),
-        dead_letters=sorted(set(previous.dead_letters) | set(new.dead_letters)),
-        config=new.config,
-        pileprep_version=new.pileprep_version,
-        generation=new.generation,
-        generations=generations_of(previous) + generations_of(new),
-        ledger=sorted(ledger_of(previous) + ledger_of(new), key=lambda r: r["path"]),
-        skipped_inputs=sorted({r["path"]: r for r in previous.skipped_inputs + new.skipped_inputs}.values(),
-                              key=lambda r: r["path"]),
-        extra=extra,
-    )
-
-
-# ----------------------------------------------------------------------------------------------- redaction
-def redact(text: str, secrets=None) -> str:
-    """Remove credential values from a message (error texts from clients sometimes echo request details)."""
-    import os  # noqa: PLC0415
-
-    values = list(secrets or [])
-    values += [os.environ.get(k, "") for k in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")]
-    opts = FileSystems._pipeline_options  # noqa: SLF001 - the options Beam's S3 client was built from
-    if opts is not None:
-        d = opts.get_all_options(drop_default=True)
-        values += [str(d.get(k) or "") for k in ("s3_secret_access_key", "s3_session_token", "s3_access_key_id")]
-    for v in values:
-        if v and len(v) >= 4:
-            text = text.replace(v, "***")
-    return redact_userinfo(text)

@@ -3,12 +3,16 @@
 An S3 endpoint or a job endpoint given with embedded credentials used to be printed in error messages and
 written to the run log. `redact_userinfo` replaces the `user:secret@` part of every URL in a text with
 `***@`; the CLI applies it to every message it prints and, through `RedactingFilter`, to every log record.
-Key material given as options or environment variables is removed by `incremental.redact`.
+Key material given as options or environment variables is removed by `redact`, which also applies
+`redact_userinfo`.
 """
 from __future__ import annotations
 
 import logging
+import os
 import re
+
+from apache_beam.io.filesystems import FileSystems
 
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s'\"]+)@")
 
@@ -30,3 +34,18 @@ class RedactingFilter(logging.Filter):
             record.msg, record.args = redacted, None
         return True
 
+
+def redact(text: str, secrets=None) -> str:
+    """Remove credential values from a message (error texts from clients sometimes echo request details):
+    `secrets`, the AWS credentials in the environment, the S3 key options Beam's client was built from, and
+    userinfo in URLs."""
+    values = list(secrets or [])
+    values += [os.environ.get(k, "") for k in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")]
+    opts = FileSystems._pipeline_options  # noqa: SLF001 - the options Beam's S3 client was built from
+    if opts is not None:
+        d = opts.get_all_options(drop_default=True)
+        values += [str(d.get(k) or "") for k in ("s3_secret_access_key", "s3_session_token", "s3_access_key_id")]
+    for v in values:
+        if v and len(v) >= 4:  # shorter values would blank ordinary words
+            text = text.replace(v, "***")
+    return redact_userinfo(text)

@@ -23,9 +23,9 @@ from typing import Optional
 
 import numpy as np
 
+from model_contract.retrieval import DB_FORMAT, check_db_manifest
 from transforms.io import io_utils
 
-DB_FORMAT = "pileprep.retrieval_db"
 NEIGHBOURS_FORMAT = "pileprep.retrieval_neighbours"
 MANIFEST_NAME = "manifest.json"
 
@@ -113,7 +113,7 @@ def read_manifest(output_dir: str, expected_format: str) -> Optional[dict]:
     d = json.loads(io_utils.read_bytes(path).decode("utf-8"))
     if d.get("format") != expected_format:
         raise ValueError(f"{path}: not a {expected_format} manifest (format={d.get('format')!r})")
-    return d
+    return check_db_manifest(d) if expected_format == DB_FORMAT else d  # every field (model_contract/retrieval.py)
 
 
 def commit(output_dir: str, manifest: dict, files: list, expected_format: str) -> str:

@@ -7,17 +7,23 @@
 - `duplicates_by_source`: exact duplicates removed, counted by the source of the removed copy (the kept copy's
   source is the one in `sources`).
 
-Incremental merges concatenate the lists and sum the counts (pipeline/ops/incremental.py `merge`).
+It also holds the dataset's state across generations: the ledger rows (`add_ledger`, `ledger_of`), the
+generation rows (`generations_of`, `referenced_generations`: which directories a commit keeps), and `merge`,
+which commits one new generation on top of the previous manifest: it concatenates the lists and sums the
+counts. Listing the inputs and diffing them against the ledger is pipeline/ops/incremental.py.
 """
 from __future__ import annotations
 
 import collections
 from typing import Optional
 
-from model_contract import Manifest
-from pipeline.ops import incremental
-from pipeline.shard.manifest_builder import _relative
+from model_contract import MANIFEST_NAME, Manifest
+from model_contract.manifest import LedgerRow, dataset_relative_path, is_generation_name, resolve_dataset_path
+from pipeline.config import ConfigError
+from pipeline.ops.incremental import InputsChangedError, file_sha256
+from pipeline.shard.records import InputFile
 from transforms.io import io_utils
+from transforms.shard import corpus_stats
 
 DEAD_LETTER_FILES = "dead_letter_files"
 DOC_ID_INDEXES = "doc_id_indexes"
@@ -29,14 +35,14 @@ def add_integrity_sections(manifest: Manifest, output_dir: str, generation: str,
     """Add this (one-generation) manifest's integrity sections; hashes the generation's dead letters."""
     files = []
     for rel in manifest.dead_letters:
-        size, sha = incremental.file_sha256(io_utils.join(output_dir, rel))
+        size, sha = file_sha256(io_utils.join(output_dir, rel))
         files.append({"path": rel, "bytes": size, "sha256": sha})
     path, documents, size, sha = id_index
     duplicates: collections.Counter = collections.Counter()
     for r in shard_results:
         duplicates.update(r.duplicates_per_source)
     manifest.extra[DEAD_LETTER_FILES] = files
-    manifest.extra[DOC_ID_INDEXES] = [{"generation": generation, "path": _relative(path, output_dir),
+    manifest.extra[DOC_ID_INDEXES] = [{"generation": generation, "path": dataset_relative_path(path, output_dir),
                                        "documents": documents, "bytes": size, "sha256": sha}]
     manifest.extra[DUPLICATES_BY_SOURCE] = dict(sorted(duplicates.items()))
     return manifest
@@ -59,27 +65,121 @@ def committed_id_indexes(previous: Optional[Manifest], output_dir: str) -> tuple
 
     A committed generation without one (written before id indexes existed) cannot be checked, and an
     incremental dataset must equal a full build: that is a configuration error naming the fix."""
-    from model_contract.manifest import MANIFEST_NAME  # noqa: PLC0415
-
     if previous is None:
         return ()
     rows = previous.extra.get(DOC_ID_INDEXES, [])
     held = {r.get("generation") for r in rows}
-    missing = sorted({g["name"] for g in incremental.generations_of(previous)} - held)
+    missing = sorted({g["name"] for g in generations_of(previous)} - held)
     if missing:
-        from pipeline.config import ConfigError  # noqa: PLC0415
-
         raise ConfigError(f"--incremental: generation(s) {', '.join(missing)} of {output_dir} have no document id "
                           "index (written by an older pileprep), so new documents cannot be checked against "
                           "them; rebuild the dataset without --incremental once")
     manifest_file = io_utils.join(output_dir, MANIFEST_NAME)
-    return tuple(resolve_in_dataset(manifest_file, r["path"]) for r in rows)
+    return tuple(resolve_dataset_path(manifest_file, r["path"], f"{DOC_ID_INDEXES}[{i}].path")
+                 for i, r in enumerate(rows))
 
 
-def resolve_in_dataset(manifest_file: str, rel: str) -> str:
-    """Any manifest-relative path (dead letter, id index) through the one resolver shards use, which refuses
-    paths outside the dataset (model_contract)."""
-    from model_contract import ShardInfo, resolve_shard_path  # noqa: PLC0415
+def ledger_of(manifest: Optional[Manifest]) -> list:
+    """The ledger rows of a committed manifest (synthesized from `inputs` for manifests that predate it)."""
+    if manifest is None:
+        return []
+    if manifest.ledger is not None:
+        return list(manifest.ledger)
+    gen = manifest.generation or ""
+    return [{"path": i["path"], "bytes": i.get("bytes"), "generation": gen} for i in manifest.inputs]
 
-    return resolve_shard_path(manifest_file, ShardInfo(path=rel, split="", examples=0, tokens=0, padding_tokens=0,
-                                                       documents=0, bytes=0, sha256=""))
+
+def generations_of(manifest: Optional[Manifest]) -> list:
+    if manifest is None:
+        return []
+    if manifest.generations:
+        return list(manifest.generations)
+    gen = manifest.generation
+    return [_generation_row(gen, manifest)] if gen else []
+
+
+def _generation_row(name: str, manifest: Manifest) -> dict:
+    return {"name": name, "inputs": len(manifest.inputs), "shards": len(manifest.shards),
+            "examples": sum(s.examples for s in manifest.shards), "tokens": sum(s.tokens for s in manifest.shards),
+            "documents": sum(s.documents for s in manifest.shards)}
+
+
+def referenced_generations(manifest: Optional[Manifest]) -> set:
+    """Generation directories a manifest's shards and dead letters live in (validated names only: a manifest
+    loaded from disk was checked by `Manifest.validate`, and a name of any other form is never returned)."""
+    if manifest is None:
+        return set()
+    names = {g["name"] for g in generations_of(manifest)}
+    for rel in [s.path for s in manifest.shards] + list(manifest.dead_letters):
+        names.add(rel.split("/", 1)[0])
+    return {n for n in names if is_generation_name(n)}
+
+
+def _sum_into(into: dict, other: dict) -> None:
+    for k, v in other.items():
+        if isinstance(v, dict):
+            _sum_into(into.setdefault(k, {}), v)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            into[k] = into.get(k, 0) + v
+        else:
+            into[k] = v
+
+
+def _sorted_nested(d: dict) -> dict:
+    return {k: (_sorted_nested(v) if isinstance(v, dict) else v) for k, v in sorted(d.items())}
+
+
+def add_ledger(manifest: Manifest, generation: str, rows: list, digests: dict) -> Manifest:
+    """Give a one-generation manifest its ledger and generations sections. `rows`: the listing rows of the files
+    it ingested; `digests`: path -> InputFile (pipeline/shard/records.py) of what the workers read, with sha256."""
+    ledger = []
+    for row in rows:
+        listed, read = InputFile.from_dict(row), digests.get(row["path"])
+        if read is not None and read.bytes != listed.bytes:
+            raise InputsChangedError(f"{listed.path}: listed with {listed.bytes} bytes but {read.bytes} bytes were "
+                                     "read; the file changed during the run. Re-run once it is stable.")
+        entry = LedgerRow(listed.path, listed.bytes, generation, listed.mtime, listed.etag,
+                          read.sha256 if read is not None and read.sha256 else None)
+        ledger.append(entry.to_dict())
+    manifest.ledger = sorted(ledger, key=lambda r: r["path"])
+    manifest.generations = [_generation_row(generation, manifest)]
+    return manifest
+
+
+def merge(previous: Manifest, new: Manifest) -> Manifest:
+    """The dataset after committing `new` (one generation) on top of `previous` (any number of generations)."""
+    splits: dict = {}
+    for m in (previous, new):
+        _sum_into(splits, m.splits)
+    sources: dict = {}
+    for m in (previous, new):
+        _sum_into(sources, m.sources)
+    records: dict = {}
+    for m in (previous, new):
+        _sum_into(records, m.records)
+    shards = list(previous.shards) + list(new.shards)
+    examples = sum(s.examples for s in shards)
+    padding = sum(s.padding_tokens for s in shards)
+    seq_len = new.contract.seq_len
+    extra = dict(new.extra)
+    extra.update(merge_integrity_sections(previous, new))  # id indexes, dead-letter sums, duplicates
+    if "statistics" in extra:  # the report's distributions cover every generation (transforms/shard/corpus_stats.py)
+        extra["statistics"] = corpus_stats.merge_sections(previous.extra.get("statistics"), new.extra["statistics"])
+    return Manifest(
+        contract=new.contract,
+        shards=shards,
+        splits=_sorted_nested(splits),
+        sources=_sorted_nested(sources),
+        padding_fraction=round(padding / (examples * seq_len), 8) if examples else 0.0,
+        records=_sorted_nested(records),
+        inputs=sorted(list(previous.inputs) + list(new.inputs), key=lambda r: r["path"]),
+        dead_letters=sorted(set(previous.dead_letters) | set(new.dead_letters)),
+        config=new.config,
+        pileprep_version=new.pileprep_version,
+        generation=new.generation,
+        generations=generations_of(previous) + generations_of(new),
+        ledger=sorted(ledger_of(previous) + ledger_of(new), key=lambda r: r["path"]),
+        skipped_inputs=sorted({r["path"]: r for r in previous.skipped_inputs + new.skipped_inputs}.values(),
+                              key=lambda r: r["path"]),
+        extra=extra,
+    )

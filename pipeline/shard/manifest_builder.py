@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import collections
 import math
-import posixpath
 
 from model_contract import DataContract, Manifest, ShardInfo
+from model_contract.manifest import dataset_relative_path
 from pipeline.config import BYTES_PER_TOKEN_ESTIMATE, PILEPREP_VERSION, ShardConfig
 from transforms.shard import corpus_stats, mixture
 from transforms.shard.documents import SPLITS
-from transforms.shard.stages import ShardTask, _new_file_stats, merge_file_stats
+from transforms.shard.stages import FileStats, ShardTask
 
 
 class ReconciliationError(RuntimeError):
@@ -44,30 +44,23 @@ def plan_shard_tasks(units: list, config: ShardConfig) -> list:
     return tasks
 
 
-def _relative(path: str, base: str) -> str:
-    if "://" in base:
-        return path[len(base.rstrip("/")) + 1:]
-    return posixpath.relpath(path.replace("\\", "/"), base.replace("\\", "/"))
-
-
 def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, generation: str, output_dir: str,
                    split_results: list, unit_results: list, shard_results: list) -> Manifest:
-    files = {path: _new_file_stats() for path, _size in ledger}
+    files = {path: FileStats() for path, _size in ledger}
     for r in split_results:
-        merge_file_stats(files[r.input_path], r.stats)
+        files[r.input_path].merge(r.stats)
     for u in unit_results:
-        merge_file_stats(files[u.input_path], u.stats)
+        files[u.input_path].merge(u.stats)
     shard_results = sorted(shard_results, key=lambda s: (s.task.split, s.task.shard))
     sources: dict = collections.defaultdict(dict)
     splits = {}
     for s in shard_results:
         for path, n in s.written_per_file.items():
-            files[path]["written"] += n
+            files[path].written += n
         for path, n in s.duplicates_per_file.items():
-            files[path]["filtered"]["duplicate"] = files[path]["filtered"].get("duplicate", 0) + n
+            files[path].filter("duplicate", n)
         for path, n in s.dropped_per_file.items():
-            files[path]["filtered"][mixture.DROPPED_REASON] = files[path]["filtered"].get(
-                mixture.DROPPED_REASON, 0) + n
+            files[path].filter(mixture.DROPPED_REASON, n)
         name = SPLITS[s.task.split]
         agg = splits.setdefault(name, {"documents": 0, "tokens": 0, "padding_tokens": 0, "examples": 0,
                                        "shards": 0})
@@ -82,37 +75,32 @@ def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, ge
             per["tokens"] += counts["tokens"]
 
     problems = []
-    totals = {"read": 0, "written": 0, "filtered": {}, "dead_lettered": {}}
+    totals = FileStats()
     inputs = []
     for path, size in ledger:
         st = files[path]
-        settled = st["written"] + sum(st["filtered"].values()) + sum(st["dead_lettered"].values())
-        if settled != st["read"]:
-            problems.append(f"{path}: read {st['read']} but written+filtered+dead-lettered = {settled}")
-        merge_file_stats(totals, st)
-        inputs.append({"path": path, "bytes": size, "read": st["read"], "written": st["written"],
-                       "filtered": dict(sorted(st["filtered"].items())),
-                       "dead_lettered": dict(sorted(st["dead_lettered"].items()))})
+        if st.settled() != st.read:
+            problems.append(f"{path}: read {st.read} but written+filtered+dead-lettered = {st.settled()}")
+        totals.merge(st)
+        inputs.append({"path": path, "bytes": size, **st.to_dict()})
     if problems:
         raise ReconciliationError("record counts do not reconcile:\n  " + "\n  ".join(problems))
-    totals["filtered"] = dict(sorted(totals["filtered"].items()))
-    totals["dead_lettered"] = dict(sorted(totals["dead_lettered"].items()))
 
     examples = sum(s.examples for s in shard_results)
     padding = sum(s.padding_tokens for s in shard_results)
-    dead_letters = sorted(_relative(p, output_dir) for p in
+    dead_letters = sorted(dataset_relative_path(p, output_dir) for p in
                           [r.dead_letter_path for r in split_results] + [u.dead_letter_path for u in unit_results]
                           if p)
-    shards = [ShardInfo(path=_relative(s.path, output_dir), split=SPLITS[s.task.split], examples=s.examples,
-                        tokens=s.tokens, padding_tokens=s.padding_tokens, documents=s.documents, bytes=s.bytes,
-                        sha256=s.sha256) for s in shard_results]
+    shards = [ShardInfo(path=dataset_relative_path(s.path, output_dir), split=SPLITS[s.task.split],
+                        examples=s.examples, tokens=s.tokens, padding_tokens=s.padding_tokens,
+                        documents=s.documents, bytes=s.bytes, sha256=s.sha256) for s in shard_results]
     return Manifest(
         contract=contract,
         shards=shards,
         splits=splits,
         sources={k: dict(sorted(v.items())) for k, v in sorted(sources.items())},
         padding_fraction=round(padding / (examples * config.seq_len), 8) if examples else 0.0,
-        records=totals,
+        records=totals.to_dict(),
         inputs=inputs,
         dead_letters=dead_letters,
         config=config.to_manifest_dict(),

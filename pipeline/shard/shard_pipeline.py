@@ -26,10 +26,11 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from model_contract import DataContract
-from pipeline.ops import commit, guards, incremental, lock, progress, runlog, runners, storage
+from pipeline.ops import commit, guards, incremental, lock, progress, redaction, runlog, runners, storage
 from pipeline.config import PILEPREP_VERSION, ShardConfig, fingerprint
 from pipeline.errors import RunError, RunInterrupted
 from pipeline.shard import cancel, integrity, runner_shuffle, split_inputs
+from pipeline.shard.records import CommitParts, InputFile, SplitOutput
 from pipeline.shard.manifest_builder import build_manifest, plan_shard_tasks
 from transforms.shard import corpus_stats, stages
 from transforms.io import io_utils, memory
@@ -158,7 +159,7 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
     previous = commit.read_committed(config.output)
     if incremental_run and previous is not None:
         incremental.check_compatible(previous, contract.to_dict(), config.to_manifest_dict())
-        diff = incremental.diff_ledger(incremental.ledger_of(previous), rows)
+        diff = incremental.diff_ledger(integrity.ledger_of(previous), rows)
         LOG.info("--incremental over %s: %s", config.output, diff.summary())
         for row in diff.touched:
             LOG.info("%s: mtime/ETag changed but the bytes did not (sha256 matches); not re-ingested", row["path"])
@@ -172,7 +173,7 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
             raise RunError(f"{config.output}: the committed dataset is damaged ({len(damaged)} file(s): "
                            f"{'; '.join(damaged[:3])}); rebuild it without --incremental")
     ledger = [(r["path"], r["bytes"]) for r in rows]
-    live = incremental.referenced_generations(previous)
+    live = integrity.referenced_generations(previous)
     incremental_plan = incremental_run and previous is not None
     generation = "gen-" + fingerprint(config, contract.tokenizer.model_sha256, ledger,
                                       parents=live if incremental_plan else ())
@@ -225,17 +226,6 @@ def _parity_sample(config: ShardConfig, paths: list) -> list:
     return tokenizer_backends.sample_documents(paths, config.text_field, config.seed, read=read, parse=parse)
 
 
-@dataclass(frozen=True)
-class SplitOutput:
-    """What the split stage hands on for one input file: its chunks and the digest row for the ledger.
-
-    One element type on one output: some runners (Beam's DaskRunner) mix a multi-output ParDo's outputs into
-    one collection, so the digest travels inside the main output instead of on a tagged one.
-    """
-    result: "stages.SplitResult"
-    digest: tuple  # (path, bytes, sha256)
-
-
 class SplitInputFile(beam.DoFn):
     """Cuts one input file into line-aligned chunks in staging; yields a SplitOutput."""
 
@@ -264,7 +254,7 @@ class SplitInputFile(beam.DoFn):
         self.input_bytes.inc(size)
         progress.write_marker(self.plan.staging_dir, f"split-f{file_idx:06d}", {
             "input_files": 1, "input_bytes": size, "split_raw_bytes": sum(c.raw_bytes for c in result.chunks)})
-        return SplitOutput(result, (path, size, sha))
+        return SplitOutput(result, InputFile(path, size, sha256=sha))
 
 
 class TokenizeChunk(beam.DoFn):
@@ -299,11 +289,11 @@ class TokenizeChunk(beam.DoFn):
                                      self.plan.data_dir, self.byte_mask, cancel.check)
         self.documents.inc(unit.n_docs)
         self.tokens.inc(sum(unit.split_tokens))
-        self.records.inc(unit.stats["read"])
+        self.records.inc(unit.stats.read)
         self.raw_bytes.inc(chunk.raw_bytes)
         progress.write_marker(self.plan.staging_dir, "unit-" + unit.name, {
-            "documents": unit.n_docs, "tokens": sum(unit.split_tokens), "records": unit.stats["read"],
-            "raw_bytes": chunk.raw_bytes, "dead_letters": sum(unit.stats["dead_lettered"].values())})
+            "documents": unit.n_docs, "tokens": sum(unit.split_tokens), "records": unit.stats.read,
+            "raw_bytes": chunk.raw_bytes, "dead_letters": sum(unit.stats.dead_lettered.values())})
         return unit
 
 
@@ -345,25 +335,22 @@ def _index_doc_ids(shard_results, plan: JobPlan) -> tuple:
 
 
 def _commit(grouped, plan: JobPlan):
-    """The commit point: one element holding every stage's results, tagged by kind (see GatherForCommit)."""
+    """The commit point: one element holding every stage's results (pipeline/shard/records.py CommitParts)."""
     _apply_filesystem_options(plan)
-    parts = {"split": [], "unit": [], "shard": []}
-    for kind, value in grouped:
-        parts[kind].append(value)
-    split_outputs = sorted(parts["split"], key=lambda s: s.result.file_idx)
+    parts = CommitParts.gather(grouped)
+    split_outputs = sorted(parts.splits, key=lambda s: s.result.file_idx)
     split_results = [s.result for s in split_outputs]
     digests = [s.digest for s in split_outputs]
     manifest = build_manifest(plan.config, plan.contract, plan.ledger, plan.generation, plan.config.output,
-                              split_results, _sorted_units(parts["unit"]), parts["shard"])
+                              split_results, _sorted_units(parts.units), parts.shards)
     guards.check_dead_letter_rate(manifest.records, plan.config.max_dead_letter_fraction)
-    manifest = integrity.add_integrity_sections(manifest, plan.config.output, plan.generation, parts["shard"],
-                                                _index_doc_ids(parts["shard"], plan))
-    manifest = incremental.add_ledger(manifest, plan.generation, list(plan.input_rows),
-                                      {path: (size, sha) for path, size, sha in digests})
+    manifest = integrity.add_integrity_sections(manifest, plan.config.output, plan.generation, parts.shards,
+                                                _index_doc_ids(parts.shards, plan))
+    manifest = integrity.add_ledger(manifest, plan.generation, list(plan.input_rows), {d.path: d for d in digests})
     manifest.skipped_inputs = [dict(r) for r in plan.skipped_inputs]
     previous = plan.previous
     if plan.incremental:
-        manifest = incremental.merge(previous, manifest)
+        manifest = integrity.merge(previous, manifest)
     if plan.tokenizer_backend is not None:  # how this generation was tokenized; the only backend-dependent field
         manifest.extra["tokenizer_backend"] = plan.tokenizer_backend.to_manifest()
     commit.commit_dataset(plan.config.output, manifest,
@@ -403,10 +390,6 @@ class GatherAll(beam.PTransform):
                 | "OneKey" >> beam.Map(lambda x: (0, x))
                 | "Group" >> beam.GroupByKey()
                 | "List" >> beam.Map(lambda kv: list(kv[1])))
-
-
-def _tagged(kind: str):
-    return beam.Map(lambda x, kind: (kind, x), kind)
 
 
 UNIT_LIST_NAME = "units.pickle"
@@ -498,9 +481,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
                   | "PlanShards" >> beam.FlatMap(_plan_shards, plan)
                   | "SpreadShards" >> Spread(lambda tu: (tu[0].split, tu[0].shard))
                   | "PackShards" >> beam.ParDo(PackShard(plan)))
-    return ((splits | "TagSplits" >> _tagged("split"),
-             units | "TagUnits" >> _tagged("unit"),
-             shards | "TagShards" >> _tagged("shard"))
+    return ((splits, units, shards)  # told apart by type at the commit (pipeline/shard/records.py)
             | "GatherForCommit" >> beam.Flatten()
             | "CollectForCommit" >> GatherAll()
             | "CommitManifest" >> beam.Map(_commit, plan))
@@ -533,7 +514,7 @@ def run(config: ShardConfig, beam_args=None, incremental_run: bool = False, run_
         log.event("interrupted", signal=e.signum)
         raise
     except Exception as e:
-        log.event("error", type=type(e).__name__, message=incremental.redact(str(e)))
+        log.event("error", type=type(e).__name__, message=redaction.redact(str(e)))
         raise
     finally:
         log.close()
@@ -569,7 +550,7 @@ def _abandon(plan: JobPlan) -> None:
     all) and its staging; the previous dataset is untouched."""
     try:
         committed = commit.read_committed(plan.config.output)
-        if plan.generation not in incremental.referenced_generations(committed):
+        if plan.generation not in integrity.referenced_generations(committed):
             io_utils.delete_tree(plan.data_dir)
         io_utils.delete_tree(plan.staging_dir)
     except Exception as e:  # noqa: BLE001 - the next run removes what is left (staging marker, lock held)
@@ -618,7 +599,7 @@ def _run_locked(config, options, incremental_run, log, progress_every_s, fs_opti
         log.event("nothing_to_do", generation=committed.generation if committed else None)
         return committed.to_dict()
     if (committed is not None and not plan.incremental
-            and incremental.referenced_generations(committed) == {plan.generation}):
+            and integrity.referenced_generations(committed) == {plan.generation}):
         LOG.info("%s already holds generation %s: nothing to do", config.output, plan.generation)
         print(f"pileprep: nothing to do: {config.output} already holds generation {plan.generation}", flush=True)
         log.event("nothing_to_do", generation=plan.generation)

@@ -166,7 +166,7 @@ def test_many_tiny_records_are_cut_into_bounded_chunks(tmp_path, tiny_tokenizer)
             tracemalloc.stop()
         # one chunk of at most unit_bytes / 256 records stays small; main's one chunk held all 21,000 records
         assert i > 0 or peak < 2 * MiB, f"one chunk's tokenize held {peak / MiB:.1f} MiB"
-    assert sum(u.stats["dead_lettered"].get("invalid_json", 0) for u in units) == 7_000
+    assert sum(u.stats.dead_lettered.get("invalid_json", 0) for u in units) == 7_000
     assert sum(u.n_docs for u in units) == 7_000
 
 

@@ -12,6 +12,8 @@ from typing import Iterable
 
 from apache_beam.io.filesystems import FileSystems
 
+from model_contract.hashing import fsync_directory
+
 
 def join(base: str, *parts: str) -> str:
     return FileSystems.join(base, *parts)
@@ -200,11 +202,7 @@ def replace_atomically(path: str, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_directory(directory)
 
 
 def fsync_files(paths) -> None:
@@ -221,11 +219,7 @@ def fsync_files(paths) -> None:
             os.close(fd)
         directories.add(os.path.dirname(os.path.abspath(path)))
     for directory in sorted(directories):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_directory(directory)
 
 
 def read_bytes(path: str) -> bytes:

@@ -6,14 +6,17 @@ silently, so read = written + filtered + dead-lettered reconciles exactly.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import re
-import struct
 from dataclasses import dataclass
 from typing import Sequence, Union
 
+from model_contract.hashing import hash64
 from transforms.io.read_records import excerpt_of
+
+# Keys of model_contract/hashing.py `hash64`: one per use, so a document's id, split and order are independent.
+ID_KEY = b"pileprep-doc"
+SPLIT_ORDER_KEY = b"pileprep-key"
 
 FILTERED = "filtered"
 DEAD_LETTER = "dead_letter"
@@ -42,9 +45,7 @@ def document_id(text: str) -> int:
     """63-bit content id of the text alone (DESIGN.md §7 "Document identity"): stable across runs, machines and
     file moves, and the same text under two sources is one document, so exact duplicates share it wherever they
     come from and can never be trained on twice or sit in two splits."""
-    h = hashlib.blake2b(digest_size=8, person=b"pileprep-doc")
-    h.update(text.encode("utf-8"))
-    return struct.unpack("<Q", h.digest())[0] >> 1
+    return hash64(ID_KEY, text.encode("utf-8")) >> 1
 
 
 def lookup_field(obj: dict, dotted: str, missing=None):
@@ -148,16 +149,9 @@ def _source_of(record: dict, source_fields: Sequence[str]) -> str:
 
 
 # ------------------------------------------------------------------------------------------ split + order
-def _hash64(*parts: bytes) -> int:
-    h = hashlib.blake2b(digest_size=8, person=b"pileprep-key")
-    for p in parts:
-        h.update(p)
-    return struct.unpack("<Q", h.digest())[0]
-
-
 def split_of(doc_id: int, val_fraction: float, test_fraction: float) -> int:
     """0 = train, 1 = val, 2 = test; a function of the document alone, so no document is in two splits."""
-    u = _hash64(b"split", doc_id.to_bytes(8, "little")) / 2.0 ** 64
+    u = hash64(SPLIT_ORDER_KEY, b"split", doc_id.to_bytes(8, "little")) / 2.0 ** 64
     if u < val_fraction:
         return 1
     if u < val_fraction + test_fraction:
@@ -195,7 +189,8 @@ SPLIT_SHIFT = 62  # a sort key holds the split in its top 2 bits and a seeded or
 
 def sort_key(doc_id: int, split: int, seed: int) -> int:
     """Seeded position of a document in its split: shards are contiguous ranges of this key."""
-    order = _hash64(b"order", seed.to_bytes(8, "little", signed=True), doc_id.to_bytes(8, "little"))
+    order = hash64(SPLIT_ORDER_KEY, b"order", seed.to_bytes(8, "little", signed=True),
+                   doc_id.to_bytes(8, "little"))
     return (split << SPLIT_SHIFT) | (order >> 2)
 
 

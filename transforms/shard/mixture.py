@@ -13,10 +13,10 @@ unrelated places of the shard, never side by side. A document with zero copies i
 """
 from __future__ import annotations
 
-import hashlib
 import math
-import struct
 from typing import Iterable, Iterator
+
+from model_contract.hashing import hash64
 
 DROPPED_REASON = "mixture_weight"
 
@@ -61,11 +61,7 @@ def parse_weights(spec: str) -> dict:
     return dict(sorted(weights.items()))
 
 
-def _hash64(*parts: bytes) -> int:
-    h = hashlib.blake2b(digest_size=8, person=b"pileprep-mix")
-    for p in parts:
-        h.update(p)
-    return struct.unpack("<Q", h.digest())[0]
+MIX_KEY = b"pileprep-mix"  # model_contract/hashing.py `hash64`'s key: independent of the split/order hash
 
 
 def copies(doc_id: int, weight: float, seed: int) -> int:
@@ -74,7 +70,8 @@ def copies(doc_id: int, weight: float, seed: int) -> int:
     frac = weight - whole
     if frac <= 0.0:
         return int(whole)
-    u = _hash64(b"keep", seed.to_bytes(8, "little", signed=True), doc_id.to_bytes(8, "little")) / 2.0 ** 64
+    u = hash64(MIX_KEY, b"keep", seed.to_bytes(8, "little", signed=True),
+               doc_id.to_bytes(8, "little")) / 2.0 ** 64
     return int(whole) + (1 if u < frac else 0)
 
 
@@ -82,8 +79,8 @@ def repeat_key(key: int, doc_id: int, repeat: int, seed: int, lo: int, hi: int) 
     """Sort key of copy `repeat`: the document's own key for the first, a seeded spot in [lo, hi) for others."""
     if repeat == 0:
         return key
-    h = _hash64(b"repeat", seed.to_bytes(8, "little", signed=True), doc_id.to_bytes(8, "little"),
-                repeat.to_bytes(4, "little"))
+    h = hash64(MIX_KEY, b"repeat", seed.to_bytes(8, "little", signed=True), doc_id.to_bytes(8, "little"),
+               repeat.to_bytes(4, "little"))
     return lo + h % (hi - lo)
 
 

@@ -38,21 +38,43 @@ def _never() -> None:
     """The default `check_cancelled`: a run driven from outside a pipeline is never cancelled."""
 
 
-def _new_file_stats() -> dict:
-    return {"read": 0, "written": 0, "filtered": {}, "dead_lettered": {}}
+@dataclass
+class FileStats:
+    """Record counts of (part of) one input file: every record read is written, filtered or dead-lettered,
+    each with a reason. Stages count what they settle; pipeline/shard/manifest_builder.py sums them per file
+    and checks read == written + filtered + dead-lettered before anything is committed."""
+    read: int = 0
+    written: int = 0
+    filtered: dict = field(default_factory=dict)  # reason -> count
+    dead_lettered: dict = field(default_factory=dict)  # reason -> count
 
+    def filter(self, reason: str, n: int = 1) -> None:
+        self.filtered[reason] = self.filtered.get(reason, 0) + n
 
-def _bump(counter: dict, reason: str, n: int = 1) -> None:
-    counter[reason] = counter.get(reason, 0) + n
+    def dead_letter(self, reason: str, n: int = 1) -> None:
+        self.dead_lettered[reason] = self.dead_lettered.get(reason, 0) + n
 
+    def settled(self) -> int:
+        return self.written + sum(self.filtered.values()) + sum(self.dead_lettered.values())
 
-def merge_file_stats(into: dict, other: dict) -> dict:
-    into["read"] += other["read"]
-    into["written"] += other["written"]
-    for kind in ("filtered", "dead_lettered"):
-        for reason, n in other[kind].items():
-            _bump(into[kind], reason, n)
-    return into
+    def merge(self, other: "FileStats") -> "FileStats":
+        self.read += other.read
+        self.written += other.written
+        for reason, n in other.filtered.items():
+            self.filter(reason, n)
+        for reason, n in other.dead_lettered.items():
+            self.dead_letter(reason, n)
+        return self
+
+    def to_dict(self) -> dict:
+        """The manifest's form (`records` and each `inputs` row; model_contract/manifest.py RecordCounts)."""
+        return {"read": self.read, "written": self.written, "filtered": dict(sorted(self.filtered.items())),
+                "dead_lettered": dict(sorted(self.dead_lettered.items()))}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "FileStats":
+        return cls(d.get("read", 0), d.get("written", 0), dict(d.get("filtered", {})),
+                   dict(d.get("dead_lettered", {})))
 
 
 def dead_letter_row(path: str, line: int, reason: str, excerpt: str, detail: str = "") -> dict:
@@ -82,7 +104,7 @@ class SplitResult:
     file_idx: int
     input_path: str
     chunks: list  # [ChunkRef]
-    stats: dict  # file stats for records this stage settled itself (damage)
+    stats: FileStats  # records this stage settled itself (damage)
     dead_letter_path: Optional[str]
 
 
@@ -97,7 +119,7 @@ def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir:
     called before each chunk and raises when the driver has given up on the run (pipeline/shard/cancel.py)."""
     chunks: list = []
     damages: list = []
-    stats = _new_file_stats()
+    stats = FileStats()
     writer: Optional[ChunkWriter] = None
     stream = None
 
@@ -118,8 +140,8 @@ def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir:
                  else iter_raw_records(f, compression_of(input_path), max_line_bytes, max_zstd_window_bytes))
         for item in items:
             if isinstance(item, FileDamage):
-                stats["read"] += 1
-                _bump(stats["dead_lettered"], item.reason)
+                stats.read += 1
+                stats.dead_letter(item.reason)
                 damages.append(dead_letter_row(input_path, item.line, item.reason, item.excerpt, item.detail))
                 continue
             if writer is None:
@@ -152,7 +174,7 @@ class UnitResult:
     token_dtype: str
     sources: list  # source names; index rows refer to them by position
     split_tokens: list  # tokens incl. EOS per split (train, val, test), before dedup
-    stats: dict  # file stats for this chunk's records (written is settled later by pack)
+    stats: FileStats  # this chunk's records (written is settled later by pack)
     dead_letter_path: Optional[str]
     source_stats: dict = field(default_factory=dict)  # transforms/shard/corpus_stats.py, before dedup
     # First index row of a held-out split (val, then test: the split is the sort key's top bits), so the global
@@ -181,7 +203,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
 
     `byte_mask`: corpus_stats.byte_piece_mask(sp), computed once per worker by the caller (it asks the model
     about every piece: ~30 ms per call with a 32k vocabulary, which per chunk would be ~1% of the job)."""
-    stats = _new_file_stats()
+    stats = FileStats()
     dead: list = []
     sources: list = []
     source_idx: dict = {}
@@ -216,7 +238,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
 
     with io_utils.open_read(chunk.chunk_path) as f:
         for line, data in iter_chunk(f):
-            stats["read"] += 1
+            stats.read += 1
             result = parse_record(data, settings.text_field, settings.source_fields)
             if isinstance(result, Document):
                 batch.append((line, result))
@@ -225,13 +247,13 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
                     flush()
                 continue
             if result.kind == DEAD_LETTER:
-                _bump(stats["dead_lettered"], result.reason)
+                stats.dead_letter(result.reason)
                 dead.append(dead_letter_row(chunk.input_path, line, result.reason, result.excerpt))
             else:
-                _bump(stats["filtered"], result.reason)
+                stats.filter(result.reason)
     flush()
-    if stats["read"] != chunk.records:  # the spill file lost records: fail loudly, never drop them
-        raise IOError(f"{chunk.chunk_path}: holds {stats['read']} records, the split stage wrote {chunk.records}")
+    if stats.read != chunk.records:  # the spill file lost records: fail loudly, never drop them
+        raise IOError(f"{chunk.chunk_path}: holds {stats.read} records, the split stage wrote {chunk.records}")
 
     index = np.zeros(len(rows), dtype=INDEX_DTYPE)
     if rows:

@@ -228,5 +228,6 @@ def test_inspect_and_verify_refuse_shard_paths_outside_the_dataset(built, tmp_pa
     (copy / "manifest.json").write_text(json.dumps(m))
     with pytest.raises(ContractError, match="outside|relative"):
         inspect(str(copy), examples=1)
-    rc, text = verify_cli(copy, capsys=capsys)
-    assert rc == 1 and bad_path in text
+    rc = cli_main(["verify", str(copy)])  # a manifest that fails its schema: one line, exit 2
+    err = capsys.readouterr().err
+    assert rc == 2 and bad_path in err and len(err.strip().splitlines()) == 1

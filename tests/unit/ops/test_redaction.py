@@ -1,0 +1,17 @@
+"""pipeline/ops/redaction.py: credentials never reach a message or a log record."""
+from __future__ import annotations
+
+import logging
+
+from pipeline.ops import redaction
+
+
+def test_redaction_removes_userinfo_from_messages_and_log_records():
+    from pipeline.ops.redaction import RedactingFilter, redact_userinfo
+
+    text = "cannot reach http://AKIA:s3cr3t@minio:9000/b and s3://u:p@h/x; fine: http://host/a@b"
+    assert redact_userinfo(text) == "cannot reach http://***@minio:9000/b and s3://***@h/x; fine: http://host/a@b"
+    record = logging.LogRecord("x", logging.WARNING, "f", 1, "endpoint %s failed", ("http://a:s3cr3t@h",), None)
+    RedactingFilter().filter(record)
+    assert "s3cr3t" not in record.getMessage() and "***@h" in record.getMessage()
+    assert "s3cr3t" not in redaction.redact("url http://a:s3cr3t@h")
