@@ -59,7 +59,14 @@ class ShardConfig:
         flag="--input", metavar="GLOB")
     output: str = option(help="dataset directory (local, EFS/FSx mount, or s3://bucket/prefix)", manifest=False,
                          metavar="DIR")
-    tokenizer: str = option(help="SentencePiece .model file", metavar="PATH.model")
+    tokenizer: str = option(help="tokenizer file, format read from its content: SentencePiece .model, HF "
+                            "tokenizer.json (or a directory holding one), tiktoken BPE file", metavar="PATH")
+    tokenizer_pattern: str = option("", "tiktoken file's split pattern: gpt2, cl100k, o200k or a regex",
+                                    metavar="NAME|REGEX")
+    special_tokens: str = option("", "tiktoken file's special tokens: 'TEXT=ID,...' or a JSON object",
+                                 metavar="SPEC")
+    eos_token: str = option("", "the token that ends every document (required when the tokenizer has no single "
+                            "obvious one, e.g. '<|endoftext|>')", metavar="TEXT")
     seq_len: int = option(2048, "tokens per example")
     num_shards: Optional[int] = option(None, "train shards (val/test get a proportional count, at least 1)",
                                        exclusive="size", metavar="N")
@@ -97,9 +104,10 @@ class ShardConfig:
         "paper's epochs), or both ('pile,Github=0.5'); unlisted sources weigh 1; train split only "
         "(transforms/shard/mixture.py)", metavar="SPEC")
     # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
-    tokenizer_backend: Literal["auto", "sentencepiece", "kitoken", "splintr"] = option(
-        "auto", "exact fast tokenizer path: auto uses splintr (else kitoken) on BPE models after id-for-id parity "
-        "with SentencePiece on the run's sample (transforms/tokenize/tokenizer_backends.py)", manifest=False)
+    tokenizer_backend: Literal["auto", "reference", "sentencepiece", "gigatoken", "kitoken", "splintr"] = option(
+        "auto", "exact fast tokenizer path: auto tries the fast backends (gigatoken, splintr, kitoken) after id-for-"
+        "id parity with the format's reference library on the run's sample; reference = that library "
+        "(transforms/tokenize/tokenizer_backends.py)", manifest=False)
     shuffle: Literal["auto", "files", "runner"] = option(
         "auto", "how tokenized documents reach their shard (docs/SHUFFLE.md): files = pack tasks read ranges of "
         "every unit's spill files; runner = the runner's GroupByKey moves per-shard pieces (for Dataflow, Flink, "
@@ -194,6 +202,9 @@ class ShardConfig:
                 d.pop(key)
         d["source_fields"] = list(self.source_fields)
         d["splits"] = list(SPLITS)
+        for key in ("tokenizer_pattern", "special_tokens", "eos_token"):  # absent when unused, as source_weights
+            if not d[key]:
+                d.pop(key)
         if not self.source_weights:  # absent when unused, so datasets built before the option keep their names
             d.pop("source_weights")
         else:

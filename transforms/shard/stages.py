@@ -159,6 +159,9 @@ class UnitResult:
     # dedup pass reads them with one ranged read, no search. tokenize_chunk always sets it; None (a unit built
     # by hand, as some tests do) makes the pass search the index instead.
     held_out_start: Optional[int] = None
+    # A fast tokenizer backend's spot check over this chunk (transforms/tokenize/tokenizer_backends.py): documents
+    # and bytes seen and re-encoded with the reference; empty with the reference itself.
+    spot_checked: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
     source_stats: dict = {}
     if byte_mask is None:
         byte_mask = corpus_stats.byte_piece_mask(sp)
+    spot_before = dict(getattr(sp, "counts", {}))
 
     def flush():
         nonlocal batch, batch_chars
@@ -263,8 +267,18 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
         dl_path = io_utils.join(data_dir, "dead_letter", name + ".jsonl")
         io_utils.write_jsonl(dl_path, dead)
     held_out_start = int(np.searchsorted(index["key"], np.uint64(1 << SPLIT_SHIFT))) if rows else 0
+    spot = {k: v - spot_before.get(k, 0) for k, v in getattr(sp, "counts", {}).items()}
     return UnitResult(name, chunk.file_idx, chunk.input_path, index_path, tokens_path, len(rows),
-                      token_dtype.str, sources, split_tokens, stats, dl_path, source_stats, held_out_start)
+                      token_dtype.str, sources, split_tokens, stats, dl_path, source_stats, held_out_start, spot)
+
+
+def spot_check_totals(units) -> dict:
+    """The fast backend's spot-check counts summed over a run's units (for the manifest's tokenizer_backend)."""
+    total: dict = {}
+    for unit in units:
+        for k, v in getattr(unit, "spot_checked", {}).items():
+            total[k] = total.get(k, 0) + v
+    return total
 
 
 # ------------------------------------------------------------------------------------------------ dedup

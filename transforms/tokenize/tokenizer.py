@@ -1,57 +1,113 @@
-"""Loading a SentencePiece model once per worker and describing it for the contract.
+"""Loading a tokenizer once per worker and describing it for the contract.
 
-The model is read through Beam's FileSystems (a local, EFS/FSx or s3:// path) so remote workers need no copy
-on disk. `describe` gives the contract's TokenizerInfo, including the sha256 that ties shards to the exact
-model file they were tokenized with.
+The file is read through Beam's FileSystems (a local, EFS/FSx or s3:// path) so remote workers need no copy
+on disk; its format (SentencePiece `.model`, HF tokenizer.json, tiktoken BPE) is detected from the content
+(transforms/tokenize/formats.py) and served by that format's own library (transforms/tokenize/references.py).
+`describe` gives the contract's TokenizerInfo, including the sha256 that ties shards to the exact file they were
+tokenized with, and everything needed to load it again (`options_from_info`).
 """
 from __future__ import annotations
 
 import hashlib
+import os
+from typing import Optional
 
 import numpy as np
 import sentencepiece as spm
 
 from model_contract import TokenizerInfo
+from transforms.tokenize import formats, references
+from transforms.tokenize.formats import TokenizerError, TokenizerOptions
+
+__all__ = ["TokenizerError", "TokenizerOptions"]
+HF_FILE_NAME = "tokenizer.json"  # what a directory given as --tokenizer must hold
 
 
-class TokenizerError(ValueError):
-    """The tokenizer model cannot be read or used."""
+def resolve_path(path: str) -> str:
+    """A directory (local, or any path ending in "/") stands for the tokenizer.json inside it."""
+    if path.endswith("/") or ("://" not in path and os.path.isdir(path)):
+        return path.rstrip("/") + "/" + HF_FILE_NAME
+    return path
 
 
 def read_model_bytes(path: str) -> bytes:
     from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415 - keep this module light to import
 
+    path = resolve_path(path)
     try:
-        with FileSystems.open(path) as f:
+        with FileSystems.open(path, compression_type="uncompressed") as f:
             return f.read()
     except Exception as e:  # noqa: BLE001 - any failure to read is reported as "cannot read the tokenizer"
-        raise TokenizerError(f"cannot read the tokenizer model at {path}: {e}") from None
+        raise TokenizerError(f"--tokenizer: cannot read the tokenizer file at {path}: {e}") from None
 
 
-def load_processor(model_bytes: bytes, origin: str = "<bytes>") -> spm.SentencePieceProcessor:
+def load_processor(model_bytes: bytes, origin: str = "<bytes>", options: Optional[TokenizerOptions] = None):
+    """The format's reference encoder for the file's bytes: a SentencePieceProcessor, or an HF / tiktoken
+    reference with the same methods (transforms/tokenize/references.py)."""
+    options = options or TokenizerOptions()
+    try:
+        kind = formats.detect(model_bytes)
+        if kind == formats.HF_JSON:
+            return references.HFReference(model_bytes, options)
+        if kind == formats.TIKTOKEN:
+            return references.TiktokenReference(model_bytes, options)
+    except formats.FormatError as e:
+        raise TokenizerError(f"--tokenizer {origin}: {e}") from None
     sp = spm.SentencePieceProcessor()
     try:
         sp.LoadFromSerializedProto(model_bytes)
-    except Exception as e:  # noqa: BLE001 - sentencepiece raises bare RuntimeError/OSError
-        raise TokenizerError(f"{origin} is not a SentencePiece model: {e}") from None
+    except Exception:  # noqa: BLE001 - sentencepiece raises bare RuntimeError/OSError with its internals
+        raise TokenizerError(f"--tokenizer {origin}: not a tokenizer file; --tokenizer takes "
+                             f"{formats.ACCEPTED}") from None
     if sp.get_piece_size() == 0:
-        raise TokenizerError(f"{origin} is a SentencePiece model with an empty vocabulary")
+        raise TokenizerError(f"--tokenizer {origin}: a SentencePiece model with an empty vocabulary")
+    if options.eos_token and sp.piece_to_id(options.eos_token) in (sp.unk_id(), -1) \
+            and options.eos_token != sp.id_to_piece(sp.unk_id()):
+        raise TokenizerError(f"--eos-token {options.eos_token!r} is not a piece of the SentencePiece model")
     return sp
 
 
-def describe(sp: spm.SentencePieceProcessor, model_bytes: bytes) -> TokenizerInfo:
-    eos = sp.eos_id()
+def options_of(config) -> TokenizerOptions:
+    """The shard config's tokenizer options (--tokenizer-pattern, --special-tokens, --eos-token)."""
+    return TokenizerOptions(pattern=getattr(config, "tokenizer_pattern", ""),
+                            special_tokens=getattr(config, "special_tokens", ""),
+                            eos_token=getattr(config, "eos_token", ""))
+
+
+def options_from_info(info: TokenizerInfo) -> TokenizerOptions:
+    """How to load the tokenizer a contract describes again (inspect, verify, retrieval show, workers)."""
+    special = ",".join(f"{t}={i}" for t, i in info.special_tokens.items()) if info.kind == formats.TIKTOKEN else ""
+    return TokenizerOptions(pattern=info.pattern, special_tokens=special, eos_token=info.eos_token)
+
+
+def load_for_info(model_bytes: bytes, info: TokenizerInfo, origin: str = "<bytes>"):
+    return load_processor(model_bytes, origin, options_from_info(info))
+
+
+def describe(sp, model_bytes: bytes, options: Optional[TokenizerOptions] = None) -> TokenizerInfo:
+    options = options or TokenizerOptions()
+    kind = references.format_of(sp)
+    if kind == formats.SENTENCEPIECE and options.eos_token:
+        eos, eos_token = sp.piece_to_id(options.eos_token), options.eos_token
+    else:
+        eos = sp.eos_id()
+        eos_token = getattr(sp, "eos_token", "") or (sp.id_to_piece(eos) if eos >= 0 else "")
     if eos < 0:
-        raise TokenizerError("the SentencePiece model has no EOS piece; pileprep ends every document with EOS")
+        raise TokenizerError("--tokenizer: the SentencePiece model has no EOS piece; pileprep ends every document "
+                             "with EOS (pass --eos-token TEXT)")
     pad = sp.pad_id()
     return TokenizerInfo(
-        kind="sentencepiece",
+        kind=kind,
         model_sha256=hashlib.sha256(model_bytes).hexdigest(),
         vocab_size=sp.get_piece_size(),
         bos_id=sp.bos_id(),
         eos_id=eos,
         pad_id=pad if pad >= 0 else 0,
         unk_id=sp.unk_id(),
+        eos_token=eos_token,
+        special_token_policy=formats.SPECIAL_TOKEN_POLICY,
+        special_tokens=references.special_tokens_of(sp),
+        pattern=getattr(sp, "pattern", ""),
     )
 
 
