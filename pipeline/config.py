@@ -88,6 +88,9 @@ class ShardConfig:
     max_line_mb: float = option(
         16.0, "longer input lines are dead-lettered (line_too_long); bounds reader and tokenizer memory: a "
         "document at the limit tokenizes within ~1.1 GB per worker (README, memory)", metavar="MB")
+    max_pretoken_mb: float = option(
+        16.0, "a long document is tokenized in exact pieces cut at spaces before words; a stretch longer than "
+        "this without one is dead-lettered (pretoken_too_long)", metavar="MB")
     max_zstd_window_mb: float = option(
         512.0, "largest zstd decompression window read (held in memory while a file is read; `zstd --long=N` "
         "files need 2^N bytes); files that need more are dead-lettered (zstd_window_too_large)", metavar="MB")
@@ -159,8 +162,8 @@ class ShardConfig:
                                 f"got {value!r}")
         if not 0.0 <= self.max_dead_letter_fraction <= 1.0:
             problems.append(f"--max-dead-letter-fraction must be in [0, 1], got {self.max_dead_letter_fraction}")
-        if self.unit_mb <= 0 or self.max_line_mb <= 0:
-            problems.append("--unit-mb and --max-line-mb must be positive")
+        if self.unit_mb <= 0 or self.max_line_mb <= 0 or self.max_pretoken_mb <= 0:
+            problems.append("--unit-mb, --max-line-mb and --max-pretoken-mb must be positive")
         if not 0 < self.max_zstd_window_mb <= ZSTD_MAX_WINDOW_MB:
             problems.append(f"--max-zstd-window-mb must be in (0, {ZSTD_MAX_WINDOW_MB}] (zstd's largest window), "
                             f"got {self.max_zstd_window_mb}")

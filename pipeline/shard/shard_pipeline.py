@@ -288,7 +288,8 @@ class TokenizeChunk(beam.DoFn):
         self.byte_mask = corpus_stats.byte_piece_mask(self.sp)
         cfg = self.plan.config
         self.settings = stages.TokenizeSettings(cfg.text_field, tuple(cfg.source_fields), cfg.val_fraction,
-                                                cfg.test_fraction, cfg.seed, self.plan.input_splits)
+                                                cfg.test_fraction, cfg.seed, self.plan.input_splits,
+                                                tokenizer.long_document_plan(self.sp, model_bytes, cfg))
 
     def process(self, chunk):
         unit = cancel.call(self._tokenize, chunk)

@@ -19,6 +19,7 @@ from model_contract import frame_examples
 from transforms.shard import corpus_stats, doc_ids, mixture
 from transforms.io import io_utils, read_parquet
 from transforms.tokenize import tokenizer
+from transforms.tokenize.long_documents import PRETOKEN_TOO_LONG
 from transforms.shard.documents import (DEAD_LETTER, HASHED, SPLIT_SHIFT, SPLITS, Document, assign_split, parse_record,
                                   shard_key_range, sort_key, split_wins)
 from transforms.shard.packing import pack_blocks
@@ -172,6 +173,7 @@ class TokenizeSettings:
     test_fraction: float
     seed: int
     input_splits: tuple = ()  # per file_idx: HASHED (train inputs) or the split a --val/--test-input goes to
+    long_documents: Optional[object] = None  # transforms/tokenize/long_documents.py: LongDocuments
 
     def input_split(self, file_idx: int) -> int:
         return self.input_splits[file_idx] if file_idx < len(self.input_splits) else HASHED
@@ -204,8 +206,12 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
         if not batch:
             return
         check_cancelled()  # between batches (~0.1 s of tokenizing each): see pipeline/shard/cancel.py
-        encoded = tokenizer.encode_batch(sp, [doc.text for _, doc in batch])
+        encoded = tokenizer.encode_batch(sp, [doc.text for _, doc in batch], settings.long_documents)
         for (line, doc), ids in zip(batch, encoded):
+            if ids is None:  # a stretch over --max-pretoken-mb without a piece boundary (long_documents.py)
+                _bump(stats["dead_lettered"], PRETOKEN_TOO_LONG)
+                dead.append(dead_letter_row(chunk.input_path, line, PRETOKEN_TOO_LONG, doc.text[:200]))
+                continue
             arr = np.asarray(ids)  # int32 from the tokenizer on
             if arr.size and int(arr.max()) > max_id:
                 raise ValueError(f"token id {int(arr.max())} does not fit the spill dtype {token_dtype}")

@@ -12,6 +12,8 @@ as whitespace runs, are vocabulary and still are) and without the post-processor
 """
 from __future__ import annotations
 
+import json
+
 from transforms.tokenize import formats
 
 
@@ -28,6 +30,8 @@ class HFReference:
         except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on a malformed file
             raise formats.FormatError(f"an HF tokenizer.json that HF tokenizers cannot load: {str(e)[:200]}") from None
         self._tok.encode_special_tokens = True
+        spec = json.loads(data)  # what transforms/tokenize/long_documents.py checks before cutting a document
+        self.spec = {"normalizer": spec.get("normalizer"), "pre_tokenizer": spec.get("pre_tokenizer")}
         self.special = {t.content: i for i, t in sorted(self._tok.get_added_tokens_decoder().items()) if t.special}
         self.eos_token, self._eos = formats.pick_eos(self.special, options.eos_token, self._tok.token_to_id)
         self.pattern = ""

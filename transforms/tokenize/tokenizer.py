@@ -16,7 +16,7 @@ import numpy as np
 import sentencepiece as spm
 
 from model_contract import TokenizerInfo
-from transforms.tokenize import formats, references
+from transforms.tokenize import formats, long_documents, references
 from transforms.tokenize.formats import TokenizerError, TokenizerOptions
 
 __all__ = ["TokenizerError", "TokenizerOptions"]
@@ -74,6 +74,13 @@ def options_of(config) -> TokenizerOptions:
                             eos_token=getattr(config, "eos_token", ""))
 
 
+def long_document_plan(sp, model_bytes: bytes, config) -> "long_documents.LongDocuments":
+    """How a worker encodes long documents: in exact pieces where the format allows (long_documents.py)."""
+    mb = getattr(config, "max_pretoken_mb", None)
+    limit = int(mb * (1 << 20)) if mb else long_documents.DEFAULT_MAX_PRETOKEN_CHARS
+    return long_documents.plan(sp, model_bytes, limit)
+
+
 def options_from_info(info: TokenizerInfo) -> TokenizerOptions:
     """How to load the tokenizer a contract describes again (inspect, verify, retrieval show, workers)."""
     special = ",".join(f"{t}={i}" for t, i in info.special_tokens.items()) if info.kind == formats.TIKTOKEN else ""
@@ -124,11 +131,29 @@ TOKEN_ID_DTYPE = np.dtype(np.int32)  # SentencePiece ids are int32 in its own AP
 FAST_BACKEND_MAX_CHARS = 1 << 20
 
 
-def encode_batch(sp, texts: list) -> list:
+def encode_batch(sp, texts: list, long_docs: Optional["long_documents.LongDocuments"] = None) -> list:
     """Token ids of each text as an int32 array, exactly `sp.encode(text)`; one thread, because Beam workers are
-    the parallelism. `sp` is a SentencePieceProcessor or a fast backend with the same `encode` and a `reference`
-    SentencePieceProcessor, which encodes the texts above FAST_BACKEND_MAX_CHARS. Each Python list is swapped
-    for its array as soon as it is converted, so the lists of a batch are not all alive beside their arrays."""
+    the parallelism. `sp` is a format's reference encoder or a fast backend with the same `encode` and a
+    `reference`, which encodes the texts above FAST_BACKEND_MAX_CHARS. Each Python list is swapped for its array
+    as soon as it is converted, so the lists of a batch are not all alive beside their arrays.
+
+    With `long_docs` exact (transforms/tokenize/long_documents.py), a text above its piece size is encoded in
+    pieces by `sp` itself, the same ids in memory bounded by the piece; None stands for a text with a stretch
+    longer than --max-pretoken-mb without a piece boundary (the caller dead-letters it, `pretoken_too_long`)."""
+    if long_docs is not None and long_docs.exact and any(len(t) > long_docs.piece_chars for t in texts):
+        out: list = [None] * len(texts)
+        short = [i for i, t in enumerate(texts) if len(t) <= long_docs.piece_chars]
+        for i, ids in zip(short, encode_batch(sp, [texts[i] for i in short])):
+            out[i] = ids
+        for i, text in enumerate(texts):
+            if len(text) > long_docs.piece_chars:
+                try:
+                    out[i] = long_documents.encode_in_pieces(
+                        lambda piece: sp.encode([piece], out_type=int, num_threads=1)[0], text,
+                        long_docs.dummy_prefix, long_docs.piece_chars, long_docs.max_pretoken_chars)
+                except long_documents.PretokenTooLong:
+                    out[i] = None
+        return out
     reference = getattr(sp, "reference", None)
     if reference is not None and any(len(t) > FAST_BACKEND_MAX_CHARS for t in texts):
         encoded = [(reference if len(t) > FAST_BACKEND_MAX_CHARS else sp).encode([t], out_type=int, num_threads=1)[0]

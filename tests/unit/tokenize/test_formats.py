@@ -8,23 +8,11 @@ import pytest
 import sentencepiece as spm
 
 from model_contract import DataContract, TokenizerInfo
-from pipeline.tools.sample_corpus import write_sample_corpus
-from pipeline.tools.tokenizer_train import tiktoken_path_for, train_hf_bpe
+from pipeline.tools.tokenizer_train import tiktoken_path_for
 from tests.conftest import shared_data, stdlib_texts
 from transforms.tokenize import formats, references, tokenizer
 from transforms.tokenize import tokenizer_backends as tb
 from transforms.tokenize.formats import TokenizerOptions
-
-
-@pytest.fixture(scope="module")
-def hf_bpe(tmp_path_factory):
-    """A byte-level BPE tokenizer.json (GPT-NeoX settings) and its tiktoken file, trained here."""
-    corpus = tmp_path_factory.mktemp("corpus")
-    write_sample_corpus(str(corpus), target_mb=1)
-    out = tmp_path_factory.mktemp("hf") / "tokenizer.json"
-    summary = train_hf_bpe([f"{corpus}/train/*.jsonl.zst"], str(out), 700, max_sentences=600,
-                           max_sentence_chars=1024)
-    return out, summary
 
 
 def _texts() -> list:
