@@ -24,15 +24,16 @@ import io
 import json
 import os
 import sys
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from transforms.tokenize import references, tokenizer  # noqa: E402
 from transforms.tokenize import tokenizer_backends as tb  # noqa: E402
+from transforms.tokenize.formats import TokenizerOptions  # noqa: E402
 
 EDGE_CASES = [
-    "<s>hello</s> <unk> <pad> [INST] x", "<0x0A> <0x41>", "\u200b\ufeff\U0001f600 ünïcödé\r\n\t",
+    "<s>hello</s> <unk> <pad> [INST] x", "<|endoftext|> x<|padding|>y <|endoftext|><|endoftext|>", "<0x0A> <0x41>", "\u200b\ufeff\U0001f600 ünïcödé\r\n\t",
     "日本語のテキスト、中文文本，한국어", "\x00\x01\x07\x1b[31m\x7f", "a\u00a0b\u2009c\u3000d", "ﬁ ① ｆｕｌｌ",
     "", " ", "  ", "\n", "\r\n\r\n", "▁▁x ▁", "\t\t  \n  x  ", "e\u0301 é", "🏳️‍🌈👨‍👩‍👧", "\ud7ff\ue000\U0010ffff",
 ]
@@ -79,114 +80,85 @@ def _rate(fn, texts, tokens: int, repeat: int = 2) -> tuple:
     return tokens / wall, tokens / cpu
 
 
-def _two_threads(per_doc):
-    def run(texts):
-        halves = [texts[0::2], texts[1::2]]
-        threads = [threading.Thread(target=lambda h=h: [per_doc(t) for t in h]) for h in halves]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    return run
+def _encoders(data: bytes, ref) -> dict:
+    """Every fast backend that loads this tokenizer (the job's classes, spot checks off)."""
+    out = {}
+    kind = references.format_of(ref)
+    for name, (cls, _dist) in tb._ENCODERS.items():  # noqa: SLF001 - the job's own table of backends
+        if (name, kind) not in tb.SPOT_CHECK_EVERY:
+            continue
+        try:
+            out[name] = cls(data, ref, spot_check_every=0)
+        except Exception as e:  # noqa: BLE001 - report and go on
+            print(f"  {name}: cannot load ({e})")
+    return out
 
 
-def _two_threads_batch(batch_fn, size: int = 64):
-    def run(texts):
-        halves = [texts[0::2], texts[1::2]]
-
-        def work(h):
-            for i in range(0, len(h), size):
-                batch_fn(h[i:i + size])
-        threads = [threading.Thread(target=work, args=(h,)) for h in halves]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    return run
+def bench_one(path: str, options: TokenizerOptions, texts: list, time_docs: int, repeat: int) -> dict:
+    """Parity of every backend with the format's reference on all `texts`, then tokens/s per thread of the
+    reference and of each backend (the job's call: `encode` on batches of 64 documents) on `time_docs` of them."""
+    data = tokenizer.read_model_bytes(path)
+    ref = tokenizer.load_processor(data, path, options)
+    kind = references.format_of(ref)
+    t0 = time.perf_counter()
+    want = [tb._as_list(w) for w in ref.encode(texts, out_type=int, num_threads=os.cpu_count() or 1)]
+    print(f"{path} ({kind}, vocabulary {ref.get_piece_size():,}): reference {tb.REFERENCE_NAMES[kind]}; "
+          f"{len(texts):,} documents, {sum(map(len, want)):,} tokens ({time.perf_counter() - t0:.1f} s)")
+    encoders = _encoders(data, ref)
+    result = {"tokenizer": path, "format": kind, "documents": len(texts), "backends": {}}
+    for name, enc in encoders.items():
+        bad = [i for i, t in enumerate(texts) if tb._as_list(enc.encode(t)) != want[i]]
+        result["backends"][name] = {"mismatching_documents": len(bad)}
+        print(f"  {name}: {len(bad):,} of {len(texts):,} documents differ from {tb.REFERENCE_NAMES[kind]}"
+              + (f": {[texts[i][:60] for i in bad[:5]]}" if bad else ""))
+    step = max(1, len(texts) // max(time_docs, 1)) if time_docs else 1
+    sub, sub_want = texts[::step][:time_docs or None], want[::step][:time_docs or None]
+    tokens = sum(map(len, sub_want))
+    runs = {f"{tb.REFERENCE_NAMES[kind]} (reference), per document": lambda ts: [ref.encode(t) for t in ts]}
+    for name, enc in encoders.items():
+        runs[f"{name} (the job's call), batches of 64"] = (
+            lambda ts, enc=enc: [enc.encode(ts[i:i + 64]) for i in range(0, len(ts), 64)])
+    print(f"  timing on {len(sub):,} documents, {tokens:,} tokens, 1 thread")
+    print(f"  {'':48s} {'M tok/s':>8s} {'ratio':>6s} {'M tok/CPU-s':>12s} {'ratio':>6s}")
+    base = None
+    for label, fn in runs.items():
+        wall, cpu = _rate(fn, sub, tokens, repeat)
+        base = base or (wall, cpu)
+        print(f"  {label:48s} {wall / 1e6:8.2f} {wall / base[0]:6.2f} {cpu / 1e6:12.2f} {cpu / base[1]:6.2f}")
+        name = label.split(" ")[0]
+        if name in result["backends"]:
+            result["backends"][name].update(ratio_wall=round(wall / base[0], 2), ratio_cpu=round(cpu / base[1], 2))
+        else:
+            result["reference_tokens_per_s"] = round(wall)
+    return result
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", required=True)
+    p.add_argument("--tokenizer", nargs="+", required=True, help="tokenizer files (any format pileprep reads)")
+    p.add_argument("--tokenizer-pattern", default="", help="for tiktoken files")
+    p.add_argument("--special-tokens", default="", help="for tiktoken files")
     p.add_argument("--inputs", nargs="+", required=True)
     p.add_argument("--max-chars", type=int, default=1 << 20, help="skip longer texts (FAST_BACKEND_MAX_CHARS)")
-    p.add_argument("--time-docs", type=int, default=0, help="time on this many documents, evenly spread (0: all)")
-    p.add_argument("--skip-parity", action="store_true", help="timings only (parity shown on the timing subset)")
+    p.add_argument("--time-docs", type=int, default=1000, help="time on this many documents, evenly spread (0: all)")
     p.add_argument("--repeat", type=int, default=2, help="best of this many timings")
     p.add_argument("--paragraphs", type=int, default=4000,
                    help="also this many paragraphs of the documents as documents of their own (short documents, "
                         "each with its own start: the dummy prefix), evenly spread")
+    p.add_argument("--json", default="", help="write the figures here too")
     args = p.parse_args()
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=args.model)
-    model_bytes = open(args.model, "rb").read()
     texts = load_texts(args.inputs)
     paragraphs = [p for t in texts for p in t.split("\n\n") if p.strip()]
     step = max(1, len(paragraphs) // max(args.paragraphs, 1))
     texts = list(dict.fromkeys(texts + paragraphs[::step][:args.paragraphs]))
     texts = [t for t in texts if len(t) <= args.max_chars]
-    if args.skip_parity and args.time_docs:
-        step = max(1, len(texts) // args.time_docs)
-        texts = texts[::step][:args.time_docs]
-    want = [sp.encode(t, out_type=int) for t in texts]
-    tokens = sum(map(len, want))
-    print(f"{len(texts):,} documents, {sum(map(len, texts)):,} characters, {tokens:,} tokens")
-
-    encoders = {}
-    for name, cls in (("splintr", tb.SplintrEncoder), ("kitoken", tb.KitokenEncoder)):
-        try:
-            encoders[name] = cls(model_bytes, sp, spot_check_every=0)
-        except Exception as e:  # noqa: BLE001 - report and go on
-            print(f"{name}: cannot load ({e})")
-    for name, enc in encoders.items():
-        bad = [i for i, t in enumerate(texts) if tb._as_list(enc.encode(t)) != want[i]]
-        print(f"{name}: {len(texts) - len(bad):,}/{len(texts):,} documents identical to sp.encode"
-              + (f"; differs on {[texts[i][:60] for i in bad[:5]]}" if bad else ""))
-
-    if args.time_docs:
-        step = max(1, len(texts) // args.time_docs)
-        want, texts = want[::step][:args.time_docs], texts[::step][:args.time_docs]
-        tokens = sum(map(len, want))
-        print(f"timing on {len(texts):,} documents, {tokens:,} tokens")
-    print(f"RAYON_NUM_THREADS={os.environ.get('RAYON_NUM_THREADS', '(unset: one per CPU)')}, {os.cpu_count()} CPUs")
-    runs = {"sentencepiece, per doc, 1 thread": lambda ts: [sp.encode(t, out_type=int) for t in ts],
-            "sentencepiece, 2 Python threads": _two_threads(lambda t: sp.encode(t, out_type=int))}
-    if "splintr" in encoders:
-        enc = encoders["splintr"]
-        s = enc._tok
-
-        def cold(fn):  # splintr keeps a fixed-size chunk cache: each timing starts empty, as a worker does
-            return lambda ts: (s.clear_cache(), fn(ts))
-        runs["splintr SplintrEncoder.encode (the job's call), 1 thread"] = cold(
-            lambda ts: [enc.encode(ts[i:i + 64]) for i in range(0, len(ts), 64)])
-        runs["splintr SplintrEncoder.encode, 2 Python threads"] = cold(_two_threads_batch(enc.encode))
-        runs["splintr encode_ordinary (list of ints), 1 thread"] = cold(lambda ts: [s.encode_ordinary(t) for t in ts])
-        runs["splintr encode_ordinary, 2 Python threads"] = cold(_two_threads(s.encode_ordinary))
-        runs["splintr encode_batch_flat of 64 docs (rayon)"] = cold(
-            lambda ts: [s.encode_batch_flat(ts[i:i + 64]) for i in range(0, len(ts), 64)])
-        runs["splintr encode_batch_flat of 64, 2 Python threads"] = cold(_two_threads_batch(s.encode_batch_flat))
-        try:  # splintr's own SentencePiece class, for comparison: exact, but no faster than SentencePiece
-            import splintr
-
-            pieces = tb.model_pieces(model_bytes)
-            spm_tok = splintr.SpmTokenizer([p for p, _s, _k in pieces], [x for _p, x, _k in pieces], None, None)
-            bad = sum(spm_tok.encode_ordinary(t) != w for t, w in zip(texts, want))
-            print(f"splintr SpmTokenizer: {len(texts) - bad:,}/{len(texts):,} documents identical (timing subset)")
-            runs["splintr SpmTokenizer.encode_ordinary, 1 thread"] = lambda ts: [spm_tok.encode_ordinary(t) for t in ts]
-            runs["splintr SpmTokenizer.encode_ordinary, 2 Python threads"] = _two_threads(spm_tok.encode_ordinary)
-        except (ImportError, ValueError) as e:
-            print(f"splintr SpmTokenizer: not measured ({e})")
-    if "kitoken" in encoders:
-        k = encoders["kitoken"]._kt
-        runs["kitoken, per doc, 1 thread"] = lambda ts: [k.encode(t, False) for t in ts]
-        runs["kitoken, 2 Python threads"] = _two_threads(lambda t: k.encode(t, False))
-    ref = None
-    print(f"{'':58s} {'M tok/s':>8s} {'ratio':>6s} {'M tok/CPU-s':>12s} {'ratio':>6s}")
-    for label, fn in runs.items():
-        wall, cpu = _rate(fn, texts, tokens, args.repeat)
-        ref = ref or (wall, cpu)
-        print(f"{label:58s} {wall / 1e6:8.2f} {wall / ref[0]:6.2f} {cpu / 1e6:12.2f} {cpu / ref[1]:6.2f}")
+    results = []
+    for path in args.tokenizer:
+        options = TokenizerOptions(args.tokenizer_pattern, args.special_tokens)
+        results.append(bench_one(path, options, texts, args.time_docs, args.repeat))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

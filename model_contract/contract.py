@@ -9,7 +9,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-CONTRACT_VERSION = "1.1"  # 1.1: retrieval sidecars (model_contract/retrieval.py); shard features unchanged
+# 1.1: retrieval sidecars (model_contract/retrieval.py); shard features unchanged.
+# 1.2: the tokenizer's format (SentencePiece, HF tokenizer.json, tiktoken), EOS text, special-token policy and
+#      tiktoken's pattern/special tokens in TokenizerInfo; the dead-letter reason `pretoken_too_long`. A 1.1 reader
+#      ignores the new fields (TokenizerInfo.from_dict reads the fields it knows).
+CONTRACT_VERSION = "1.2"
 SUPPORTED_MAJOR = 1
 
 # Feature names. segment_ids: 0 = padding, 1..n = n-th document piece in the example; positions: position
@@ -63,20 +67,30 @@ class FeatureSpec:
 
 @dataclass(frozen=True)
 class TokenizerInfo:
-    kind: str  # "sentencepiece"
-    model_sha256: str
+    kind: str  # the file's format: "sentencepiece", "hf-tokenizer-json" or "tiktoken"
+    model_sha256: str  # of the tokenizer file (a directory's tokenizer.json)
     vocab_size: int
     bos_id: int
-    eos_id: int
+    eos_id: int  # the end-of-document id the job appends after every document
     pad_id: int  # the id written into padding positions (segment_ids == 0 marks them)
     unk_id: int
+    # 1.2 (absent in 1.1 contracts: the defaults are what 1.1 data was, a SentencePiece model)
+    eos_token: str = ""  # the text of eos_id in the vocabulary
+    special_token_policy: str = "text"  # special tokens written in a document are encoded as its text
+    special_tokens: dict = dataclasses.field(default_factory=dict, hash=False)  # {text: id} of control tokens
+    pattern: str = ""  # tiktoken: the split regex (the file does not carry it)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "TokenizerInfo":
-        return cls(**{f.name: d[f.name] for f in dataclasses.fields(cls)})
+        fields = dataclasses.fields(cls)
+        missing = [f.name for f in fields if f.default is dataclasses.MISSING
+                   and f.default_factory is dataclasses.MISSING and f.name not in d]
+        if missing:
+            raise ContractError(f"the contract's tokenizer lacks {', '.join(missing)}")
+        return cls(**{f.name: d[f.name] for f in fields if f.name in d})
 
 
 @dataclass(frozen=True)

@@ -149,9 +149,9 @@ def cmd_sample(args, _beam_args) -> int:
 
 
 def cmd_tokenizer_train(args, _beam_args) -> int:
-    from pipeline.tools.tokenizer_train import train_tokenizer  # noqa: PLC0415
+    from pipeline.tools.tokenizer_train import train  # noqa: PLC0415
 
-    print(json.dumps(train_tokenizer(args.input, args.output, args.vocab_size), indent=1, sort_keys=True))
+    print(json.dumps(train(args.kind, args.input, args.output, args.vocab_size), indent=1, sort_keys=True))
     return 0
 
 
@@ -243,10 +243,13 @@ def build_parser() -> argparse.ArgumentParser:
     _verbosity(tok, top=False)
     tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="COMMAND", parser_class=Parser)
     train = _subcommand(tok_sub, "train", cmd_tokenizer_train,
-                        "train a SentencePiece model (byte fallback) on a corpus sample")
+                        "train a SentencePiece model (byte fallback) or an HF byte-level BPE on a corpus sample")
     train.add_argument("--input", nargs="+", required=True, metavar="GLOB", help="corpus files or globs")
-    train.add_argument("--output", required=True, metavar="PATH.model", help="where to write the model")
+    train.add_argument("--output", required=True, metavar="PATH", help="where to write the model (.model or .json)")
     train.add_argument("--vocab-size", type=int, default=8000, help="vocabulary size")
+    train.add_argument("--kind", choices=("sentencepiece", "hf-bpe"), default="sentencepiece",
+                       help="sentencepiece: a .model; hf-bpe: an HF byte-level BPE tokenizer.json (GPT-NeoX "
+                            "settings) and a .tiktoken file of the same merges beside it")
 
     s3_help = "For s3:// datasets, Beam's S3 options may follow: --s3_endpoint_url=URL --s3_region_name=NAME ..."
     inspect = _subcommand(sub, "inspect", cmd_inspect,

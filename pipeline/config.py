@@ -59,7 +59,14 @@ class ShardConfig:
         flag="--input", metavar="GLOB")
     output: str = option(help="dataset directory (local, EFS/FSx mount, or s3://bucket/prefix)", manifest=False,
                          metavar="DIR")
-    tokenizer: str = option(help="SentencePiece .model file", metavar="PATH.model")
+    tokenizer: str = option(help="tokenizer file, format read from its content: SentencePiece .model, HF "
+                            "tokenizer.json (or a directory holding one), tiktoken BPE file", metavar="PATH")
+    tokenizer_pattern: str = option("", "tiktoken file's split pattern: gpt2, cl100k, o200k or a regex",
+                                    metavar="NAME|REGEX")
+    special_tokens: str = option("", "tiktoken file's special tokens: 'TEXT=ID,...' or a JSON object",
+                                 metavar="SPEC")
+    eos_token: str = option("", "the token that ends every document (required when the tokenizer has no single "
+                            "obvious one, e.g. '<|endoftext|>')", metavar="TEXT")
     seq_len: int = option(2048, "tokens per example")
     num_shards: Optional[int] = option(None, "train shards (val/test get a proportional count, at least 1)",
                                        exclusive="size", metavar="N")
@@ -81,6 +88,9 @@ class ShardConfig:
     max_line_mb: float = option(
         16.0, "longer input lines are dead-lettered (line_too_long); bounds reader and tokenizer memory: a "
         "document at the limit tokenizes within ~1.1 GB per worker (README, memory)", metavar="MB")
+    max_pretoken_mb: float = option(
+        16.0, "a long document is tokenized in exact pieces cut at spaces before words; a stretch longer than "
+        "this without one is dead-lettered (pretoken_too_long)", metavar="MB")
     max_zstd_window_mb: float = option(
         512.0, "largest zstd decompression window read (held in memory while a file is read; `zstd --long=N` "
         "files need 2^N bytes); files that need more are dead-lettered (zstd_window_too_large)", metavar="MB")
@@ -97,9 +107,10 @@ class ShardConfig:
         "paper's epochs), or both ('pile,Github=0.5'); unlisted sources weigh 1; train split only "
         "(transforms/shard/mixture.py)", metavar="SPEC")
     # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
-    tokenizer_backend: Literal["auto", "sentencepiece", "kitoken", "splintr"] = option(
-        "auto", "exact fast tokenizer path: auto uses splintr (else kitoken) on BPE models after id-for-id parity "
-        "with SentencePiece on the run's sample (transforms/tokenize/tokenizer_backends.py)", manifest=False)
+    tokenizer_backend: Literal["auto", "reference", "sentencepiece", "gigatoken", "kitoken", "splintr"] = option(
+        "auto", "exact fast tokenizer path: auto tries the fast backends (gigatoken, splintr, kitoken) after id-for-"
+        "id parity with the format's reference library on the run's sample; reference = that library "
+        "(transforms/tokenize/tokenizer_backends.py)", manifest=False)
     shuffle: Literal["auto", "files", "runner"] = option(
         "auto", "how tokenized documents reach their shard (docs/SHUFFLE.md): files = pack tasks read ranges of "
         "every unit's spill files; runner = the runner's GroupByKey moves per-shard pieces (for Dataflow, Flink, "
@@ -151,8 +162,8 @@ class ShardConfig:
                                 f"got {value!r}")
         if not 0.0 <= self.max_dead_letter_fraction <= 1.0:
             problems.append(f"--max-dead-letter-fraction must be in [0, 1], got {self.max_dead_letter_fraction}")
-        if self.unit_mb <= 0 or self.max_line_mb <= 0:
-            problems.append("--unit-mb and --max-line-mb must be positive")
+        if self.unit_mb <= 0 or self.max_line_mb <= 0 or self.max_pretoken_mb <= 0:
+            problems.append("--unit-mb, --max-line-mb and --max-pretoken-mb must be positive")
         if not 0 < self.max_zstd_window_mb <= ZSTD_MAX_WINDOW_MB:
             problems.append(f"--max-zstd-window-mb must be in (0, {ZSTD_MAX_WINDOW_MB}] (zstd's largest window), "
                             f"got {self.max_zstd_window_mb}")
@@ -194,6 +205,9 @@ class ShardConfig:
                 d.pop(key)
         d["source_fields"] = list(self.source_fields)
         d["splits"] = list(SPLITS)
+        for key in ("tokenizer_pattern", "special_tokens", "eos_token"):  # absent when unused, as source_weights
+            if not d[key]:
+                d.pop(key)
         if not self.source_weights:  # absent when unused, so datasets built before the option keep their names
             d.pop("source_weights")
         else:

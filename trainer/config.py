@@ -126,7 +126,8 @@ class DataConfig:
     verify_crc: bool = opt(True, "check every record's CRCs", cli=False)
     verify_data: bool = opt(False, "check every shard's sha256 against the manifest before training (hashed "
                                    "once per shard per node, split over the node's ranks)")
-    tokenizer: Optional[str] = opt(None, "pin the tokenizer: a SentencePiece model file or its sha256; "
+    tokenizer: Optional[str] = opt(None, "pin the tokenizer: its file (.model, .tiktoken, tokenizer.json or its "
+                                         "directory) or its sha256; "
                                          "refused when the data was tokenized with another")
     index_dir: Optional[str] = opt(None, "where shard record offsets are cached (default: "
                                          "<checkpoint-dir>/offsets, else a per-user temp directory)")

@@ -57,11 +57,14 @@ class DataIntegrityError(ValueError):
 
 # ------------------------------------------------------------------------------------------ contract
 def tokenizer_pin(value: Optional[str]) -> Optional[str]:
-    """--tokenizer: a sha256 as given, or the sha256 of the model file it names."""
+    """--tokenizer: a sha256 as given, or the sha256 of the tokenizer file it names (any format: SentencePiece
+    .model, tiktoken file, tokenizer.json, or a directory holding one, as transforms/tokenize/tokenizer.py reads)."""
     if not value:
         return None
     if len(value) == 64 and all(c in "0123456789abcdef" for c in value.lower()):
         return value.lower()
+    if os.path.isdir(value):
+        value = os.path.join(value, "tokenizer.json")
     if not os.path.isfile(value):
         raise ValueError(f"--tokenizer {value}: neither a file nor a sha256")
     with open(value, "rb") as f:

@@ -32,7 +32,7 @@ def show(dataset: str, db: str, sidecar: str, example: int = 0, chunk=None) -> s
         f"  storage: sidecar {r['storage']['sidecar_bytes']:,} B = {r['storage']['ratio_to_shards']:.2f}x the shards "
         f"({r['storage']['token_dtype']} token ids)",
     ]
-    sp = tokenizer.load_processor(tokenizer.read_model_bytes(data.config["tokenizer"]))
+    sp = tokenizer.load_for_info(tokenizer.read_model_bytes(data.config["tokenizer"]), data.contract.tokenizer)
     shard, side_shard = data.shards[0], side.shards[0]
     base_d, base_s = dataset.rstrip("/"), sidecar.rstrip("/")
     rec = next(x for i, x in enumerate(read_records(f"{base_d}/{shard.path}")) if i == example)

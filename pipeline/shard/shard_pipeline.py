@@ -154,8 +154,9 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
         LOG.warning("%s", warning)
     skipped = guards.skipped_inputs(tuple(config.inputs) + tuple(config.val_inputs) + tuple(config.test_inputs))
     model_bytes = tokenizer.read_model_bytes(config.tokenizer)
-    sp = tokenizer.load_processor(model_bytes, config.tokenizer)
-    contract = DataContract.for_tokens(config.seq_len, tokenizer.describe(sp, model_bytes))
+    sp = tokenizer.load_processor(model_bytes, config.tokenizer, tokenizer.options_of(config))
+    contract = DataContract.for_tokens(config.seq_len,
+                                       tokenizer.describe(sp, model_bytes, tokenizer.options_of(config)))
     previous = commit.read_committed(config.output)
     if incremental_run and previous is not None:
         incremental.check_compatible(previous, contract.to_dict(), config.to_manifest_dict())
@@ -221,7 +222,7 @@ def _parity_sample(config: ShardConfig, paths: list) -> list:
         # texts above FAST_BACKEND_MAX_CHARS are always encoded by SentencePiece itself: no parity to check
         return doc.text if isinstance(doc, Document) and len(doc.text) <= tokenizer.FAST_BACKEND_MAX_CHARS else None
 
-    if config.tokenizer_backend == "sentencepiece":
+    if config.tokenizer_backend in ("sentencepiece", "reference"):
         return []
     return tokenizer_backends.sample_documents(paths, config.text_field, config.seed, read=read, parse=parse)
 
@@ -270,14 +271,15 @@ class TokenizeChunk(beam.DoFn):
     def setup(self):
         self.plan.setup_worker()
         model_bytes = self.plan.tokenizer_model()
-        sp = tokenizer.load_processor(model_bytes, self.plan.config.tokenizer)
+        sp = tokenizer.load_processor(model_bytes, self.plan.config.tokenizer, tokenizer.options_of(self.plan.config))
         self.sp = sp if self.plan.tokenizer_backend is None else tokenizer_backends.make_encoder(
             self.plan.tokenizer_backend, model_bytes, sp)
         self.dtype = tokenizer.token_dtype(self.plan.contract.tokenizer.vocab_size)
         self.byte_mask = corpus_stats.byte_piece_mask(self.sp)
         cfg = self.plan.config
         self.settings = stages.TokenizeSettings(cfg.text_field, tuple(cfg.source_fields), cfg.val_fraction,
-                                                cfg.test_fraction, cfg.seed, self.plan.input_splits)
+                                                cfg.test_fraction, cfg.seed, self.plan.input_splits,
+                                                tokenizer.long_document_plan(self.sp, model_bytes, cfg))
 
     def process(self, chunk):
         unit = cancel.call(self._tokenize, chunk)
@@ -352,7 +354,8 @@ def _commit(grouped, plan: JobPlan):
     if plan.incremental:
         manifest = integrity.merge(previous, manifest)
     if plan.tokenizer_backend is not None:  # how this generation was tokenized; the only backend-dependent field
-        manifest.extra["tokenizer_backend"] = plan.tokenizer_backend.to_manifest()
+        manifest.extra["tokenizer_backend"] = plan.tokenizer_backend.to_manifest(
+            stages.spot_check_totals(parts["unit"]))
     commit.commit_dataset(plan.config.output, manifest,
                           None if previous is None else previous.generation, plan.staging_dir,
                           previous)

@@ -82,9 +82,9 @@ def inspect(dataset: str, examples: int = 2, tokenizer_path: str | None = None) 
     sp = None
     path = tokenizer_path or manifest.config.get("tokenizer")
     if path and os.path.exists(path):
-        import sentencepiece as spm  # noqa: PLC0415
+        from transforms.tokenize import tokenizer  # noqa: PLC0415
 
-        sp = spm.SentencePieceProcessor(model_file=path)
+        sp = tokenizer.load_for_info(tokenizer.read_model_bytes(path), manifest.contract.tokenizer, path)
     shard = manifest.shards[0]
     for i, record in enumerate(_records(manifest_file, shard)):
         if i >= examples:

@@ -14,6 +14,12 @@ The model round-trips text exactly: identity normalisation, no dummy prefix, no 
 byte fallback for anything outside the vocabulary (no <unk> for an emoji or a rare CJK character).
 
 Special ids (fixed, the contract reads them from the model): pad=0, unk=1, bos=2, eos=3.
+
+`kind="hf-bpe"` (`train_hf_bpe`) trains an HF `tokenizers` byte-level BPE instead, with GPT-NeoX-20B's
+pre-tokenizer, post-processor and decoder settings (ByteLevel, no prefix space), its two special tokens
+(`<|endoftext|>` = 0, the end of document; `<|padding|>` = 1) and non-special added tokens for whitespace runs
+(as GPT-NeoX has): written as a tokenizer.json, plus a tiktoken BPE file of the same merges beside it
+(transforms/tokenize/tiktoken_file.py).
 """
 from __future__ import annotations
 
@@ -183,6 +189,89 @@ def train_tokenizer(input_globs: list[str], output_path: str, vocab_size: int, *
         "vocab_size": vocab_size,
         "model_type": model_type,
         "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
+        "files": stats.files,
+        "documents": stats.documents,
+        "rejected": dict(sorted(stats.rejected.items())),
+        "sentences": len(sentences),
+        "sentence_chars": sum(map(len, sentences)),
+        "model_sha256": hashlib.sha256(blob).hexdigest(),
+        "model_bytes": len(blob),
+        "read_seconds": round(read_s, 3),
+        "seconds": round(time.perf_counter() - start, 3),
+    }
+
+
+KINDS = ("sentencepiece", "hf-bpe")
+HF_SPECIAL_TOKENS = ("<|endoftext|>", "<|padding|>")
+# Non-special added tokens: whitespace runs (indentation), matched whole before the pre-tokenizer as in GPT-NeoX.
+HF_WHITESPACE_RUNS = (" " * 4, " " * 8, " " * 16, "\t\t")
+HF_MIN_VOCAB_SIZE = len(HF_SPECIAL_TOKENS) + 256 + 1
+
+
+def train(kind: str, input_globs: list, output_path: str, vocab_size: int, **kwargs) -> dict:
+    """`pileprep tokenizer train --kind`: a SentencePiece model or an HF byte-level BPE tokenizer.json."""
+    if kind not in KINDS:
+        raise ConfigError(f"--kind {kind!r}: choose one of {', '.join(KINDS)}")
+    return (train_tokenizer if kind == "sentencepiece" else train_hf_bpe)(input_globs, output_path, vocab_size,
+                                                                           **kwargs)
+
+
+def tiktoken_path_for(output_path: str) -> str:
+    """Where the tiktoken file of a trained tokenizer.json goes: beside it, `.json` replaced by `.tiktoken`."""
+    return (output_path[:-len(".json")] if output_path.endswith(".json") else output_path) + ".tiktoken"
+
+
+def train_hf_bpe(input_globs: list, output_path: str, vocab_size: int, *, max_sentences: int = 200_000,
+                 max_sentence_chars: int = 4096, seed: int = 0, max_line_bytes: int | None = None,
+                 max_zstd_window_bytes: int | None = None) -> dict:
+    """Train a byte-level BPE (GPT-NeoX settings) on the documents of `input_globs`; write the tokenizer.json to
+    output_path and its tiktoken file to `tiktoken_path_for(output_path)`."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: PLC0415
+
+    from transforms.io.read_records import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_ZSTD_WINDOW_BYTES  # noqa: PLC0415
+    from transforms.tokenize import tiktoken_file  # noqa: PLC0415
+
+    if isinstance(input_globs, str):
+        input_globs = [input_globs]
+    if vocab_size < HF_MIN_VOCAB_SIZE:
+        raise ConfigError(f"--vocab-size {vocab_size} is too small: byte-level BPE needs {len(HF_SPECIAL_TOKENS)} "
+                         f"special + 256 byte tokens, so use at least {HF_MIN_VOCAB_SIZE}")
+    if max_sentences < 1 or max_sentence_chars < 16:
+        raise ValueError("max_sentences must be >= 1 and max_sentence_chars >= 16")
+    start = time.perf_counter()
+    paths = _list_inputs(list(input_globs))
+    stats = _ReadStats()
+    sentences = _sample_sentences(paths, max_sentences, max_sentence_chars, seed, stats,
+                                  max_line_bytes or DEFAULT_MAX_LINE_BYTES,
+                                  max_zstd_window_bytes or DEFAULT_MAX_ZSTD_WINDOW_BYTES)
+    if not sentences:
+        raise ConfigError(f"the inputs {list(input_globs)} ({len(paths)} files) hold no usable documents "
+                         f"(rejected: {stats.rejected})")
+    read_s = time.perf_counter() - start
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(HF_SPECIAL_TOKENS), min_frequency=2,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(sentences, trainer, length=len(sentences))
+    tok.add_tokens([AddedToken(run, special=False, normalized=True) for run in HF_WHITESPACE_RUNS])
+    blob = tok.to_str().encode("utf-8")
+    tiktoken_blob, special = tiktoken_file.from_tokenizer_json(blob)
+    parent = os.path.dirname(output_path)
+    if parent and "://" not in output_path:
+        os.makedirs(parent, exist_ok=True)
+    tiktoken_path = tiktoken_path_for(output_path)
+    _write_atomically(output_path, blob)
+    _write_atomically(tiktoken_path, tiktoken_blob)
+    return {
+        "output": output_path,
+        "kind": "hf-bpe",
+        "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+        "special_tokens": special,
+        "eos_token": HF_SPECIAL_TOKENS[0],
+        "tiktoken": {"output": tiktoken_path, "pattern": "gpt2", "model_sha256": hashlib.sha256(tiktoken_blob).hexdigest(),
+                     "special_tokens": tiktoken_file.special_tokens_spec(special)},
         "files": stats.files,
         "documents": stats.documents,
         "rejected": dict(sorted(stats.rejected.items())),

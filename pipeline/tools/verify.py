@@ -279,18 +279,19 @@ def _check_document(doc_id: int, expected: list, pieces: list, where: str, want_
 
 def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sample: int, seed: int,
                   tokenizer_path: Optional[str]) -> AuditResult:
-    import sentencepiece as spm  # noqa: PLC0415
     from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+
+    from transforms.tokenize import tokenizer  # noqa: PLC0415
 
     audit = AuditResult()
     model_path = tokenizer_path or manifest.config.get("tokenizer")
-    model = io_utils.read_bytes(model_path)
+    model = io_utils.read_bytes(tokenizer.resolve_path(model_path))
     if hashlib.sha256(model).hexdigest() != manifest.contract.tokenizer.model_sha256:
         audit.problems.append(f"tokenizer {model_path}: sha256 differs from the manifest's "
                               f"{manifest.contract.tokenizer.model_sha256[:16]}…; pass the model the dataset was "
                               "built with (--tokenizer)")
         return audit
-    sp = spm.SentencePieceProcessor(model_proto=model)
+    sp = tokenizer.load_for_info(model, manifest.contract.tokenizer, model_path)  # the format's reference library
     eos = manifest.contract.tokenizer.eos_id
     paths = sorted({m.path for g in input_globs for m in FileSystems.match([g])[0].metadata_list})
     held = {row["path"] for row in manifest.inputs}

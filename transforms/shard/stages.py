@@ -19,6 +19,7 @@ from model_contract import frame_examples
 from transforms.shard import corpus_stats, doc_ids, mixture
 from transforms.io import io_utils, read_parquet
 from transforms.tokenize import tokenizer
+from transforms.tokenize.long_documents import PRETOKEN_TOO_LONG
 from transforms.shard.documents import (DEAD_LETTER, HASHED, SPLIT_SHIFT, SPLITS, Document, assign_split, parse_record,
                                   shard_key_range, sort_key, split_wins)
 from transforms.shard.packing import pack_blocks
@@ -181,6 +182,9 @@ class UnitResult:
     # dedup pass reads them with one ranged read, no search. tokenize_chunk always sets it; None (a unit built
     # by hand, as some tests do) makes the pass search the index instead.
     held_out_start: Optional[int] = None
+    # A fast tokenizer backend's spot check over this chunk (transforms/tokenize/tokenizer_backends.py): documents
+    # and bytes seen and re-encoded with the reference; empty with the reference itself.
+    spot_checked: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,7 @@ class TokenizeSettings:
     test_fraction: float
     seed: int
     input_splits: tuple = ()  # per file_idx: HASHED (train inputs) or the split a --val/--test-input goes to
+    long_documents: Optional[object] = None  # transforms/tokenize/long_documents.py: LongDocuments
 
     def input_split(self, file_idx: int) -> int:
         return self.input_splits[file_idx] if file_idx < len(self.input_splits) else HASHED
@@ -216,14 +221,19 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
     source_stats: dict = {}
     if byte_mask is None:
         byte_mask = corpus_stats.byte_piece_mask(sp)
+    spot_before = dict(getattr(sp, "counts", {}))
 
     def flush():
         nonlocal batch, batch_chars
         if not batch:
             return
         check_cancelled()  # between batches (~0.1 s of tokenizing each): see pipeline/shard/cancel.py
-        encoded = tokenizer.encode_batch(sp, [doc.text for _, doc in batch])
+        encoded = tokenizer.encode_batch(sp, [doc.text for _, doc in batch], settings.long_documents)
         for (line, doc), ids in zip(batch, encoded):
+            if ids is None:  # a stretch over --max-pretoken-mb without a piece boundary (long_documents.py)
+                _bump(stats["dead_lettered"], PRETOKEN_TOO_LONG)
+                dead.append(dead_letter_row(chunk.input_path, line, PRETOKEN_TOO_LONG, doc.text[:200]))
+                continue
             arr = np.asarray(ids)  # int32 from the tokenizer on
             if arr.size and int(arr.max()) > max_id:
                 raise ValueError(f"token id {int(arr.max())} does not fit the spill dtype {token_dtype}")
@@ -285,8 +295,18 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
         dl_path = io_utils.join(data_dir, "dead_letter", name + ".jsonl")
         io_utils.write_jsonl(dl_path, dead)
     held_out_start = int(np.searchsorted(index["key"], np.uint64(1 << SPLIT_SHIFT))) if rows else 0
+    spot = {k: v - spot_before.get(k, 0) for k, v in getattr(sp, "counts", {}).items()}
     return UnitResult(name, chunk.file_idx, chunk.input_path, index_path, tokens_path, len(rows),
-                      token_dtype.str, sources, split_tokens, stats, dl_path, source_stats, held_out_start)
+                      token_dtype.str, sources, split_tokens, stats, dl_path, source_stats, held_out_start, spot)
+
+
+def spot_check_totals(units) -> dict:
+    """The fast backend's spot-check counts summed over a run's units (for the manifest's tokenizer_backend)."""
+    total: dict = {}
+    for unit in units:
+        for k, v in getattr(unit, "spot_checked", {}).items():
+            total[k] = total.get(k, 0) + v
+    return total
 
 
 # ------------------------------------------------------------------------------------------------ dedup

@@ -1,16 +1,26 @@
-"""Exact fast tokenizer backends: a faster encoder is used only where it provably gives SentencePiece's ids.
+"""Exact fast tokenizer backends: a faster encoder is used only where it provably gives the reference's ids.
 
-Tokenizing is ~99% of the shard job's CPU. kitoken (Rust) reads the same SentencePiece model file and, with
+The reference is the tokenizer format's own library (transforms/tokenize/references.py): sentencepiece for a
+`.model`, HF `tokenizers` for a tokenizer.json, tiktoken for a tiktoken file. gigatoken (Rust, the bounded-cache
+fork `gigatoken-cachefix`) encodes SentencePiece BPE byte-fallback models and HF byte-level BPE ~11x and ~30x
+faster than their references on one thread (bench/tokenizer_backend_bench.py); it is given the tokenizer.json
+(for a `.model`, gigatoken's own conversion of it) minus its `special: true` added tokens, so a document that
+spells `<s>` or `<|endoftext|>` gets the text's ids, as from the reference, and its encode cache is bounded
+explicitly (GIGATOKEN_CACHE_BYTES). `auto` tries the fast backends fastest first (FAST_BACKENDS).
+
+For SentencePiece models, kitoken (Rust) reads the same SentencePiece model file and, with
 special-token parsing off, gives ids identical to `sp.encode` on BPE models at about a third of the CPU;
 splintr-rs (Rust; its BPE over a tokenizer.json built here from the model's pieces and scores) is exact too on
 the BPE models it accepts, as fast on one thread and faster from two threads of one process (its call releases
-the GIL), so `auto` tries it first (FAST_BACKENDS). Trust is earned, not assumed, in steps:
+the GIL). Trust is earned, not assumed, in steps:
 1. the model: unigram models stay on SentencePiece (its float score ties resolve differently elsewhere), and a
    backend refuses a model whose normalizer or pieces it does not reproduce (`splintr_unsupported`);
 2. at the driver, a seeded ~1 MB sample of the run's own documents must match SentencePiece id for id, or
    the run falls back to SentencePiece with the reason logged and recorded in the manifest;
-3. on the workers, a seeded 1-in-N spot check re-encodes documents with SentencePiece; one mismatch fails the
-   run (`BackendMismatchError`) rather than write different tokens.
+3. on the workers, a seeded 1-in-N spot check re-encodes documents with the reference; one mismatch fails the
+   run (`BackendMismatchError`) rather than write different tokens. N grows with the backend's speed-up over its
+   reference (SPOT_CHECK_EVERY) so the check costs <= 5% of the tokenize stage, and the manifest records the share
+   of documents and bytes it re-encoded.
 The backend never changes the shards (byte-identical, tested) and is not part of the dataset's fingerprint; the
 manifest records which backend ran and its parity sample, the only fields that may differ between backends.
 """
@@ -26,12 +36,24 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from transforms.tokenize import formats, references
+
 LOG = logging.getLogger("pileprep.tokenizer")
-BACKENDS = ("auto", "sentencepiece", "kitoken", "splintr")
-# The order `auto` tries them in, fastest first on Llama 2 (bench/tokenizer_backend_bench.py).
-FAST_BACKENDS = ("splintr", "kitoken")
-SPOT_CHECK_EVERY = 64  # documents: ~1.5% extra SentencePiece work with a fast backend
-PARITY_SAMPLE_BYTES = 1 << 20
+BACKENDS = ("auto", "reference", "sentencepiece", "gigatoken", "kitoken", "splintr")
+# The order `auto` tries them in, fastest first per thread on Llama 2 (bench/tokenizer_backend_bench.py:
+# gigatoken ~11x sp.encode, splintr and kitoken ~3-4x); only gigatoken reads an HF tokenizer.json.
+FAST_BACKENDS = {formats.SENTENCEPIECE: ("gigatoken", "splintr", "kitoken"), formats.HF_JSON: ("gigatoken",),
+                 formats.TIKTOKEN: ()}
+REFERENCE_NAMES = {formats.SENTENCEPIECE: "sentencepiece", formats.HF_JSON: "tokenizers", formats.TIKTOKEN: "tiktoken"}
+# Spot check 1 document in N: the check re-encodes ~1/N of the bytes with the reference, which is `speed-up` times
+# slower than the backend, so its cost is ~speed-up/N of the tokenize stage; N >= 20 x the measured speed-up keeps
+# it <= 5% (gigatoken: ~11x sentencepiece on Llama 2, ~30x HF tokenizers; splintr/kitoken ~3-4x).
+SPOT_CHECK_EVERY = {("gigatoken", formats.SENTENCEPIECE): 256, ("gigatoken", formats.HF_JSON): 1024,
+                    ("splintr", formats.SENTENCEPIECE): 128, ("kitoken", formats.SENTENCEPIECE): 64}
+# The driver's parity sample, grown from 1 MB with the rarer spot checks: the run's documents checked before any
+# worker starts.
+PARITY_SAMPLE_BYTES = 2 << 20
+GIGATOKEN_CACHE_BYTES = 64 << 20  # per encoder; gigatoken's default is 512 MiB (tests/e2e/test_memory_bounds.py)
 
 # sentencepiece_model.proto: ModelProto.trainer_spec = 2, TrainerSpec.model_type = 3 (UNIGRAM 1, BPE 2, ...)
 _MODEL_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}
@@ -44,7 +66,7 @@ class BackendMismatchError(RuntimeError):
 @dataclass(frozen=True)
 class BackendChoice:
     """What the driver decided; goes into the plan (workers build the same encoder) and the manifest."""
-    name: str  # the backend that runs: "sentencepiece", "kitoken" or "splintr"
+    name: str  # the backend that runs: a reference ("sentencepiece", "tokenizers", "tiktoken") or a fast one
     requested: str
     reason: str
     version: str = ""
@@ -53,8 +75,17 @@ class BackendChoice:
     parity_ids_sha256: str = ""
     spot_check_every: int = 0
 
-    def to_manifest(self) -> dict:
-        return asdict(self)
+    def to_manifest(self, spot_checked: Optional[dict] = None) -> dict:
+        """The choice, and with `spot_checked` ({documents, bytes, checked_documents, checked_bytes} summed
+        over the run's units) the share of documents and bytes the workers re-encoded with the reference."""
+        out = asdict(self)
+        if spot_checked is not None and self.spot_check_every:
+            docs, size = spot_checked.get("documents", 0), spot_checked.get("bytes", 0)
+            out["spot_checked"] = {**spot_checked,
+                                   "document_share": round(spot_checked.get("checked_documents", 0) / docs, 6)
+                                   if docs else 0.0,
+                                   "byte_share": round(spot_checked.get("checked_bytes", 0) / size, 6) if size else 0.0}
+        return out
 
 
 def _varint(buf: bytes, i: int):
@@ -200,9 +231,9 @@ class _SpotChecked:
     """SentencePiece-compatible `encode(texts, out_type=int, num_threads=1)` on a fast backend, spot-checked.
 
     Every `spot_check_every`-th document (by a hash of its text: the same documents whatever the worker or
-    bundle) is re-encoded with SentencePiece and compared; a mismatch raises BackendMismatchError. `reference`
-    is SentencePiece itself: transforms.tokenize.tokenizer.encode_batch sends very long texts to it (the fast backends'
-    memory per byte is higher)."""
+    bundle) is re-encoded with the reference and compared; a mismatch raises BackendMismatchError. `reference`
+    is the format's reference encoder: transforms.tokenize.tokenizer.encode_batch sends very long texts to it (the
+    fast backends' memory per byte is higher). `counts` holds documents and bytes seen and spot-checked."""
     name = ""
 
     def __init__(self, sp, spot_check_every: int):
@@ -210,6 +241,7 @@ class _SpotChecked:
         self.reference = sp
         self.spot_check_every = spot_check_every
         self.spot_checked = 0
+        self.counts = {"documents": 0, "bytes": 0, "checked_documents": 0, "checked_bytes": 0}
 
     def _encode_all(self, batch: list) -> list:
         raise NotImplementedError
@@ -219,14 +251,21 @@ class _SpotChecked:
         batch = [texts] if single else list(texts)
         ids = self._encode_all(batch)
         if self.spot_check_every:
+            counts = self.counts
             for text, got in zip(batch, ids):
-                if zlib.crc32(text.encode("utf-8", "surrogatepass")) % self.spot_check_every == 0:
+                raw = text.encode("utf-8", "surrogatepass")
+                counts["documents"] += 1
+                counts["bytes"] += len(raw)
+                if zlib.crc32(raw) % self.spot_check_every == 0:
                     self.spot_checked += 1
-                    want = self._sp.encode(text, out_type=int)
+                    counts["checked_documents"] += 1
+                    counts["checked_bytes"] += len(raw)
+                    want = _as_list(self._sp.encode(text, out_type=int))
                     if want != _as_list(got):
                         raise BackendMismatchError(
-                            f"{self.name} and SentencePiece disagree on a {len(text)}-character document (first ids "
-                            f"{_as_list(got[:8])} vs {want[:8]}); rerun with --tokenizer-backend sentencepiece")
+                            f"{self.name} and {REFERENCE_NAMES[references.format_of(self._sp)]} disagree on a "
+                            f"{len(text)}-character document (first ids {_as_list(got[:8])} vs {want[:8]}); rerun "
+                            f"with --tokenizer-backend reference")
         return ids[0] if single else ids
 
 
@@ -325,56 +364,126 @@ class SplintrEncoder(_SpotChecked):
         return [np.frombuffer(self._tok.encode_batch_flat([t])[0], dtype="<i4") if t else empty for t in batch]
 
 
-_ENCODERS = {"kitoken": (KitokenEncoder, "kitoken"), "splintr": (SplintrEncoder, "splintr-rs")}
+def gigatoken_tokenizer_json(model_bytes: bytes, kind: str) -> str:
+    """The tokenizer.json gigatoken is given: the file itself (HF) or gigatoken's conversion of the `.model`, minus
+    its `special: true` added tokens. With them, gigatoken matches `<s>` written in a document as the control id
+    (3 of 8,350 mini-Pile documents with Llama 2); non-special added tokens (SentencePiece user-defined pieces,
+    HF whitespace runs) are vocabulary that the reference matches too, so they stay."""
+    import json  # noqa: PLC0415 - only when gigatoken is chosen
+
+    if kind == formats.SENTENCEPIECE:
+        from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json  # noqa: PLC0415
+
+        spec = json.loads(sentencepiece_to_tokenizer_json(model_bytes))
+    else:
+        spec = json.loads(model_bytes)
+    spec["added_tokens"] = [t for t in spec.get("added_tokens") or [] if not t.get("special")]
+    return json.dumps(spec, ensure_ascii=False)
+
+
+@functools.lru_cache(maxsize=2)
+def _gigatoken_tokenizer(model_bytes: bytes, kind: str):
+    """One gigatoken tokenizer per file and process (in-process workers share it, as splintr's above); its
+    encode caches are bounded before it is built (gigatoken applies the bound to tokenizers built afterwards)."""
+    import gigatoken  # noqa: PLC0415 - optional dependency, imported only when chosen
+
+    gigatoken.set_max_cache_bytes(GIGATOKEN_CACHE_BYTES)
+    return gigatoken.Tokenizer.from_json(gigatoken_tokenizer_json(model_bytes, kind))
+
+
+class GigatokenEncoder(_SpotChecked):
+    """gigatoken over a SentencePiece BPE (byte fallback) model or an HF byte-level BPE tokenizer.json. One
+    document per `encode` call on the calling thread (no thread pool: Beam's workers are the parallelism); its
+    uint32 ids are read as int32 without a copy (ids < 2**31)."""
+    name = "gigatoken"
+
+    def __init__(self, model_bytes: bytes, sp, spot_check_every: int = 0):
+        kind = references.format_of(sp)
+        if kind == formats.SENTENCEPIECE and model_type(model_bytes) != "bpe":
+            raise ValueError(f"gigatoken reads SentencePiece BPE models only, not {model_type(model_bytes)}")
+        if kind == formats.TIKTOKEN:
+            raise ValueError("gigatoken is not used for tiktoken files here (tiktoken is the reference)")
+        super().__init__(sp, spot_check_every)
+        self._tok = _gigatoken_tokenizer(model_bytes, kind)
+
+    def _encode_all(self, batch: list) -> list:
+        import numpy as np  # noqa: PLC0415
+
+        empty = np.zeros(0, dtype=np.int32)
+        return [self._tok.encode(t).view(np.int32) if t else empty for t in batch]
+
+
+_ENCODERS = {"kitoken": (KitokenEncoder, "kitoken"), "splintr": (SplintrEncoder, "splintr-rs"),
+             "gigatoken": (GigatokenEncoder, "gigatoken-cachefix")}
 
 
 def make_encoder(choice: BackendChoice, model_bytes: bytes, sp):
-    """The encoder a worker uses: SentencePiece itself, or a spot-checked fast backend."""
+    """The encoder a worker uses: the reference itself, or a spot-checked fast backend."""
     if choice.name in _ENCODERS:
         return _ENCODERS[choice.name][0](model_bytes, sp, choice.spot_check_every)
     return sp
 
 
-def parity_texts(model_bytes: bytes) -> list:
-    """Text spelling each of the model's special pieces (`<s>`, `<unk>`, `<0x0A>`...) alone and inside words: a
-    fast backend must encode them as SentencePiece does (as plain characters), whether or not the run's sample
-    happens to contain them."""
-    special = [p for p, _s, k in model_pieces(model_bytes) if k != 1]
-    return special + [f"x{p} {p}y\n" for p in special]
+def parity_texts(model_bytes: bytes, sp=None) -> list:
+    """Text spelling each of the tokenizer's special tokens (`<s>`, `<unk>`, `<0x0A>`, `<|endoftext|>`...) alone
+    and inside words: a fast backend must encode them as the reference does (as plain characters), whether or
+    not the run's sample happens to contain them."""
+    if sp is None or references.format_of(sp) == formats.SENTENCEPIECE:
+        special = [p for p, _s, k in model_pieces(model_bytes) if k != 1]
+    else:
+        special = sorted(references.special_tokens_of(sp))
+    return special + [f"x{p} {p}y\n" for p in special] + ["".join(special)]
+
+
+def _fast_unsupported(kind: str, model_bytes: bytes) -> str:
+    """Why no fast backend can be exact for this file, or ""."""
+    if kind == formats.SENTENCEPIECE:
+        algorithm = model_type(model_bytes)
+        return "" if algorithm == "bpe" else f"{algorithm} model: only BPE models have an exact fast path"
+    if kind == formats.TIKTOKEN:
+        return "tiktoken files are encoded by tiktoken itself"
+    return ""
 
 
 def choose_backend(requested: str, model_bytes: bytes, sp, sample_texts: list) -> BackendChoice:
-    """Decide the backend at the driver: `sentencepiece` as asked; a fast backend only on a BPE model and after
-    id-for-id parity with SentencePiece on `sample_texts` (the run's own documents) and the model's special
-    pieces spelled as text. `auto` tries FAST_BACKENDS fastest first and takes the first that passes; a fast
-    backend asked for explicitly but failing is a fallback too. Every rejection's reason is logged and kept in
-    the choice's `reason`: never different tokens."""
+    """Decide the backend at the driver: the reference as asked (`reference`, or `sentencepiece` for a `.model`);
+    a fast backend only after id-for-id parity with the reference on `sample_texts` (the run's own documents)
+    and the tokenizer's special tokens spelled as text. `auto` tries FAST_BACKENDS fastest first and takes the
+    first that passes; a fast backend asked for explicitly but failing is a fallback too. Every rejection's
+    reason is logged and kept in the choice's `reason`: never different tokens."""
+    kind = references.format_of(sp)
     if requested not in BACKENDS:
-        raise ValueError(f"--tokenizer-backend {requested!r}: choose one of {', '.join(BACKENDS)}")
-    if requested == "sentencepiece":
-        return BackendChoice("sentencepiece", requested, "requested")
-    kind = model_type(model_bytes)
-    if kind != "bpe":
-        return _fallback(requested, f"{kind} model: only BPE models have an exact fast path")
+        raise formats.TokenizerError(f"--tokenizer-backend {requested!r}: choose one of {', '.join(BACKENDS)}")
+    if requested == "sentencepiece" and kind != formats.SENTENCEPIECE:
+        raise formats.TokenizerError(f"--tokenizer-backend sentencepiece: the tokenizer is a {kind} file; use "
+                                     f"reference (its own library, {REFERENCE_NAMES[kind]}), auto or gigatoken")
+    if requested in ("reference", "sentencepiece"):
+        return BackendChoice(REFERENCE_NAMES[kind], requested, "requested")
+    problem = _fast_unsupported(kind, model_bytes)
+    if problem:
+        return _fallback(kind, requested, problem)
     if not sample_texts:
-        return _fallback(requested, "no documents to check parity on")
+        return _fallback(kind, requested, "no documents to check parity on")
     rejected = []
-    for name in (FAST_BACKENDS if requested == "auto" else (requested,)):
+    for name in (FAST_BACKENDS[kind] if requested == "auto" else (requested,)):
         choice, why = _try_backend(name, requested, model_bytes, sp, sample_texts)
         if choice is not None:
-            reason = "parity with SentencePiece on the run's sample"
+            reason = f"parity with {REFERENCE_NAMES[kind]} on the run's sample"
             if rejected:
                 reason += f" ({'; '.join(rejected)})"
                 LOG.warning("tokenizer backend: using %s (%s)", name, "; ".join(rejected))
             return BackendChoice(name, requested, reason, *choice)
         rejected.append(f"{name}: {why}")
         LOG.info("tokenizer backend: not %s (%s)", name, why)
-    return _fallback(requested, "; ".join(rejected))
+    return _fallback(kind, requested, "; ".join(rejected))
 
 
 def _try_backend(name: str, requested: str, model_bytes: bytes, sp, sample_texts: list):
-    """((version, documents, tokens, ids sha256, spot-check interval), "") when `name` matches SentencePiece on
+    """((version, documents, tokens, ids sha256, spot-check interval), "") when `name` matches the reference on
     every sample text, else (None, why not)."""
+    kind = references.format_of(sp)
+    if (name, kind) not in SPOT_CHECK_EVERY:
+        return None, f"does not read {kind} files"
     encoder_class, distribution = _ENCODERS[name]
     version = _version(distribution)
     if not version:
@@ -383,26 +492,27 @@ def _try_backend(name: str, requested: str, model_bytes: bytes, sp, sample_texts
         encoder = encoder_class(model_bytes, sp, spot_check_every=0)
     except Exception as e:  # noqa: BLE001 - any failure to load means: not usable
         return None, f"cannot load the model: {e}"
-    for text in parity_texts(model_bytes):
-        if _as_list(encoder.encode(text)) != sp.encode(text, out_type=int):
-            return None, f"the model's special piece {text!r} encodes differently from SentencePiece"
+    for text in parity_texts(model_bytes, sp):
+        if _as_list(encoder.encode(text)) != _as_list(sp.encode(text, out_type=int)):
+            return None, f"the special token text {text!r} encodes differently from {REFERENCE_NAMES[kind]}"
     digest = hashlib.sha256()
     tokens = 0
-    # SentencePiece's batch call on every core: the reference side is ~3x the fast backend's CPU, and this runs
-    # at the driver before any worker starts (the job's fixed cost).
+    # The reference's batch call on every core: the reference side is several times the fast backend's CPU, and
+    # this runs at the driver before any worker starts (the job's fixed cost).
     wanted = sp.encode(list(sample_texts), out_type=int, num_threads=len(os.sched_getaffinity(0)))
     for i, (text, want) in enumerate(zip(sample_texts, wanted)):
+        want = _as_list(want)
         if _as_list(encoder.encode(text)) != want:
-            return None, f"parity sample document {i} differs from SentencePiece"
+            return None, f"parity sample document {i} differs from {REFERENCE_NAMES[kind]}"
         tokens += len(want)
         digest.update(len(want).to_bytes(4, "little"))
         digest.update(struct.pack(f"<{len(want)}I", *want))
-    return (version, len(sample_texts), tokens, digest.hexdigest(), SPOT_CHECK_EVERY), ""
+    return (version, len(sample_texts), tokens, digest.hexdigest(), SPOT_CHECK_EVERY[name, kind]), ""
 
 
-def _fallback(requested: str, reason: str) -> BackendChoice:
-    LOG.warning("tokenizer backend: using sentencepiece (%s)", reason)
-    return BackendChoice("sentencepiece", requested, reason)
+def _fallback(kind: str, requested: str, reason: str) -> BackendChoice:
+    LOG.warning("tokenizer backend: using %s (%s)", REFERENCE_NAMES[kind], reason)
+    return BackendChoice(REFERENCE_NAMES[kind], requested, reason)
 
 
 def sample_documents(paths: list, text_field: str, seed: int, limit_bytes: int = PARITY_SAMPLE_BYTES,
@@ -439,6 +549,6 @@ def compare(sp, encoder, texts: list, limit: Optional[int] = None) -> ParityRepo
     report = ParityReport()
     for i, text in enumerate(texts[:limit]):
         report.documents += 1
-        if sp.encode(text, out_type=int) != _as_list(encoder.encode(text)):
+        if _as_list(sp.encode(text, out_type=int)) != _as_list(encoder.encode(text)):
             report.mismatches.append(i)
     return report

@@ -1,7 +1,9 @@
-"""Issue 10.2: the exact fast tokenizer paths (kitoken, splintr) — used only where they give SentencePiece's ids."""
+"""The exact fast tokenizer paths (gigatoken, splintr, kitoken) on SentencePiece models: used only where they give
+SentencePiece's ids."""
 from __future__ import annotations
 
 import json
+import zlib
 
 import pytest
 import sentencepiece as spm
@@ -125,29 +127,31 @@ def test_auto_tries_fast_backends_in_order_and_records_the_fallback_chain(monkey
     model = shared_data(*LLAMA2)
     sp = _sp(model)
     texts = _real_texts()[-60:]  # the short ones: each naughty string alone
-    first, second = tb.FAST_BACKENDS
+    first, second, third = tb.FAST_BACKENDS["sentencepiece"]
     choice = tb.choose_backend("auto", model.read_bytes(), sp, texts)
-    assert choice.name == first == "splintr" and choice.reason == "parity with SentencePiece on the run's sample"
+    assert choice.name == first == "gigatoken" and choice.reason == "parity with sentencepiece on the run's sample"
     assert choice.version and choice.parity_documents == len(texts) and choice.parity_tokens > 0
-    for name in tb.FAST_BACKENDS:
+    assert choice.spot_check_every == 256  # ~11x sp.encode: 1 in 256 keeps the re-encode under 5%
+    for name in tb.FAST_BACKENDS["sentencepiece"]:
         assert tb.choose_backend(name, model.read_bytes(), sp, texts).name == name
     # the first choice not installed: auto takes the next one and says why in the manifest's reason
     monkeypatch.setitem(tb._ENCODERS, first, (tb._ENCODERS[first][0], f"{first}-not-installed"))
     choice = tb.choose_backend("auto", model.read_bytes(), sp, texts)
     assert choice.name == second and f"{first}: not installed" in choice.reason
     monkeypatch.setitem(tb._ENCODERS, second, (tb._ENCODERS[second][0], f"{second}-not-installed"))
+    monkeypatch.setitem(tb._ENCODERS, third, (tb._ENCODERS[third][0], f"{third}-not-installed"))
     choice = tb.choose_backend("auto", model.read_bytes(), sp, texts)
     assert choice.name == "sentencepiece"
-    assert f"{first}: not installed" in choice.reason and f"{second}: not installed" in choice.reason
+    assert all(f"{name}: not installed" in choice.reason for name in (first, second, third))
 
 
 def test_auto_chooses_a_fast_backend_on_bpe_after_parity_and_sentencepiece_on_unigram():
     model = shared_data(*LLAMA2)
     sp = _sp(model)
     choice = tb.choose_backend("auto", model.read_bytes(), sp, _real_texts())
-    assert choice.name == "splintr" and choice.parity_documents == len(_real_texts()) and choice.parity_tokens > 0
+    assert choice.name == "gigatoken" and choice.parity_documents == len(_real_texts()) and choice.parity_tokens > 0
     uni = shared_data("tokenizers", "unigram-1k-test.model")
-    for backend in ("kitoken", "splintr", "auto"):
+    for backend in ("gigatoken", "kitoken", "splintr", "auto"):
         fallback = tb.choose_backend(backend, uni.read_bytes(), _sp(uni), _real_texts())
         assert fallback.name == "sentencepiece" and "unigram" in fallback.reason
     assert tb.choose_backend("sentencepiece", model.read_bytes(), sp, []).name == "sentencepiece"
@@ -159,20 +163,22 @@ def test_parity_failure_falls_back_and_spot_check_mismatch_fails(tiny_tokenizer)
     other_sp = _sp(tiny_tokenizer)
     choice = tb.choose_backend("auto", llama.read_bytes(), other_sp, ["def f(x):\n    return x\n"])
     assert choice.name == "sentencepiece" and "differ" in choice.reason
-    for name, encoder_class in (("kitoken", tb.KitokenEncoder), ("splintr", tb.SplintrEncoder)):
+    for name, encoder_class in (("kitoken", tb.KitokenEncoder), ("splintr", tb.SplintrEncoder),
+                                ("gigatoken", tb.GigatokenEncoder)):
         choice = tb.choose_backend(name, llama.read_bytes(), other_sp, ["def f(x):\n    return x\n"])
         assert choice.name == "sentencepiece" and "differ" in choice.reason and name in choice.reason
         encoder = encoder_class(llama.read_bytes(), other_sp, spot_check_every=1)
-        with pytest.raises(tb.BackendMismatchError, match=f"{name} and SentencePiece.*--tokenizer-backend sentencepiece"):
+        with pytest.raises(tb.BackendMismatchError, match=f"{name} and sentencepiece.*--tokenizer-backend reference"):
             encoder.encode(["import os\n"])
 
 
 def test_shards_are_byte_identical_across_backends(tmp_path):
     """Only the manifest's record of which backend ran may differ."""
     tokenizer = str(shared_data(*LLAMA2))
-    write_good_corpus(tmp_path / "in", limit_bytes=400_000, files=2)
+    docs = write_good_corpus(tmp_path / "in", limit_bytes=400_000, files=2)
+    texts = [t for t, _source in docs] + [docs[0][0]]  # + the duplicate, tokenized before dedup drops it
     outs = {}
-    for backend in ("sentencepiece", "kitoken", "splintr"):
+    for backend in ("sentencepiece", "kitoken", "splintr", "gigatoken"):
         cfg = ShardConfig(inputs=(str(tmp_path / "in" / "*"),), output=str(tmp_path / backend), tokenizer=tokenizer,
                           seq_len=256, num_shards=2, tokenizer_backend=backend)
         shard_pipeline.run(cfg, FAST_LOCAL, progress_every_s=0)
@@ -180,11 +186,20 @@ def test_shards_are_byte_identical_across_backends(tmp_path):
     a = outs["sentencepiece"]
     ma = json.loads(a["manifest.json"])
     assert ma.pop("tokenizer_backend")["name"] == "sentencepiece"
-    for backend in ("kitoken", "splintr"):
+    for backend in ("kitoken", "splintr", "gigatoken"):
         b = outs[backend]
         assert a.keys() == b.keys()
         assert [k for k in a if k != "manifest.json" and a[k] != b[k]] == []
         mb = json.loads(b["manifest.json"])
         ran = mb.pop("tokenizer_backend")
         assert ran["name"] == backend and ran["parity_documents"] > 0 and ran["spot_check_every"] > 0
+        spot = ran["spot_checked"]  # what share the workers re-encoded with SentencePiece, measured
+        rec = ma["records"]
+        before_dedup = {k: v for k, v in rec["filtered"].items() if k != "duplicate"}  # dedup runs after tokenizing
+        assert spot["documents"] == rec["read"] - sum(before_dedup.values()) - sum(rec["dead_lettered"].values())
+        assert spot["checked_documents"] < spot["documents"] and spot["checked_bytes"] < spot["bytes"]
+        every = ran["spot_check_every"]  # the documents checked are chosen by a hash of their text
+        chosen = [t.encode() for t in texts if zlib.crc32(t.encode()) % every == 0]
+        assert (spot["checked_documents"], spot["checked_bytes"]) == (len(chosen), sum(map(len, chosen)))
+        assert spot["document_share"] == round(spot["checked_documents"] / spot["documents"], 6)
         assert ma == mb

@@ -1,0 +1,159 @@
+"""Which tokenizer file a path holds, read from its content: SentencePiece `.model`, HF `tokenizer.json`, tiktoken.
+
+The format decides the reference encoder (that format's own library, transforms/tokenize/references.py) and what
+the contract records. Nothing is guessed from a file name: a tokenizer.json is a JSON object with a "model", a
+tiktoken file is lines of base64 token + rank, and a SentencePiece model is whatever sentencepiece itself loads.
+Anything else is a TokenizerError that names the three formats pileprep accepts.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import re
+from dataclasses import dataclass
+
+SENTENCEPIECE = "sentencepiece"
+HF_JSON = "hf-tokenizer-json"
+TIKTOKEN = "tiktoken"
+FORMATS = (SENTENCEPIECE, HF_JSON, TIKTOKEN)
+ACCEPTED = ("a SentencePiece .model, an HF tokenizer.json (or a directory holding one), or a tiktoken BPE file "
+            "(base64 token + rank lines, with --tokenizer-pattern)")
+# What a document's text may contain: special tokens written in it are ordinary characters in every format and
+# backend; the job alone appends the end-of-document id (transforms/shard/packing.py).
+SPECIAL_TOKEN_POLICY = "text"
+
+# tiktoken split patterns by name (tiktoken_ext/openai_public.py, transcribed: its functions download the ranks).
+PATTERNS = {
+    "gpt2": r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}++| ?\p{N}++| ?[^\s\p{L}\p{N}]++|\s++$|\s+(?!\S)|\s""",
+    "cl100k": r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}++|\p{N}{1,3}+| ?[^\s\p{L}\p{N}]++[\r\n]*+"""
+              r"""|\s++$|\s*[\r\n]|\s+(?!\S)|\s""",
+    "o200k": "|".join([
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"""
+        r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"""
+        r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)?""",
+        r"""\p{N}{1,3}""", r""" ?[^\s\p{L}\p{N}]+[\r\n/]*""", r"""\s*[\r\n]+""", r"""\s+(?!\S)""", r"""\s+"""]),
+}
+PATTERNS["r50k"] = PATTERNS["gpt2"]
+# Spellings that end a document when a tokenizer has several special tokens and --eos-token is not given.
+EOS_SPELLINGS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
+
+_TIKTOKEN_LINE = re.compile(rb"[A-Za-z0-9+/]+={0,2} [0-9]+")
+
+
+class TokenizerError(ValueError):
+    """The tokenizer file cannot be read or used, or options that do not fit it (the message names the knob)."""
+
+
+FormatError = TokenizerError  # what this module raises: not a tokenizer file of an accepted format
+
+
+@dataclass(frozen=True)
+class TokenizerOptions:
+    """What a tokenizer file may not carry itself: tiktoken's split pattern and special tokens, and which token
+    ends a document when the vocabulary has no single obvious one. Empty = not given."""
+    pattern: str = ""  # a PATTERNS name or a regex (tiktoken only)
+    special_tokens: str = ""  # tiktoken: 'TEXT=ID,TEXT=ID' or a JSON object {TEXT: ID}
+    eos_token: str = ""
+
+
+def detect(data: bytes) -> str:
+    """The format of a tokenizer file's bytes, or FormatError naming the accepted ones."""
+    head = data.lstrip()[:1]
+    if head == b"{":
+        try:
+            spec = json.loads(data)
+        except ValueError:
+            spec = None
+        if isinstance(spec, dict) and isinstance(spec.get("model"), dict):
+            return HF_JSON
+        raise FormatError(f"a JSON file that is not an HF tokenizer.json (no \"model\" object); --tokenizer takes "
+                          f"{ACCEPTED}")
+    if data and _looks_tiktoken(data):
+        return TIKTOKEN
+    if data:
+        return SENTENCEPIECE  # confirmed by sentencepiece loading it (references.load)
+    raise FormatError(f"an empty file; --tokenizer takes {ACCEPTED}")
+
+
+def _looks_tiktoken(data: bytes) -> bool:
+    lines = data[:1 << 16].split(b"\n")[:-1] or [data]
+    return all(_TIKTOKEN_LINE.fullmatch(line.rstrip(b"\r")) for line in lines[:200] if line.strip())
+
+
+def tiktoken_ranks(data: bytes) -> dict:
+    """{token bytes: rank} of a tiktoken BPE file, parsed as tiktoken.load.load_tiktoken_bpe does (that loader
+    reads a path and caches it under /tmp; the job reads the bytes through Beam's FileSystems)."""
+    ranks = {}
+    for n, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        if not _TIKTOKEN_LINE.fullmatch(line.strip()):
+            raise FormatError(f"line {n} of the tiktoken file is not 'BASE64 RANK'")
+        token, rank = line.split()
+        try:
+            ranks[base64.b64decode(token, validate=True)] = int(rank)
+        except binascii.Error:
+            raise FormatError(f"line {n} of the tiktoken file has invalid base64") from None
+    if not ranks:
+        raise FormatError("the tiktoken file has no tokens")
+    return ranks
+
+
+def tiktoken_pattern(value: str) -> str:
+    """--tokenizer-pattern NAME|REGEX as the regex (a name of PATTERNS, else the text itself if it compiles)."""
+    if not value:
+        raise FormatError(f"--tokenizer-pattern is required for a tiktoken file (a name: "
+                          f"{', '.join(sorted(PATTERNS))}, or a regex): the file does not carry its split pattern")
+    if value in PATTERNS:
+        return PATTERNS[value]
+    import regex  # noqa: PLC0415 - tiktoken's patterns use \p{..} and possessive quantifiers (not `re`)
+
+    try:
+        regex.compile(value)
+    except regex.error as e:
+        raise FormatError(f"--tokenizer-pattern {value[:40]!r} is neither a name ({', '.join(sorted(PATTERNS))}) "
+                          f"nor a valid regex: {e}") from None
+    return value
+
+
+def parse_special_tokens(value) -> dict:
+    """--special-tokens 'TEXT=ID,TEXT=ID' or '{"TEXT": ID}' (or a dict, from a contract) as {text: id}."""
+    if isinstance(value, dict):
+        return {str(k): int(v) for k, v in value.items()}
+    value = (value or "").strip()
+    if not value:
+        return {}
+    if value.startswith("{"):
+        try:
+            parsed = json.loads(value)
+            return {str(k): int(v) for k, v in parsed.items()}
+        except (ValueError, TypeError, AttributeError):
+            raise FormatError("--special-tokens: not a JSON object of {TEXT: ID}") from None
+    out = {}
+    for item in value.split(","):
+        text, sep, tid = item.strip().rpartition("=")
+        if not sep or not text or not tid.strip().isdigit():
+            raise FormatError(f"--special-tokens: {item.strip()[:40]!r} is not TEXT=ID")
+        out[text] = int(tid)
+    return out
+
+
+def pick_eos(special: dict, eos_token: str, in_vocab) -> tuple:
+    """(text, id) of the end-of-document token: --eos-token when given (FormatError when `in_vocab(text)` gives
+    None), else the only special token, else the only one spelled as an EOS_SPELLINGS."""
+    if eos_token:
+        tid = in_vocab(eos_token)
+        if tid is None:
+            raise FormatError(f"--eos-token {eos_token!r} is not in the tokenizer's vocabulary")
+        return eos_token, int(tid)
+    if len(special) == 1:
+        (text, tid), = special.items()
+        return text, int(tid)
+    named = [t for t in special if t in EOS_SPELLINGS]
+    if len(named) == 1:
+        return named[0], int(special[named[0]])
+    listed = ", ".join(sorted(special)[:8]) or "none"
+    raise FormatError(f"the tokenizer has no single obvious end-of-document token (special tokens: {listed}); "
+                      f"pass --eos-token TEXT")

@@ -1,0 +1,134 @@
+"""Long documents tokenized exactly in pieces: ids equal the whole document's, memory bounded by the piece size.
+
+A piece boundary is a single space between a non-space character and a letter ("x y"). None of the formats'
+encoders can join tokens across it:
+- SentencePiece BPE/unigram with the identity normalizer and no whitespace collapsing: spaces become `▁`, and a
+  vocabulary with no piece holding `▁` after another character (checked, `piecewise_reason`) cannot merge
+  across "x▁y"; each side's merges (and Viterbi path) are then independent. With the dummy prefix the whole text
+  gets one leading `▁`: a later piece is encoded without its space, which the prefix gives back. Byte fallback is
+  per character, so it is not affected.
+- HF byte-level BPE (GPT-2/GPT-NeoX pre-tokenizer) and tiktoken's gpt2/cl100k/o200k patterns: the pre-tokenizer
+  always ends a pre-token before " y" (` ?\p{L}+` starts there), and BPE never crosses pre-tokens; whitespace-run
+  added tokens cannot span a single space.
+A stretch of more than `max_pretoken_chars` without such a boundary (one huge token-less run) is the caller's to
+dead-letter (`pretoken_too_long`): its encoding alone would need memory in proportion to its length.
+Exactness is also measured: tests/unit/tokenize/test_long_documents.py compares with whole-document encoding on
+every document of the sample data cut into tiny pieces.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from transforms.tokenize import formats, references
+
+PIECE_CHARS = 1 << 20  # ~1 MiB pieces: the encoders' memory per call stays that of a 1 MiB text
+DEFAULT_MAX_PRETOKEN_CHARS = 16 << 20
+PRETOKEN_TOO_LONG = "pretoken_too_long"
+_CUT = re.compile(r"(?<=\S) (?=[^\W\d_])")  # a single space after a non-space, before a letter
+_SAFE_HF_NORMALIZERS = (None, "NFC")
+
+
+@dataclass(frozen=True)
+class LongDocuments:
+    """How a worker encodes texts longer than `piece_chars`: in pieces when `exact`, else whole (`reason`)."""
+    exact: bool = False
+    reason: str = ""
+    dummy_prefix: bool = False
+    piece_chars: int = PIECE_CHARS
+    max_pretoken_chars: int = DEFAULT_MAX_PRETOKEN_CHARS
+
+
+def plan(sp, model_bytes: Optional[bytes], max_pretoken_chars: int = DEFAULT_MAX_PRETOKEN_CHARS,
+         piece_chars: int = PIECE_CHARS) -> LongDocuments:
+    reason = piecewise_reason(getattr(sp, "reference", sp), model_bytes)
+    return LongDocuments(not reason, reason, dummy_prefix(getattr(sp, "reference", sp), model_bytes),
+                         min(piece_chars, max_pretoken_chars), max_pretoken_chars)
+
+
+class PretokenTooLong(ValueError):
+    """A stretch of the document without a piece boundary is longer than --max-pretoken-mb."""
+
+
+def piecewise_reason(sp, model_bytes: Optional[bytes] = None) -> str:
+    """Why this tokenizer cannot be encoded in pieces exactly, or "" when it can."""
+    kind = references.format_of(sp)
+    if kind == formats.SENTENCEPIECE:
+        if model_bytes is None:
+            return "the SentencePiece model's bytes are needed to check its pieces"
+        from transforms.tokenize import tokenizer_backends as tb  # noqa: PLC0415 - the proto reader lives there
+
+        spec = tb._spec(model_bytes)  # noqa: SLF001 - one reader of the proto for the package
+        if spec["charsmap"] or spec["remove_extra_whitespaces"] or not spec["escape_whitespaces"] \
+                or spec["treat_whitespace_as_suffix"]:
+            return "the model normalizes text (charsmap or whitespace flags)"
+        if any(re.search("[^\u2581]\u2581", piece) for piece, _s, _k in tb.model_pieces(model_bytes)):
+            return "a piece of the model spans a space inside a word"
+        return ""
+    if kind == formats.TIKTOKEN:
+        names = {formats.PATTERNS[n] for n in ("gpt2", "cl100k", "o200k")}
+        return "" if sp.pattern in names else "a custom tiktoken pattern"
+    spec = getattr(sp, "spec", None) or {}
+    normalizer = (spec.get("normalizer") or {}).get("type")
+    pre = spec.get("pre_tokenizer") or {}
+    if normalizer not in _SAFE_HF_NORMALIZERS:
+        return f"the {normalizer} normalizer"
+    if pre.get("type") != "ByteLevel" or not pre.get("use_regex", True) or pre.get("add_prefix_space"):
+        return "not the GPT-2 byte-level pre-tokenizer"
+    return ""
+
+
+def _last_cut(text: str, lo: int, hi: int) -> int:
+    """The last boundary in (lo, hi], or -1."""
+    i = text.rfind(" ", lo + 1, hi + 1)
+    while i > lo:
+        if i + 1 < len(text) and not text[i - 1].isspace() and text[i + 1].isalpha():
+            return i
+        i = text.rfind(" ", lo + 1, i)
+    return -1
+
+
+def cuts(text: str, piece_chars: int = PIECE_CHARS, max_pretoken_chars: int = DEFAULT_MAX_PRETOKEN_CHARS) -> list:
+    """Start offsets of the pieces after the first: each the last boundary within `piece_chars` of the previous
+    one, or the first one after it; PretokenTooLong when a stretch longer than `max_pretoken_chars` has none."""
+    out = []
+    pos, n = 0, len(text)
+    while n - pos > piece_chars:
+        cut = _last_cut(text, pos, pos + piece_chars)
+        if cut < 0:  # no boundary within a piece: the stretch runs to the next one (or the end)
+            m = _CUT.search(text, pos + piece_chars + 1)
+            cut = m.start() if m else n
+            if cut - pos > max_pretoken_chars:
+                raise PretokenTooLong(f"{cut - pos:,} characters without a piece boundary (a space before a "
+                                      f"letter); --max-pretoken-mb allows {max_pretoken_chars:,}")
+            if cut == n:
+                break
+        out.append(cut)
+        pos = cut
+    return out
+
+
+def encode_in_pieces(encode, text: str, dummy_prefix: bool, piece_chars: int = PIECE_CHARS,
+                     max_pretoken_chars: int = DEFAULT_MAX_PRETOKEN_CHARS) -> np.ndarray:
+    """The ids of `text` as int32, encoded piece by piece with `encode(piece) -> ids`; `dummy_prefix`: the
+    encoder prepends `▁` itself (SentencePiece's add_dummy_prefix), so later pieces drop their leading space."""
+    bounds = [0, *cuts(text, piece_chars, max_pretoken_chars), len(text)]
+    parts = []
+    for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
+        piece = text[a + 1 if (i and dummy_prefix) else a:b]
+        ids = encode(piece)
+        parts.append(np.asarray(ids, dtype=np.int32) if isinstance(ids, np.ndarray)
+                     else np.fromiter(ids, dtype=np.int32, count=len(ids)))
+        del piece, ids
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int32)
+
+
+def dummy_prefix(sp, model_bytes: Optional[bytes]) -> bool:
+    if references.format_of(sp) != formats.SENTENCEPIECE or model_bytes is None:
+        return False
+    from transforms.tokenize import tokenizer_backends as tb  # noqa: PLC0415
+
+    return bool(tb._spec(model_bytes)["add_dummy_prefix"])  # noqa: SLF001

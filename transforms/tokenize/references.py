@@ -1,0 +1,147 @@
+"""The reference encoder of each tokenizer format: that format's own library, behind SentencePiece's API.
+
+The job, `verify`'s audit, `inspect` and `retrieval show` call `encode(texts, out_type=int, num_threads=1)`,
+`decode(ids)`, `get_piece_size()`, `eos_id()`... as on a `sentencepiece.SentencePieceProcessor`; a SentencePiece
+model is served by sentencepiece itself, an HF tokenizer.json by HF `tokenizers`, a tiktoken file by
+`tiktoken.Encoding`. Every fast backend (transforms/tokenize/tokenizer_backends.py) is judged against these.
+
+Text is text in all three: sentencepiece's `encode` never matches control pieces in text; HF runs with
+`encode_special_tokens = True` (its `special: true` added tokens are not matched; non-special added tokens, such
+as whitespace runs, are vocabulary and still are) and without the post-processor's BOS/EOS; tiktoken encodes with
+`encode_ordinary`. The job appends the end-of-document id itself.
+"""
+from __future__ import annotations
+
+import json
+
+from transforms.tokenize import formats
+
+
+class HFReference:
+    """HF `tokenizers` over a tokenizer.json, one document per call on the calling thread (Beam's workers are
+    the parallelism; `encode_batch` would start its own thread pool)."""
+    format = formats.HF_JSON
+
+    def __init__(self, data: bytes, options: formats.TokenizerOptions):
+        from tokenizers import Tokenizer  # noqa: PLC0415 - only for this format
+
+        try:
+            self._tok = Tokenizer.from_str(data.decode("utf-8"))
+        except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on a malformed file
+            raise formats.FormatError(f"an HF tokenizer.json that HF tokenizers cannot load: {str(e)[:200]}") from None
+        self._tok.encode_special_tokens = True
+        spec = json.loads(data)  # what transforms/tokenize/long_documents.py checks before cutting a document
+        self.spec = {"normalizer": spec.get("normalizer"), "pre_tokenizer": spec.get("pre_tokenizer")}
+        self.special = {t.content: i for i, t in sorted(self._tok.get_added_tokens_decoder().items()) if t.special}
+        self.eos_token, self._eos = formats.pick_eos(self.special, options.eos_token, self._tok.token_to_id)
+        self.pattern = ""
+        self._pad = next((self.special[t] for t in ("<|padding|>", "<pad>", "[PAD]") if t in self.special), -1)
+        self._bos = next((self.special[t] for t in ("<s>", "<|begin_of_text|>", "<bos>") if t in self.special), -1)
+        unk = self._tok.model.unk_token if hasattr(self._tok.model, "unk_token") else None
+        self._unk = self._tok.token_to_id(unk) if unk else None
+
+    def encode(self, texts, out_type=int, num_threads=1):  # noqa: ARG002 - SentencePiece's signature
+        if isinstance(texts, str):
+            return self._tok.encode(texts, add_special_tokens=False).ids
+        if num_threads > 1:  # the driver's parity sample: HF's own thread pool, the same ids
+            return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        return [self._tok.encode(t, add_special_tokens=False).ids for t in texts]
+
+    def decode(self, ids) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def get_piece_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    GetPieceSize = get_piece_size
+
+    def IsByte(self, _i: int) -> bool:  # noqa: N802 - SentencePiece's name; byte-level BPE has no fallback pieces
+        return False
+
+    def id_to_piece(self, i: int) -> str:
+        return self._tok.id_to_token(int(i)) or ""
+
+    def eos_id(self) -> int:
+        return self._eos
+
+    def bos_id(self) -> int:
+        return self._bos
+
+    def pad_id(self) -> int:
+        return self._pad
+
+    def unk_id(self) -> int:
+        return -1 if self._unk is None else self._unk
+
+
+class TiktokenReference:
+    """tiktoken's `Encoding` over the file's ranks, the pattern and special tokens given by options (the file
+    holds ranks only); `encode_ordinary`, so a special token's text stays text."""
+    format = formats.TIKTOKEN
+
+    def __init__(self, data: bytes, options: formats.TokenizerOptions):
+        import tiktoken  # noqa: PLC0415 - only for this format
+
+        ranks = formats.tiktoken_ranks(data)
+        self.pattern = formats.tiktoken_pattern(options.pattern)
+        self.special = formats.parse_special_tokens(options.special_tokens)
+        clash = sorted(set(self.special.values()) & set(ranks.values()))
+        if clash:
+            raise formats.FormatError(f"--special-tokens: id {clash[0]} is already a token of the tiktoken file")
+        try:
+            self._enc = tiktoken.Encoding("pileprep", pat_str=self.pattern, mergeable_ranks=ranks,
+                                          special_tokens=self.special)
+        except Exception as e:  # noqa: BLE001 - tiktoken raises ValueError / its Rust panics as Exception
+            raise formats.FormatError(f"tiktoken cannot build an encoding from this file: {str(e)[:200]}") from None
+
+        def lookup(text):
+            if text in self.special:
+                return self.special[text]
+            return ranks.get(text.encode("utf-8"))
+
+        self.eos_token, self._eos = formats.pick_eos(self.special, options.eos_token, lookup)
+
+    def encode(self, texts, out_type=int, num_threads=1):  # noqa: ARG002 - SentencePiece's signature
+        if isinstance(texts, str):
+            return self._enc.encode_ordinary(texts)
+        if num_threads > 1:
+            return self._enc.encode_ordinary_batch(list(texts), num_threads=num_threads)
+        return [self._enc.encode_ordinary(t) for t in texts]
+
+    def decode(self, ids) -> str:
+        return self._enc.decode([int(i) for i in ids], errors="replace")
+
+    def get_piece_size(self) -> int:
+        return self._enc.n_vocab
+
+    GetPieceSize = get_piece_size
+
+    def IsByte(self, _i: int) -> bool:  # noqa: N802 - SentencePiece's name
+        return False
+
+    def id_to_piece(self, i: int) -> str:
+        return self._enc.decode_single_token_bytes(int(i)).decode("utf-8", "replace")
+
+    def eos_id(self) -> int:
+        return self._eos
+
+    def bos_id(self) -> int:
+        return -1
+
+    def pad_id(self) -> int:
+        return -1
+
+    def unk_id(self) -> int:
+        return -1
+
+
+def format_of(processor) -> str:
+    return getattr(processor, "format", formats.SENTENCEPIECE)
+
+
+def special_tokens_of(processor) -> dict:
+    """{text: id} of the vocabulary's control tokens (SentencePiece: its control and unknown pieces)."""
+    if hasattr(processor, "special"):
+        return dict(processor.special)
+    return {processor.id_to_piece(i): i for i in range(processor.get_piece_size())
+            if processor.is_control(i) or processor.is_unknown(i)}
