@@ -179,7 +179,7 @@ def cmd_report(args, beam_args) -> int:
     from pipeline.tools.report import write_report  # noqa: PLC0415
 
     _filesystem_args(beam_args)
-    print(write_report(args.dataset, args.output, args.metrics))
+    print(write_report(args.dataset, args.output, args.metrics, args.run_log))
     return 0
 
 
@@ -265,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--output", default=None, help="where to write the page (default DATASET/report.html)")
     report.add_argument("--metrics", default=None, metavar="FILE",
                         help="the trainer's metrics JSON lines (--metrics-file): adds loss and throughput curves")
+    report.add_argument("--run-log", default=None, metavar="FILE",
+                        help="the shard run's --run-log: adds its wall time to the headline")
 
     export = _subcommand(sub, "export", cmd_export, "write a dataset's shards in another format (Parquet)",
                          epilog=s3_help)

@@ -113,9 +113,9 @@ class ShardConfig:
         "(transforms/tokenize/tokenizer_backends.py)", manifest=False)
     shuffle: Literal["auto", "files", "runner"] = option(
         "auto", "how tokenized documents reach their shard (docs/SHUFFLE.md): files = pack tasks read ranges of "
-        "every unit's spill files; runner = the runner's GroupByKey moves per-shard pieces (for Dataflow, Flink, "
-        "Spark); auto = runner on those, files on local runners (FnApiRunner holds a GroupByKey in memory). "
-        "Same bytes either way", manifest=False)
+        "every unit's spill files; runner = the runner's GroupByKey moves per-shard pieces; auto = runner on every "
+        "runner whose GroupByKey is distributed (Dataflow, Flink, Spark, Dask, PortableRunner), files on the local "
+        "FnApiRunner/DirectRunner/Prism (they hold a GroupByKey in memory). Same bytes either way", manifest=False)
     # Operations (docs/OPERATIONS.md §3): how a run guards the output, not what it makes.
     break_lock: bool = option(
         False, "remove another run's lock on --output first (only when that run is known to be gone; a crashed "

@@ -91,10 +91,13 @@ def preflight(options: dict) -> None:
             raise ConfigError(f"{flag}={address}: nothing answers there; start {what} first or fix the address")
 
 
-# Runners whose GroupByKey is a distributed, spilling shuffle (Dataflow Shuffle, Flink and Spark batch): there the
-# shard job lets the runner move the pieces (docs/SHUFFLE.md, design D). Every other runner (FnApiRunner holds a
-# whole GroupByKey in memory; Prism, Direct, Dask and a PortableRunner of unknown backend) keeps the file spill.
-RUNNER_SHUFFLE_RUNNERS = ("DataflowRunner", "FlinkRunner", "SparkRunner")
+# Local runners hold a whole GroupByKey in the driver's memory (FnApiRunner and the Direct runners built on it,
+# Prism), so there the shard job keeps the file spill. Every other runner's GroupByKey is a distributed, spilling
+# shuffle (Dataflow Shuffle, Flink and Spark batch, Dask's partitioned groupby, a PortableRunner's job server),
+# and the file spill would cost one small read per unit and shard (~1.2 G requests at 1 TB, docs/SHUFFLE.md):
+# there the runner moves the pieces (design D). An empty name is the default runner (FnApiRunner).
+LOCAL_SHUFFLE_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
+                         "PrismRunner", "InteractiveRunner")
 
 
 def choose_shuffle(choice: str, runner_name: str) -> str:
@@ -102,4 +105,4 @@ def choose_shuffle(choice: str, runner_name: str) -> str:
     if choice in ("files", "runner"):
         return choice
     name = str(runner_name or "").rsplit(".", 1)[-1]
-    return "runner" if name.endswith(RUNNER_SHUFFLE_RUNNERS) else "files"
+    return "files" if not name or name in LOCAL_SHUFFLE_RUNNERS else "runner"

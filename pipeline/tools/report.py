@@ -6,16 +6,24 @@ data itself is never re-read, so a report of a terabyte dataset takes a second. 
 plots are PNGs (matplotlib's Agg canvas, no pyplot global state) embedded as base64 data URIs, styles inline.
 
 `render_report` is pure (manifest dict in, HTML out); `write_report` does the I/O, local or s3:// alike.
+
+Data is never code: every value from the manifest, the dead letters or the data (source names, paths, hashes,
+excerpts, decoded text) is HTML-escaped where it enters the page and stripped of plot markup where it enters a
+plot; the page's Content-Security-Policy allows no network, no inline handlers and only its own script and style
+by hash, so a value that escaped anyway could still not run.
 """
 from __future__ import annotations
 
 import base64
+import hashlib
 import html
 import io
 import json
 import math
+import unicodedata
 from typing import Optional
 
+from transforms.shard import mixture as mixture_weights
 from transforms.shard.documents import SPLITS
 
 MAX_EXCERPTS_PER_REASON = 3
@@ -24,6 +32,14 @@ REPORT_NAME = "report.html"
 
 
 # ------------------------------------------------------------------------------------------------ plots
+def plot_text(value, limit: int = 24) -> str:
+    """A data string as plain text inside a plot: no control characters or escape sequences, and no `$`, which
+    matplotlib would parse as mathtext (a malformed formula raises; a well-formed one draws markup)."""
+    text = "".join(ch if unicodedata.category(ch)[0] != "C" else " " for ch in str(value))
+    text = text.replace("$", r"\$")
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def _figure(width: float = 7.5, height: float = 3.4):
     from matplotlib.figure import Figure  # noqa: PLC0415 - only the report needs matplotlib
 
@@ -31,18 +47,19 @@ def _figure(width: float = 7.5, height: float = 3.4):
     return fig, fig.add_subplot(1, 1, 1)
 
 
-def _png(fig) -> str:
+def _png(fig, adjust: bool = True) -> str:
     buf = io.BytesIO()
     # Fixed margins (room for rotated labels) instead of tight_layout, which draws every figure twice.
-    fig.subplots_adjust(left=0.1, right=0.9, top=0.9, bottom=0.25)
+    if adjust:
+        fig.subplots_adjust(left=0.1, right=0.9, top=0.9, bottom=0.25)
     fig.savefig(buf, format="png")
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _img(plot_id: str, fig, alt: str) -> str:
+def _img(plot_id: str, fig, alt: str, adjust: bool = True) -> str:
     w, h = (int(round(v * fig.dpi)) for v in fig.get_size_inches())
-    return (f'<img class="plot" id="plot-{plot_id}" alt="{html.escape(alt)}" width="{w}" height="{h}" '
-            f'src="data:image/png;base64,{_png(fig)}">')
+    return (f'<img class="plot" id="plot-{html.escape(plot_id)}" alt="{html.escape(alt)}" width="{w}" '
+            f'height="{h}" src="data:image/png;base64,{_png(fig, adjust)}">')
 
 
 def _bars(ax, labels, series: dict, ylabel: str, log: bool = False) -> None:
@@ -51,7 +68,7 @@ def _bars(ax, labels, series: dict, ylabel: str, log: bool = False) -> None:
     for k, (name, values) in enumerate(series.items()):
         ax.bar([i + k * width - 0.4 + width / 2 for i in range(len(labels))], values, width, label=name)
     ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels([lab[:20] for lab in labels], rotation=30, ha="right", fontsize=8)
+    ax.set_xticklabels([plot_text(lab, 20) for lab in labels], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
     if log:
         ax.set_yscale("log")
@@ -59,14 +76,42 @@ def _bars(ax, labels, series: dict, ylabel: str, log: bool = False) -> None:
         ax.legend(fontsize=8)
 
 
+def _hbars(labels, series: dict, xlabel: str, title: str, plot_id: str, alt: str) -> str:
+    """Horizontal bars, one row per label, read left to right on one linear scale (labels never rotated)."""
+    n = max(1, len(series))
+    fig, ax = _figure(7.5, max(2.4, 0.75 + 0.28 * len(labels) * max(1, n / 2)))
+    height = 0.8 / n
+    for k, (name, values) in enumerate(series.items()):
+        ax.barh([i + k * height - 0.4 + height / 2 for i in range(len(labels))], values, height,
+                label=plot_text(name))
+    ax.set_yticks(range(len(labels)))
+    ax.set_yticklabels([plot_text(lab, 28) for lab in labels], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.set_xlim(0, max([1.0] + [v for vals in series.values() for v in vals]) * 1.08)
+    if n > 1:
+        ax.legend(fontsize=8, loc="lower right")
+    fig.subplots_adjust(left=0.3, right=0.97, top=0.9, bottom=0.15)
+    return _img(plot_id, fig, alt, adjust=False)
+
+
+def split_shares(manifest: dict) -> dict:
+    """{split: {source: % of that split's tokens}}: shares are comparable across sources and splits."""
+    out = {}
+    for split in (s for s in SPLITS if s in manifest["splits"]):
+        tokens = {src: _num(per.get(split, {}).get("tokens", 0)) for src, per in manifest["sources"].items()}
+        total = sum(tokens.values())
+        out[split] = {src: (100.0 * t / total if total else 0.0) for src, t in tokens.items()}
+    return out
+
+
 def plot_tokens_per_source(manifest: dict) -> str:
     sources = sorted(manifest["sources"])
-    splits = [s for s in SPLITS if s in manifest["splits"]]
-    fig, ax = _figure()
-    _bars(ax, sources, {s: [manifest["sources"][src].get(s, {}).get("tokens", 0) for src in sources]
-                        for s in splits}, "tokens (log)", log=True)
-    ax.set_title("tokens per source and split")
-    return _img("tokens-per-source", fig, "tokens per source and split")
+    shares = split_shares(manifest)
+    return _hbars(sources, {split: [shares[split].get(src, 0.0) for src in sources] for split in shares},
+                  "% of the split's tokens", "token share per source and split", "tokens-per-source",
+                  "token share per source and split")
 
 
 def plot_length_histograms(stats: dict) -> str:
@@ -76,7 +121,7 @@ def plot_length_histograms(stats: dict) -> str:
         if not any(hist):
             continue
         edges = [2 ** i for i in range(len(hist) + 1)]
-        ax.stairs(hist, edges, label=source[:24])
+        ax.stairs(hist, edges, label=plot_text(source))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("document length, tokens (log2 bins)")
     ax.set_ylabel("documents")
@@ -103,33 +148,55 @@ def plot_byte_fallback(stats: dict) -> str:
     return _img("byte-fallback", fig, "byte-fallback share per source")
 
 
+MAX_LABELLED_SHARDS = 40  # beyond this a panel shows shard indexes on an axis, not one label per shard
+
+
 def plot_shards(manifest: dict) -> str:
-    shards = manifest["shards"]
-    seq_len = manifest["contract"]["seq_len"]
-    fig, ax = _figure(7.5, 3.6)
-    x = range(len(shards))
-    ax.bar(x, [s["bytes"] / 2 ** 20 for s in shards], color="#4c72b0", label="MiB")
-    ax.set_ylabel("shard size, MiB")
-    ax.set_xticks(list(x))
-    ax.set_xticklabels([s["path"].rsplit("/", 1)[-1].replace(".tfrecord", "") for s in shards], rotation=60,
-                       ha="right", fontsize=6)
-    ax2 = ax.twinx()
-    ax2.plot(list(x), [s["examples"] for s in shards], "o-", color="#dd8452", label="examples")
-    ax2.plot(list(x), [s["padding_tokens"] / seq_len for s in shards], "x:", color="#55a868",
-             label="padding (examples' worth)")
-    ax2.set_ylabel("examples")
-    ax2.legend(fontsize=7, loc="upper right")
-    ax.set_title("balance: bytes, examples and padding per shard")
-    return _img("shards", fig, "examples and bytes per shard")
+    """Balance: examples per shard, one panel per split (a split's shards are never joined to another's);
+    up to MAX_LABELLED_SHARDS shards are labelled by name, horizontally, more by index."""
+    seq_len = _num(manifest["contract"]["seq_len"]) or 1
+    groups: dict = {}
+    for s in manifest["shards"]:
+        groups.setdefault(str(s["split"]), []).append(s)
+    names = [n for n in SPLITS if n in groups] + sorted(n for n in groups if n not in SPLITS)
+    rows = [min(len(groups[n]), MAX_LABELLED_SHARDS + 1) for n in names]
+    from matplotlib.figure import Figure  # noqa: PLC0415
+
+    fig = Figure(figsize=(7.5, 0.9 + sum(0.5 + 0.22 * r for r in rows)), dpi=100)
+    axes = fig.subplots(len(names), 1, squeeze=False, gridspec_kw={"height_ratios": [2 + r for r in rows]})[:, 0]
+    for ax, name in zip(axes, names):
+        shards = groups[name]
+        examples = [_num(s["examples"]) for s in shards]
+        padding = [_num(s["padding_tokens"]) / seq_len for s in shards]
+        y = range(len(shards))
+        ax.barh(list(y), examples, color="#4c72b0", label="examples")
+        ax.barh(list(y), padding, color="#dd8452", label="padding (examples' worth)")
+        if len(shards) <= MAX_LABELLED_SHARDS:
+            ax.set_yticks(list(y))
+            ax.set_yticklabels([plot_text(str(s["path"]).rsplit("/", 1)[-1].replace(".tfrecord", ""), 28)
+                                for s in shards], fontsize=8)
+        else:
+            ax.set_ylabel("shard index", fontsize=8)
+        ax.invert_yaxis()
+        mean = sum(examples) / len(examples) if examples else 0
+        spread = (max(examples) - min(examples)) / mean if mean else 0.0
+        ax.set_title(f"{plot_text(name, 16)}: {len(shards)} shards, examples per shard "
+                     f"{min(examples):,.0f}–{max(examples):,.0f} (spread {spread:.1%})", fontsize=9)
+        ax.tick_params(axis="x", labelsize=8)
+    axes[0].legend(fontsize=7, loc="lower right")
+    axes[-1].set_xlabel("examples per shard")
+    fig.subplots_adjust(left=0.25, right=0.97, top=0.96, bottom=0.06, hspace=0.6)
+    return _img("shards", fig, "examples and padding per shard, one panel per split", adjust=False)
 
 
-def plot_mixture(mixture: dict) -> str:
-    sources = sorted(mixture["sources"])
-    fig, ax = _figure()
-    _bars(ax, sources, {"target": [100 * mixture["sources"][s]["target_share"] for s in sources],
-                        "realised": [100 * mixture["sources"][s]["share"] for s in sources]}, "% of train tokens")
-    ax.set_title("mixture: target vs realised token share")
-    return _img("mixture", fig, "mixture target and realised shares")
+def plot_mixture(rows: list) -> str:
+    """rows from `mixture_rows`: the source's share of the corpus, the Pile paper's, and the realised train mix."""
+    labels = [r["source"] for r in rows]
+    series = {"share of unique tokens": [r["corpus_share"] for r in rows],
+              "the Pile paper": [r["paper_share"] or 0.0 for r in rows],
+              "realised (train, after weights)": [r["realised_share"] for r in rows]}
+    return _hbars(labels, series, "% of tokens", "mixture: each source's share of tokens", "mixture",
+                  "source shares: corpus, Pile paper, realised")
 
 
 def plot_training(metrics: list) -> str:
@@ -179,6 +246,10 @@ td,th{border:1px solid #ddd;padding:3px 7px;text-align:right}
 th{background:#f3f3f3} td:first-child,th:first-child{text-align:left} .meta{color:#555}
 img.plot{display:block;margin:8px 0;max-width:100%;height:auto} code{background:#f5f5f5;padding:0 3px}
 .excerpt{font-family:monospace;font-size:11.5px;text-align:left;max-width:520px;word-break:break-all}
+dl.headline{display:grid;grid-template-columns:max-content auto;gap:2px 14px;margin:10px 0 4px}
+dl.headline dt{color:#555} dl.headline dd{margin:0;font-weight:600}
+pre.example{white-space:pre-wrap;word-break:break-word;background:#f7f7f7;padding:6px 8px;max-height:16em;
+overflow:auto;font-size:12px} h3{font-size:14px;margin:12px 0 2px}
 """
 # After load, record each plot's decoded size on the element: headless checks read it from the dumped DOM.
 _SCRIPT = """
@@ -194,46 +265,155 @@ window.addEventListener('load', function () {
 """
 
 
-def render_report(manifest: dict, dead_letter_rows: Optional[list] = None, metrics: Optional[list] = None,
-                  title: str = "") -> str:
-    """The report page for a manifest dict; `dead_letter_rows` give excerpts, `metrics` the trainer's curves."""
+def _num(v) -> float:
+    """A count or size from the manifest as a number (0 for anything else), for arithmetic only: display goes
+    through `_cell`, which escapes whatever the value is."""
+    return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0
+
+
+def _e(v) -> str:
+    return html.escape(str(v), quote=True)
+
+
+def _bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.2f} {unit}"
+        n /= 1024
+    return ""
+
+
+def bytes_on_disk(manifest: dict) -> int:
+    """Shards, document-id indexes and dead-letter files the manifest lists (the manifest itself aside)."""
+    listed = list(manifest.get("shards", [])) + list(manifest.get("doc_id_indexes", []) or []) + list(
+        manifest.get("dead_letter_files", []) or [])
+    return int(sum(_num(f.get("bytes", 0)) for f in listed if isinstance(f, dict)))
+
+
+def headline(manifest: dict, wall_s: Optional[float] = None) -> list:
+    """(label, value) pairs for the page's first lines: what a data engineer asks first."""
     c = manifest["contract"]
-    seq_len = c["seq_len"]
+    tok = c["tokenizer"]
+    splits = manifest["splits"]
+    backend = manifest.get("tokenizer_backend") or {}
+    generations = manifest.get("generations") or []
+    tokenizer_name = str(manifest.get("config", {}).get("tokenizer", "?")).rstrip("/").rsplit("/", 1)[-1]
+    return [
+        ("tokens", f"{int(sum(_num(d.get('tokens', 0)) for d in splits.values())):,}"),
+        ("documents", f"{int(sum(_num(d.get('documents', 0)) for d in splits.values())):,}"),
+        ("examples", f"{int(sum(_num(d.get('examples', 0)) for d in splits.values())):,} of "
+                     f"{c['seq_len']} tokens"),
+        ("bytes on disk", _bytes(bytes_on_disk(manifest))),
+        ("wall time", f"{wall_s:,.1f} s" if wall_s is not None else "not recorded (pass --run-log FILE of the run)"),
+        ("tokenizer", f"{tokenizer_name} ({tok.get('kind', '?')}, vocab {tok.get('vocab_size', '?')}, sha256 "
+                      f"{str(tok.get('model_sha256', '?'))[:16]})"),
+        ("backend", f"{backend.get('name', 'sentencepiece')}"
+                    + (f" ({backend['reason']})" if backend.get("reason") else "")),
+        ("generation", f"{manifest.get('generation', '?')}"
+                       + (f" ({len(generations)} generations)" if len(generations) > 1 else "")),
+    ]
+
+
+def mixture_rows(manifest: dict) -> list:
+    """Per source: its share of the unique train tokens, the Pile paper's share (Gao et al. 2020, Table 1;
+    transforms/shard/mixture.py) and the realised share of the train split as written (after weights)."""
+    mix = (manifest.get("mixture") or {}).get("sources") or {}
+    train = {src: _num(per.get("train", {}).get("tokens", 0)) for src, per in manifest["sources"].items()}
+    unique = {src: _num(mix[src].get("unique_tokens", train.get(src, 0))) if src in mix else train.get(src, 0)
+              for src in set(train) | set(mix)}
+    total_unique = sum(unique.values())
+    total_written = sum(train.values())
+    rows = []
+    for src in sorted(unique):
+        paper = mixture_weights.PILE_PAPER_SHARES.get(src)
+        rows.append({"source": src, "unique_tokens": unique[src], "weight": mix.get(src, {}).get("weight", 1.0),
+                     "corpus_share": 100.0 * unique[src] / total_unique if total_unique else 0.0,
+                     "paper_share": 100.0 * paper if paper is not None else None,
+                     "realised_share": 100.0 * train.get(src, 0) / total_written if total_written else 0.0})
+    return rows
+
+
+def dedup_rows(stats: dict) -> list:
+    """Per source: documents tokenized (before dedup), exact duplicates dropped, and their share."""
+    rows = []
+    for src, st in sorted(stats.items()):
+        seen, dup = _num(st.get("tokenized_documents", 0)), _num(st.get("duplicates", 0))
+        rows.append([src, seen, dup, f"{100 * dup / seen:.2f}%" if seen else "n/a"])
+    return rows
+
+
+def render_report(manifest: dict, dead_letter_rows: Optional[list] = None, metrics: Optional[list] = None,
+                  title: str = "", examples: Optional[dict] = None, wall_s: Optional[float] = None) -> str:
+    """The report page for a manifest dict; `dead_letter_rows` give excerpts, `metrics` the trainer's curves,
+    `examples` {split: {shard, text | ids, note}} one decoded example per split, `wall_s` the run's wall time."""
+    c = manifest["contract"]
+    seq_len = _num(c["seq_len"])
     stats = manifest.get("statistics", {}).get("sources", {})
     splits = [s for s in SPLITS if s in manifest["splits"]]
     rec = manifest["records"]
-    parts = [f"<h1>pileprep dataset report{': ' + html.escape(title) if title else ''}</h1>",
-             f'<p class="meta">pileprep {html.escape(manifest.get("pileprep_version", "?"))} · generation '
-             f'<code>{html.escape(str(manifest.get("generation", "?")))}</code> · contract {c["version"]} · '
-             f'seq_len {seq_len} · vocab {c["tokenizer"]["vocab_size"]:,} · tokenizer sha256 '
-             f'<code>{c["tokenizer"]["model_sha256"][:16]}</code></p>']
+    parts = [f"<h1>pileprep dataset report{': ' + _e(title) if title else ''}</h1>",
+             '<dl class="headline">' + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>"
+                                               for k, v in headline(manifest, wall_s)) + "</dl>",
+             f'<p class="meta">pileprep {_e(manifest.get("pileprep_version", "?"))} · contract {_e(c["version"])} · '
+             f'seq_len {_e(c["seq_len"])} · tokenizer sha256 <code>{_e(c["tokenizer"]["model_sha256"])}</code></p>']
 
     split_rows = []
     for s in splits:
         d = manifest["splits"][s]
         split_rows.append([s, d["shards"], d["examples"], d["documents"], d["tokens"], d["padding_tokens"],
-                           _pct(d["padding_tokens"], d["examples"] * seq_len)])
+                           _pct(_num(d["padding_tokens"]), _num(d["examples"]) * seq_len)])
     parts.append(_section("Splits", _table(["split", "shards", "examples", "documents", "tokens", "padding tokens",
                                             "padding"], split_rows),
-                          f"<p>padding fraction overall: {100 * manifest['padding_fraction']:.4f}%</p>"))
+                          f"<p>padding fraction overall: {100 * _num(manifest['padding_fraction']):.4f}%</p>"))
 
+    if examples:
+        ex_parts = []
+        for split in [s for s in SPLITS if s in examples] + sorted(s for s in examples if s not in SPLITS):
+            ex = examples[split]
+            body = ex.get("text") if ex.get("text") is not None else " ".join(map(str, ex.get("ids", [])[:64]))
+            ex_parts.append(f"<h3>{_e(split)} <span class=\"meta\">{_e(ex.get('shard', ''))}, example 0, first "
+                            f"document piece{(' — ' + _e(ex['note'])) if ex.get('note') else ''}</span></h3>"
+                            f'<pre class="example">{_e(body)}</pre>')
+        parts.append(_section("One example per split, decoded", *ex_parts))
+
+    shares = split_shares(manifest)
     source_rows = []
     for src, per in sorted(manifest["sources"].items()):
         row = [src]
         for s in splits:
-            row += [per.get(s, {}).get("documents", 0), per.get(s, {}).get("tokens", 0)]
+            row += [per.get(s, {}).get("documents", 0), per.get(s, {}).get("tokens", 0),
+                    f"{shares.get(s, {}).get(src, 0.0):.2f}%"]
         source_rows.append(row)
-    headers = ["source"] + [f"{s} {k}" for s in splits for k in ("docs", "tokens")]
+    headers = ["source"] + [f"{s} {k}" for s in splits for k in ("docs", "tokens", "share")]
     sources_parts = [_table(headers, source_rows)]
     if manifest["sources"]:
         sources_parts.append(plot_tokens_per_source(manifest))
     parts.append(_section("Tokens and documents per source", *sources_parts))
 
+    mix_rows = mixture_rows(manifest)
+    if mix_rows:
+        mix = manifest.get("mixture") or {}
+        parts.append(_section(
+            "Mixture", plot_mixture(mix_rows), _table(
+                ["source", "weight (epochs)", "unique train tokens", "share of unique tokens", "the Pile paper",
+                 "realised (train as written)"],
+                [[r["source"], r["weight"], r["unique_tokens"], f"{r['corpus_share']:.2f}%",
+                  f"{r['paper_share']:.2f}%" if r["paper_share"] is not None else "—",
+                  f"{r['realised_share']:.2f}%"] for r in mix_rows]),
+            f"<p>Weights: {_e(json.dumps(mix.get('weights', {}), sort_keys=True)) if mix else 'none (every source 1)'}. "
+            "The Pile paper's column is each component's share of the Pile's training mix (Gao et al. 2020, "
+            "Table 1), for the sources of that name.</p>"))
+
     if stats:
         eff_rows = [[src, s.get("tokenized_documents", 0), s.get("chars", 0), s.get("bytes", 0), s.get("tokens", 0),
                      s.get("chars_per_token", 0.0), s.get("bytes_per_token", 0.0),
-                     f"{100 * s.get('byte_fallback_share', 0.0):.3f}%", s.get("duplicates", 0)]
+                     f"{100 * _num(s.get('byte_fallback_share', 0.0)):.3f}%", s.get("duplicates", 0)]
                     for src, s in sorted(stats.items())]
+        parts.append(_section(
+            "Exact duplicates per source",
+            _table(["source", "documents read", "duplicates dropped", "share dropped"], dedup_rows(stats)),
+            "<p>Documents tokenized from the inputs and the exact copies removed before packing, by the source of "
+            "the removed copy.</p>"))
         parts.append(_section(
             "Document lengths", plot_length_histograms(stats),
             "<p>Documents as written to the shards (after dedup, with mixture copies); bin <i>i</i> holds "
@@ -248,43 +428,39 @@ def render_report(manifest: dict, dead_letter_rows: Optional[list] = None, metri
         parts.append(_section("Shards", plot_shards(manifest), _table(
             ["shard", "split", "examples", "documents", "tokens", "padding", "bytes", "sha256"],
             [[s["path"], s["split"], s["examples"], s["documents"], s["tokens"],
-              _pct(s["padding_tokens"], s["examples"] * seq_len), s["bytes"], s["sha256"][:12]]
+              _pct(_num(s["padding_tokens"]), _num(s["examples"]) * seq_len), s["bytes"], str(s["sha256"])[:12]]
              for s in manifest["shards"]])))
-
-    if manifest.get("mixture"):
-        mix = manifest["mixture"]
-        parts.append(_section("Mixture", plot_mixture(mix), _table(
-            ["source", "weight (epochs)", "unique tokens", "tokens written", "target share", "realised share"],
-            [[s, r["weight"], r["unique_tokens"], r["tokens"], f"{100 * r['target_share']:.3f}%",
-              f"{100 * r['share']:.3f}%"] for s, r in sorted(mix["sources"].items())])))
 
     reasons = [["filtered", r, n] for r, n in sorted(rec.get("filtered", {}).items())]
     reasons += [["dead-lettered", r, n] for r, n in sorted(rec.get("dead_lettered", {}).items())]
     excerpts: dict = {}
     for row in dead_letter_rows or []:
-        lst = excerpts.setdefault(row.get("reason", "?"), [])
+        if not isinstance(row, dict):
+            continue
+        lst = excerpts.setdefault(str(row.get("reason", "?")), [])
         if len(lst) < MAX_EXCERPTS_PER_REASON:
             lst.append(row)
-    ex_rows = [[r, row.get("file", ""), row.get("line", ""), row.get("excerpt", "")[:300]]
+    ex_rows = [[r, row.get("file", ""), row.get("line", ""), str(row.get("excerpt", ""))[:300]]
                for r, lst in sorted(excerpts.items()) for row in lst]
     parts.append(_section(
         "Filtered and dead-lettered records",
-        f"<p>read {rec.get('read', 0):,} = written {rec.get('written', 0):,} + filtered "
-        f"{sum(rec.get('filtered', {}).values()):,} + dead-lettered {sum(rec.get('dead_lettered', {}).values()):,}"
-        f"</p>", _table(["kind", "reason", "records"], reasons),
+        f"<p>read {_cell(rec.get('read', 0))} = written {_cell(rec.get('written', 0))} + filtered "
+        f"{_cell(sum(_num(v) for v in rec.get('filtered', {}).values()))} + dead-lettered "
+        f"{_cell(sum(_num(v) for v in rec.get('dead_lettered', {}).values()))}</p>",
+        _table(["kind", "reason", "records"], reasons),
         _table(["reason", "file", "line", "excerpt"], ex_rows, "excerpts") if ex_rows else "",
         f"<p>dead-letter files: {len(manifest.get('dead_letters', []))}</p>"))
 
     parts.append(_section("Inputs", _table(
         ["file", "bytes", "read", "written", "filtered", "dead-lettered"],
-        [[i["path"], i.get("bytes", 0), i["read"], i["written"], sum(i["filtered"].values()),
-          sum(i["dead_lettered"].values())] for i in manifest.get("inputs", [])])))
+        [[i["path"], i.get("bytes", 0), i["read"], i["written"], sum(_num(v) for v in i["filtered"].values()),
+          sum(_num(v) for v in i["dead_lettered"].values())] for i in manifest.get("inputs", [])])))
 
     if metrics:
         parts.append(_section("Training", plot_training(metrics), _table(
             ["step", "loss", "tokens/s", "step s", "data wait"],
             [[m["step"], m["loss"], m.get("tokens_per_s", 0.0), m.get("step_seconds", 0.0),
-              f"{100 * m.get('data_wait_share', 0.0):.1f}%"] for m in metrics])))
+              f"{100 * _num(m.get('data_wait_share', 0.0)):.1f}%"] for m in metrics])))
 
     if manifest.get("retrieval"):
         parts.append(_section("Retrieval", _table(["key", "value"], [
@@ -292,8 +468,20 @@ def render_report(manifest: dict, dead_letter_rows: Optional[list] = None, metri
             for k, v in sorted(_flat(manifest["retrieval"]).items())])))
 
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>pileprep report {html.escape(title)}</title><style>{_STYLE}</style></head>"
+            f'<meta http-equiv="Content-Security-Policy" content="{_e(content_security_policy())}">'
+            f"<title>pileprep report {_e(title)}</title><style>{_STYLE}</style></head>"
             f"<body>{''.join(parts)}<script>{_SCRIPT}</script></body></html>\n")
+
+
+def _csp_hash(source: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(source.encode("utf-8")).digest()).decode("ascii") + "'"
+
+
+def content_security_policy() -> str:
+    """Nothing from the network, no inline handlers or injected script: only the page's own script and style
+    (by hash), its embedded PNGs (data: URIs), no forms, no base URL."""
+    return (f"default-src 'none'; script-src {_csp_hash(_SCRIPT)}; style-src {_csp_hash(_STYLE)}; "
+            "img-src data:; base-uri 'none'; form-action 'none'")
 
 
 def _flat(d: dict, prefix: str = "", depth: int = 0) -> dict:
@@ -341,7 +529,60 @@ def read_dead_letter_rows(dataset: str, manifest: dict, limit: int = MAX_DEAD_LE
     return rows
 
 
-def write_report(dataset: str, output: Optional[str] = None, metrics_path: Optional[str] = None) -> str:
+def read_wall_time(run_log: str) -> Optional[float]:
+    """The wall time of the last run in a `--run-log` file (its `summary` event), or None."""
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    wall = None
+    for line in io_utils.read_bytes(run_log).decode("utf-8", "replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict) and rec.get("event") == "summary" and isinstance(rec.get("wall_s"), (int, float)):
+            wall = float(rec["wall_s"])
+    return wall
+
+
+def decoded_examples(manifest_file: str, manifest) -> dict:
+    """{split: {shard, text | ids, note}}: the first document piece of each split's first non-empty shard, decoded
+    with the run's tokenizer when the file at the manifest's `config.tokenizer` still has the contract's sha256
+    (token ids otherwise). Reads one record per split."""
+    from model_contract import decode_example  # noqa: PLC0415
+    from pipeline.tools.inspect_dataset import _records  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    sp, note = None, ""
+    path = manifest.config.get("tokenizer")
+    try:
+        model = io_utils.read_bytes(path) if isinstance(path, str) and path else None
+        if model is not None and hashlib.sha256(model).hexdigest() == manifest.contract.tokenizer.model_sha256:
+            from transforms.tokenize import tokenizer  # noqa: PLC0415
+
+            sp = tokenizer.load_processor(model, path)
+        else:
+            note = "token ids: the tokenizer file has changed since the run"
+    except (OSError, ValueError, RuntimeError) as e:
+        note = f"token ids: the tokenizer file cannot be read ({type(e).__name__})"
+    out = {}
+    for split in SPLITS:
+        shard = next((s for s in manifest.shards_for(split) if s.examples), None)
+        if shard is None:
+            continue
+        record = next(iter(_records(manifest_file, shard)), None)
+        if record is None:
+            continue
+        ex = decode_example(record)
+        ids = ex["input_ids"][ex["segment_ids"] == 1].tolist()
+        text = sp.decode(ids) if sp is not None else None
+        if text is not None and len(text) > 1200:
+            text = text[:1200] + "…"
+        out[split] = {"shard": shard.path, "text": text, "ids": ids[:64], "note": note}
+    return out
+
+
+def write_report(dataset: str, output: Optional[str] = None, metrics_path: Optional[str] = None,
+                 run_log: Optional[str] = None) -> str:
     """Render DIR's committed manifest to `output` (default DIR/report.html); returns where it was written."""
     from pipeline.ops import commit  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
@@ -352,7 +593,9 @@ def write_report(dataset: str, output: Optional[str] = None, metrics_path: Optio
                                 f"was never committed")
     d = manifest.to_dict()
     page = render_report(d, read_dead_letter_rows(dataset, d), read_metrics(metrics_path) if metrics_path else None,
-                         title=dataset.rstrip("/").rsplit("/", 1)[-1])
+                         title=dataset.rstrip("/").rsplit("/", 1)[-1],
+                         examples=decoded_examples(commit.manifest_location(dataset), manifest),
+                         wall_s=read_wall_time(run_log) if run_log else None)
     output = output or io_utils.join(dataset, REPORT_NAME)
     data = page.encode("utf-8")
     io_utils.publish_bytes(output, data)

@@ -153,9 +153,10 @@ def test_killed_worker_is_recovered_with_identical_output(tmp_path, dask_cluster
 
 
 def test_dask_runner_shuffle_is_byte_identical(tmp_path, dask_cluster, corpus_and_reference):
-    """Issue 10 §3: `--shuffle runner` (pieces through Dask's GroupByKey) writes the file spill's bytes."""
+    """Issue 10 §3: `--shuffle files` on Dask writes the bytes of `auto` there (pieces through Dask's GroupByKey,
+    the other tests) and of FnApiRunner's file spill (the reference)."""
     corpus, reference, tokenizer = corpus_and_reference
-    res = run_cli(_args(corpus, tmp_path / "dask", tokenizer, "--shuffle", "runner", *_dask(dask_cluster)),
+    res = run_cli(_args(corpus, tmp_path / "dask", tokenizer, "--shuffle", "files", *_dask(dask_cluster)),
                   timeout_s=200)
     assert res.returncode == 0, res.stderr[-3000:]
     got = dataset_files(tmp_path / "dask")

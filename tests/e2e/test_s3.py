@@ -192,3 +192,51 @@ def test_credentials_in_an_endpoint_url_are_never_printed_or_logged(tmp_path, s3
     assert "http://***@127.0.0.1" in res.stderr and "--output" in res.stderr
     for text in (res.stdout, res.stderr, run_log.read_text()):
         assert "s3cr3tpassw0rd" not in text and "AKIAUSER" not in text
+
+
+# ------------------------------------------------------------------------------ issue 19: no ACL surprises
+def test_every_writer_puts_objects_without_an_acl_header(s3_server, monkeypatch):
+    """Every way pileprep writes an object (a streamed shard, an empty shard's single PUT, a published manifest
+    or report, the output lock), in this process so that each request boto3 sends can be seen: none carries
+    `x-amz-acl` / `x-amz-grant-*`: the bucket's own policy and ownership settings decide who reads, as for
+    any object its writer uploads plainly."""
+    import botocore.endpoint
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline.ops import lock
+    from transforms.io import io_utils
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    client = s3_server.client()
+    client.create_bucket(Bucket="acl-out")
+    sent = []
+    real_send = botocore.endpoint.Endpoint._send
+
+    def recording_send(self, request):
+        sent.append((request.method, request.url.split("?", 1)[0], dict(request.headers)))
+        return real_send(self, request)
+
+    monkeypatch.setattr(botocore.endpoint.Endpoint, "_send", recording_send)
+    FileSystems.set_options(PipelineOptions(s3_server.beam_args()))
+    try:
+        with io_utils.open_write("s3://acl-out/ds/gen/train-00000.tfrecord") as f:
+            f.write(b"x" * (6 << 20))  # more than one multipart part
+        io_utils.write_bytes("s3://acl-out/ds/gen/empty.tfrecord", b"")
+        io_utils.publish_bytes("s3://acl-out/ds/manifest.json", b"{}\n")
+        io_utils.publish_bytes("s3://acl-out/ds/report.html", b"<!DOCTYPE html>")
+        options = {"s3_endpoint_url": s3_server.endpoint, "s3_region_name": "us-east-1"}
+        with lock.OutputLock("s3://acl-out/locked", options).held():
+            pass
+    finally:
+        FileSystems.set_options(PipelineOptions([]))
+    puts = [(u, h) for m, u, h in sent if m in ("PUT", "POST") and "/acl-out/" in u]
+    for name in ("train-00000.tfrecord", "empty.tfrecord", "manifest.json", "report.html", lock.LOCK_NAME):
+        assert any(u.endswith("/" + name) for u, _h in puts), (name, [u for u, _h in puts])
+    for url, headers in puts:
+        acl = [h for h in headers if h.lower() == "x-amz-acl" or h.lower().startswith("x-amz-grant")]
+        assert not acl, (url, acl)
+    assert _keys(client, "acl-out", "ds/") == ["ds/gen/empty.tfrecord", "ds/gen/train-00000.tfrecord",
+                                               "ds/manifest.json", "ds/report.html"]

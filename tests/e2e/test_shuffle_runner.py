@@ -32,11 +32,28 @@ WEIGHTS = "Docs=2,Pile-CC=0.5"  # train copies repeated and dropped (transforms/
     ("DataflowRunner", "runner"), ("apache_beam.runners.dataflow.dataflow_runner.DataflowRunner", "runner"),
     ("TestDataflowRunner", "runner"), ("FlinkRunner", "runner"), ("SparkRunner", "runner"),
     ("FnApiRunner", "files"), ("SwitchingDirectRunner", "files"), ("DirectRunner", "files"),
-    ("PrismRunner", "files"), ("PortableRunner", "files"), (runners.DASK_RUNNER, "files"), ("", "files")])
+    ("PrismRunner", "files"), ("BundleBasedDirectRunner", "files"), ("PortableRunner", "runner"),
+    ("DaskRunner", "runner"), (runners.DASK_RUNNER, "runner"), ("", "files")])
 def test_auto_resolves_per_runner(runner, expected):
     assert runners.choose_shuffle("auto", runner) == expected
     assert runners.choose_shuffle("files", runner) == "files"
     assert runners.choose_shuffle("runner", runner) == "runner"
+
+
+def test_every_cluster_example_in_the_readme_gets_the_runner_shuffle():
+    """The README's Dataflow / Flink / Spark / Dask commands, parsed as the CLI parses them: each one's shuffle
+    (explicit or auto) is the runner's own, never the file spill's one read per unit and shard."""
+    from pipeline import cli, options
+    from tests.e2e.test_cli import REQUIRED, readme_flag_sets
+
+    sets = readme_flag_sets()
+    assert {"Apache Flink", "Apache Spark", "A Dask"} <= set(sets), sets.keys()
+    for title, words in sets.items():
+        if "--runner=DataflowRunner" in words:
+            assert runners.choose_shuffle("auto", "DataflowRunner") == "runner"
+            continue  # parsing it needs the gcp extra (tests/e2e/test_cli.py)
+        args, beam_args = cli.parse([a for a in words[1:] if a != "..."] + REQUIRED)
+        assert runners.choose_shuffle(args.shuffle, options.runner_name(beam_args)) == "runner", title
 
 
 def test_bad_shuffle_choice_fails_fast():

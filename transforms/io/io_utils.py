@@ -6,7 +6,6 @@ import errno
 import hashlib
 import json
 import os
-import tempfile
 import uuid
 from typing import Iterable
 
@@ -190,8 +189,11 @@ def replace_atomically(path: str, data: bytes) -> None:
     sees the old file or the new one, never a part (EFS/FSx included: rename within a directory is atomic)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    # A unique temp name (never a fixed `<name>.tmp` that a user's file could hold, or another writer share).
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    # A unique temp name (never a fixed `<name>.tmp` that a user's file could hold, or another writer share),
+    # created with the mode a plain open() gives under the umask: mkstemp's 0600 would leave the manifest
+    # unreadable to a trainer running as another user on shared FSx/EFS while its shards are 0644.
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex[:12]}.tmp")
+    fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)

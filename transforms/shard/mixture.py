@@ -29,6 +29,15 @@ PILE_EPOCHS = {
     "Ubuntu IRC": 2.0, "BookCorpus2": 1.5, "EuroParl": 2.0, "HackerNews": 2.0, "YoutubeSubtitles": 2.0,
     "PhilPapers": 2.0, "NIH ExPorter": 2.0, "Enron Emails": 2.0,
 }
+# The same table's "percentage of the Pile" column (fractions; they sum to 1.0): the mixture the paper trained on,
+# shown beside a dataset's realised mixture in `pileprep report` (pipeline/tools/report.py).
+PILE_PAPER_SHARES = {
+    "Pile-CC": 0.1811, "PubMed Central": 0.1440, "Books3": 0.1207, "OpenWebText2": 0.1001, "ArXiv": 0.0896,
+    "Github": 0.0759, "FreeLaw": 0.0612, "StackExchange": 0.0513, "USPTO Backgrounds": 0.0365,
+    "PubMed Abstracts": 0.0307, "Gutenberg (PG-19)": 0.0217, "OpenSubtitles": 0.0155, "Wikipedia (en)": 0.0153,
+    "DM Mathematics": 0.0124, "Ubuntu IRC": 0.0088, "BookCorpus2": 0.0075, "EuroParl": 0.0073, "HackerNews": 0.0062,
+    "YoutubeSubtitles": 0.0060, "PhilPapers": 0.0038, "NIH ExPorter": 0.0030, "Enron Emails": 0.0014,
+}
 PRESETS = {"pile": PILE_EPOCHS}
 
 

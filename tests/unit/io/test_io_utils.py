@@ -1,8 +1,10 @@
-"""transforms/io/io_utils.py: files are written once, and a failed write publishes nothing."""
+"""transforms/io/io_utils.py: files are written once, a failed write publishes nothing, a published file has
+the mode open() gives under the umask, and its durability calls come in order."""
 from __future__ import annotations
 
 import errno
-
+import os
+import stat
 import pytest
 
 from transforms.io import io_utils
@@ -31,3 +33,66 @@ def test_the_enospc_fault_point_fails_local_writes(tmp_path, monkeypatch):
     with pytest.raises(OSError) as info:
         io_utils.write_bytes(str(tmp_path / "x"), b"y" * 100)
     assert info.value.errno == errno.ENOSPC and not (tmp_path / "x").exists()
+
+
+@pytest.fixture(params=[0o022, 0o002], ids=["umask022", "umask002"])
+def umask(request):
+    old = os.umask(request.param)
+    try:
+        yield request.param
+    finally:
+        os.umask(old)
+
+
+def _mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_every_local_writer_gives_the_mode_open_gives_under_the_umask(tmp_path, umask):
+    with open(tmp_path / "plain", "wb"):
+        pass
+    expected = _mode(tmp_path / "plain")
+    assert expected == 0o666 & ~umask
+    io_utils.publish_bytes(str(tmp_path / "manifest.json"), b"{}\n")  # the commit point (replace_atomically)
+    io_utils.publish_bytes(str(tmp_path / "manifest.json"), b"{}\n")  # replacing an existing file, too
+    io_utils.write_bytes(str(tmp_path / "shard.tfrecord"), b"x" * 10)  # open_write
+    io_utils.write_jsonl(str(tmp_path / "dead.jsonl"), [{"a": 1}])
+    for name in ("manifest.json", "shard.tfrecord", "dead.jsonl"):
+        assert oct(_mode(tmp_path / name)) == oct(expected), name
+    assert sorted(os.listdir(tmp_path)) == ["dead.jsonl", "manifest.json", "plain", "shard.tfrecord"]  # no temp left
+
+
+def test_replace_atomically_fsyncs_the_file_before_the_rename_and_the_directory_after(tmp_path, monkeypatch):
+    target = tmp_path / "manifest.json"
+    target.write_bytes(b"old")
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+
+    def fsync(fd):
+        kind = "dir" if stat.S_ISDIR(os.fstat(fd).st_mode) else "file"
+        events.append(("fsync", kind))
+        return real_fsync(fd)
+
+    def replace(src, dst):
+        # The temp file must already hold the whole new content when it is renamed over the target.
+        events.append(("replace", open(src, "rb").read(), os.path.basename(dst)))
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", replace)
+    io_utils.replace_atomically(str(target), b"new content")
+    assert events == [("fsync", "file"), ("replace", b"new content", "manifest.json"), ("fsync", "dir")]
+    assert target.read_bytes() == b"new content"
+
+
+def test_a_failed_replace_leaves_the_old_file_and_no_temp(tmp_path, monkeypatch):
+    target = tmp_path / "manifest.json"
+    target.write_bytes(b"old")
+
+    def broken(_src, _dst):
+        raise OSError("injected")
+
+    monkeypatch.setattr(os, "replace", broken)
+    with pytest.raises(OSError, match="injected"):
+        io_utils.replace_atomically(str(target), b"new")
+    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["manifest.json"]
