@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import os
 
-from model_contract import decode_example, iter_records, load_manifest, resolve_shard_path
+from model_contract import decode_example, load_manifest, resolve_shard_path
+from model_contract.checked_reader import iter_checked_records
 from model_contract.manifest import MANIFEST_NAME
 from transforms.shard.documents import SPLITS
 
@@ -56,7 +57,7 @@ def _records(manifest_file: str, shard):
     from transforms.io import io_utils  # noqa: PLC0415
 
     with io_utils.open_read(resolve_shard_path(manifest_file, shard)) as f:
-        yield from iter_records(f)
+        yield from iter_checked_records(f, shard)  # size up front, refused by the shard's name
 
 
 def inspect_json(dataset: str, examples: int = 2) -> dict:
