@@ -156,3 +156,19 @@ def test_export_refuses_a_swapped_shard_by_name(two_generations, tmp_path, capsy
     err = capsys.readouterr().err
     assert manifest["shards"][0]["path"] in err and "the manifest says" in err and len(err.splitlines()) == 1
     assert not list((tmp_path / "pq").rglob("*.parquet"))  # nothing of the refused shard under a final name
+
+
+def test_inspect_refuses_a_swapped_shard_by_name(two_generations, tmp_path, capsys):
+    import shutil
+
+    from pipeline import cli
+
+    out, manifest = two_generations
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    first, second = (copy / s["path"] for s in manifest["shards"][:2])
+    shutil.copy(second, first)
+    assert cli.main(["inspect", str(copy), "--examples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"shard {manifest['shards'][0]['path']}: " in err and "the manifest says" in err
+    assert cli.main(["inspect", str(out), "--examples", "1"]) == 0  # the intact dataset still inspects
