@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Optional
 
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s'\"]+)@")
 
@@ -29,4 +30,35 @@ class RedactingFilter(logging.Filter):
         if redacted != message:
             record.msg, record.args = redacted, None
         return True
+
+
+
+# ------------------------------------------------------------------------------------------ at the sink
+class SinkFormatter(logging.Formatter):
+    """Wraps a handler's formatter: its whole output - message, traceback, exception text, whatever a library
+    put in the record - is redacted and made inert (pipeline/ops/safe_text.py) as the last step before the
+    handler writes it. A filter sees only the record's message: a traceback is formatted after every filter ran,
+    and it carries the URL of a failing S3 call (botocore's endpoint) in clear."""
+
+    def __init__(self, inner: Optional[logging.Formatter] = None):
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        from pipeline.ops.safe_text import log_text, terminal  # noqa: PLC0415
+
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken record is logging's problem, not ours
+            return redact_userinfo(log_text(self.inner.format(record)))
+        # the message on one line (a newline in the data must not forge a log line); the traceback keeps its own
+        safe = logging.makeLogRecord({**record.__dict__, "msg": terminal(message), "args": None})
+        return redact_userinfo(log_text(self.inner.format(safe)))
+
+
+def install_sink_formatters(logger: Optional[logging.Logger] = None) -> None:
+    """Every handler of `logger` (default: the root logger) formats through a SinkFormatter (idempotent)."""
+    for handler in (logger or logging.getLogger()).handlers:
+        if not isinstance(handler.formatter, SinkFormatter):
+            handler.setFormatter(SinkFormatter(handler.formatter))
 

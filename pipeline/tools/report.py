@@ -16,6 +16,7 @@ import json
 import math
 from typing import Optional
 
+from pipeline.ops.safe_text import plot as plot_text  # data in plot text: no mathtext, no controls
 from transforms.shard.documents import SPLITS
 
 MAX_EXCERPTS_PER_REASON = 3
@@ -49,9 +50,9 @@ def _bars(ax, labels, series: dict, ylabel: str, log: bool = False) -> None:
     n = max(1, len(series))
     width = 0.8 / n
     for k, (name, values) in enumerate(series.items()):
-        ax.bar([i + k * width - 0.4 + width / 2 for i in range(len(labels))], values, width, label=name)
+        ax.bar([i + k * width - 0.4 + width / 2 for i in range(len(labels))], values, width, label=plot_text(name))
     ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels([lab[:20] for lab in labels], rotation=30, ha="right", fontsize=8)
+    ax.set_xticklabels([plot_text(lab[:20]) for lab in labels], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
     if log:
         ax.set_yscale("log")
@@ -76,7 +77,7 @@ def plot_length_histograms(stats: dict) -> str:
         if not any(hist):
             continue
         edges = [2 ** i for i in range(len(hist) + 1)]
-        ax.stairs(hist, edges, label=source[:24])
+        ax.stairs(hist, edges, label=plot_text(source[:24]))
     ax.set_xscale("log", base=2)
     ax.set_xlabel("document length, tokens (log2 bins)")
     ax.set_ylabel("documents")
@@ -111,7 +112,7 @@ def plot_shards(manifest: dict) -> str:
     ax.bar(x, [s["bytes"] / 2 ** 20 for s in shards], color="#4c72b0", label="MiB")
     ax.set_ylabel("shard size, MiB")
     ax.set_xticks(list(x))
-    ax.set_xticklabels([s["path"].rsplit("/", 1)[-1].replace(".tfrecord", "") for s in shards], rotation=60,
+    ax.set_xticklabels([plot_text(s["path"].rsplit("/", 1)[-1].replace(".tfrecord", "")) for s in shards], rotation=60,
                        ha="right", fontsize=6)
     ax2 = ax.twinx()
     ax2.plot(list(x), [s["examples"] for s in shards], "o-", color="#dd8452", label="examples")
