@@ -172,3 +172,35 @@ def test_inspect_refuses_a_swapped_shard_by_name(two_generations, tmp_path, caps
     err = capsys.readouterr().err
     assert f"shard {manifest['shards'][0]['path']}: " in err and "the manifest says" in err
     assert cli.main(["inspect", str(out), "--examples", "1"]) == 0  # the intact dataset still inspects
+
+
+def test_trainer_readers_on_two_generations(two_generations, tmp_path):
+    """The trainer's loader and the IterableDataset read every shard of both generations, checked."""
+    from trainer.config import DataConfig, model_config
+    from trainer.data import ShardLoader, open_dataset
+
+    out, manifest = two_generations
+    seq_len = manifest["contract"]["seq_len"]
+    model = model_config("tiny", seq_len=seq_len, vocab_size=1024, n_layers=1, d_model=32, n_heads=2)
+    m, mfile = open_dataset(DataConfig(path=str(out)), model)
+    loader = ShardLoader(m, mfile, DataConfig(path=str(out), streams=2, shuffle_buffer=4), seq_len, 4,
+                         index_dir=str(tmp_path / "idx"))
+    assert loader.counts == [s["examples"] for s in manifest["shards"]]
+    assert next(iter(loader))["input_ids"].shape == (4, seq_len)
+    loader.close()
+    ds = ShardIterableDataset(str(out), "train", batch_size=1)
+    assert sum(1 for _ in ds) == sum(s["examples"] for s in manifest["shards"])
+
+
+def test_iterable_dataset_refuses_a_swapped_shard_by_name(two_generations, tmp_path):
+    import shutil
+
+    from model_contract.checked_reader import ShardMismatchError
+
+    out, manifest = two_generations
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    first, second = (copy / s["path"] for s in manifest["shards"][:2])
+    shutil.copy(second, first)
+    with pytest.raises(ShardMismatchError, match=f"shard {manifest['shards'][0]['path']}: "):
+        list(ShardIterableDataset(str(copy), "train", batch_size=1))
