@@ -105,3 +105,22 @@ def test_input_changed_after_listing_fails_naming_it_and_commits_nothing(tmp_pat
     assert not (tmp_path / "ds" / "manifest.json").exists()
     assert not [p for p in (tmp_path / "ds").rglob("*.tfrecord")] if (tmp_path / "ds").exists() else True
     shutil.rmtree(tmp_path / "ds", ignore_errors=True)
+
+
+def test_input_deleted_after_listing_fails_naming_it_and_commits_nothing(tmp_path, lines, tiny_tokenizer,
+                                                                         monkeypatch):
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    victim = inbox / "00.jsonl"
+    victim.write_bytes(b"".join(lines))
+    sample = guards.sample_text_field
+
+    def sample_then_delete(paths, *a, **kw):
+        result = sample(paths, *a, **kw)
+        os.remove(victim)
+        return result
+
+    monkeypatch.setattr(guards, "sample_text_field", sample_then_delete)
+    with pytest.raises(FileNotFoundError, match=str(victim)):
+        _run(_config([str(inbox / "*")], tmp_path / "ds", tiny_tokenizer))
+    assert not (tmp_path / "ds" / "manifest.json").exists()
