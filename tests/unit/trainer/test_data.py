@@ -117,3 +117,42 @@ def test_trainer_cli_refuses_a_huge_vocab_in_one_line(dataset, capfd):
                  "cpu"]) == 2
     err = capfd.readouterr().err
     assert "vocab_size 2000000000 is outside" in err and len(err.strip().splitlines()) == 1
+
+
+class _Unsized:
+    """A stream that cannot tell its size (an object-store body): the checks happen as it is read."""
+
+    def __init__(self, data: bytes):
+        import io
+
+        self._f = io.BytesIO(data)
+
+    def read(self, n=-1):
+        return self._f.read(n)
+
+
+@pytest.mark.parametrize("sized", [True, False])
+def test_checked_reader_refuses_size_and_count_by_shard_name(dataset, sized):
+    import dataclasses
+    import io
+
+    from model_contract.checked_reader import ShardMismatchError, iter_checked_records
+    from trainer.data import read_manifest
+
+    manifest, _ = read_manifest(DataConfig(path=dataset))
+    info = manifest.shards[1]
+    data = open(os.path.join(dataset, info.path), "rb").read()
+
+    def stream(b):
+        return io.BytesIO(b) if sized else _Unsized(b)
+
+    assert sum(1 for _ in iter_checked_records(stream(data), info)) == info.examples
+    more = dataclasses.replace(info, examples=info.examples + 1)  # bytes right, count off by one
+    with pytest.raises(ShardMismatchError, match=f"shard {SHARD1}: {info.examples} records, the manifest says"):
+        list(iter_checked_records(stream(data), more))
+    fewer = dataclasses.replace(info, examples=info.examples - 1)
+    with pytest.raises(ShardMismatchError, match="at least"):
+        list(iter_checked_records(stream(data), fewer))
+    other = dataclasses.replace(info, bytes=info.bytes + 1)  # count right, size off by one
+    with pytest.raises(ShardMismatchError, match=f"shard {SHARD1}: {info.bytes} bytes, the manifest says"):
+        list(iter_checked_records(stream(data), other))
