@@ -23,7 +23,8 @@ from pipeline import options
 from pipeline.ops import runners
 from pipeline.config import PILEPREP_VERSION, RunOptions, ShardConfig
 from pipeline.errors import RunError, RunInterrupted, UsageError, is_user_error, one_line
-from pipeline.ops.redaction import RedactingFilter, redact_userinfo
+from pipeline.ops.redaction import RedactingFilter, SinkFormatter, install_sink_formatters, redact_userinfo
+from pipeline.ops.safe_text import terminal
 
 LOG = logging.getLogger("pileprep")
 
@@ -341,7 +342,7 @@ def _user_view(worker_log, args):
     if worker_log.path:  # fd 2 is the log file: root's handler writes there
         handler = logging.StreamHandler(worker_log.stderr)
         handler.setLevel(logging.DEBUG if args.verbose > 1 else logging.INFO if args.verbose else logging.WARNING)
-        handler.setFormatter(logging.Formatter("pileprep: %(levelname)s %(message)s"))
+        handler.setFormatter(SinkFormatter(logging.Formatter("pileprep: %(levelname)s %(message)s")))
         handler.addFilter(lambda r: not progress.is_progress_record(r))
         handler.addFilter(RedactingFilter())
         LOG.addHandler(handler)
@@ -373,6 +374,7 @@ def _configure_logging(args=None) -> None:
         for handler in logging.getLogger().handlers:
             handler.addFilter(_quiet_beam_import_warning)
             handler.addFilter(RedactingFilter())  # credentials in URLs never reach a log line
+        install_sink_formatters()  # ... nor a traceback's; and data in a record is inert (pipeline/ops/redaction.py)
     if args is not None:
         verbose = getattr(args, "verbose", 0) or 0
         quiet = getattr(args, "quiet", False)
@@ -397,7 +399,7 @@ def main(argv=None) -> int:
         print("pileprep: interrupted", file=sys.stderr)
         return 130
     except RunError as e:
-        print(f"pileprep: failed: {redact_userinfo(one_line(e))}", file=sys.stderr)
+        print(f"pileprep: failed: {terminal(redact_userinfo(one_line(e)))}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `pileprep inspect DIR | head`: the reader left; say nothing, like other tools
         try:
@@ -407,7 +409,7 @@ def main(argv=None) -> int:
         return 141
     except Exception as e:  # noqa: BLE001 - the one place that turns exceptions into exit codes
         if is_user_error(e) or (isinstance(e, PATH_ERRORS) and getattr(args, "path_errors", False)):
-            print(f"pileprep: error: {redact_userinfo(one_line(e))}", file=sys.stderr)
+            print(f"pileprep: error: {terminal(redact_userinfo(one_line(e)))}", file=sys.stderr)
             return 2
         _report_failure(e if isinstance(e, RunFailed) else RunFailed(e, [], None), verbose)
         return 1
@@ -427,7 +429,7 @@ def _report_failure(e: RunFailed, verbose: int) -> None:
     message = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
     if len(message) > 500:
         message = message[:497] + "..."
-    print(f"pileprep: failed: {type(cause).__name__}: {redact_userinfo(message)}"
+    print(f"pileprep: failed: {type(cause).__name__}: {terminal(redact_userinfo(message))}"
           + ("" if verbose > 1 else " (-vv for the traceback)"), file=sys.stderr)
 
 

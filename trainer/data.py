@@ -20,9 +20,12 @@ The data-order rule (what makes resume exact, also with another data-parallel si
 Records are located through a **record-offset index** per shard (walked once and cached, see `shard_offsets`),
 so each record is read exactly once, by seeking: no stream walks the headers of records it does not own.
 
-Integrity: every shard's size and record count are checked against the manifest when the loader opens it; with
-`verify_data`, its sha256 too (`prepare_shards`, once per shard per node). Shard paths must stay inside the
-dataset directory (`model_contract.resolve_shard_path`).
+Integrity: every shard's size and record count are checked against the manifest when the loader opens it
+(model_contract/checked_reader.py, the check every reader of shards makes); with `verify_data`, its sha256 too
+(`prepare_shards`, once per shard per node). Shard paths must stay inside the dataset directory
+(`model_contract.resolve_shard_path`). The contract sizes the model (embedding rows, positions): before anything
+is allocated, `open_dataset` refuses a contract beyond `MAX_VOCAB` / `MAX_SEQ_LEN` and one that the first record
+of the split contradicts (its length is not seq_len, or it holds an id >= the vocabulary).
 
 Labels: the model sees all seq_len tokens; label[t] = input_ids[t+1] when t+1 is in the same document piece
 (same non-zero segment id), else IGNORE_INDEX. So no token is predicted across a document boundary or from
@@ -46,6 +49,7 @@ import torch
 from model_contract import (INPUT_IDS, POSITIONS, SEGMENT_IDS, Expectation, Manifest, ShardInfo, check_compatible,
                             decode_example, load_manifest, manifest_path, resolve_shard_path)
 from model_contract import hashing
+from model_contract.checked_reader import ShardMismatchError, count_problem, iter_checked_records, size_problem
 from model_contract.tfrecord import read_record_at, record_offsets
 from trainer.config import DEFAULT_STREAMS, DataConfig, ModelConfig
 from trainer.model import IGNORE_INDEX
@@ -82,11 +86,59 @@ def open_dataset(cfg: DataConfig, model: ModelConfig) -> tuple[Manifest, str]:
     Raises ContractMismatchError listing every difference (seq_len, vocab, features, pinned tokenizer).
     """
     manifest, mfile = read_manifest(cfg)
+    check_contract_limits(manifest, mfile)
     check_compatible(manifest, Expectation(seq_len=model.seq_len, vocab_size=model.vocab_size,
                                            tokenizer_sha256=tokenizer_pin(cfg.tokenizer)))
     if not manifest.shards_for(cfg.split):
         raise ValueError(f"{mfile}: no shards for split {cfg.split!r} (--split)")
+    check_first_record(manifest, mfile, cfg.split)
     return manifest, mfile
+
+
+# The largest contract the trainer builds a model for. The model's embedding has vocab_size rows and its position
+# table and attention masks grow with seq_len (trainer/model.py, costed in trainer/plan.py): a hand-edited
+# `vocab_size` of 2e9 or `seq_len` of 1e8 would end in an allocation traceback, not a message. 2**24 ids is 64x
+# the largest tokenizers in use (256k); 2**20 tokens per sequence is 8x the longest-context recipes.
+MAX_VOCAB = 1 << 24
+MAX_SEQ_LEN = 1 << 20
+
+
+def check_contract_limits(manifest: Manifest, mfile: str) -> None:
+    """Refuse (DataIntegrityError, one line) a contract whose sizes no model of this trainer can be built for."""
+    c = manifest.contract
+    for name, value, limit in (("seq_len", c.seq_len, MAX_SEQ_LEN), ("tokenizer.vocab_size",
+                                                                     c.tokenizer.vocab_size, MAX_VOCAB)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 < value <= limit:
+            raise DataIntegrityError(f"{mfile}: contract {name} {value!r} is outside 1..{limit}: a damaged or "
+                                     f"hand-edited manifest; refusing before the model is built")
+
+
+def check_first_record(manifest: Manifest, mfile: str, split: str) -> None:
+    """The contract against the data itself: the split's first record must be seq_len tokens, every id below
+    the vocabulary (a contract that lies about either would size the model wrongly or index past its
+    embedding). Reads one record, through the checked reader (the shard's size is checked first)."""
+    c = manifest.contract
+    info = manifest.shards_for(split)[0]
+    if info.examples == 0:
+        return
+    path = shard_paths(mfile, [info])[0]
+    try:
+        with open(path, "rb") as f:
+            record = next(iter_checked_records(f, info, name=path), None)
+    except ShardMismatchError as e:
+        raise DataIntegrityError(str(e)) from None
+    except OSError as e:
+        raise DataIntegrityError(f"shard {info.path}: cannot open ({e.strerror})") from None
+    if record is None:
+        raise DataIntegrityError(count_problem(info, 0))
+    ids = decode_example(record)[INPUT_IDS]
+    if len(ids) != c.seq_len:
+        raise DataIntegrityError(f"shard {info.path}: record 0 has {len(ids)} tokens, the contract's seq_len is "
+                                 f"{c.seq_len}: a damaged or hand-edited manifest; refusing before the model is built")
+    if len(ids) and (int(ids.max()) >= c.tokenizer.vocab_size or int(ids.min()) < 0):
+        raise DataIntegrityError(f"shard {info.path}: record 0 holds token id {int(ids.max())}, outside the "
+                                 f"contract's vocab_size {c.tokenizer.vocab_size}: a damaged or hand-edited "
+                                 f"manifest; refusing before the model is built")
 
 
 def default_streams(examples: int) -> int:
@@ -120,9 +172,8 @@ def check_size(path: str, info: ShardInfo) -> None:
         size = os.path.getsize(path)
     except OSError as e:
         raise DataIntegrityError(f"shard {info.path}: cannot open ({e.strerror})") from None
-    if size != info.bytes:
-        raise DataIntegrityError(f"shard {info.path}: {size} bytes, the manifest says {info.bytes} (cut short, "
-                                 f"replaced or still being written): re-run the shard job or restore the file")
+    if size_problem(info, size):
+        raise DataIntegrityError(size_problem(info, size))
 
 
 def sha256_file(path: str) -> str:
@@ -135,16 +186,21 @@ def default_index_dir(checkpoint_dir: Optional[str]) -> str:
     return os.path.join(tempfile.gettempdir(), f"pileprep-offsets-{os.getuid()}")
 
 
-def _index_file(index_dir: str, info: ShardInfo) -> str:
-    return os.path.join(index_dir, f"{info.sha256}-{info.bytes}.offsets.npy")
+def _index_file(index_dir: str, info: ShardInfo, path: str) -> str:
+    # The file's own identity too, not only the manifest's claim about it: keyed by the manifest alone, a file
+    # cut or replaced after its offsets were cached would be read through the intact file's offsets.
+    st = os.stat(path)
+    return os.path.join(index_dir, f"{info.sha256}-{info.bytes}-{st.st_size}-{st.st_ino}-{st.st_mtime_ns}"
+                                   f".offsets.npy")
 
 
 def shard_offsets(path: str, info: ShardInfo, index_dir: Optional[str], verify: bool = True) -> np.ndarray:
     """Byte offset of every record of a shard: read from the cache beside the run, or walked once and cached.
 
-    The cache is keyed by the manifest's sha256 and size of the shard, written with temp name + rename.
+    The cache is keyed by the manifest's sha256 and size of the shard and by the file's size, inode and mtime
+    (`_index_file`), written with temp name + rename.
     """
-    cached = _index_file(index_dir, info) if index_dir else None
+    cached = _index_file(index_dir, info, path) if index_dir else None
     offsets = None
     if cached and os.path.exists(cached):
         try:
@@ -160,9 +216,8 @@ def shard_offsets(path: str, info: ShardInfo, index_dir: Optional[str], verify: 
             with open(tmp, "wb") as f:
                 np.save(f, offsets)
             os.replace(tmp, cached)
-    if len(offsets) != info.examples:
-        raise DataIntegrityError(f"shard {info.path}: {len(offsets)} records, the manifest says {info.examples} "
-                                 f"(another shard's file, or damaged): re-run the shard job or restore the file")
+    if count_problem(info, len(offsets)):
+        raise DataIntegrityError(count_problem(info, len(offsets)))
     return offsets
 
 

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from model_contract.checked_reader import iter_checked_records
 from model_contract import (INPUT_IDS, POSITIONS, SEGMENT_IDS, Manifest, decode_example, iter_records,
                             load_manifest, manifest_path, resolve_shard_path)
 
@@ -98,7 +99,7 @@ class ShardIterableDataset(IterableDataset):
     def _read(self, shard, first: int, lo: int, hi: int) -> Iterator[dict]:
         path = resolve_shard_path(self.manifest_file, shard)
         with _open(path) as f:
-            for i, record in enumerate(iter_records(f, verify=self.verify, name=path)):
+            for i, record in enumerate(iter_checked_records(f, shard, name=path, verify=self.verify)):
                 pos = first + i
                 if pos < lo:
                     continue

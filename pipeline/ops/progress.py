@@ -247,16 +247,18 @@ class Display(logging.Handler):
         self._open_line = False
 
     def emit(self, record: logging.LogRecord) -> None:
+        from pipeline.ops.safe_text import terminal  # noqa: PLC0415
+
         p = getattr(record, "progress", None)
         if p is None:
             return
         try:
             if self.tty:
                 width = shutil.get_terminal_size((100, 20)).columns
-                self.stream.write("\r\x1b[K" + p.bar(width))
+                self.stream.write("\r\x1b[K" + terminal(p.bar(width)))  # our escape, then inert text
                 self._open_line = True
             else:
-                self.stream.write(self.PREFIX + p.line() + "\n")
+                self.stream.write(self.PREFIX + terminal(p.line()) + "\n")
             self.stream.flush()
         except (OSError, ValueError):  # a closed terminal must not fail the job
             pass
@@ -278,13 +280,15 @@ def is_progress_record(record: logging.LogRecord) -> bool:
 
 def summary_table(counters: dict, elapsed_s: float, extra_rows: Optional[list] = None) -> str:
     """The final table: every counter with its rate."""
+    from pipeline.ops.safe_text import terminal  # noqa: PLC0415
+
     rows = [("counter", "total", "per second")]
     for name in sorted(counters):
         v = counters[name]
-        rows.append((name, f"{v:,}", f"{v / elapsed_s:,.1f}" if elapsed_s > 0 else "-"))
+        rows.append((terminal(name), f"{v:,}", f"{v / elapsed_s:,.1f}" if elapsed_s > 0 else "-"))
     rows.append(("wall time", f"{elapsed_s:,.1f}s", ""))
-    for r in extra_rows or []:
-        rows.append(r)
+    for r in extra_rows or []:  # counter names and extra cells may carry source names or reasons: the data's
+        rows.append(tuple(terminal(cell) for cell in r))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [f"{r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]:>{widths[2]}}" for r in rows]
     lines.insert(1, "-" * len(lines[0]))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+from typing import Optional
 
 from apache_beam.io.filesystems import FileSystems
 
@@ -49,3 +50,33 @@ def redact(text: str, secrets=None) -> str:
         if v and len(v) >= 4:  # shorter values would blank ordinary words
             text = text.replace(v, "***")
     return redact_userinfo(text)
+
+# ------------------------------------------------------------------------------------------ at the sink
+class SinkFormatter(logging.Formatter):
+    """Wraps a handler's formatter: its whole output - message, traceback, exception text, whatever a library
+    put in the record - is redacted and made inert (pipeline/ops/safe_text.py) as the last step before the
+    handler writes it. A filter sees only the record's message: a traceback is formatted after every filter ran,
+    and it carries the URL of a failing S3 call (botocore's endpoint) in clear."""
+
+    def __init__(self, inner: Optional[logging.Formatter] = None):
+        super().__init__()
+        self.inner = inner or logging.Formatter()
+
+    def format(self, record: logging.LogRecord) -> str:
+        from pipeline.ops.safe_text import log_text, terminal  # noqa: PLC0415
+
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a broken record is logging's problem, not ours
+            return redact_userinfo(log_text(self.inner.format(record)))
+        # the message on one line (a newline in the data must not forge a log line); the traceback keeps its own
+        safe = logging.makeLogRecord({**record.__dict__, "msg": terminal(message), "args": None})
+        return redact_userinfo(log_text(self.inner.format(safe)))
+
+
+def install_sink_formatters(logger: Optional[logging.Logger] = None) -> None:
+    """Every handler of `logger` (default: the root logger) formats through a SinkFormatter (idempotent)."""
+    for handler in (logger or logging.getLogger()).handlers:
+        if not isinstance(handler.formatter, SinkFormatter):
+            handler.setFormatter(SinkFormatter(handler.formatter))
+

@@ -21,6 +21,8 @@ import traceback
 import uuid
 from typing import Optional
 
+from pipeline.ops.redaction import redact_userinfo
+from pipeline.ops.safe_text import terminal
 from transforms.io import io_utils
 
 
@@ -34,7 +36,8 @@ class RunLog:
         row = {"ts": round(time.time(), 3), "run_id": self.run_id, "event": event, **fields}
         if not self.path:
             return row
-        line = json.dumps(row, sort_keys=True, default=str) + "\n"
+        # At the sink: whatever a field holds (an error message, a traceback, an option), no credentials.
+        line = redact_userinfo(json.dumps(row, sort_keys=True, default=str)) + "\n"
         if io_utils.is_local(self.path):
             os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
             with open(self.path, "a", encoding="utf-8") as f:
@@ -99,7 +102,7 @@ class WorkerLog:
                 pass
             self.last_lines = self.tail()  # what the workers said, before the traceback is added below
             with open(self.path, "a", encoding="utf-8") as f:
-                f.write("".join(traceback.format_exception(exc_type, exc, tb)))
+                f.write(redact_userinfo("".join(traceback.format_exception(exc_type, exc, tb))))
         if self._saved_fd is not None:
             try:
                 sys.stderr.flush()
@@ -122,14 +125,14 @@ class WorkerLog:
         return False
 
     def tail(self, n: int = TAIL_LINES) -> list:
-        """The last `n` non-empty lines of the log."""
+        """The last `n` non-empty lines of the log, redacted and inert: the CLI prints them on the terminal."""
         if not self.path or not os.path.exists(self.path):
             return []
         with open(self.path, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 64 * 1024))
             lines = f.read().decode("utf-8", "replace").splitlines()
-        return [ln for ln in lines if ln.strip()][-n:]
+        return [terminal(redact_userinfo(ln)) for ln in lines if ln.strip()][-n:]
 
     def discard(self) -> None:
         """Remove the log (a user error: the one-line message says everything)."""
@@ -141,9 +144,11 @@ class WorkerLog:
             self.path = None
 
     def keep(self) -> Optional[str]:
-        """Move the log next to the run's staging files when there are any; its final path."""
+        """Move the log next to the run's staging files when there are any; its final path. The kept file is
+        redacted first: Beam's workers write to it directly (fd 2), past every logging handler of ours."""
         if not self.path:
             return None
+        redact_file(self.path)
         root = self.staging_root
         if root and io_utils.is_local(root) and os.path.isdir(root):
             dest_dir = os.path.join(root, "logs")
@@ -155,3 +160,18 @@ class WorkerLog:
             except OSError:
                 pass
         return self.path
+
+
+def redact_file(path: str) -> None:
+    """Rewrite a local text file with credentials in URLs redacted (temp name + rename), line by line."""
+    tmp = f"{path}.{os.getpid()}.redacting"
+    try:
+        with open(path, encoding="utf-8", errors="replace") as src, open(tmp, "w", encoding="utf-8") as dst:
+            for line in src:
+                dst.write(redact_userinfo(line))
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass

@@ -18,7 +18,9 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, RunInference
 
-from model_contract import decode_example, iter_records, load_manifest
+from model_contract import decode_example, load_manifest
+from model_contract.checked_reader import iter_checked_records
+from pipeline.ops.output_names import shard_entry
 from pipeline.config import PILEPREP_VERSION, ConfigError
 from pipeline.ops import runners
 from pipeline.retrieval import store
@@ -100,7 +102,8 @@ class ReadPieces(beam.DoFn):
         fraction = self.plan.config.doc_fraction
         limit = int(fraction * retrieval_chunks.DOC_ID_SPACE)
         with io_utils.open_read(path) as f:
-            for record in iter_records(f, name=path):
+            for record in iter_checked_records(f, shard_entry(self.plan.dataset_manifest, self.plan.config.dataset,
+                                                              path)):
                 for piece in retrieval_chunks.pieces_of_example(decode_example(record)):
                     if fraction < 1.0 and piece.doc_id >= limit:
                         continue

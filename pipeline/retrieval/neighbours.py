@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from typing import Optional
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
-from model_contract import Manifest, RetrievalSpec, ShardInfo, decode_example, frame_record, iter_records
+from model_contract import Manifest, RetrievalSpec, ShardInfo, decode_example, frame_record
+from model_contract.checked_reader import iter_checked_records
 from model_contract.retrieval import encode_sidecar, sidecar_contract, token_dtype_for
 from pipeline.config import PILEPREP_VERSION, ConfigError
 from pipeline.ops import runners
+from pipeline.ops.output_names import sidecar_path
 from pipeline.retrieval import build, store
 from pipeline.retrieval.config import NeighboursConfig
 from pipeline.shard.shard_pipeline import FilesystemOptions, pipeline_options
@@ -161,10 +162,10 @@ class NeighbourShard(beam.DoFn):
 def neighbour_shard(plan: NeighboursPlan, searcher: Searcher, shard_idx: int, shard: dict, pad_id: int) -> dict:
     cfg, spec = plan.config, plan.spec
     src = io_utils.join(cfg.dataset, store.contained(shard["path"]))
-    rel = f"{plan.generation}/neighbours-{os.path.basename(shard['path'])}"
+    rel = sidecar_path(plan.generation, shard["path"])
     examples = []
     with io_utils.open_read(src) as f:
-        for record in iter_records(f, name=src):
+        for record in iter_checked_records(f, shard):
             examples.append(retrieval_chunks.query_chunks(decode_example(record), spec.chunk_len))
     writer_path = io_utils.join(cfg.output, rel)
     stats = {"chunks": 0, "padding_chunks": 0, "neighbours": 0, "missing": 0}

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from model_contract import decode_example, load_manifest, read_records
 from model_contract.retrieval import check_sidecar, decode_sidecar
+from pipeline.ops.safe_text import terminal
 from pipeline.retrieval import store
 from transforms.retrieval import retrieval_chunks
 from transforms.tokenize import tokenizer
 
 
 def _clip(text: str, limit: int = 300) -> str:
-    text = text.replace("\n", "⏎ ")
+    text = terminal(text.replace("\n", "⏎ "))  # the data's text: inert on a terminal (pipeline/ops/safe_text.py)
     return text if len(text) <= limit else text[:limit] + " …"
 
 
@@ -24,7 +25,7 @@ def show(dataset: str, db: str, sidecar: str, example: int = 0, chunk=None) -> s
         f"chunk database {db}: {dbm['counts']['chunks']:,} chunks of {dbm['chunk_len']} tokens from "
         f"{dbm['counts']['documents']:,} documents ({dbm['counts']['tokens']:,} tokens); encoder "
         f"{dbm['encoder']['name']}, index {dbm['index'].get('config', {}).get('spec', dbm['index']['kind'])}",
-        "  by source: " + ", ".join(f"{s} {v['chunks']:,}" for s, v in sorted(dbm["sources"].items())),
+        "  by source: " + ", ".join(f"{terminal(s)} {v['chunks']:,}" for s, v in sorted(dbm["sources"].items())),
         f"neighbours {sidecar}: generation {side.generation} for dataset {r['dataset_generation']}; "
         f"k={spec.num_neighbours}, neighbour_len={spec.neighbour_len}, fingerprint {spec.fingerprint}",
         f"  query chunks {r['counts']['chunks']:,} (padding {r['counts']['padding_chunks']:,}), neighbours "
@@ -42,7 +43,7 @@ def show(dataset: str, db: str, sidecar: str, example: int = 0, chunk=None) -> s
     if chunk is None:
         chunk = next((c.index for c in chunks if (nb["neighbour_doc_ids"][c.index] >= 0).any()), 0)
     q = chunks[chunk]
-    lines.append(f"\n{shard.path} example {example}, chunk {chunk} (documents "
+    lines.append(f"\n{terminal(shard.path)} example {example}, chunk {chunk} (documents "
                  f"{', '.join(f'{d:x}' for d in q.doc_ids)}):")
     lines.append("  " + _clip(sp.decode([int(t) for t in q.tokens])))
     pad = data.contract.tokenizer.pad_id

@@ -26,7 +26,7 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from model_contract import DataContract
-from pipeline.ops import commit, guards, incremental, lock, progress, redaction, runlog, runners, storage
+from pipeline.ops import commit, guards, incremental, input_checks, lock, progress, redaction, runlog, runners, storage
 from pipeline.config import PILEPREP_VERSION, ShardConfig, fingerprint
 from pipeline.errors import RunError, RunInterrupted
 from pipeline.shard import cancel, integrity, runner_shuffle, split_inputs
@@ -153,6 +153,8 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
     for warning in split_inputs.held_out_name_warnings(split_of_path):
         LOG.warning("%s", warning)
     skipped = guards.skipped_inputs(tuple(config.inputs) + tuple(config.val_inputs) + tuple(config.test_inputs))
+    rows, skipped = input_checks.screen_listed(rows, skipped, config.output,
+                                               config.staging_dir or io_utils.join(config.output, "_staging"))
     model_bytes = tokenizer.read_model_bytes(config.tokenizer)
     sp = tokenizer.load_processor(model_bytes, config.tokenizer, tokenizer.options_of(config))
     contract = DataContract.for_tokens(config.seq_len,
@@ -166,6 +168,7 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
             LOG.info("%s: mtime/ETag changed but the bytes did not (sha256 matches); not re-ingested", row["path"])
         incremental.raise_for_changes(diff, config.output)
         rows = diff.new
+    input_checks.check_compression(rows)
     if rows:  # a --text-field that no record has would dead-letter everything: say so before any work
         guards.sample_text_field([r["path"] for r in rows], config.text_field, config.max_line_bytes)
     elif previous is not None:  # "nothing to do" only over a dataset whose files are all there

@@ -1,12 +1,15 @@
 """`pileprep export DIR --format parquet`: the shards as Parquet, for HF `datasets`, pandas, DuckDB, Spark.
 
-One Parquet file per shard (`<out>/<split>-00000-of-00004.parquet`), one row per packed example, in shard order:
+One Parquet file per shard, at the shard's own relative path with `.parquet` for `.tfrecord`
+(`<out>/gen-…/<split>-00000-of-00004.parquet`: an incremental dataset has one generation directory per run and
+the same shard basenames in each, see pipeline/ops/output_names.py), one row per packed example, in shard order:
 
   input_ids, segment_ids, positions   list<int32>  the example's seq_len tokens, exactly as in the TFRecord
   piece_doc_ids, piece_offsets        list<int64>  per document piece: the document id and its token offset
   split, shard, record                provenance: the split, the shard's manifest path, the record's index
 
-Shards are read through model_contract's TFRecord reader (checksums verified) and written in row groups of
+Shards are read through model_contract's checked reader (checksums verified; a file whose size or record count is
+not its manifest entry's is refused by name before its Parquet file is renamed into place) and written in row groups of
 `rows_per_group` examples, so memory stays at one row group whatever the shard size. Files are written under a
 temporary name and renamed (local) or put whole (object stores); an `export.json` beside them lists the files
 and the manifest generation they came from.
@@ -20,7 +23,9 @@ from typing import Optional
 import numpy as np
 
 from model_contract import (INPUT_IDS, PIECE_DOC_IDS, PIECE_OFFSETS, POSITIONS, SEGMENT_IDS, decode_example,
-                            iter_records, resolve_shard_path)
+                            resolve_shard_path)
+from model_contract.checked_reader import iter_checked_records
+from pipeline.ops.output_names import check_unique, derived_path
 
 ROWS_PER_GROUP = 1024
 TOKEN_COLUMNS = (INPUT_IDS, SEGMENT_IDS, POSITIONS)
@@ -57,13 +62,14 @@ def examples_to_table(examples: list, split: str, shard: str, first_record: int)
     return pa.Table.from_arrays(columns, schema=parquet_schema())
 
 
-def _export_shard(stream, out_stream, split: str, shard_path: str, rows_per_group: int) -> int:
+def _export_shard(stream, out_stream, shard, rows_per_group: int) -> int:
     import pyarrow.parquet as pq  # noqa: PLC0415
 
+    split, shard_path = shard.split, shard.path
     rows = 0
     with pq.ParquetWriter(out_stream, parquet_schema(), compression="zstd") as writer:
         batch: list = []
-        for record in iter_records(stream, name=shard_path):
+        for record in iter_checked_records(stream, shard):
             batch.append(decode_example(record))
             if len(batch) == rows_per_group:
                 writer.write_table(examples_to_table(batch, split, shard_path, rows), row_group_size=rows_per_group)
@@ -88,21 +94,19 @@ def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: i
     output = output or io_utils.join(dataset, "parquet")
     manifest_file = commit.manifest_location(dataset)
     files = []
-    for shard in manifest.shards:
-        if splits and shard.split not in splits:
-            continue
-        name = shard.path.rsplit("/", 1)[-1].replace(".tfrecord", "") + ".parquet"
+    chosen = [s for s in manifest.shards if not splits or s.split in splits]
+    names = [derived_path(s.path, suffix=".parquet") for s in chosen]
+    check_unique(zip((s.path for s in chosen), names))  # before writing anything
+    for shard, name in zip(chosen, names):
         target = io_utils.join(output, name)
         local = io_utils.is_local(target)
         tmp = target + ".tmp" if local else target
         if local:
             os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
         with io_utils.open_read(resolve_shard_path(manifest_file, shard)) as src, io_utils.open_write(tmp) as dst:
-            rows = _export_shard(src, dst, shard.split, shard.path, rows_per_group)
+            rows = _export_shard(src, dst, shard, rows_per_group)  # raises before the rename on a mismatch
         if local:
             os.replace(tmp, target)
-        if rows != shard.examples:
-            raise RuntimeError(f"{shard.path}: exported {rows} rows but the manifest says {shard.examples} examples")
         files.append({"path": name, "split": shard.split, "rows": rows, "source_shard": shard.path})
     summary = {"format": "parquet", "generation": manifest.generation, "files": files,
                "columns": [f.name for f in parquet_schema()]}

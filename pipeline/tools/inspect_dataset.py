@@ -3,18 +3,23 @@ from __future__ import annotations
 
 import os
 
-from model_contract import decode_example, iter_records, load_manifest, resolve_shard_path
+from model_contract import decode_example, load_manifest, resolve_shard_path
+from model_contract.checked_reader import iter_checked_records
 from model_contract.manifest import MANIFEST_NAME
+from pipeline.ops.safe_text import terminal
 from transforms.shard.documents import SPLITS
 
 
 def summary_table(manifest: dict) -> str:
+    """Every value from the manifest goes through `terminal` (pipeline/ops/safe_text.py) before it is placed in
+    the table: a source or generation name is the data's and must not drive the terminal or add a line."""
     c = manifest["contract"]
+    t = terminal
     rec = manifest["records"]
     lines = [
-        f"pileprep {manifest.get('pileprep_version', '?')}  generation {manifest.get('generation', '?')}  "
-        f"contract {c['version']}  seq_len {c['seq_len']}  vocab {c['tokenizer']['vocab_size']}  "
-        f"tokenizer sha256 {c['tokenizer']['model_sha256'][:12]}",
+        f"pileprep {t(manifest.get('pileprep_version', '?'))}  generation {t(manifest.get('generation', '?'))}  "
+        f"contract {t(c['version'])}  seq_len {t(c['seq_len'])}  vocab {t(c['tokenizer']['vocab_size'])}  "
+        f"tokenizer sha256 {t(str(c['tokenizer']['model_sha256'])[:12])}",
         f"{'split':<6} {'shards':>6} {'examples':>10} {'documents':>10} {'tokens':>14} {'padding':>9}",
     ]
     splits = [name for name in SPLITS if name in manifest["splits"]]
@@ -27,14 +32,14 @@ def summary_table(manifest: dict) -> str:
     for source, per in manifest["sources"].items():
         cells = " ".join(f"{per.get(s, {}).get('documents', 0):>12} {per.get(s, {}).get('tokens', 0):>14}"
                          for s in splits)
-        lines.append(f"{source[:24]:<24} {cells}")
-    lines.append(f"records: read {rec['read']} = written {rec['written']} + filtered "
-                 f"{sum(rec['filtered'].values())} {rec['filtered'] or ''} + dead-lettered "
-                 f"{sum(rec['dead_lettered'].values())} {rec['dead_lettered'] or ''}")
+        lines.append(f"{t(source)[:24]:<24} {t(cells)}")
+    lines.append(t(f"records: read {rec['read']} = written {rec['written']} + filtered "
+                   f"{sum(rec['filtered'].values())} {rec['filtered'] or ''} + dead-lettered "
+                   f"{sum(rec['dead_lettered'].values())} {rec['dead_lettered'] or ''}"))
     lines.append(f"padding fraction {manifest['padding_fraction']:.4%}; dead-letter files: "
                  f"{len(manifest['dead_letters'])}")
     if manifest.get("duplicates_by_source"):
-        lines.append(f"exact duplicates removed, by source of the removed copy: {manifest['duplicates_by_source']}")
+        lines.append(t(f"exact duplicates removed, by source of the removed copy: {manifest['duplicates_by_source']}"))
     return "\n".join(lines)
 
 
@@ -56,7 +61,7 @@ def _records(manifest_file: str, shard):
     from transforms.io import io_utils  # noqa: PLC0415
 
     with io_utils.open_read(resolve_shard_path(manifest_file, shard)) as f:
-        yield from iter_records(f)
+        yield from iter_checked_records(f, shard)  # size up front, refused by the shard's name
 
 
 def inspect_json(dataset: str, examples: int = 2) -> dict:
@@ -91,9 +96,9 @@ def inspect(dataset: str, examples: int = 2, tokenizer_path: str | None = None) 
             break
         ex = decode_example(record)
         seg = ex["segment_ids"]
-        out.append(f"--- {shard.path} example {i}: {int((seg > 0).sum())} tokens in {int(seg.max())} pieces, "
-                   f"docs {[hex(d) for d in ex['piece_doc_ids'][:4]]}")
+        out.append(f"--- {terminal(shard.path)} example {i}: {int((seg > 0).sum())} tokens in {int(seg.max())} "
+                   f"pieces, docs {[hex(d) for d in ex['piece_doc_ids'][:4]]}")
         first = ex["input_ids"][seg == 1].tolist()
-        text = sp.decode(first) if sp else str(first[:64])
+        text = terminal(sp.decode(first) if sp else str(first[:64]))  # the excerpt is the document's text
         out.append(text[:400] + ("…" if len(text) > 400 else ""))
     return "\n".join(out)

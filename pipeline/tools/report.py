@@ -66,7 +66,7 @@ def _bars(ax, labels, series: dict, ylabel: str, log: bool = False) -> None:
     n = max(1, len(series))
     width = 0.8 / n
     for k, (name, values) in enumerate(series.items()):
-        ax.bar([i + k * width - 0.4 + width / 2 for i in range(len(labels))], values, width, label=name)
+        ax.bar([i + k * width - 0.4 + width / 2 for i in range(len(labels))], values, width, label=plot_text(name))
     ax.set_xticks(range(len(labels)))
     ax.set_xticklabels([plot_text(lab, 20) for lab in labels], rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)

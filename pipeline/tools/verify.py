@@ -61,15 +61,17 @@ class VerifyReport:
         return not self.mismatches and (self.audit is None or not self.audit.problems)
 
     def render(self) -> str:
-        lines = [f"verify {self.dataset}: {self.files_checked} files, {self.bytes_checked} bytes checked against "
+        from pipeline.ops.safe_text import terminal as t  # noqa: PLC0415 - paths and names are the data's
+
+        lines = [f"verify {t(self.dataset)}: {self.files_checked} files, {self.bytes_checked} bytes checked against "
                  f"the manifest: {len(self.mismatches)} mismatch(es)"]
-        lines += [f"  MISMATCH {m}" for m in self.mismatches]
-        lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  MISMATCH {t(m)}" for m in self.mismatches]
+        lines += [f"  note: {t(n)}" for n in self.notes]
         if self.audit is not None:
             a = self.audit
             lines.append(f"audit: {a.sampled} sampled records: {a.documents} documents found once and token-exact, "
                          f"{a.dead_lettered} dead-lettered, {a.filtered} filtered; {len(a.problems)} problem(s)")
-            lines += [f"  PROBLEM {p}" for p in a.problems]
+            lines += [f"  PROBLEM {t(p)}" for p in a.problems]
         lines.append("OK" if self.ok else "FAILED")
         return "\n".join(lines)
 

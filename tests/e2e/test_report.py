@@ -179,7 +179,7 @@ def test_inspect_report_and_export_read_s3_datasets(dataset, tmp_path, s3_server
     res = run_cli(["export", uri, "--output", str(tmp_path / "pq"), *s3_server.beam_args()], timeout_s=120,
                   env=s3_env)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert len(list((tmp_path / "pq").glob("*.parquet"))) == len(manifest["shards"])
+    assert len(list((tmp_path / "pq").rglob("*.parquet"))) == len(manifest["shards"])  # <out>/<gen>/<shard>.parquet
     res = run_cli(["inspect", "s3://reports/none", *s3_server.beam_args()], timeout_s=120, env=s3_env)
     assert res.returncode == 2 and "no manifest at s3://reports/none/manifest.json" in res.stderr
 

@@ -48,7 +48,7 @@ class FileDamage:
     """Unreadable input: the rest of a file (stream damage) or one over-long line; one dead letter at `line`."""
     line: int
     reason: str  # zstd_truncated | zstd_corrupt | zstd_empty_file | zstd_window_too_large | gzip_truncated |
-    #              gzip_corrupt | line_too_long
+    #              gzip_corrupt | line_too_long | compression_mismatch
     detail: str
     excerpt: str = ""
 
@@ -70,6 +70,36 @@ def compression_of(path: str) -> str:
     if name.endswith(".gz"):
         return "gzip"
     return "none"
+
+
+# What the first bytes say, whatever the name (each format's own magic number). Only zstd, gzip and plain text
+# are read; the others are recognised so that they are refused by name instead of read as text.
+MAGIC_BYTES = 6
+_MAGICS = (("zstd", b"\x28\xb5\x2f\xfd"), ("gzip", b"\x1f\x8b"), ("bzip2", b"BZh"),
+           ("xz", b"\xfd7zXZ\x00"), ("lz4", b"\x04\x22\x4d\x18"), ("zip", b"PK\x03\x04"),
+           ("7z", b"7z\xbc\xaf\x27\x1c"), ("lzma", b"\x5d\x00\x00"))
+
+
+def sniff_compression(head: bytes) -> str:
+    """The format the leading bytes announce: one of the names in `_MAGICS`, or "none" (plain or unknown)."""
+    if len(head) >= 4 and head[1:4] == b"\x2a\x4d\x18" and head[0] & 0xF0 == 0x50:
+        return "zstd"  # a zstd skippable frame (magic 0x184D2A5?) may open a zstd file
+    for name, magic in _MAGICS:
+        if head.startswith(magic):
+            return name
+    return "none"
+
+
+def compression_problem(path: str, head: bytes):
+    """None when `head` (the first MAGIC_BYTES of the file) is what `compression_of(path)` will read it as; else
+    a message naming the file, the format its name claims and the format its bytes are."""
+    claimed, actual = compression_of(path), sniff_compression(head)
+    if claimed == actual or actual == "none":
+        # Bytes of no known format are damage for the named reader to report (an empty or plain-text `.zst` is
+        # one zstd_empty_file / zstd_corrupt dead letter); only a *different* known format is a wrong name.
+        return None
+    said = {"none": "plain text"}.get(claimed, claimed)
+    return f"{path}: named as {said} but its bytes are {actual}"
 
 
 # ------------------------------------------------------------------------------------------------- zstd
@@ -299,6 +329,24 @@ def _too_long(line: int, max_line_bytes: int, head: bytes) -> FileDamage:
                       f"skipped to its newline", excerpt_of(head))
 
 
+class _Prefixed:
+    """A stream with bytes already read from it put back in front."""
+
+    def __init__(self, head: bytes, stream: BinaryIO):
+        self.head, self.stream = head, stream
+
+    def read(self, n: int = -1) -> bytes:
+        if self.head:
+            if n is None or n < 0:
+                out, self.head = self.head + self.stream.read(), b""
+                return out
+            out, self.head = self.head[:n], self.head[n:]
+            if len(out) < n:
+                out += self.stream.read(n - len(out))
+            return out
+        return self.stream.read(n)
+
+
 def iter_raw_records(stream: BinaryIO, compression: str, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
                      max_zstd_window_bytes: int = DEFAULT_MAX_ZSTD_WINDOW_BYTES) -> Iterator[ReadItem]:
     """Yield a RawRecord per line and a FileDamage for anything unreadable; never raises on bad data.
@@ -308,6 +356,12 @@ def iter_raw_records(stream: BinaryIO, compression: str, max_line_bytes: int = D
     after its newline. When the stream is damaged, the incomplete line in progress is part of the damage
     record, not a record of its own.
     """
+    head = stream.read(MAGIC_BYTES)
+    actual = sniff_compression(head)
+    if actual not in (compression, "none"):  # see compression_problem  # one dead letter for the file, not one per line of binary read as text
+        yield FileDamage(1, "compression_mismatch", f"read as {compression} (its name) but its bytes are {actual}")
+        return
+    stream = _Prefixed(head, stream)
     line_no = 0
     pending: list = []  # pieces of the current line, together at most max_line_bytes
     pending_len = 0

@@ -183,3 +183,31 @@ def test_frame_walker_damage_cases():
     flipped = bytearray(good)
     flipped[-1] ^= 0xFF  # content checksum
     assert read_all(bytes(flipped), "zstd")[-1].reason == "zstd_corrupt"
+
+
+@pytest.mark.parametrize("compress,named,actual", [
+    (lambda b: __import__("bz2").compress(b), "none", "bzip2"),
+    (lambda b: __import__("lzma").compress(b), "none", "xz"),
+    (gzip.compress, "zstd", "gzip"),
+    (lambda b: zstandard.ZstdCompressor().compress(b), "gzip", "zstd"),
+    (lambda b: zstandard.ZstdCompressor().compress(b), "none", "zstd")])
+def test_bytes_that_contradict_the_name_are_one_dead_letter_not_garbage_lines(compress, named, actual):
+    from transforms.io.read_records import compression_problem, sniff_compression
+
+    blob = compress(b'{"text": "a"}\n' * 200)
+    items = list(iter_raw_records(io.BytesIO(blob), named))
+    assert len(items) == 1 and isinstance(items[0], FileDamage) and items[0].reason == "compression_mismatch"
+    assert actual in items[0].detail and sniff_compression(blob[:6]) == actual
+    suffix = {"none": ".jsonl", "zstd": ".jsonl.zst", "gzip": ".jsonl.gz"}[named]
+    assert f"x{suffix}: named as" in compression_problem("x" + suffix, blob[:6])
+
+
+def test_matching_compression_and_plain_text_read_as_before():
+    from transforms.io.read_records import compression_problem
+
+    text = b'{"text": "a"}\n{"text": "b"}'
+    assert [i.data for i in iter_raw_records(io.BytesIO(text), "none")] == [b'{"text": "a"}', b'{"text": "b"}']
+    assert [i.data for i in iter_raw_records(io.BytesIO(gzip.compress(text)), "gzip")][1] == b'{"text": "b"}'
+    assert compression_problem("a.jsonl", text[:6]) is None and compression_problem("a.jsonl", b"") is None
+    skippable = b"\x50\x2a\x4d\x18" + (4).to_bytes(4, "little") + b"meta" + zstandard.ZstdCompressor().compress(text)
+    assert [i.data for i in iter_raw_records(io.BytesIO(skippable), "zstd")][0] == b'{"text": "a"}'

@@ -120,3 +120,87 @@ def test_iterable_dataset_rejects_bad_arguments(dataset):
         ShardIterableDataset(str(out), "train", batch_size=2, rank=3, world_size=2)
     with pytest.raises(ValueError, match="no shards"):
         ShardIterableDataset(str(out), "nope", batch_size=2)
+
+
+# ------------------------------------------------------------------- two generations, swapped shard files
+@pytest.fixture(scope="module")
+def two_generations(tiny_tokenizer, tmp_path_factory):
+    from tests.generation_fixtures import two_generation_dataset
+
+    return two_generation_dataset(tmp_path_factory.mktemp("export-gens"), tiny_tokenizer)
+
+
+def test_export_of_two_generations_writes_one_file_per_shard(two_generations, tmp_path):
+    out, manifest = two_generations
+    result = export_parquet(str(out), str(tmp_path / "pq"))
+    paths = [f["path"] for f in result["files"]]
+    assert len(set(paths)) == len(paths) == len(manifest["shards"])
+    listed = json.loads((tmp_path / "pq" / "export.json").read_text())["files"]
+    for f, shard in zip(listed, manifest["shards"]):  # each file holds its own shard's rows, none overwritten
+        table = pq.read_table(tmp_path / "pq" / f["path"])
+        assert table.num_rows == f["rows"] == shard["examples"]
+        assert set(table.column("shard").to_pylist()) == {shard["path"]}
+
+
+def test_export_refuses_a_swapped_shard_by_name(two_generations, tmp_path, capsys):
+    import shutil
+
+    from pipeline import cli
+
+    out, manifest = two_generations
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    first, second = (copy / s["path"] for s in manifest["shards"][:2])
+    shutil.copy(second, first)  # generation 1's shard replaced by generation 2's: still valid TFRecord
+    assert cli.main(["export", str(copy), "--output", str(tmp_path / "pq")]) == 2
+    err = capsys.readouterr().err
+    assert manifest["shards"][0]["path"] in err and "the manifest says" in err and len(err.splitlines()) == 1
+    assert not list((tmp_path / "pq").rglob("*.parquet"))  # nothing of the refused shard under a final name
+
+
+def test_inspect_refuses_a_swapped_shard_by_name(two_generations, tmp_path, capsys):
+    import shutil
+
+    from pipeline import cli
+
+    out, manifest = two_generations
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    first, second = (copy / s["path"] for s in manifest["shards"][:2])
+    shutil.copy(second, first)
+    assert cli.main(["inspect", str(copy), "--examples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"shard {manifest['shards'][0]['path']}: " in err and "the manifest says" in err
+    assert cli.main(["inspect", str(out), "--examples", "1"]) == 0  # the intact dataset still inspects
+
+
+def test_trainer_readers_on_two_generations(two_generations, tmp_path):
+    """The trainer's loader and the IterableDataset read every shard of both generations, checked."""
+    from trainer.config import DataConfig, model_config
+    from trainer.data import ShardLoader, open_dataset
+
+    out, manifest = two_generations
+    seq_len = manifest["contract"]["seq_len"]
+    model = model_config("tiny", seq_len=seq_len, vocab_size=1024, n_layers=1, d_model=32, n_heads=2)
+    m, mfile = open_dataset(DataConfig(path=str(out)), model)
+    loader = ShardLoader(m, mfile, DataConfig(path=str(out), streams=2, shuffle_buffer=4), seq_len, 4,
+                         index_dir=str(tmp_path / "idx"))
+    assert loader.counts == [s["examples"] for s in manifest["shards"]]
+    assert next(iter(loader))["input_ids"].shape == (4, seq_len)
+    loader.close()
+    ds = ShardIterableDataset(str(out), "train", batch_size=1)
+    assert sum(1 for _ in ds) == sum(s["examples"] for s in manifest["shards"])
+
+
+def test_iterable_dataset_refuses_a_swapped_shard_by_name(two_generations, tmp_path):
+    import shutil
+
+    from model_contract.checked_reader import ShardMismatchError
+
+    out, manifest = two_generations
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    first, second = (copy / s["path"] for s in manifest["shards"][:2])
+    shutil.copy(second, first)
+    with pytest.raises(ShardMismatchError, match=f"shard {manifest['shards'][0]['path']}: "):
+        list(ShardIterableDataset(str(copy), "train", batch_size=1))

@@ -1,0 +1,73 @@
+"""Every command that reads a dataset's shards reads them checked, and names its per-shard outputs uniquely.
+
+On a two-generation dataset (two `--incremental` runs, the same shard basenames in both generations) the
+neighbours sidecar holds one file per shard and passes `verify`; with one shard file swapped for another the
+retrieval build and neighbours jobs refuse by the shard's name and commit nothing.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from model_contract import load_manifest
+from pipeline.retrieval import build, neighbours
+from pipeline.retrieval.config import BuildConfig, NeighboursConfig
+from pipeline.tools.verify import verify
+from tests.generation_fixtures import two_generation_dataset
+
+IN_MEMORY = ["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+CHUNK = 32
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module")
+def two_generations(tiny_tokenizer, tmp_path_factory):
+    out, manifest = two_generation_dataset(tmp_path_factory.mktemp("readers"), tiny_tokenizer)
+    db = out.parent / "db"
+    build.run(BuildConfig(dataset=str(out), output=str(db), chunk_len=CHUNK, num_db_shards=1, sources=False),
+              IN_MEMORY)
+    return out, manifest, db
+
+
+def test_sidecar_of_two_generations_has_one_file_per_shard_and_verifies(two_generations, tmp_path):
+    out, manifest, db = two_generations
+    side = neighbours.run(NeighboursConfig(dataset=str(out), db=str(db), output=str(tmp_path / "nb"),
+                                           neighbour_len=2 * CHUNK), IN_MEMORY)
+    paths = [s["path"] for s in side["shards"]]
+    assert len(set(paths)) == len(paths) == len(manifest["shards"])
+    aligned = side["retrieval"]["aligned"]
+    assert [a["shard"] for a in aligned] == [s["path"] for s in manifest["shards"]]
+    assert [a["examples"] for a in aligned] == [s["examples"] for s in manifest["shards"]]
+    report = verify(str(tmp_path / "nb"))
+    assert report.mismatches == [], report.mismatches
+    load_manifest(str(tmp_path / "nb"))  # the committed sidecar manifest reads back
+
+
+@pytest.fixture()
+def swapped(two_generations, tmp_path):
+    """A copy of the dataset whose first shard file is the second's (valid TFRecord, wrong size and count)."""
+    out, manifest, db = two_generations
+    copy = tmp_path / "swapped"
+    shutil.copytree(out, copy)
+    first, second = (copy / s["path"] for s in manifest["shards"][:2])
+    shutil.copy(second, first)
+    return copy, manifest["shards"][0]["path"], db
+
+
+def test_retrieval_build_refuses_a_swapped_shard_by_name(swapped, tmp_path):
+    copy, name, _db = swapped
+    with pytest.raises(Exception, match=rf"shard {name}: \d+ bytes, the manifest says"):
+        build.run(BuildConfig(dataset=str(copy), output=str(tmp_path / "db"), chunk_len=CHUNK, num_db_shards=1,
+                              sources=False), IN_MEMORY)
+    assert not (tmp_path / "db" / "manifest.json").exists()
+
+
+def test_retrieval_neighbours_refuses_a_swapped_shard_by_name(swapped, tmp_path):
+    copy, name, db = swapped
+    with pytest.raises(Exception, match=rf"shard {name}: \d+ bytes, the manifest says"):
+        neighbours.run(NeighboursConfig(dataset=str(copy), db=str(db), output=str(tmp_path / "nb"),
+                                        neighbour_len=2 * CHUNK), IN_MEMORY)
+    assert not (tmp_path / "nb" / "manifest.json").exists()
+    assert json.loads((copy / "manifest.json").read_text())["shards"][0]["path"] == name  # dataset untouched
