@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-CONTRACT_VERSION = "1.1"  # 1.1: retrieval sidecars (model_contract/retrieval.py); shard features unchanged
+CONTRACT_VERSION = "1.2"  # 1.1: retrieval sidecars (model_contract/retrieval.py); 1.2: filter reasons near_duplicate, near_duplicate_of_committed, contaminated; shard features unchanged
 SUPPORTED_MAJOR = 1
 
 # Feature names. segment_ids: 0 = padding, 1..n = n-th document piece in the example; positions: position

@@ -16,6 +16,7 @@ from typing import Optional
 
 from model_contract import Manifest
 from pipeline.ops import incremental
+from pipeline.shard import near_dedup_graph
 from pipeline.shard.manifest_builder import _relative
 from transforms.io import io_utils
 
@@ -39,6 +40,7 @@ def add_integrity_sections(manifest: Manifest, output_dir: str, generation: str,
     manifest.extra[DOC_ID_INDEXES] = [{"generation": generation, "path": _relative(path, output_dir),
                                        "documents": documents, "bytes": size, "sha256": sha}]
     manifest.extra[DUPLICATES_BY_SOURCE] = dict(sorted(duplicates.items()))
+    manifest.extra.update(near_dedup_graph.manifest_section(shard_results, output_dir, generation))
     return manifest
 
 

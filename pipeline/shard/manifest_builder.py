@@ -65,6 +65,9 @@ def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, ge
             files[path]["written"] += n
         for path, n in s.duplicates_per_file.items():
             files[path]["filtered"]["duplicate"] = files[path]["filtered"].get("duplicate", 0) + n
+        for path, reasons in s.filtered_per_file.items():  # near-dedup, decontamination
+            for reason, n in reasons.items():
+                files[path]["filtered"][reason] = files[path]["filtered"].get(reason, 0) + n
         for path, n in s.dropped_per_file.items():
             files[path]["filtered"][mixture.DROPPED_REASON] = files[path]["filtered"].get(
                 mixture.DROPPED_REASON, 0) + n
