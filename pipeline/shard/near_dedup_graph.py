@@ -18,6 +18,7 @@ import collections
 import hashlib
 import json
 import logging
+import typing
 from typing import Optional
 
 import apache_beam as beam
@@ -344,6 +345,11 @@ class NearDedup(beam.PTransform):
         super().__init__()
         self.plan = plan
         self.eval_paths = tuple(eval_files(plan.config)) if plan.config.decontaminate else ()
+        if plan.incremental and plan.config.near_dedup:
+            # The committed generations' band index is not written yet: checking new documents only against
+            # each other would keep near-copies of committed ones, so refuse rather than do it half.
+            raise ConfigError("--near-dedup with --incremental is not supported yet (new documents cannot be "
+                              "checked against committed generations); rebuild without --incremental")
 
     def expand(self, units):
         plan, cfg = self.plan, self.plan.config
@@ -372,21 +378,29 @@ class NearDedup(beam.PTransform):
             sizes.append(final
                          | "NDKeepers" >> beam.FlatMap(lambda e: [e[1]] if e[0] == "cluster" else [])
                          | "NDClusterSize" >> beam.combiners.Count.PerElement()
-                         | "NDSizes" >> beam.Map(lambda kv: ("size", kv[1])))
+                         | "NDSizes" >> beam.Map(lambda kv: ("size", kv[1])).with_output_types(typing.Any))
         partitions = (tuple(rows) | "NDRows" >> beam.Flatten()
                       | "NDByPartition" >> beam.Map(lambda e: (removals.partition_of(e[1]), e[2]))
                       | "NDGroupPartitions" >> beam.GroupByKey()
                       | "NDWritePartition" >> beam.Map(_write_partition, plan)
-                      | "NDTagPartition" >> beam.Map(lambda p: ("partition", p)))
-        seed = units.pipeline | "NDSeed" >> beam.Create([("seed", None)])
-        done = ((partitions, seed, *sizes) | "NDGatherParts" >> beam.Flatten()
+                      | "NDTagPartition" >> beam.Map(lambda p: ("partition", p)).with_output_types(typing.Any))
+        # One gather for the stage's end and the barrier: the units pass on from the step that staged the
+        # removal indexes, so no packer can start before they exist (the seed makes the step run when
+        # nothing at all is removed and no unit exists).
+        # Every input of a Flatten is typed Any: inferred tuple types give the inputs different coders, and a
+        # runner that fuses a Flatten's consumer decodes every input with one of them (FnApiRunner with worker
+        # threads failed "Invalid PaneInfoEncoding" on the seed's inferred Tuple[str, None] coder).
+        seed = units.pipeline | "NDSeed" >> beam.Create([("seed", None)]).with_output_types(typing.Any)
+        tagged_units = units | "NDTagUnits" >> beam.Map(lambda u: ("unit", u)).with_output_types(typing.Any)
+        return ((tagged_units, partitions, seed, *sizes)
+                | "NDGatherParts" >> beam.Flatten()
                 | "NDCollect" >> _GatherAll()
-                | "NDFinish" >> beam.Map(_finish, plan))
-        return ((units | "NDTagUnits" >> beam.Map(lambda u: ("unit", u)),
-                 done | "NDTagDone" >> beam.Map(lambda d: ("done", d)))
-                | "NDBarrier" >> beam.Flatten()
-                | "NDCollectBarrier" >> _GatherAll()
-                | "NDReleaseUnits" >> beam.FlatMap(lambda items: [v for k, v in items if k == "unit"]))
+                | "NDFinishAndRelease" >> beam.FlatMap(_finish_and_release, plan))
+
+
+def _finish_and_release(grouped, plan):
+    _finish(grouped, plan)
+    return sorted((v for k, v in grouped if k == "unit"), key=lambda u: u.name)
 
 
 class _GatherAll(beam.PTransform):

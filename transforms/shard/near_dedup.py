@@ -9,8 +9,8 @@ benchmarked without a runner (bench/near_dedup_bench.py).
 - MinHash: `bands * rows` permutations h_i(x) = (a_i * x + b_i) mod 2^64 (a_i odd), top 32 bits kept; a_i, b_i
   come from a numpy Generator seeded by `seed`. Computed in batch (one matrix per batch of documents).
 - LSH: a pair with Jaccard J shares at least one band with probability 1 - (1 - J^rows)^bands (`s_curve`). The
-  defaults (10 bands x 10 rows) put the threshold (1/bands)^(1/rows) at 0.79: P = 0.10 at J = 0.5, 0.25 at
-  0.7, 0.62 at 0.8, 0.99 at 0.9. A candidate becomes an edge only if its estimated (or, with verify, exact)
+  defaults (10 bands x 10 rows) put the threshold (1/bands)^(1/rows) at 0.79: P = 0.01 at J = 0.5, 0.25 at
+  0.7, 0.68 at 0.8, 0.99 at 0.9. A candidate becomes an edge only if its estimated (or, with verify, exact)
   Jaccard reaches the threshold, which is what keeps pairs below 0.7 out.
 - Keeper: the rule of exact dedup (transforms/shard/documents.py `split_wins`): test over val over train, then
   the smallest document id. `rank` encodes it so that the smallest rank wins.
@@ -165,7 +165,7 @@ def lsh_threshold(bands: int, rows: int) -> float:
 
 def s_curve_text(bands: int, rows: int) -> str:
     """The S-curve at a few Jaccard values, for --help and docs/NEAR_DEDUP.md."""
-    points = ", ".join(f"{j:.1f}: {s_curve(j, bands, rows):.2f}" for j in (0.5, 0.6, 0.7, 0.8, 0.9, 0.95))
+    points = ", ".join(f"{j:g}: {s_curve(j, bands, rows):.2f}" for j in (0.5, 0.6, 0.7, 0.8, 0.9, 0.95))
     return f"threshold ~{lsh_threshold(bands, rows):.2f}; P(candidate | Jaccard) {points}"
 
 
