@@ -18,6 +18,7 @@ import collections
 import hashlib
 import json
 import logging
+import pickle
 import typing
 from typing import Optional
 
@@ -111,9 +112,10 @@ def _unit_documents(plan, unit):
 class SignUnit(beam.DoFn):
     """One unit's documents → ('band', key, Node) per band, or ('removal', id, row) for a contaminated one."""
 
-    def __init__(self, plan, eval_paths: tuple):
+    def __init__(self, plan, eval_paths: tuple, shuffle: str = "runner"):
         self.plan = plan
         self.eval_paths = eval_paths
+        self.shuffle = shuffle
 
     def setup(self):
         self.plan.setup_worker()
@@ -124,6 +126,21 @@ class SignUnit(beam.DoFn):
         self.checked_splits = contaminated_splits(cfg)
 
     def process(self, unit):
+        if self.shuffle != "files":
+            yield from self._process(unit)
+            return
+        # files: the band rows go to a staged file and only the unit's name travels on (FnApiRunner holds a
+        # stage's whole output in memory, and with worker threads or processes failed to decode a bundle's
+        # output above ~10 MB: "Invalid PaneInfoEncoding", measured on 1,925 documents)
+        rows, others = [], []
+        for e in self._process(unit):
+            (rows if e[0] == "band" else others).append(e)
+        if self.plan.config.near_dedup:
+            write_band_file(self.plan.staging_dir, unit.name, [(k, node) for _tag, k, node in rows])
+            yield ("bands", unit.name, None)
+        yield from others
+
+    def _process(self, unit):
         cfg = self.plan.config
         batch: list = []
         chars = 0
@@ -166,6 +183,44 @@ class SignUnit(beam.DoFn):
             node = near_dedup.Node(near_dedup.rank(split, doc_id), doc_id, split, sig.tobytes(), source, loc)
             for k in ks.tolist():
                 yield ("band", k, node)
+
+
+BAND_RANGES = 8  # files shuffle: band keys are cut into this many ranges (top bits), one task each
+
+
+def band_file_path(staging_dir: str, unit_name: str) -> str:
+    return io_utils.join(staging_dir, "near-dedup", "bands", unit_name + ".pickle")
+
+
+def write_band_file(staging_dir: str, unit_name: str, rows: list) -> None:
+    """A unit's (band key, Node) rows, sorted by key (a retried bundle rewrites the same bytes)."""
+    rows = sorted(rows, key=lambda kn: (kn[0], kn[1]))
+    io_utils.write_bytes(band_file_path(staging_dir, unit_name), pickle.dumps(rows, protocol=4))
+
+
+def band_range(key: int) -> int:
+    return int(key) * BAND_RANGES >> 63
+
+
+def range_edges(task, plan):
+    """Files shuffle: the buckets of one key range, read from every unit's band file; the same edges as the
+    runner's GroupByKey gives (bucket_edges sorts the members, so arrival order does not matter)."""
+    r, unit_names = task
+    rows = []
+    for name in sorted(unit_names):
+        for k, node in pickle.loads(io_utils.read_bytes(band_file_path(plan.staging_dir, name))):
+            if band_range(k) == r:
+                rows.append((k, node))
+    rows.sort(key=lambda kn: kn[0])
+    threshold = plan.config.near_dedup_threshold
+    i = 0
+    while i < len(rows):
+        j = i
+        while j < len(rows) and rows[j][0] == rows[i][0]:
+            j += 1
+        if j - i > 1:
+            yield from near_dedup.bucket_edges([n for _k, n in rows[i:j]], threshold)
+        i = j
 
 
 def contaminated_splits(config) -> list:
@@ -341,9 +396,10 @@ def _gather(pcoll, label: str):
 class NearDedup(beam.PTransform):
     """units → the same units, released once the removal indexes are staged (see the module docstring)."""
 
-    def __init__(self, plan):
+    def __init__(self, plan, shuffle: str = "runner"):
         super().__init__()
         self.plan = plan
+        self.shuffle = shuffle  # 'runner' (GroupByKey on band keys) or 'files' (staged band files, key ranges)
         self.eval_paths = tuple(eval_files(plan.config)) if plan.config.decontaminate else ()
         if plan.incremental and plan.config.near_dedup:
             # The committed generations' band index is not written yet: checking new documents only against
@@ -353,15 +409,26 @@ class NearDedup(beam.PTransform):
 
     def expand(self, units):
         plan, cfg = self.plan, self.plan.config
-        signed = units | "NDSign" >> beam.ParDo(SignUnit(plan, self.eval_paths))
+        signed = units | "NDSign" >> beam.ParDo(SignUnit(plan, self.eval_paths, self.shuffle))
         rows = [signed | "NDContaminated" >> beam.Filter(lambda e: e[0] == "removal")]
         sizes = []
-        if cfg.near_dedup:
+        if cfg.near_dedup and self.shuffle == "files":
+            edges = (signed
+                     | "NDBandFiles" >> beam.FlatMap(lambda e: [e[1]] if e[0] == "bands" else [])
+                     | "NDCollectBandFiles" >> _GatherAll()
+                     | "NDRanges" >> beam.FlatMap(lambda names: [(r, tuple(sorted(names)))
+                                                                 for r in range(BAND_RANGES)])
+                     | "NDKeyRanges" >> beam.Map(lambda t: (t[0], t))  # a GroupByKey spreads them on every
+                     | "NDSpreadRanges" >> beam.GroupByKey()  # runner (Reshuffle is a no-op on DaskRunner)
+                     | "NDRangeTasks" >> beam.FlatMap(lambda kv: kv[1])
+                     | "NDEdges" >> beam.FlatMap(range_edges, plan))
+        elif cfg.near_dedup:
             edges = (signed
                      | "NDBands" >> beam.FlatMap(lambda e: [(e[1], e[2])] if e[0] == "band" else [])
                      | "NDGroupBands" >> beam.GroupByKey()
                      | "NDEdges" >> beam.FlatMap(lambda kv, t: near_dedup.bucket_edges(kv[1], t),
                                                  cfg.near_dedup_threshold))
+        if cfg.near_dedup:
             if cfg.near_dedup_verify:
                 edges = edges | "NDVerify" >> beam.FlatMap(_verify, plan)
             state = (edges

@@ -485,7 +485,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
         chunks = chunks | "SpreadChunks" >> Spread(lambda c: (c.file_idx, c.chunk_idx))
     units = chunks | "Tokenize" >> beam.ParDo(TokenizeChunk(plan))
     if near_dedup_graph.enabled(plan.config):  # after tokenize (exact dedup is by id), before packing and repeats
-        units = units | "NearDedup" >> near_dedup_graph.NearDedup(plan)
+        units = units | "NearDedup" >> near_dedup_graph.NearDedup(plan, shuffle)
     if shuffle == "runner":  # pieces through the runner's GroupByKey (pipeline/shard/runner_shuffle.py)
         shards = (units
                   | "CollectUnits" >> GatherAll()
