@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import pathlib
+import types
 
 import pytest
 
 from model_contract import decode_example, read_records
 from pipeline.config import ShardConfig
-from pipeline.errors import RunError
-from pipeline.shard import shard_pipeline
+from pipeline.errors import ConfigError, RunError
+from pipeline.shard import near_dedup_graph, shard_pipeline
 from tests.corpus_fixtures import good_documents, pile_line, write_zst
 from tests.e2e.test_dask_runner import dask_cluster  # noqa: F401 - the module's Dask cluster fixture
 from tests.ops_fixtures import portable_args, portable_services, run_cli  # noqa: F401
@@ -164,8 +165,17 @@ def test_dask_runner_with_two_workers_writes_the_same_bytes(built, tmp_path, das
     assert_same_files(root / "one", tmp_path / "dask")
 
 
-def test_portable_runner_writes_the_same_bytes(built, tmp_path, portable_services):
+def test_portable_runner_through_its_own_group_by_key_writes_the_same_bytes(built, tmp_path, portable_services):
+    """--shuffle runner: band keys meet in the runner's GroupByKey (local runners default to staged files)."""
     root, _plan, _manifest, tok = built
-    res = run_cli(cli_args(root, tmp_path / "portable", tok, *portable_args(portable_services)), timeout_s=200)
+    res = run_cli(cli_args(root, tmp_path / "portable", tok, "--shuffle", "runner",
+                           *portable_args(portable_services)), timeout_s=200)
     assert res.returncode == 0, res.stderr[-3000:] + portable_services["logs"][1].read_text()[-2000:]
     assert_same_files(root / "one", tmp_path / "portable")
+
+
+def test_incremental_near_dedup_is_refused_until_committed_generations_can_be_checked(built):
+    root, _plan, _manifest, tok = built
+    plan = types.SimpleNamespace(incremental=True, config=config(root, root / "x", tok))
+    with pytest.raises(ConfigError, match="--near-dedup with --incremental"):
+        near_dedup_graph.NearDedup(plan)

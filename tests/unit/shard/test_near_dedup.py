@@ -20,6 +20,7 @@ def test_shingles_ignore_case_spacing_and_punctuation_but_not_word_order():
     base = nd.shingles("The quick brown fox jumps over the lazy dog")
     assert np.array_equal(base, nd.shingles("the  QUICK brown, fox jumps\nover the lazy dog!"))
     assert not np.array_equal(base, nd.shingles("The quick brown fox jumps over the dog lazy"))
+    assert not np.array_equal(nd.shingles("a b c d e"), nd.shingles("e d c b a"))  # one window, reordered
     assert nd.shingles("two words").size == 1  # shorter than 5 words: one shingle of all of them
     assert nd.shingles("   ...  ").size == 0
 
