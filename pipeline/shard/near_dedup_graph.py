@@ -20,7 +20,6 @@ import json
 import logging
 import pickle
 import typing
-from typing import Optional
 
 import apache_beam as beam
 import numpy as np
