@@ -12,7 +12,8 @@ from typing import Any, Optional, Sequence
 # 1.1: retrieval sidecars (model_contract/retrieval.py); shard features unchanged.
 # 1.2: the tokenizer's format (SentencePiece, HF tokenizer.json, tiktoken), EOS text, special-token policy and
 #      tiktoken's pattern/special tokens in TokenizerInfo; the dead-letter reason `pretoken_too_long`. A 1.1 reader
-#      ignores the new fields (TokenizerInfo.from_dict reads the fields it knows).
+#      ignores the new fields (TokenizerInfo.from_dict reads the fields it knows); the filter reasons
+#      near_duplicate, near_duplicate_of_committed and contaminated (--near-dedup, --decontaminate).
 CONTRACT_VERSION = "1.2"
 SUPPORTED_MAJOR = 1
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from pipeline.errors import ConfigError  # noqa: F401 - re-exported: `from pipeline.config import ConfigError`
+from transforms.shard import decontaminate as decontaminate_mod
 from transforms.shard import mixture
+from transforms.shard import near_dedup as near_dedup_mod
 from transforms.shard.documents import SPLITS
 
 PILEPREP_VERSION = "0.1.0"  # equals [project].version in pyproject.toml (tests/unit/tools/test_install.py checks)
@@ -25,6 +27,7 @@ DEFAULT_HOLDOUT_FRACTION = 0.01  # val and test share of train inputs when no he
 EXAMPLE_BYTES_PER_TOKEN = 96
 MAX_SEQ_LEN = 1 << 20
 ZSTD_MAX_WINDOW_MB = 2048  # zstd's own limit (window log 31)
+_NEAR = "near-duplicates and decontamination (docs/NEAR_DEDUP.md)"
 
 
 def option(default=dataclasses.MISSING, help: str = "", *, flag: Optional[str] = None,  # noqa: A002
@@ -106,6 +109,34 @@ class ShardConfig:
         "", "mixture weights as epochs per source: 'Pile-CC=1,Wikipedia (en)=3', the preset 'pile' (the Pile "
         "paper's epochs), or both ('pile,Github=0.5'); unlisted sources weigh 1; train split only "
         "(transforms/shard/mixture.py)", metavar="SPEC")
+    # Near-duplicates and decontamination (docs/NEAR_DEDUP.md, pipeline/shard/near_dedup_graph.py); off by default.
+    near_dedup: bool = option(
+        False, "remove near-duplicate documents: MinHash LSH over word 5-grams, one keeper per cluster (test over "
+        "val over train, then the smallest id), removed ones filtered near_duplicate with their keeper recorded",
+        group=_NEAR)
+    near_dedup_bands: int = option(near_dedup_mod.DEFAULT_BANDS, "LSH bands (permutations = bands x rows); with the "
+                                   "default rows: " + near_dedup_mod.s_curve_text(near_dedup_mod.DEFAULT_BANDS,
+                                                                              near_dedup_mod.DEFAULT_ROWS),
+                                   group=_NEAR, metavar="N")
+    near_dedup_rows: int = option(near_dedup_mod.DEFAULT_ROWS, "MinHash values per band", group=_NEAR, metavar="N")
+    near_dedup_threshold: float = option(
+        near_dedup_mod.DEFAULT_THRESHOLD, "a candidate pair is a near-duplicate when its estimated Jaccard "
+        "similarity (exact with --near-dedup-verify) reaches this", group=_NEAR, metavar="J")
+    near_dedup_verify: bool = option(False, "check each candidate pair by the exact Jaccard of its shingles",
+                                     group=_NEAR)
+    near_dedup_rounds: int = option(near_dedup_mod.DEFAULT_ROUNDS, "union-find (label propagation) rounds in the "
+                                    "graph; a cluster farther than this from its keeper fails the run (exit 1)",
+                                    group=_NEAR, metavar="N")
+    decontaminate: tuple[str, ...] = option(
+        (), "evaluation sets (jsonl[.zst|.gz] or parquet files or globs): train documents sharing a word n-gram "
+        "with an evaluation text are filtered contaminated (eval file and n-gram recorded)", group=_NEAR,
+        metavar="GLOB")
+    decontaminate_field: str = option("text", "text field (dotted path) or column of the evaluation files",
+                                      group=_NEAR, metavar="FIELD")
+    decontaminate_ngram: int = option(decontaminate_mod.DEFAULT_NGRAM, "words per n-gram (lower case, "
+                                      "punctuation stripped)", group=_NEAR, metavar="N")
+    decontaminate_held_out: bool = option(False, "check val/test documents against the evaluation sets too",
+                                          group=_NEAR)
     # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
     tokenizer_backend: Literal["auto", "reference", "sentencepiece", "gigatoken", "kitoken", "splintr"] = option(
         "auto", "exact fast tokenizer path: auto tries the fast backends (gigatoken, splintr, kitoken) after id-for-"
@@ -172,6 +203,7 @@ class ShardConfig:
                 mixture.parse_weights(self.source_weights)
             except ValueError as e:
                 problems.append(f"--source-weights: {e}")
+        problems += near_dedup_problems(self)
         if problems:
             raise ConfigError("invalid shard configuration:\n  " + "\n  ".join(problems))
 
@@ -208,11 +240,28 @@ class ShardConfig:
         for key in ("tokenizer_pattern", "special_tokens", "eos_token"):  # absent when unused, as source_weights
             if not d[key]:
                 d.pop(key)
+        for prefix, used in (("near_dedup", self.near_dedup), ("decontaminate", bool(self.decontaminate))):
+            for key in [k for k in d if k.startswith(prefix)]:  # absent when unused (generation names stay)
+                if used:
+                    d[key] = list(d[key]) if isinstance(d[key], tuple) else d[key]
+                else:
+                    d.pop(key)
         if not self.source_weights:  # absent when unused, so datasets built before the option keep their names
             d.pop("source_weights")
         else:
             d["source_weights"] = self.mixture_weights
         return d
+
+
+def near_dedup_problems(c: "ShardConfig") -> list:
+    problems = [f"--{name.replace('_', '-')} must be at least 1, got {getattr(c, name)}" for name in
+                ("near_dedup_bands", "near_dedup_rows", "near_dedup_rounds", "decontaminate_ngram")
+                if getattr(c, name) < 1]
+    if not 0.0 < c.near_dedup_threshold <= 1.0:
+        problems.append(f"--near-dedup-threshold must be in (0, 1], got {c.near_dedup_threshold}")
+    if c.decontaminate_held_out and not c.decontaminate:
+        problems.append("--decontaminate-held-out needs --decontaminate GLOB")
+    return problems
 
 
 def fingerprint(config: ShardConfig, tokenizer_sha256: str, ledger: list, parents=()) -> str:

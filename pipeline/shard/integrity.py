@@ -21,6 +21,7 @@ from model_contract import MANIFEST_NAME, Manifest
 from model_contract.manifest import LedgerRow, dataset_relative_path, is_generation_name, resolve_dataset_path
 from pipeline.config import ConfigError
 from pipeline.ops.incremental import InputsChangedError, file_sha256
+from pipeline.shard import near_dedup_graph
 from pipeline.shard.records import InputFile
 from transforms.io import io_utils
 from transforms.shard import corpus_stats
@@ -45,6 +46,7 @@ def add_integrity_sections(manifest: Manifest, output_dir: str, generation: str,
     manifest.extra[DOC_ID_INDEXES] = [{"generation": generation, "path": dataset_relative_path(path, output_dir),
                                        "documents": documents, "bytes": size, "sha256": sha}]
     manifest.extra[DUPLICATES_BY_SOURCE] = dict(sorted(duplicates.items()))
+    manifest.extra.update(near_dedup_graph.manifest_section(shard_results, output_dir, generation))
     return manifest
 
 

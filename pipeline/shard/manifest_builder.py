@@ -59,6 +59,9 @@ def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, ge
             files[path].written += n
         for path, n in s.duplicates_per_file.items():
             files[path].filter("duplicate", n)
+        for path, reasons in s.filtered_per_file.items():  # near-dedup, decontamination
+            for reason, n in reasons.items():
+                files[path].filter(reason, n)
         for path, n in s.dropped_per_file.items():
             files[path].filter(mixture.DROPPED_REASON, n)
         name = SPLITS[s.task.split]

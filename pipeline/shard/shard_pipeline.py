@@ -29,7 +29,7 @@ from model_contract import DataContract
 from pipeline.ops import commit, guards, incremental, input_checks, lock, progress, redaction, runlog, runners, storage
 from pipeline.config import PILEPREP_VERSION, ShardConfig, fingerprint
 from pipeline.errors import RunError, RunInterrupted
-from pipeline.shard import cancel, integrity, runner_shuffle, split_inputs
+from pipeline.shard import cancel, integrity, near_dedup_graph, runner_shuffle, split_inputs
 from pipeline.shard.records import CommitParts, InputFile, SplitOutput
 from pipeline.shard.manifest_builder import build_manifest, plan_shard_tasks
 from transforms.shard import corpus_stats, stages
@@ -473,6 +473,8 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
     if spread_chunks:
         chunks = chunks | "SpreadChunks" >> Spread(lambda c: (c.file_idx, c.chunk_idx))
     units = chunks | "Tokenize" >> beam.ParDo(TokenizeChunk(plan))
+    if near_dedup_graph.enabled(plan.config):  # after tokenize (exact dedup is by id), before packing and repeats
+        units = units | "NearDedup" >> near_dedup_graph.NearDedup(plan, shuffle)
     if shuffle == "runner":  # pieces through the runner's GroupByKey (pipeline/shard/runner_shuffle.py)
         shards = (units
                   | "CollectUnits" >> GatherAll()

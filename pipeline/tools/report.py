@@ -24,6 +24,7 @@ import unicodedata
 from typing import Optional
 
 from transforms.shard import mixture as mixture_weights
+from pipeline.tools import report_near_dedup
 from transforms.shard.documents import SPLITS
 
 MAX_EXCERPTS_PER_REASON = 3
@@ -451,6 +452,7 @@ def render_report(manifest: dict, dead_letter_rows: Optional[list] = None, metri
         _table(["reason", "file", "line", "excerpt"], ex_rows, "excerpts") if ex_rows else "",
         f"<p>dead-letter files: {len(manifest.get('dead_letters', []))}</p>"))
 
+    parts.append(report_near_dedup.section(manifest))  # "" without --near-dedup / --decontaminate
     parts.append(_section("Inputs", _table(
         ["file", "bytes", "read", "written", "filtered", "dead-lettered"],
         [[i["path"], i.get("bytes", 0), i["read"], i["written"], sum(_num(v) for v in i["filtered"].values()),

@@ -16,7 +16,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from model_contract import frame_examples
-from transforms.shard import corpus_stats, doc_ids, mixture
+from transforms.shard import corpus_stats, doc_ids, mixture, near_dedup_removals
 from transforms.io import io_utils, read_parquet
 from transforms.tokenize import tokenizer
 from transforms.tokenize.long_documents import PRETOKEN_TOO_LONG
@@ -411,6 +411,10 @@ class ShardResult:
     ids_count: int = 0  # how many (repeats by a mixture weight count once; dropped ones are still kept)
     dropped_per_file: dict = field(default_factory=dict)  # input path -> documents a mixture weight < 1 dropped
     source_stats: dict = field(default_factory=dict)  # transforms/shard/corpus_stats.py, of what was written
+    # near-dedup / decontamination (transforms/shard/near_dedup_removals.py): input path -> {reason: n}, and
+    # reason -> {source: n}
+    filtered_per_file: dict = field(default_factory=dict)
+    filtered_per_source: dict = field(default_factory=dict)
 
 
 def _gather_shard_documents(task: ShardTask, units: list):
@@ -464,6 +468,9 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
     packer gathers its key range from every unit's spill files."""
     rows, which, buffers = gathered if gathered is not None else _gather_shard_documents(task, units)
     elsewhere = duplicate_mask(rows, task.split, dedup)
+    removed = near_dedup_removals.reasons_for(rows["doc_id"], task.split, staging_dir)  # after exact dedup
+    filtered: dict = collections.defaultdict(collections.Counter)
+    filtered_sources: dict = collections.defaultdict(collections.Counter)
     result = ShardResult(task, io_utils.join(data_dir, task.file_name), 0, 0, 0, 0, 0, "")
     sources: dict = collections.defaultdict(lambda: {"documents": 0, "tokens": 0})
     written: dict = collections.Counter()
@@ -488,6 +495,10 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
                 continue
             previous_doc = doc_id
             kept_ids.append(doc_id)
+            if removed is not None and removed[i]:  # a near-copy or contaminated: its reason and keeper are staged
+                filtered[unit.input_path][removed[i]] += 1
+                filtered_sources[removed[i]][source_name] += 1
+                continue
             a = int(row["token_start"]) - start
             corpus_stats.add_unique(stats, source_name, int(row["n_tokens"]) + 1)
             yield int(row["key"]), doc_id, source_name, (unit.input_path, buf[a:a + int(row["n_tokens"])])
@@ -526,6 +537,8 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
     result.duplicates_per_source = dict(sorted(duplicate_sources.items()))
     result.dropped_per_file = dict(sorted(dropped.items()))
     result.source_stats = stats
+    result.filtered_per_file = {p: dict(sorted(c.items())) for p, c in sorted(filtered.items())}
+    result.filtered_per_source = {r: dict(sorted(c.items())) for r, c in sorted(filtered_sources.items())}
     if staging_dir is not None:
         result.ids_path = io_utils.join(staging_dir, "ids", task.file_name + ".ids")
         result.ids_count = len(kept_ids)

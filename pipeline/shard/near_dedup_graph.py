@@ -1,0 +1,492 @@
+"""The near-dedup and decontamination stage of the shard job, between tokenize and pack (Beam wiring).
+
+    units ─ SignUnit ─┬─ band keys ─ GroupByKey ─ star edges [─ verify] ─ adjacency ─ R label rounds ─┐
+                      └─ contaminated rows ──────────────────────────────────────────────── removals ─┤
+                                                             GroupByKey by id partition: write indexes ┘
+    then a barrier: the units pass on only once the removal indexes are staged (packing reads them).
+
+The logic is in transforms/shard/near_dedup.py and decontaminate.py; the packers' lookup in
+transforms/shard/near_dedup_removals.py. Candidate pairs meet in the runner's own GroupByKey on band keys (no
+driver-side table); the union-find is label propagation over a fixed number of rounds unrolled into the graph
+(`--near-dedup-rounds`), each one GroupByKey, so no process holds more than one bucket or one node's
+neighbours. Elements are small (a Node: ids, split, a 400-byte signature). Every name and every choice depends
+only on the data, never on placement or arrival order, so the output is the same bytes on every runner.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import logging
+import pickle
+import typing
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.io.filesystems import FileSystems
+
+from pipeline.errors import ConfigError, RunError
+from transforms.io import io_utils, read_parquet
+from transforms.io.read_records import RawRecord, compression_of, iter_raw_records
+from transforms.shard import decontaminate, doc_ids, near_dedup
+from transforms.shard import near_dedup_removals as removals
+from transforms.shard.documents import SPLIT_SHIFT, SPLITS, Document, parse_record
+from transforms.shard.spill import iter_chunk, read_index_rows
+
+LOG = logging.getLogger("pileprep.near_dedup")
+SIGN_BATCH_CHARS = 1 << 20
+EXCERPT_CHARS = 400
+EXAMPLE_PAIRS = 3
+SUMMARY_NAME = "near-dedup/summary.json"
+SIDECAR_DIR = "near-dedup"
+
+
+def enabled(config) -> bool:
+    return bool(config.near_dedup or config.decontaminate)
+
+
+def params_of(config) -> near_dedup.MinHashParams:
+    return near_dedup.MinHashParams(config.near_dedup_bands, config.near_dedup_rows, config.seed)
+
+
+def eval_files(config) -> list:
+    """The evaluation files --decontaminate names, sorted; a glob matching nothing is a configuration error."""
+    files = set()
+    for pattern in config.decontaminate:
+        matched = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list]
+        if not matched:
+            raise ConfigError(f"--decontaminate: {pattern} matches no file")
+        files.update(matched)
+    return sorted(files)
+
+
+def _eval_texts(path: str, field: str):
+    with io_utils.open_read(path) as f:
+        items = (read_parquet.iter_parquet_records(f, field, (), 1 << 30) if read_parquet.is_parquet(path)
+                 else iter_raw_records(f, compression_of(path), 1 << 30))
+        for item in items:
+            if not isinstance(item, RawRecord):
+                raise RunError(f"--decontaminate: {path} line {item.line}: {item.reason}")
+            yield from decontaminate.iter_eval_texts(path, item.data, field)
+
+
+def load_eval_set(config, files: list) -> decontaminate.EvalSet:
+    return decontaminate.build_eval_set([(p, list(_eval_texts(p, config.decontaminate_field))) for p in files],
+                                        config.decontaminate_ngram)
+
+
+def chunk_path(staging_dir: str, unit_name: str) -> str:
+    """The split stage's chunk of a unit (transforms/shard/stages.py split_input_file names them so)."""
+    return io_utils.join(staging_dir, "chunks", unit_name + ".rec.zst")
+
+
+def shingle_path(staging_dir: str, unit_name: str) -> str:
+    return io_utils.join(staging_dir, "near-dedup", "shingles", unit_name + ".u64")
+
+
+def _unit_documents(plan, unit):
+    """(line, doc_id, split, source, text) of each distinct document of a unit, in line order; the copy in
+    the highest split stands for an id (exact dedup keeps that one)."""
+    if unit.n_docs == 0:
+        return []
+    with io_utils.open_read(unit.index_path) as f:
+        rows = read_index_rows(f, 0, unit.n_docs)
+    by_line = {int(r["line"]): (int(r["doc_id"]), int(r["key"] >> np.uint64(SPLIT_SHIFT))) for r in rows}
+    best: dict = {}
+    cfg = plan.config
+    with io_utils.open_read(chunk_path(plan.staging_dir, unit.name)) as f:
+        for line, data in iter_chunk(f):
+            if line not in by_line:
+                continue
+            doc = parse_record(data, cfg.text_field, tuple(cfg.source_fields))
+            doc_id, split = by_line[line]
+            if not isinstance(doc, Document) or doc.doc_id != doc_id:
+                raise IOError(f"{unit.name}: line {line} does not hold document {doc_id} (staging damaged)")
+            cur = best.get(doc_id)
+            if cur is None or split > cur[2]:
+                best[doc_id] = (line, doc_id, split, doc.source, doc.text)
+    return sorted(best.values())
+
+
+class SignUnit(beam.DoFn):
+    """One unit's documents → ('band', key, Node) per band, or ('removal', id, row) for a contaminated one."""
+
+    def __init__(self, plan, eval_paths: tuple, shuffle: str = "runner"):
+        self.plan = plan
+        self.eval_paths = eval_paths
+        self.shuffle = shuffle
+
+    def setup(self):
+        self.plan.setup_worker()
+        cfg = self.plan.config
+        self.params = params_of(cfg)
+        self.coefficients = self.params.coefficients()
+        self.eval_set = load_eval_set(cfg, list(self.eval_paths)) if self.eval_paths else None
+        self.checked_splits = contaminated_splits(cfg)
+
+    def process(self, unit):
+        if self.shuffle != "files":
+            yield from self._process(unit)
+            return
+        # files: the band rows go to a staged file and only the unit's name travels on (FnApiRunner holds a
+        # stage's whole output in memory, and with worker threads or processes failed to decode a bundle's
+        # output above ~10 MB: "Invalid PaneInfoEncoding", measured on 1,925 documents)
+        rows, others = [], []
+        for e in self._process(unit):
+            (rows if e[0] == "band" else others).append(e)
+        if self.plan.config.near_dedup:
+            write_band_file(self.plan.staging_dir, unit.name, [(k, node) for _tag, k, node in rows])
+            yield ("bands", unit.name, None)
+        yield from others
+
+    def _process(self, unit):
+        cfg = self.plan.config
+        batch: list = []
+        chars = 0
+        shingle_file = None
+        written = 0
+        if cfg.near_dedup and cfg.near_dedup_verify:
+            shingle_file = io_utils.open_write(shingle_path(self.plan.staging_dir, unit.name)).__enter__()
+        try:
+            for line, doc_id, split, source, text in _unit_documents(self.plan, unit):
+                if self.eval_set is not None and split in self.checked_splits:
+                    hit = decontaminate.find(text, self.eval_set)
+                    if hit is not None:
+                        yield ("removal", doc_id, {"id": doc_id, "reason": removals.CONTAMINATED, "source": source,
+                                                   "eval_file": hit.eval_file, "ngram": hit.ngram})
+                        continue
+                if not cfg.near_dedup:
+                    continue
+                sh = near_dedup.shingles(text, self.params.shingle_words)
+                loc = (unit.name, line)
+                if shingle_file is not None:
+                    shingle_file.write(sh.astype("<u8").tobytes())
+                    loc = (unit.name, line, written, int(sh.size))
+                    written += int(sh.size)
+                batch.append((doc_id, split, source, loc, sh))
+                chars += len(text)
+                if chars >= SIGN_BATCH_CHARS:
+                    yield from self._sign(batch)
+                    batch, chars = [], 0
+            yield from self._sign(batch)
+        finally:
+            if shingle_file is not None:
+                shingle_file.__exit__(None, None, None)
+
+    def _sign(self, batch):
+        if not batch:
+            return
+        sigs = near_dedup.signatures([b[4] for b in batch], self.params, self.coefficients)
+        keys = near_dedup.band_keys(sigs, self.params) >> np.uint64(1)  # 63 bits: Beam's int coder is signed
+        for (doc_id, split, source, loc, _sh), sig, ks in zip(batch, sigs, keys):
+            node = near_dedup.Node(near_dedup.rank(split, doc_id), doc_id, split, sig.tobytes(), source, loc)
+            for k in ks.tolist():
+                yield ("band", k, node)
+
+
+BAND_RANGES = 8  # files shuffle: band keys are cut into this many ranges (top bits), one task each
+
+
+def band_file_path(staging_dir: str, unit_name: str) -> str:
+    return io_utils.join(staging_dir, "near-dedup", "bands", unit_name + ".pickle")
+
+
+def write_band_file(staging_dir: str, unit_name: str, rows: list) -> None:
+    """A unit's (band key, Node) rows, sorted by key (a retried bundle rewrites the same bytes)."""
+    rows = sorted(rows, key=lambda kn: (kn[0], kn[1]))
+    io_utils.write_bytes(band_file_path(staging_dir, unit_name), pickle.dumps(rows, protocol=4))
+
+
+def band_range(key: int) -> int:
+    return int(key) * BAND_RANGES >> 63
+
+
+def range_edges(task, plan):
+    """Files shuffle: the buckets of one key range, read from every unit's band file; the same edges as the
+    runner's GroupByKey gives (bucket_edges sorts the members, so arrival order does not matter)."""
+    r, unit_names = task
+    rows = []
+    for name in sorted(unit_names):
+        for k, node in pickle.loads(io_utils.read_bytes(band_file_path(plan.staging_dir, name))):
+            if band_range(k) == r:
+                rows.append((k, node))
+    rows.sort(key=lambda kn: kn[0])
+    threshold = plan.config.near_dedup_threshold
+    i = 0
+    while i < len(rows):
+        j = i
+        while j < len(rows) and rows[j][0] == rows[i][0]:
+            j += 1
+        if j - i > 1:
+            yield from near_dedup.bucket_edges([n for _k, n in rows[i:j]], threshold)
+        i = j
+
+
+def contaminated_splits(config) -> list:
+    return list(range(len(SPLITS))) if config.decontaminate_held_out else [0]
+
+
+def _read_shingles(staging_dir: str, loc: tuple) -> np.ndarray:
+    _name, _line, start, count = loc
+    with io_utils.open_read(shingle_path(staging_dir, loc[0])) as f:
+        f.seek(start * 8)
+        return np.frombuffer(f.read(count * 8), dtype="<u8")
+
+
+def _verify(edge, plan):
+    a, b, _est = edge
+    j = near_dedup.exact_jaccard(_read_shingles(plan.staging_dir, a.loc), _read_shingles(plan.staging_dir, b.loc))
+    if j >= plan.config.near_dedup_threshold:
+        yield a, b, j
+
+
+def _adjacency(edge):
+    a, b, _j = edge
+    yield a.doc_id, (a, b.doc_id)
+    yield b.doc_id, (b, a.doc_id)
+
+
+def _initial_state(kv):
+    """(doc_id, (node, neighbour ids, label, changed)): the label starts as the node itself."""
+    doc_id, pairs = kv
+    pairs = list(pairs)
+    node = min(p[0] for p in pairs)  # copies of one Node: identical, min only makes the choice explicit
+    return doc_id, (node, tuple(sorted({p[1] for p in pairs})), node, True)
+
+
+def _messages(kv):
+    doc_id, (node, nbrs, label, _changed) = kv
+    yield doc_id, ("state", (node, nbrs, label))
+    for m in nbrs:
+        yield m, ("label", label)
+
+
+def _relabel(kv):
+    doc_id, msgs = kv
+    state, labels = None, []
+    for kind, value in msgs:
+        if kind == "state":
+            state = value
+        else:
+            labels.append(value)
+    node, nbrs, label = state
+    new = near_dedup.best_label([label] + labels)
+    return doc_id, (node, nbrs, new, new != label)
+
+
+def _final_rows(kv, rounds: int):
+    doc_id, (node, _nbrs, keeper, changed) = kv
+    if changed:
+        raise RunError(f"near-dedup clusters did not converge within --near-dedup-rounds {rounds} (a cluster "
+                       "holds documents farther apart than that); raise --near-dedup-rounds")
+    yield ("cluster", keeper.doc_id)
+    removal = near_dedup.removal_of(node, keeper)
+    if removal is not None:
+        removed, keeper_id, j = removal
+        yield ("removal", removed, {"id": removed, "reason": removals.NEAR_DUPLICATE, "keeper": keeper_id,
+                                    "jaccard": j, "source": node.source, "keeper_source": keeper.source,
+                                    "loc": list(node.loc[:2]), "keeper_loc": list(keeper.loc[:2])})
+
+
+def _write_partition(kv, plan):
+    """One id partition's removals: an id index per reason (staging, for the packers) and its sidecar rows
+    (the generation's `near-dedup/`), sorted by id. One id with two rows (a contaminated train copy and a
+    near-duplicate held-out copy) keeps the reason that comes first in removals.REASONS."""
+    partition, rows = kv
+    order = {r: i for i, r in enumerate(removals.REASONS)}
+    best: dict = {}
+    for row in rows:
+        key = (order[row["reason"]], json.dumps(row, sort_keys=True))
+        if row["id"] not in best or key < best[row["id"]][0]:
+            best[row["id"]] = (key, row)
+    chosen = [best[i][1] for i in sorted(best)]
+    indexes = []
+    for reason in removals.REASONS:
+        ids = np.array([r["id"] for r in chosen if r["reason"] == reason], dtype=doc_ids.ID_DTYPE)
+        if ids.size:
+            path = removals.index_path(plan.staging_dir, reason, partition)
+            doc_ids.write_index(path, iter([ids]), int(ids.size))
+            indexes.append((reason, path))
+    sidecar = io_utils.join(plan.data_dir, SIDECAR_DIR, f"removed-p{partition:03d}.jsonl")
+    io_utils.write_jsonl(sidecar, [{k: v for k, v in r.items() if k not in ("loc", "keeper_loc")}
+                                   for r in chosen])
+    examples = [r for r in chosen if r["reason"] == removals.NEAR_DUPLICATE][:EXAMPLE_PAIRS]
+    contaminated = [r for r in chosen if r["reason"] == removals.CONTAMINATED][:EXAMPLE_PAIRS]
+    return {"partition": partition, "indexes": indexes, "sidecar": sidecar, "examples": examples,
+            "contaminated_examples": contaminated,
+            "removed": dict(collections.Counter(r["reason"] for r in chosen))}
+
+
+def _text_at(plan, loc) -> str:
+    unit_name, line = loc[0], loc[1]
+    cfg = plan.config
+    with io_utils.open_read(chunk_path(plan.staging_dir, unit_name)) as f:
+        for ln, data in iter_chunk(f):
+            if ln == line:
+                doc = parse_record(data, cfg.text_field, tuple(cfg.source_fields))
+                return doc.text if isinstance(doc, Document) else ""
+    return ""
+
+
+def _finish(grouped, plan):
+    """The stage's last step (one element): the packers' marker and the generation's summary file."""
+    parts = sorted((v for k, v in grouped if k == "partition"), key=lambda p: p["partition"])
+    sizes = collections.Counter(v for k, v in grouped if k == "size")
+    indexes = [tuple(i) for p in parts for i in p["indexes"]]
+    io_utils.fsync_files([p for _r, p in indexes] + [p["sidecar"] for p in parts])
+    examples = sorted((e for p in parts for e in p["examples"]), key=lambda e: e["id"])[:EXAMPLE_PAIRS]
+    pairs = [{"removed": e["id"], "keeper": e["keeper"], "jaccard": e["jaccard"], "source": e["source"],
+              "keeper_source": e["keeper_source"], "removed_text": _text_at(plan, e["loc"])[:EXCERPT_CHARS],
+              "keeper_text": _text_at(plan, e["keeper_loc"])[:EXCERPT_CHARS]} for e in examples]
+    contaminated = sorted((e for p in parts for e in p["contaminated_examples"]),
+                          key=lambda e: e["id"])[:EXAMPLE_PAIRS]
+    sidecars = []
+    for p in parts:
+        size, sha = _digest(p["sidecar"])
+        sidecars.append({"path": _relative(p["sidecar"], plan.config.output), "bytes": size, "sha256": sha})
+    cfg = plan.config
+    summary = {
+        "near_dedup": cfg.near_dedup,
+        "decontaminate": [_name(p) for p in eval_files(cfg)] if cfg.decontaminate else [],
+        "removed": dict(sorted(sum((collections.Counter(p["removed"]) for p in parts), collections.Counter())
+                               .items())),
+        "cluster_sizes": near_dedup.cluster_size_bins(
+            [size for size, n in sorted(sizes.items()) for _ in range(n)]),
+        "example_pairs": pairs,
+        "contaminated_examples": [{k: e[k] for k in ("id", "source", "eval_file", "ngram")} for e in contaminated],
+        "sidecars": sidecars,
+    }
+    if cfg.near_dedup:
+        summary["minhash"] = {"bands": cfg.near_dedup_bands, "rows": cfg.near_dedup_rows,
+                              "threshold": cfg.near_dedup_threshold, "verify": cfg.near_dedup_verify,
+                              "shingle_words": near_dedup.SHINGLE_WORDS,
+                              "s_curve": near_dedup.s_curve_text(cfg.near_dedup_bands, cfg.near_dedup_rows)}
+    for e in summary["contaminated_examples"]:
+        e["eval_file"] = _name(e["eval_file"])
+    io_utils.write_bytes(io_utils.join(plan.data_dir, SUMMARY_NAME),
+                         json.dumps(summary, sort_keys=True, indent=1).encode("utf-8"))
+    removals.write_marker(plan.staging_dir, indexes, contaminated_splits(cfg))
+    return "done"
+
+
+def _name(path: str) -> str:
+    """An evaluation file as the manifest records it: its base name (absolute paths say where it ran)."""
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def _relative(path: str, base: str) -> str:
+    from pipeline.shard.manifest_builder import _relative as rel  # noqa: PLC0415
+
+    return rel(path, base)
+
+
+def _digest(path: str) -> tuple:
+    data = io_utils.read_bytes(path)
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def _gather(pcoll, label: str):
+    return (pcoll
+            | f"{label}OneKey" >> beam.Map(lambda x: (0, x))
+            | f"{label}Group" >> beam.GroupByKey()
+            | f"{label}List" >> beam.Map(lambda kv: list(kv[1])))
+
+
+class NearDedup(beam.PTransform):
+    """units → the same units, released once the removal indexes are staged (see the module docstring)."""
+
+    def __init__(self, plan, shuffle: str = "runner"):
+        super().__init__()
+        self.plan = plan
+        self.shuffle = shuffle  # 'runner' (GroupByKey on band keys) or 'files' (staged band files, key ranges)
+        self.eval_paths = tuple(eval_files(plan.config)) if plan.config.decontaminate else ()
+        if plan.incremental and plan.config.near_dedup:
+            # The committed generations' band index is not written yet: checking new documents only against
+            # each other would keep near-copies of committed ones, so refuse rather than do it half.
+            raise ConfigError("--near-dedup with --incremental is not supported yet (new documents cannot be "
+                              "checked against committed generations); rebuild without --incremental")
+
+    def expand(self, units):
+        plan, cfg = self.plan, self.plan.config
+        signed = units | "NDSign" >> beam.ParDo(SignUnit(plan, self.eval_paths, self.shuffle))
+        rows = [signed | "NDContaminated" >> beam.Filter(lambda e: e[0] == "removal")]
+        sizes = []
+        if cfg.near_dedup and self.shuffle == "files":
+            edges = (signed
+                     | "NDBandFiles" >> beam.FlatMap(lambda e: [e[1]] if e[0] == "bands" else [])
+                     | "NDCollectBandFiles" >> _GatherAll()
+                     | "NDRanges" >> beam.FlatMap(lambda names: [(r, tuple(sorted(names)))
+                                                                 for r in range(BAND_RANGES)])
+                     | "NDKeyRanges" >> beam.Map(lambda t: (t[0], t))  # a GroupByKey spreads them on every
+                     | "NDSpreadRanges" >> beam.GroupByKey()  # runner (Reshuffle is a no-op on DaskRunner)
+                     | "NDRangeTasks" >> beam.FlatMap(lambda kv: kv[1])
+                     | "NDEdges" >> beam.FlatMap(range_edges, plan))
+        elif cfg.near_dedup:
+            edges = (signed
+                     | "NDBands" >> beam.FlatMap(lambda e: [(e[1], e[2])] if e[0] == "band" else [])
+                     | "NDGroupBands" >> beam.GroupByKey()
+                     | "NDEdges" >> beam.FlatMap(lambda kv, t: near_dedup.bucket_edges(kv[1], t),
+                                                 cfg.near_dedup_threshold))
+        if cfg.near_dedup:
+            if cfg.near_dedup_verify:
+                edges = edges | "NDVerify" >> beam.FlatMap(_verify, plan)
+            state = (edges
+                     | "NDAdjacency" >> beam.FlatMap(_adjacency)
+                     | "NDGroupAdjacency" >> beam.GroupByKey()
+                     | "NDInitial" >> beam.Map(_initial_state))
+            for r in range(cfg.near_dedup_rounds):
+                state = (state
+                         | f"NDMessages{r}" >> beam.FlatMap(_messages)
+                         | f"NDGroupMessages{r}" >> beam.GroupByKey()
+                         | f"NDRelabel{r}" >> beam.Map(_relabel))
+            final = state | "NDFinal" >> beam.FlatMap(_final_rows, cfg.near_dedup_rounds)
+            rows.append(final | "NDNearRows" >> beam.Filter(lambda e: e[0] == "removal"))
+            sizes.append(final
+                         | "NDKeepers" >> beam.FlatMap(lambda e: [e[1]] if e[0] == "cluster" else [])
+                         | "NDClusterSize" >> beam.combiners.Count.PerElement()
+                         | "NDSizes" >> beam.Map(lambda kv: ("size", kv[1])).with_output_types(typing.Any))
+        partitions = (tuple(rows) | "NDRows" >> beam.Flatten()
+                      | "NDByPartition" >> beam.Map(lambda e: (removals.partition_of(e[1]), e[2]))
+                      | "NDGroupPartitions" >> beam.GroupByKey()
+                      | "NDWritePartition" >> beam.Map(_write_partition, plan)
+                      | "NDTagPartition" >> beam.Map(lambda p: ("partition", p)).with_output_types(typing.Any))
+        # One gather for the stage's end and the barrier: the units pass on from the step that staged the
+        # removal indexes, so no packer can start before they exist (the seed makes the step run when
+        # nothing at all is removed and no unit exists).
+        # Every input of a Flatten is typed Any: inferred tuple types give the inputs different coders, and a
+        # runner that fuses a Flatten's consumer decodes every input with one of them (FnApiRunner with worker
+        # threads failed "Invalid PaneInfoEncoding" on the seed's inferred Tuple[str, None] coder).
+        seed = units.pipeline | "NDSeed" >> beam.Create([("seed", None)]).with_output_types(typing.Any)
+        tagged_units = units | "NDTagUnits" >> beam.Map(lambda u: ("unit", u)).with_output_types(typing.Any)
+        return ((tagged_units, partitions, seed, *sizes)
+                | "NDGatherParts" >> beam.Flatten()
+                | "NDCollect" >> _GatherAll()
+                | "NDFinishAndRelease" >> beam.FlatMap(_finish_and_release, plan))
+
+
+def _finish_and_release(grouped, plan):
+    _finish(grouped, plan)
+    return sorted((v for k, v in grouped if k == "unit"), key=lambda u: u.name)
+
+
+class _GatherAll(beam.PTransform):
+    def expand(self, pcoll):
+        return _gather(pcoll, "")
+
+
+def manifest_section(shard_results: list, output_dir: str, generation: str) -> dict:
+    """The manifest's `near_dedup` section: removed documents per reason and source (every copy the packers
+    filtered), and the stage's summary (cluster sizes, example pairs, sidecar files with their sha256)."""
+    data_dir = io_utils.join(output_dir, generation)
+    path = io_utils.join(data_dir, SUMMARY_NAME)
+    if not io_utils.exists(path):
+        return {}
+    summary = json.loads(io_utils.read_bytes(path))
+    by_source: dict = {}
+    for s in shard_results:
+        for reason, per in getattr(s, "filtered_per_source", {}).items():
+            for source, n in per.items():
+                by_source.setdefault(reason, {})
+                by_source[reason][source] = by_source[reason].get(source, 0) + n
+    summary["removed_by_source"] = {r: dict(sorted(v.items())) for r, v in sorted(by_source.items())}
+    return {"near_dedup": summary}

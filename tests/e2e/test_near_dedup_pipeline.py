@@ -1,0 +1,181 @@
+"""The shard job with --near-dedup and --decontaminate (pipeline/shard/near_dedup_graph.py), end to end.
+
+A small corpus with planted near-copies (a header inserted and the case changed: exact Jaccard >= 0.9), one of
+them in a --val-input file, and an evaluation file quoting one training document. Every removed document must
+be filtered with its reason, its keeper (or eval file and n-gram) in the sidecar, the counts reconciled, and
+the bytes the same on one in-memory worker, the portable runner (EXTERNAL worker pool) and DaskRunner (two
+worker processes).
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import types
+
+import pytest
+
+from model_contract import decode_example, read_records
+from pipeline.config import ShardConfig
+from pipeline.errors import ConfigError, RunError
+from pipeline.shard import near_dedup_graph, shard_pipeline
+from tests.corpus_fixtures import good_documents, pile_line, write_zst
+from tests.e2e.test_dask_runner import dask_cluster  # noqa: F401 - the module's Dask cluster fixture
+from tests.ops_fixtures import portable_args, portable_services, run_cli  # noqa: F401
+from transforms.shard import near_dedup
+from transforms.shard.documents import document_id
+
+pytestmark = pytest.mark.timeout(300)
+IN_MEMORY = ["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+PLANTED = 8
+
+
+def near_copy(text: str) -> str:
+    return "Mirrored from an archive.\n" + text.upper()
+
+
+def write_corpus(root: pathlib.Path) -> dict:
+    """Files in root/in (train), root/val.jsonl (one held-out near-copy), root/eval.jsonl; returns the plan."""
+    docs = good_documents(360_000)
+    docs = [(t, s) for t, s in docs if len(near_dedup.normalised_words(t)) >= 60][:60]
+    (root / "in").mkdir(parents=True)
+    originals = docs[:PLANTED]
+    copies = [(near_copy(t), s) for t, s in originals[1:]]
+    write_zst(root / "in" / "a.jsonl.zst", [pile_line(t, s) for t, s in docs[: len(docs) // 2]])
+    write_zst(root / "in" / "b.jsonl.zst", [pile_line(t, s) for t, s in docs[len(docs) // 2:] + copies])
+    held_out = near_copy(originals[0][0])
+    (root / "val.jsonl").write_bytes(pile_line(held_out, "HeldOut"))
+    quoted, question = unique_passage(docs[PLANTED:])
+    (root / "eval.jsonl").write_text(json.dumps({"question": {"text": question.title() + "?"}}) + "\n")
+    return {"originals": [document_id(t) for t, _ in originals], "copies": [document_id(t) for t, _ in copies],
+            "held_out": document_id(held_out), "contaminated": document_id(quoted), "texts": dict(
+                (document_id(t), t) for t, _ in docs + copies + [(held_out, "HeldOut")])}
+
+
+def unique_passage(docs: list) -> tuple:
+    """(document, 20 of its words) whose 13-word windows no other document has (plain tuples, no hashing)."""
+    grams = [{tuple(w[i:i + 13]) for i in range(len(w) - 12)}
+             for w in (near_dedup.normalised_words(t) for t, _ in docs)]
+    for d in range(len(docs) - 1, -1, -1):
+        words = near_dedup.normalised_words(docs[d][0])
+        others = set().union(*(g for k, g in enumerate(grams) if k != d))
+        for start in range(0, len(words) - 20, 7):
+            passage = words[start:start + 20]
+            if not {tuple(passage[i:i + 13]) for i in range(8)} & others:
+                return docs[d][0], " ".join(passage)
+    raise AssertionError("no unique passage in the corpus")
+
+
+def config(root: pathlib.Path, out: pathlib.Path, tokenizer: str, **kw) -> ShardConfig:
+    """--near-dedup-verify (staged shingles read back by whichever worker checks a pair) and 3 rounds (pairs
+    converge in 2): every unrolled round is a stage, which on DaskRunner costs seconds."""
+    kw = {"near_dedup_verify": True, "near_dedup_rounds": 3, **kw}
+    return ShardConfig(inputs=(str(root / "in" / "*"),), output=str(out), tokenizer=tokenizer, seq_len=128,
+                       num_shards=2, unit_mb=0.05, val_inputs=(str(root / "val.jsonl"),), near_dedup=True,
+                       decontaminate=(str(root / "eval.jsonl"),), decontaminate_field="question.text", **kw)
+
+
+def files_of(out: pathlib.Path) -> dict:
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(out.rglob("*"))
+            if p.is_file() and "_staging" not in p.parts}
+
+
+def shard_doc_ids(out: pathlib.Path, manifest: dict) -> set:
+    ids = set()
+    for s in manifest["shards"]:
+        for record in read_records(str(out / s["path"])):
+            ex = decode_example(record)
+            ids.update(int(d) for d, off in zip(ex["piece_doc_ids"], ex["piece_offsets"]) if off == 0)
+    return ids
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, tiny_tokenizer):
+    root = tmp_path_factory.mktemp("neardedup")
+    plan = write_corpus(root)
+    manifest = shard_pipeline.run(config(root, root / "one", tiny_tokenizer), IN_MEMORY, progress_every_s=0)
+    return root, plan, manifest, tiny_tokenizer
+
+
+def sidecar_rows(out: pathlib.Path, manifest: dict) -> list:
+    rows = []
+    for f in manifest["near_dedup"]["sidecars"]:
+        rows += [json.loads(line) for line in (out / f["path"]).read_text().splitlines()]
+    return rows
+
+
+def test_near_copies_and_contaminated_documents_are_filtered_with_keeper_and_reason(built):
+    root, plan, manifest, _tok = built
+    out = root / "one"
+    rows = {r["id"]: r for r in sidecar_rows(out, manifest)}
+    near = {i: r for i, r in rows.items() if r["reason"] == "near_duplicate"}
+    # each planted copy goes, its original stays; the held-out copy wins over its train original
+    for original, copy in zip(plan["originals"][1:], plan["copies"]):
+        assert near[copy]["keeper"] == original if original < copy else near[original]["keeper"] == copy
+    assert near[plan["originals"][0]]["keeper"] == plan["held_out"]
+    # nothing else is removed unless it really is a near-copy (exact Jaccard of the shingles)
+    for i, r in near.items():
+        truth = near_dedup.exact_jaccard(near_dedup.shingles(plan["texts"][i]),
+                                         near_dedup.shingles(plan["texts"][r["keeper"]]))
+        assert truth >= 0.8 and abs(truth - r["jaccard"]) < 0.2  # verified: exact Jaccard >= the threshold
+    assert rows[plan["contaminated"]]["reason"] == "contaminated"
+    assert rows[plan["contaminated"]]["eval_file"].endswith("eval.jsonl")
+    assert len(rows[plan["contaminated"]]["ngram"].split()) == 13
+    kept = shard_doc_ids(out, manifest)
+    assert not kept & set(rows) and plan["held_out"] in kept
+    filtered = manifest["records"]["filtered"]
+    assert filtered["near_duplicate"] == len(near) == PLANTED
+    assert filtered["contaminated"] == 1
+    r = manifest["records"]
+    assert r["read"] == r["written"] + sum(r["filtered"].values()) + sum(r["dead_lettered"].values())
+    by_source = manifest["near_dedup"]["removed_by_source"]
+    assert sum(by_source["near_duplicate"].values()) == PLANTED
+    assert manifest["near_dedup"]["cluster_sizes"] == {"2": PLANTED}
+    pair = manifest["near_dedup"]["example_pairs"][0]
+    assert pair["removed_text"] and pair["keeper_text"] and pair["removed"] == min(near)
+    assert manifest["contract"]["version"] == "1.2"
+
+
+def test_rounds_too_few_fail_the_run_naming_the_option(built, tmp_path):
+    root, _plan, _manifest, tok = built
+    with pytest.raises(RunError, match="--near-dedup-rounds"):
+        shard_pipeline.run(config(root, tmp_path / "r", tok, near_dedup_rounds=1,
+                                  near_dedup_verify=False), IN_MEMORY, progress_every_s=0)
+    assert not (tmp_path / "r" / "manifest.json").exists()
+
+
+def cli_args(root: pathlib.Path, out: pathlib.Path, tok: str, *extra) -> list:
+    return ["shard", "--input", str(root / "in" / "*"), "--output", str(out), "--tokenizer", tok, "--seq-len",
+            "128", "--num-shards", "2", "--unit-mb", "0.05", "--val-input", str(root / "val.jsonl"),
+            "--near-dedup", "--near-dedup-verify", "--near-dedup-rounds", "3", "--decontaminate",
+            str(root / "eval.jsonl"), "--decontaminate-field", "question.text",
+            "--progress-every", "0", *extra]
+
+
+def assert_same_files(reference: pathlib.Path, got: pathlib.Path) -> None:
+    a, b = files_of(reference), files_of(got)
+    assert a.keys() == b.keys()
+    assert [k for k in a if a[k] != b[k]] == []
+
+
+def test_dask_runner_with_two_workers_writes_the_same_bytes(built, tmp_path, dask_cluster):
+    root, _plan, _manifest, tok = built
+    res = run_cli(cli_args(root, tmp_path / "dask", tok, "--runner=DaskRunner",
+                           f"--dask_client_address={dask_cluster['address']}"), timeout_s=200)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert_same_files(root / "one", tmp_path / "dask")
+
+
+def test_portable_runner_through_its_own_group_by_key_writes_the_same_bytes(built, tmp_path, portable_services):
+    """--shuffle runner: band keys meet in the runner's GroupByKey (local runners default to staged files)."""
+    root, _plan, _manifest, tok = built
+    res = run_cli(cli_args(root, tmp_path / "portable", tok, "--shuffle", "runner",
+                           *portable_args(portable_services)), timeout_s=200)
+    assert res.returncode == 0, res.stderr[-3000:] + portable_services["logs"][1].read_text()[-2000:]
+    assert_same_files(root / "one", tmp_path / "portable")
+
+
+def test_incremental_near_dedup_is_refused_until_committed_generations_can_be_checked(built):
+    root, _plan, _manifest, tok = built
+    plan = types.SimpleNamespace(incremental=True, config=config(root, root / "x", tok))
+    with pytest.raises(ConfigError, match="--near-dedup with --incremental"):
+        near_dedup_graph.NearDedup(plan)

@@ -1,0 +1,100 @@
+"""Near-dedup's pure parts (transforms/shard/near_dedup.py): shingles, MinHash, LSH, clusters and keepers."""
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from transforms.shard import near_dedup as nd
+
+TEXT = " ".join(f"word{i % 97} token{i % 13} item{i}" for i in range(120))
+
+
+def _node(doc_id, split=0, text=TEXT, params=nd.MinHashParams()):
+    sig = nd.signatures([nd.shingles(text)], params)[0]
+    return nd.Node(nd.rank(split, doc_id), doc_id, split, sig.tobytes())
+
+
+def test_shingles_ignore_case_spacing_and_punctuation_but_not_word_order():
+    base = nd.shingles("The quick brown fox jumps over the lazy dog")
+    assert np.array_equal(base, nd.shingles("the  QUICK brown, fox jumps\nover the lazy dog!"))
+    assert not np.array_equal(base, nd.shingles("The quick brown fox jumps over the dog lazy"))
+    assert not np.array_equal(nd.shingles("a b c d e"), nd.shingles("e d c b a"))  # one window, reordered
+    assert nd.shingles("two words").size == 1  # shorter than 5 words: one shingle of all of them
+    assert nd.shingles("   ...  ").size == 0
+
+
+def test_signatures_are_seeded_batched_and_estimate_jaccard():
+    words = TEXT.split()
+    edited = " ".join(words[: int(len(words) * 0.8)])  # a truncation: Jaccard known from the shingles
+    a, b = nd.shingles(TEXT), nd.shingles(edited)
+    truth = nd.exact_jaccard(a, b)
+    params = nd.MinHashParams(bands=16, rows=16, seed=3)
+    batch = nd.signatures([a, b, np.zeros(0, np.uint64)], params)
+    assert batch.shape == (3, 256) and batch.dtype == np.uint32
+    assert np.array_equal(batch[0], nd.signatures([a], params)[0])  # batch-independent
+    assert not np.array_equal(batch[0], nd.signatures([a], nd.MinHashParams(16, 16, seed=4))[0])
+    assert abs(nd.estimated_jaccard(batch[0], batch[1]) - truth) < 0.1
+    assert (batch[2] == 0xFFFFFFFF).all()
+
+
+def test_band_keys_meet_for_copies_and_differ_by_band():
+    params = nd.MinHashParams()
+    sigs = nd.signatures([nd.shingles(TEXT), nd.shingles(TEXT.upper()), nd.shingles("other text " * 40)], params)
+    keys = nd.band_keys(sigs, params)
+    assert keys.shape == (3, params.bands)
+    assert np.array_equal(keys[0], keys[1])
+    assert not set(keys[0].tolist()) & set(keys[2].tolist())
+    same = np.zeros((1, params.num_perm), np.uint32)
+    assert len(set(nd.band_keys(same, params)[0].tolist())) == params.bands  # band index mixed in
+
+
+def test_s_curve_of_the_defaults_is_steep_near_0_8():
+    b, r = nd.DEFAULT_BANDS, nd.DEFAULT_ROWS
+    assert 0.75 < nd.lsh_threshold(b, r) < 0.85
+    assert nd.s_curve(0.9, b, r) > 0.95 and nd.s_curve(0.5, b, r) < 0.15
+    assert "threshold ~0.79" in nd.s_curve_text(b, r)
+
+
+def test_exact_jaccard():
+    a = np.array([1, 2, 3, 4], np.uint64)
+    assert nd.exact_jaccard(a, np.array([3, 4, 5, 6], np.uint64)) == pytest.approx(2 / 6)
+    assert nd.exact_jaccard(a, a) == 1.0
+
+
+def test_keeper_rule_is_exact_dedups_test_over_val_over_train_then_smallest_id():
+    train_small, val_big, test_big = _node(5, 0), _node(90, 1), _node(99, 2)
+    assert nd.best_label([train_small, val_big, test_big]) == test_big
+    assert nd.best_label([train_small, val_big]) == val_big
+    assert nd.best_label([_node(7), _node(5)]).doc_id == 5
+
+
+def test_bucket_copies_collapse_to_the_highest_split_whatever_the_order():
+    nodes = [_node(5, 0), _node(5, 2), _node(6, 0)]
+    for perm in ([0, 1, 2], [2, 1, 0], [1, 2, 0]):
+        merged = nd.merge_copies([nodes[i] for i in perm])
+        assert [(n.doc_id, n.split) for n in merged] == [(5, 2), (6, 0)]
+    edges = nd.bucket_edges(nodes, 0.8)
+    assert [(a.doc_id, b.doc_id) for a, b, _ in edges] == [(5, 6)]
+    far = _node(7, 0, text="completely different " * 50)
+    assert nd.bucket_edges([nodes[0], far], 0.8) == []  # below the threshold: no edge
+
+
+def test_components_pick_one_keeper_per_cluster_in_any_edge_order_and_report_non_convergence():
+    chain = [_node(i) for i in range(10, 16)]  # a path 10-11-...-15: keeper 10, five rounds away
+    edges = [(chain[i], chain[i + 1], 0.9) for i in range(5)] + [(_node(50), _node(40), 0.9)]
+    for seed in range(3):
+        random.Random(seed).shuffle(edges)
+        labels, converged = nd.components(edges, rounds=8)
+        assert converged
+        assert {d: k.doc_id for d, (_n, k) in labels.items()} == {**{i: 10 for i in range(10, 16)}, 40: 40, 50: 40}
+    _labels, converged = nd.components(edges, rounds=3)
+    assert not converged
+    node, keeper = labels[12]
+    assert nd.removal_of(node, keeper) == (12, 10, 1.0)
+    assert nd.removal_of(*labels[10]) is None
+
+
+def test_cluster_size_bins():
+    assert nd.cluster_size_bins([2, 2, 3, 4, 5, 9]) == {"2": 2, "3-4": 2, "5-8": 1, "9-16": 1}

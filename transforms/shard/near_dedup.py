@@ -1,0 +1,265 @@
+"""Near-duplicate detection as pure functions: shingles, seeded MinHash, LSH band keys, clusters, keepers.
+
+The Beam wiring is pipeline/shard/near_dedup_graph.py; this module holds the logic so it can be tested and
+benchmarked without a runner (bench/near_dedup_bench.py).
+
+- Shingles: word 5-grams of normalised text (lower case, `\\w+` words, so whitespace, punctuation and case
+  changes do not matter), each hashed to 64 bits with a fixed (not per-process) hash, so signatures are the
+  same on every machine and runner. A document shorter than 5 words is one shingle of all its words.
+- MinHash: `bands * rows` permutations h_i(x) = (a_i * x + b_i) mod 2^64 (a_i odd), top 32 bits kept; a_i, b_i
+  come from a numpy Generator seeded by `seed`. Computed in batch (one matrix per batch of documents).
+- LSH: a pair with Jaccard J shares at least one band with probability 1 - (1 - J^rows)^bands (`s_curve`). The
+  defaults (10 bands x 10 rows) put the threshold (1/bands)^(1/rows) at 0.79: P = 0.01 at J = 0.5, 0.25 at
+  0.7, 0.68 at 0.8, 0.99 at 0.9. A candidate becomes an edge only if its estimated (or, with verify, exact)
+  Jaccard reaches the threshold, which is what keeps pairs below 0.7 out.
+- Keeper: the rule of exact dedup (transforms/shard/documents.py `split_wins`): test over val over train, then
+  the smallest document id. `rank` encodes it so that the smallest rank wins.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+import numpy as np
+
+SHINGLE_WORDS = 5
+DEFAULT_BANDS = 10
+DEFAULT_ROWS = 10
+DEFAULT_THRESHOLD = 0.8
+DEFAULT_ROUNDS = 12
+SIGNATURE_DTYPE = np.dtype("<u4")
+
+_WORD = re.compile(r"\w+")
+_M64 = (1 << 64) - 1
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def normalised_words(text: str) -> list:
+    """Lower-cased `\\w+` words: what near-dedup and decontamination compare (punctuation and spacing dropped)."""
+    return _WORD.findall(text.lower())
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on a uint64 array (wrapping arithmetic)."""
+    with np.errstate(over="ignore"):
+        x = x ^ (x >> np.uint64(30))
+        x = x * _MIX1
+        x = x ^ (x >> np.uint64(27))
+        x = x * _MIX2
+        return x ^ (x >> np.uint64(31))
+
+
+def _word_hashes(words: list) -> np.ndarray:
+    """A stable 64-bit hash per word (not Python's hash(), which is randomised per process)."""
+    if not words:
+        return np.zeros(0, dtype=np.uint64)
+    vocab = {}
+    codes = np.fromiter((vocab.setdefault(w, len(vocab)) for w in words), dtype=np.int64, count=len(words))
+    # blake2b-64 of each distinct word's UTF-8 bytes (one C call per word; a Python FNV loop per byte cost 3x)
+    digests = b"".join(hashlib.blake2b(w.encode("utf-8"), digest_size=8).digest() for w in vocab)
+    return np.frombuffer(digests, dtype="<u8").astype(np.uint64)[codes]
+
+
+def ngram_hashes(words: list, n: int) -> np.ndarray:
+    """64-bit hash of every n-word window, in text order (a text shorter than n words: one hash of all)."""
+    w = _word_hashes(words)
+    if w.size == 0:
+        return w
+    n = min(n, w.size)
+    count = w.size - n + 1
+    h = np.full(count, np.uint64(n), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for k in range(n):  # order matters: mix after each word, so "a b" != "b a"
+            h = _mix(h * _GOLDEN + w[k:k + count])
+    return h
+
+
+def shingles(text: str, n: int = SHINGLE_WORDS) -> np.ndarray:
+    """Sorted unique 64-bit shingle hashes of a text (empty for a text without words)."""
+    return np.unique(ngram_hashes(normalised_words(text), n))
+
+
+@dataclass(frozen=True)
+class MinHashParams:
+    bands: int = DEFAULT_BANDS
+    rows: int = DEFAULT_ROWS
+    seed: int = 0
+    shingle_words: int = SHINGLE_WORDS
+
+    @property
+    def num_perm(self) -> int:
+        return self.bands * self.rows
+
+    def coefficients(self) -> tuple:
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([0x6E646475, self.seed & _M64])))
+        a = rng.integers(0, 1 << 63, size=self.num_perm, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+        b = rng.integers(0, 1 << 63, size=self.num_perm, dtype=np.uint64)
+        return a, b
+
+
+def signatures(shingle_sets: list, params: MinHashParams, coefficients: Optional[tuple] = None) -> np.ndarray:
+    """(documents, num_perm) uint32 MinHash signatures of a batch of shingle arrays, computed together.
+
+    An empty set gets all-0xFFFFFFFF (it matches only other empty texts, which have no words and never
+    reach here: parse_record filters whitespace-only text, and a text of only punctuation is one such)."""
+    a, b = coefficients or params.coefficients()
+    out = np.full((len(shingle_sets), params.num_perm), 0xFFFFFFFF, dtype=SIGNATURE_DTYPE)
+    nonempty = [i for i, s in enumerate(shingle_sets) if len(s)]
+    if not nonempty:
+        return out
+    flat = np.concatenate([shingle_sets[i] for i in nonempty]).astype(np.uint64)
+    starts = np.cumsum([0] + [len(shingle_sets[i]) for i in nonempty[:-1]])
+    # permutation-major in slices of the permutations, so the temporary matrix stays ~ 32 x shingles x 8 bytes
+    step = 32
+    for lo in range(0, params.num_perm, step):
+        hi = min(params.num_perm, lo + step)
+        with np.errstate(over="ignore"):
+            h = flat[None, :] * a[lo:hi, None]
+            h += b[lo:hi, None]
+        # the top 32 bits of the minimum are the minimum of the top 32 bits: shift after reducing (one pass less)
+        mins = np.minimum.reduceat(h, starts, axis=1) >> np.uint64(32)
+        out[nonempty, lo:hi] = mins.T.astype(SIGNATURE_DTYPE)
+    return out
+
+
+def band_keys(sigs: np.ndarray, params: MinHashParams) -> np.ndarray:
+    """(documents, bands) uint64: one bucket key per band (the band's index is mixed in, so bands never meet)."""
+    sigs = np.atleast_2d(sigs)
+    keys = np.empty((sigs.shape[0], params.bands), dtype=np.uint64)
+    for band in range(params.bands):
+        h = np.full(sigs.shape[0], np.uint64(band + 1), dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            for j in range(params.rows):
+                h = _mix(h * _GOLDEN + sigs[:, band * params.rows + j].astype(np.uint64))
+        keys[:, band] = h
+    return keys
+
+
+def estimated_jaccard(sig_a: np.ndarray, sig_b: np.ndarray) -> float:
+    """Share of equal MinHash values: an unbiased estimate of the Jaccard similarity of the shingle sets."""
+    return float(np.mean(np.asarray(sig_a) == np.asarray(sig_b)))
+
+
+def exact_jaccard(a: np.ndarray, b: np.ndarray) -> float:
+    """|A ∩ B| / |A ∪ B| of two sorted unique shingle arrays (--near-dedup-verify); 1.0 for two empty sets."""
+    if len(a) == 0 and len(b) == 0:
+        return 1.0
+    inter = np.intersect1d(a, b, assume_unique=True).size
+    return inter / (len(a) + len(b) - inter)
+
+
+def s_curve(jaccard: float, bands: int, rows: int) -> float:
+    """Probability that a pair of this Jaccard similarity shares at least one band (becomes a candidate)."""
+    return 1.0 - (1.0 - jaccard ** rows) ** bands
+
+
+def lsh_threshold(bands: int, rows: int) -> float:
+    """The Jaccard value near the S-curve's steepest point: (1 / bands) ^ (1 / rows)."""
+    return (1.0 / bands) ** (1.0 / rows)
+
+
+def s_curve_text(bands: int, rows: int) -> str:
+    """The S-curve at a few Jaccard values, for --help and docs/NEAR_DEDUP.md."""
+    points = ", ".join(f"{j:g}: {s_curve(j, bands, rows):.2f}" for j in (0.5, 0.6, 0.7, 0.8, 0.9, 0.95))
+    return f"threshold ~{lsh_threshold(bands, rows):.2f}; P(candidate | Jaccard) {points}"
+
+
+# ----------------------------------------------------------------------------------------------- keepers
+def rank(split: int, doc_id: int) -> tuple:
+    """Keeper order: the smallest rank wins. Test (2) over val (1) over train (0), then the smallest id."""
+    return (-int(split), int(doc_id))
+
+
+@dataclass(frozen=True, order=True)
+class Node:
+    """One distinct document in the near-dedup graph (small: it travels through the runner's shuffle).
+
+    `split` is the highest split any exact copy of it sits in (the copy exact dedup keeps); `loc` says where
+    its shingles are staged (unit name, first element, count) for --near-dedup-verify."""
+    rank: tuple
+    doc_id: int
+    split: int
+    sig: bytes
+    source: str = ""
+    loc: tuple = ()
+    excerpt: str = ""
+
+    def signature(self) -> np.ndarray:
+        return np.frombuffer(self.sig, dtype=SIGNATURE_DTYPE)
+
+
+def merge_copies(nodes: Iterable[Node]) -> list:
+    """Distinct documents of a band bucket, one Node per id: the exact copy in the highest split, then the
+    smallest location (copies share text, hence signature; which copy stands for the id must not depend on
+    the order the runner delivers them in)."""
+    best: dict = {}
+    for n in nodes:
+        cur = best.get(n.doc_id)
+        if cur is None or (n.rank, n.loc, n.source) < (cur.rank, cur.loc, cur.source):
+            best[n.doc_id] = n
+    return sorted(best.values())
+
+
+def bucket_edges(nodes: Iterable[Node], threshold: float) -> list:
+    """Candidate edges of one band bucket: its best-ranked document to every other member whose estimated
+    Jaccard with it reaches `threshold`. A star (not all pairs) keeps a bucket linear in its size; members
+    that are near each other but not near the star's centre are linked through the other bands they share."""
+    members = merge_copies(nodes)
+    if len(members) < 2:
+        return []
+    centre = members[0]
+    csig = centre.signature()
+    out = []
+    for m in members[1:]:
+        j = estimated_jaccard(csig, m.signature())
+        if j >= threshold:
+            out.append((centre, m, j))
+    return out
+
+
+def best_label(labels: Iterable[Node]) -> Node:
+    return min(labels)
+
+
+def components(edges: Iterable[tuple], rounds: int = DEFAULT_ROUNDS) -> tuple:
+    """Reference union-find by label propagation, the same rounds the graph runs: ({doc_id: (Node, keeper
+    Node)}, converged). Each round every node takes the best label among itself and its neighbours; the graph
+    has converged when a round changes nothing (rounds > the largest distance from a keeper)."""
+    adjacency: dict = {}
+    nodes: dict = {}
+    for a, b, _j in edges:
+        nodes[a.doc_id], nodes[b.doc_id] = a, b
+        adjacency.setdefault(a.doc_id, set()).add(b.doc_id)
+        adjacency.setdefault(b.doc_id, set()).add(a.doc_id)
+    label = dict(nodes)
+    converged = False
+    for _ in range(rounds):
+        new = {d: best_label([label[d]] + [label[m] for m in adjacency[d]]) for d in nodes}
+        changed = any(new[d] != label[d] for d in nodes)
+        label = new
+        if not changed:
+            converged = True
+            break
+    return {d: (nodes[d], label[d]) for d in sorted(nodes)}, converged
+
+
+def removal_of(node: Node, keeper: Node) -> Optional[tuple]:
+    """(removed id, keeper id, estimated Jaccard of the two) for a node whose cluster's keeper is another."""
+    if keeper.doc_id == node.doc_id:
+        return None
+    return node.doc_id, keeper.doc_id, round(estimated_jaccard(node.signature(), keeper.signature()), 4)
+
+
+def cluster_size_bins(sizes: Iterable[int]) -> dict:
+    """{"2": n, "3-4": n, "5-8": n, ...}: a log2 histogram of cluster sizes (keeper included)."""
+    bins: dict = {}
+    for s in sizes:
+        k = max(1, int(s - 1).bit_length())
+        lo, hi = (1 << (k - 1)) + 1, 1 << k
+        name = str(hi) if lo == hi else f"{lo}-{hi}"
+        bins[name] = bins.get(name, 0) + 1
+    return dict(sorted(bins.items(), key=lambda kv: int(kv[0].split("-")[0])))
