@@ -231,7 +231,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
         encoded = tokenizer.encode_batch(sp, [doc.text for _, doc in batch], settings.long_documents)
         for (line, doc), ids in zip(batch, encoded):
             if ids is None:  # a stretch over --max-pretoken-mb without a piece boundary (long_documents.py)
-                _bump(stats["dead_lettered"], PRETOKEN_TOO_LONG)
+                stats.dead_letter(PRETOKEN_TOO_LONG)
                 dead.append(dead_letter_row(chunk.input_path, line, PRETOKEN_TOO_LONG, doc.text[:200]))
                 continue
             arr = np.asarray(ids)  # int32 from the tokenizer on
