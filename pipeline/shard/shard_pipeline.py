@@ -358,7 +358,7 @@ def _commit(grouped, plan: JobPlan):
         manifest = integrity.merge(previous, manifest)
     if plan.tokenizer_backend is not None:  # how this generation was tokenized; the only backend-dependent field
         manifest.extra["tokenizer_backend"] = plan.tokenizer_backend.to_manifest(
-            stages.spot_check_totals(parts["unit"]))
+            stages.spot_check_totals(parts.units))
     commit.commit_dataset(plan.config.output, manifest,
                           None if previous is None else previous.generation, plan.staging_dir,
                           previous)
