@@ -20,10 +20,10 @@ import html
 import io
 import json
 import math
-import unicodedata
 from typing import Optional
 
 from transforms.shard import mixture as mixture_weights
+from pipeline.ops import safe_text
 from pipeline.tools import report_near_dedup
 from transforms.shard.documents import SPLITS
 
@@ -34,11 +34,12 @@ REPORT_NAME = "report.html"
 
 # ------------------------------------------------------------------------------------------------ plots
 def plot_text(value, limit: int = 24) -> str:
-    """A data string as plain text inside a plot: no control characters or escape sequences, and no `$`, which
-    matplotlib would parse as mathtext (a malformed formula raises; a well-formed one draws markup)."""
-    text = "".join(ch if unicodedata.category(ch)[0] != "C" else " " for ch in str(value))
-    text = text.replace("$", r"\$")
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    """A data string as plain text inside a plot, cut to `limit` characters: the one plot sanitizer
+    (pipeline/ops/safe_text.py: no control characters or escape sequences, `$` escaped so matplotlib parses no
+    mathtext, where a malformed formula raises and a well-formed one draws markup)."""
+    text = str(value)
+    text = text if len(text) <= limit else text[:limit - 1] + "…"
+    return safe_text.plot(text)
 
 
 def _figure(width: float = 7.5, height: float = 3.4):

@@ -1,4 +1,4 @@
-"""Long documents tokenized exactly in pieces: ids equal the whole document's, memory bounded by the piece size.
+r"""Long documents tokenized exactly in pieces: ids equal the whole document's, memory bounded by the piece size.
 
 A piece boundary is a single space between a non-space character and a letter ("x y"). None of the formats'
 encoders can join tokens across it:
