@@ -96,12 +96,6 @@ PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, Permiss
 
 
 # -------------------------------------------------------------------------------------------- commands
-def staging_root(config: ShardConfig) -> str:
-    from transforms.io import io_utils  # noqa: PLC0415
-
-    return config.staging_dir or io_utils.join(config.output, "_staging")
-
-
 def cmd_shard(args, beam_args) -> int:
     config = options.build(ShardConfig, args)
     run = options.build(RunOptions, args)
@@ -110,9 +104,9 @@ def cmd_shard(args, beam_args) -> int:
 
         print(dry_run.format_estimate(dry_run.estimate(config, beam_args, incremental_run=run.incremental)))
         return 0
-    from pipeline.ops import progress, runlog  # noqa: PLC0415
+    from pipeline.ops import guards, runlog  # noqa: PLC0415
 
-    worker_log = runlog.WorkerLog(staging_root(config))
+    worker_log = runlog.WorkerLog(guards.staging_root(config.output, config.staging_dir))
     try:
         with worker_log, _user_view(worker_log, args) as display:
             from pipeline.shard import shard_pipeline  # noqa: PLC0415 - Beam's import noise goes to the log
@@ -120,8 +114,8 @@ def cmd_shard(args, beam_args) -> int:
             tty = worker_log.stderr.isatty()
             every = run.progress_every if run.progress_every is not None else (
                 0.0 if args.quiet else 1.0 if tty else 10.0)
-            manifest = shard_pipeline.run(config, beam_args, incremental_run=run.incremental,
-                                          run_log=run.run_log, progress_every_s=every)
+            outcome = shard_pipeline.run_outcome(config, beam_args, incremental_run=run.incremental,
+                                                 run_log=run.run_log, progress_every_s=every)
     except (KeyboardInterrupt, RunInterrupted):
         worker_log.keep()  # what the workers were doing when interrupted
         raise
@@ -135,8 +129,18 @@ def cmd_shard(args, beam_args) -> int:
         raise RunFailed(e, worker_log.last_lines, worker_log.keep()) from e
     from pipeline.tools.inspect_dataset import summary_table  # noqa: PLC0415
 
-    print(summary_table(manifest))
+    print_outcome(outcome)
+    print(summary_table(outcome.manifest))
     return 0
+
+
+def print_outcome(outcome) -> None:
+    """A job's outcome (pipeline/job.py: JobOutcome): the nothing-to-do line, or the run's own summary (the
+    shard job's counter table). pipeline/shard/shard_pipeline.py's library `run` prints through this too."""
+    if outcome.message:
+        print(f"pileprep: {outcome.message}", flush=True)
+    if outcome.summary:
+        print(outcome.summary, flush=True)
 
 
 def cmd_sample(args, _beam_args) -> int:

@@ -16,6 +16,13 @@ from pipeline.config import ConfigError
 from transforms.io import io_utils
 
 
+# What an output holds, recorded in its manifest (`kind`); a commit never lands in an output of another kind.
+KIND_DATASET = "dataset"
+KIND_RETRIEVAL_DB = "retrieval-db"
+KIND_SIDECAR = "sidecar"
+READ = object()  # "read the committed manifest yourself" (pipeline/shard/plan.py: make_plan's default)
+
+
 def manifest_location(output_dir: str) -> str:
     return io_utils.join(output_dir, MANIFEST_NAME)
 

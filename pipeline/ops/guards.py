@@ -188,6 +188,20 @@ def damaged_files(output: str, manifest: Manifest) -> list:
     return problems
 
 
+# ------------------------------------------------------------------------------------------ staging
+DEFAULT_STAGING_NAME = "_staging"
+
+
+def staging_root(output: str, staging_dir: Optional[str]) -> str:
+    """The one staging-root rule: `--staging-dir`, else `<output>/_staging`."""
+    return staging_dir or io_utils.join(output, DEFAULT_STAGING_NAME)
+
+
+def staging_dir_for(output: str, staging_dir: Optional[str], generation: str) -> str:
+    """This run's staging directory: one per (output, generation) under the staging root."""
+    return io_utils.join(staging_root(output, staging_dir), generation)
+
+
 # ------------------------------------------------------------------------------------------ leftovers
 def mark_staging(staging_dir: str, output: str, generation: str) -> None:
     """Say whose staging this is, so that the next run on `output` recognises it if this one dies."""

@@ -1,0 +1,193 @@
+"""The shard job's plan: what a run will do, decided on the driver before any work starts.
+
+`make_plan` lists the inputs (with their splits), loads the tokenizer, compares with the committed dataset
+(for --incremental: only new files), names the generation and picks the tokenizer backend. `decide` turns a
+plan into the one decision the job runner (pipeline/job.py) acts on: NothingToDo or Build. The committed
+dataset's files are checked for damage at most once, here, and only where a decision depends on it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+from model_contract import DataContract
+from pipeline.beam_glue import FilesystemOptions, apply_filesystem_options
+from pipeline.config import ShardConfig, fingerprint
+from pipeline.errors import RunError
+from pipeline.job import Build, Decision, NothingToDo
+from pipeline.ops import commit, guards, incremental
+from pipeline.shard import integrity, split_inputs
+from transforms.io import io_utils, memory
+from transforms.tokenize import tokenizer, tokenizer_backends
+
+LOG = logging.getLogger("pileprep.shard")
+MODEL_FILE_NAME = "tokenizer.model"
+
+
+@dataclass(frozen=True)
+class JobPlan:
+    """Everything decided on the driver before the pipeline starts."""
+    config: ShardConfig
+    ledger: list  # [(path, size)] sorted by path
+    model_bytes: bytes
+    contract: DataContract
+    generation: str
+    data_dir: str
+    staging_dir: str
+    # Ops (pipeline/ops/incremental.py, pipeline/ops/commit.py): the ledger rows {path, bytes, mtime[, etag]} of the
+    # files this generation ingests, the committed manifest the run started from, and whether to add to it.
+    input_rows: tuple = ()
+    previous_json: Optional[str] = None
+    incremental: bool = False
+    nothing_to_do: bool = False
+    filesystem_options: Optional[FilesystemOptions] = None
+    # Splits and dedup (pipeline/shard/split_inputs.py, transforms/shard/doc_ids.py): per ledger file its split
+    # (HASHED for train inputs), and the id indexes of the committed generations new documents are checked against.
+    input_splits: tuple = ()
+    committed_id_indexes: tuple = ()
+    tokenizer_backend: Optional["tokenizer_backends.BackendChoice"] = None
+    skipped_inputs: tuple = ()  # glob matches that are not files (directories, dangling symlinks)
+    # Once the run starts, the model travels as a staged file (stage_model): every DoFn and Map that holds the
+    # plan is pickled (bz2, level 9) into the job graph, and a 0.5 MB model in each cost ~0.5 s of start-up
+    # and megabytes of graph (Dataflow caps a job's graph at 10 MB).
+    model_path: Optional[str] = None
+
+    def tokenizer_model(self) -> bytes:
+        """The model bytes: from the plan, or from the staged copy, checked against the contract's sha256."""
+        if self.model_bytes or self.model_path is None:
+            return self.model_bytes
+        data = io_utils.read_bytes(self.model_path)
+        if hashlib.sha256(data).hexdigest() != self.contract.tokenizer.model_sha256:
+            raise RunError(f"{self.model_path}: the staged tokenizer model does not match the plan's sha256; "
+                           "another process wrote to this run's staging directory")
+        return data
+
+    def setup_worker(self) -> None:
+        """What every DoFn of the job does in setup(): the job's S3 settings, and the malloc threshold pin."""
+        apply_filesystem_options(self.filesystem_options)
+        memory.pin_mmap_threshold()
+
+    @property
+    def previous(self):
+        from model_contract import Manifest  # noqa: PLC0415
+
+        return None if self.previous_json is None else Manifest.from_json(self.previous_json)
+
+    @property
+    def input_bytes(self) -> int:
+        return sum(size for _path, size in self.ledger)
+
+
+# ------------------------------------------------------------------------------------------------- decision
+def decide(plan: JobPlan) -> Decision:
+    """The one exit before any work: nothing new (--incremental), or a full build the dataset already holds
+    intact (make_plan renamed the generation when its committed files were damaged)."""
+    output = plan.config.output
+    committed = plan.previous
+    if plan.nothing_to_do:
+        return NothingToDo(f"nothing to do: {output} already holds every input file",
+                           committed.generation if committed else None)
+    if (committed is not None and not plan.incremental
+            and incremental.referenced_generations(committed) == {plan.generation}):
+        return NothingToDo(f"nothing to do: {output} already holds generation {plan.generation}", plan.generation)
+    return Build(plan.generation)
+
+
+# ------------------------------------------------------------------------------------------------- the plan
+def make_plan(config: ShardConfig, incremental_run: bool = False, committed=commit.READ,
+              filesystem_options: Optional[FilesystemOptions] = None) -> JobPlan:
+    """List inputs and load the tokenizer: every failure about the inputs happens here, before any work.
+
+    `config` is already checked (pipeline/shard/preflight.py: check_config). `committed`: the committed
+    manifest the run starts from (read here by default; the job runner passes the one it read under the lock).
+    With `incremental_run`, only input files the committed dataset does not hold yet are planned (changed or
+    removed ones are an error, see pipeline/ops/incremental.py); `nothing_to_do` says there are none.
+    """
+    rows, split_of_path = split_inputs.list_inputs_with_splits(config)
+    for warning in split_inputs.held_out_name_warnings(split_of_path):
+        LOG.warning("%s", warning)
+    skipped = guards.skipped_inputs(tuple(config.inputs) + tuple(config.val_inputs) + tuple(config.test_inputs))
+    model_bytes = tokenizer.read_model_bytes(config.tokenizer)
+    sp = tokenizer.load_processor(model_bytes, config.tokenizer)
+    contract = DataContract.for_tokens(config.seq_len, tokenizer.describe(sp, model_bytes))
+    previous = commit.read_committed(config.output) if committed is commit.READ else committed
+    if incremental_run and previous is not None:
+        rows = _new_rows(config, previous, contract, rows)
+    if rows:  # a --text-field that no record has would dead-letter everything: say so before any work
+        guards.sample_text_field([r["path"] for r in rows], config.text_field, config.max_line_bytes)
+    ledger = [(r["path"], r["bytes"]) for r in rows]
+    incremental_plan = incremental_run and previous is not None
+    generation = generation_name(config, contract, ledger, previous, incremental_plan, nothing_new=not rows)
+    backend = tokenizer_backends.choose_backend(config.tokenizer_backend, model_bytes, sp,
+                                                _parity_sample(config, [path for path, _size in ledger]))
+    return JobPlan(config, ledger, model_bytes, contract, generation, io_utils.join(config.output, generation),
+                   guards.staging_dir_for(config.output, config.staging_dir, generation), input_rows=tuple(rows),
+                   previous_json=None if previous is None else previous.to_json(),
+                   incremental=incremental_plan, nothing_to_do=not rows, tokenizer_backend=backend,
+                   input_splits=split_inputs.input_splits_for(ledger, split_of_path),
+                   committed_id_indexes=integrity.committed_id_indexes(previous, config.output)
+                   if incremental_plan else (),
+                   skipped_inputs=tuple(skipped), filesystem_options=filesystem_options)
+
+
+def _new_rows(config: ShardConfig, previous, contract: DataContract, rows: list) -> list:
+    """--incremental: the ledger rows the committed dataset does not hold (changed or removed files refuse)."""
+    incremental.check_compatible(previous, contract.to_dict(), config.to_manifest_dict())
+    diff = incremental.diff_ledger(incremental.ledger_of(previous), rows)
+    LOG.info("--incremental over %s: %s", config.output, diff.summary())
+    for row in diff.touched:
+        LOG.info("%s: mtime/ETag changed but the bytes did not (sha256 matches); not re-ingested", row["path"])
+    incremental.raise_for_changes(diff, config.output)
+    return diff.new
+
+
+def generation_name(config: ShardConfig, contract: DataContract, ledger: list, previous, incremental_plan: bool,
+                    nothing_new: bool = False) -> str:
+    """`gen-<fingerprint>` of config + tokenizer + ledger (+ the live generations it builds on, incrementally).
+
+    A full build whose name a committed multi-generation (or damaged) dataset already uses takes a new name:
+    never write into a live generation's directory (a reader or a crash would see it half-written). The
+    committed files are checked (sizes) only when that, or "nothing to do", depends on them: once.
+    """
+    live = incremental.referenced_generations(previous)
+    sha = contract.tokenizer.model_sha256
+    generation = "gen-" + fingerprint(config, sha, ledger, parents=live if incremental_plan else ())
+    needs_check = previous is not None and (nothing_new or (not incremental_plan and live == {generation}))
+    damaged = guards.damaged_files(config.output, previous) if needs_check else []
+    if nothing_new and damaged:  # "nothing to do" only over a dataset whose files are all there
+        raise RunError(f"{config.output}: the committed dataset is damaged ({len(damaged)} file(s): "
+                       f"{'; '.join(damaged[:3])}); rebuild it without --incremental")
+    if not incremental_plan and generation in live and (live != {generation} or damaged):
+        generation = "gen-" + fingerprint(config, sha, ledger, parents=live)
+    return generation
+
+
+def stage_model(plan: JobPlan) -> JobPlan:
+    """Write the tokenizer model into the run's staging directory; the returned plan carries its path only."""
+    path = io_utils.join(plan.staging_dir, MODEL_FILE_NAME)
+    io_utils.write_bytes(path, plan.model_bytes)
+    return dataclasses.replace(plan, model_bytes=b"", model_path=path)
+
+
+def _parity_sample(config: ShardConfig, paths: list) -> list:
+    """About 1 MB of the run's own documents (seeded choice of files), read and parsed as the job does."""
+    from transforms.shard.documents import Document, parse_record  # noqa: PLC0415
+    from transforms.io.read_records import RawRecord, compression_of, iter_raw_records  # noqa: PLC0415
+
+    def read(path):
+        with io_utils.open_read(path) as f:
+            for rec in iter_raw_records(f, compression_of(path), config.max_line_bytes, config.max_zstd_window_bytes):
+                if isinstance(rec, RawRecord):
+                    yield rec.line, rec.data
+
+    def parse(data):
+        doc = parse_record(data, config.text_field, tuple(config.source_fields))
+        # texts above FAST_BACKEND_MAX_CHARS are always encoded by SentencePiece itself: no parity to check
+        return doc.text if isinstance(doc, Document) and len(doc.text) <= tokenizer.FAST_BACKEND_MAX_CHARS else None
+
+    if config.tokenizer_backend == "sentencepiece":
+        return []
+    return tokenizer_backends.sample_documents(paths, config.text_field, config.seed, read=read, parse=parse)
