@@ -104,29 +104,18 @@ def cmd_shard(args, beam_args) -> int:
 
         print(dry_run.format_estimate(dry_run.estimate(config, beam_args, incremental_run=run.incremental)))
         return 0
-    from pipeline.ops import guards, runlog  # noqa: PLC0415
+    from pipeline.ops import guards  # noqa: PLC0415
 
-    worker_log = runlog.WorkerLog(guards.staging_root(config.output, config.staging_dir))
-    try:
-        with worker_log, _user_view(worker_log, args) as display:
-            from pipeline.shard import shard_pipeline  # noqa: PLC0415 - Beam's import noise goes to the log
+    def shard(worker_log):
+        from pipeline.shard import shard_pipeline  # noqa: PLC0415 - Beam's import noise goes to the log
 
-            tty = worker_log.stderr.isatty()
-            every = run.progress_every if run.progress_every is not None else (
-                0.0 if args.quiet else 1.0 if tty else 10.0)
-            outcome = shard_pipeline.run_outcome(config, beam_args, incremental_run=run.incremental,
-                                                 run_log=run.run_log, progress_every_s=every)
-    except (KeyboardInterrupt, RunInterrupted):
-        worker_log.keep()  # what the workers were doing when interrupted
-        raise
-    except Exception as e:
-        if is_user_error(e):
-            worker_log.discard()
-            raise
-        if isinstance(e, RunError):  # a known cause, said in one line (the worker log is kept, not shown)
-            worker_log.keep()
-            raise
-        raise RunFailed(e, worker_log.last_lines, worker_log.keep()) from e
+        tty = worker_log.stderr.isatty()
+        every = run.progress_every if run.progress_every is not None else (
+            0.0 if args.quiet else 1.0 if tty else 10.0)
+        return shard_pipeline.run_outcome(config, beam_args, incremental_run=run.incremental,
+                                          run_log=run.run_log, progress_every_s=every)
+
+    outcome = _in_worker_log(guards.staging_root(config.output, config.staging_dir), args, shard)
     from pipeline.tools.inspect_dataset import summary_table  # noqa: PLC0415
 
     print_outcome(outcome)
@@ -215,7 +204,34 @@ def cmd_env(args, _beam_args) -> int:
 def cmd_retrieval(args, beam_args) -> int:
     from pipeline.retrieval import cli as retrieval_cli  # noqa: PLC0415 - Beam/Faiss only for this command
 
-    return retrieval_cli.run(args, beam_args)
+    if args.retrieval_command == "show":
+        return retrieval_cli.run(args, beam_args)
+    from pipeline.ops import guards  # noqa: PLC0415
+
+    return _in_worker_log(guards.staging_root(args.output, None), args,
+                          lambda _worker_log: retrieval_cli.run(args, beam_args))
+
+
+def _in_worker_log(staging_root: str, args, fn):
+    """`fn(worker_log)` with Beam's and its workers' stderr in the worker log (pipeline/ops/runlog.py): an
+    interrupt or a known failure ends in one line, a failed run shows the log's tail and where it is kept."""
+    from pipeline.ops import runlog  # noqa: PLC0415
+
+    worker_log = runlog.WorkerLog(staging_root)
+    try:
+        with worker_log, _user_view(worker_log, args):
+            return fn(worker_log)
+    except (KeyboardInterrupt, RunInterrupted):
+        worker_log.keep()  # what the workers were doing when interrupted
+        raise
+    except Exception as e:
+        if is_user_error(e):
+            worker_log.discard()
+            raise
+        if isinstance(e, RunError):  # a known cause, said in one line (the worker log is kept, not shown)
+            worker_log.keep()
+            raise
+        raise RunFailed(e, worker_log.last_lines, worker_log.keep()) from e
 
 
 # ---------------------------------------------------------------------------------------------- parser
@@ -390,7 +406,8 @@ def main(argv=None) -> int:
         _configure_logging(args)
         return args.func(args, beam_args)
     except RunInterrupted as e:  # the shard run removed its partial generation (pipeline/shard/shard_pipeline.py)
-        print("pileprep: interrupted; previous dataset intact", file=sys.stderr, flush=True)
+        noun = getattr(e, "output_noun", "dataset")  # set by the job runner (pipeline/job.py)
+        print(f"pileprep: interrupted; previous {noun} intact", file=sys.stderr, flush=True)
         return e.exit_code
     except KeyboardInterrupt:
         print("pileprep: interrupted", file=sys.stderr)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from pipeline.errors import RunError, RunInterrupted
-from pipeline.ops import guards, incremental, lock, runlog
+from pipeline.ops import commit, guards, incremental, lock, runlog
 from transforms.io import io_utils
 
 LOG = logging.getLogger("pileprep.job")
@@ -131,6 +131,7 @@ def run_job(job: Job) -> JobOutcome:
             return _run(job)
     except RunInterrupted as e:
         job.log.event("interrupted", signal=e.signum)
+        e.output_noun = job.noun  # the CLI's one line: "interrupted; previous <noun> intact"
         raise
     except Exception as e:
         job.log.event("error", type=type(e).__name__, message=incremental.redact(str(e)))
@@ -142,6 +143,8 @@ def run_job(job: Job) -> JobOutcome:
 def _run(job: Job) -> JobOutcome:
     job.preflight()
     with lock.OutputLock(job.output, job.s3_options()).held(job.break_lock):
+        # Under the lock, before anything is read or removed: never another kind of output, nor a user's files.
+        commit.check_output_kind(job.output, job.kind, job.staging_root())
         committed = job.read_committed()
         removed = guards.cleanup_abandoned(job.output, job.staging_root(), None,
                                            keep=job.live_generations(committed))

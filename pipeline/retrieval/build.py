@@ -15,15 +15,15 @@ from typing import Optional
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, RunInference
 
 from model_contract import decode_example, iter_records, load_manifest
+from pipeline import job
+from pipeline.beam_glue import FilesystemOptions, apply_filesystem_options
 from pipeline.config import PILEPREP_VERSION, ConfigError
-from pipeline.ops import runners
-from pipeline.retrieval import store
+from pipeline.ops import commit
+from pipeline.retrieval import store, store_job
 from pipeline.retrieval.config import BuildConfig
-from pipeline.shard.shard_pipeline import FilesystemOptions, pipeline_options
 from transforms.io import io_utils
 from transforms.retrieval import retrieval_chunks, retrieval_encoders, retrieval_index
 from transforms.tokenize import tokenizer
@@ -45,14 +45,18 @@ class BuildPlan:
     encoder: dict  # EncoderInfo dict
     model_bytes: bytes  # the dataset's tokenizer (dense encoders decode chunk text)
     filesystem_options: Optional[FilesystemOptions] = None
+    staging_dir: str = ""  # this run's staging (its marker only), set by the job runner (store_job.py)
+    previous_generation: Optional[str] = None  # the committed generation the run started from
 
     @property
     def data_dir(self) -> str:
         return io_utils.join(self.config.output, self.generation)
 
     def apply_filesystem_options(self) -> None:
-        if self.filesystem_options is not None:
-            self.filesystem_options.apply()
+        apply_filesystem_options(self.filesystem_options)
+
+    def setup_worker(self) -> None:
+        self.apply_filesystem_options()
 
 
 def dataset_identity(manifest: dict) -> dict:
@@ -321,6 +325,7 @@ def build_manifest(plan: BuildPlan, shard_results: list, embeddings=(), trained=
         if cfg.encoder == retrieval_encoders.BM25 else {"kind": "faiss", **(trained or {})}
     return {
         "format": store.DB_FORMAT,
+        "kind": commit.KIND_RETRIEVAL_DB,
         "pileprep_version": PILEPREP_VERSION,
         "generation": plan.generation,
         "fingerprint": plan.fingerprint,
@@ -350,7 +355,8 @@ def manifest_files(manifest: dict) -> list:
 def commit_db(shard_results, plan: BuildPlan, embeddings=(), trained=None, parts=()) -> dict:
     plan.apply_filesystem_options()
     manifest = build_manifest(plan, shard_results, embeddings, trained, parts)
-    store.commit(plan.config.output, manifest, manifest_files(manifest), store.DB_FORMAT)
+    commit.commit_store(plan.config.output, commit.KIND_RETRIEVAL_DB, manifest, manifest_files(manifest),
+                        plan.previous_generation, plan.staging_dir)
     return manifest
 
 
@@ -391,22 +397,17 @@ def build_pipeline(p: beam.Pipeline, plan: BuildPlan):
                                               beam.pvalue.AsSingleton(trained), beam.pvalue.AsSingleton(parts))
 
 
+def job_for(config: BuildConfig, beam_args=None) -> "store_job.StoreJob":
+    """The build as a job for the job runner (pipeline/job.py): lock, cleanup, commit checks."""
+    return store_job.StoreJob(config, beam_args, commit.KIND_RETRIEVAL_DB, "chunk database", store.DB_FORMAT,
+                              prepare, build_pipeline)
+
+
+def run_outcome(config: BuildConfig, beam_args=None) -> job.JobOutcome:
+    """Build and commit the chunk database; the outcome pipeline/retrieval/cli.py prints."""
+    return job.run_job(job_for(config, beam_args))
+
+
 def run(config: BuildConfig, beam_args=None) -> dict:
     """Build and commit the chunk database; returns its manifest."""
-    options = pipeline_options(beam_args)
-    runners.preflight(options.get_all_options())
-    FileSystems.set_options(options)
-    fs = FilesystemOptions.from_pipeline_options(options)
-    plan = dataclasses.replace(prepare(config), filesystem_options=fs)
-    committed = store.read_manifest(config.output, store.DB_FORMAT)
-    if committed is not None and committed.get("generation") == plan.generation:
-        LOG.info("%s already holds %s: nothing to do", config.output, plan.generation)
-        return committed
-    p = beam.Pipeline(options=options)
-    build_pipeline(p, plan)
-    result = p.run()
-    result.wait_until_finish()
-    committed = store.read_manifest(config.output, store.DB_FORMAT)
-    if committed is None or committed.get("generation") != plan.generation:
-        raise RuntimeError("the retrieval build finished but did not commit a manifest")
-    return committed
+    return run_outcome(config, beam_args).manifest
