@@ -19,7 +19,7 @@ from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, RunIn
 
 from model_contract import decode_example, iter_records, load_manifest
 from pipeline import job
-from pipeline.beam_glue import FilesystemOptions, apply_filesystem_options
+from pipeline.beam_glue import FilesystemOptions, PlanDoFn, apply_filesystem_options
 from pipeline.config import PILEPREP_VERSION, ConfigError
 from pipeline.ops import commit
 from pipeline.retrieval import store, store_job
@@ -52,11 +52,9 @@ class BuildPlan:
     def data_dir(self) -> str:
         return io_utils.join(self.config.output, self.generation)
 
-    def apply_filesystem_options(self) -> None:
-        apply_filesystem_options(self.filesystem_options)
-
     def setup_worker(self) -> None:
-        self.apply_filesystem_options()
+        """What every DoFn and Map of the job does first on a worker: the job's S3 settings."""
+        apply_filesystem_options(self.filesystem_options)
 
 
 def dataset_identity(manifest: dict) -> dict:
@@ -91,14 +89,8 @@ def prepare(config: BuildConfig) -> BuildPlan:
 
 
 # --------------------------------------------------------------------------------------------- read stages
-class ReadPieces(beam.DoFn):
+class ReadPieces(PlanDoFn):
     """One shard file → (doc_id, (offset, tokens)) for every document piece in it."""
-
-    def __init__(self, plan: BuildPlan):
-        self.plan = plan
-
-    def setup(self):
-        self.plan.apply_filesystem_options()
 
     def process(self, path):
         fraction = self.plan.config.doc_fraction
@@ -111,14 +103,8 @@ class ReadPieces(beam.DoFn):
                     yield piece.doc_id, (piece.offset, piece.tokens.astype(np.int32))
 
 
-class ReadSources(beam.DoFn):
+class ReadSources(PlanDoFn):
     """One input file → (doc_id, source) for every document in it (damaged lines are the shard job's business)."""
-
-    def __init__(self, plan: BuildPlan):
-        self.plan = plan
-
-    def setup(self):
-        self.plan.apply_filesystem_options()
 
     def process(self, path):
         cfg = self.plan.dataset_manifest["config"]
@@ -149,12 +135,8 @@ def assemble(element):
     yield doc_id, source, tokens
 
 
-class WriteDbShard(beam.DoFn):
-    def __init__(self, plan: BuildPlan):
-        self.plan = plan
-
-    def setup(self):
-        self.plan.apply_filesystem_options()
+class WriteDbShard(PlanDoFn):
+    """One database shard's documents → its Parquet file; yields the shard's manifest entry."""
 
     def process(self, element):
         k, documents = element
@@ -207,14 +189,11 @@ class MiniLMHandler(ModelHandler):
         return False
 
 
-class ChunkTexts(beam.DoFn):
+class ChunkTexts(PlanDoFn):
     """A written database shard → ((shard, row), decoded chunk text) for the encoder."""
 
-    def __init__(self, plan: BuildPlan):
-        self.plan = plan
-
     def setup(self):
-        self.plan.apply_filesystem_options()
+        super().setup()
         self.sp = tokenizer.load_processor(self.plan.model_bytes)
 
     def process(self, result):
@@ -224,7 +203,7 @@ class ChunkTexts(beam.DoFn):
 
 
 def write_embeddings(element, plan: BuildPlan):
-    plan.apply_filesystem_options()
+    plan.setup_worker()
     k, rows = element
     rows = sorted(rows, key=lambda r: r[0])
     vecs = np.stack([v for _, v in rows]).astype(np.float32) if rows else \
@@ -240,7 +219,7 @@ BM25_QUERY_TERMS = 8
 
 def build_bm25(shard_results: list, plan: BuildPlan) -> dict:
     """The BM25 postings over every chunk, in database order, as plain .npy files (deterministic bytes)."""
-    plan.apply_filesystem_options()
+    plan.setup_worker()
     tokens = []
     for r in sorted(shard_results, key=lambda r: r["shard"]):
         tokens += store.read_parquet(io_utils.join(plan.config.output, r["path"]), ["tokens"])["tokens"]
@@ -261,7 +240,7 @@ def load_bm25(root: str, index: dict) -> "retrieval_encoders.BM25Scorer":
 
 def train_index(shard_results: list, embedding_results: list, plan: BuildPlan) -> dict:
     """Train the index on a seeded sample of every vector (ids are global dense ids); write trained.faiss."""
-    plan.apply_filesystem_options()
+    plan.setup_worker()
     cfg = plan.config
     emb = dict(embedding_results)
     total = sum(r["chunks"] for r in shard_results)
@@ -287,7 +266,7 @@ def train_index(shard_results: list, embedding_results: list, plan: BuildPlan) -
 
 def fill_part(element, plan: BuildPlan, trained: dict, shard_results: list):
     """Add one database shard's vectors (with their global ids) to a copy of the trained index; write it."""
-    plan.apply_filesystem_options()
+    plan.setup_worker()
     k, emb = element
     cfg = plan.config
     first = sum(r["chunks"] for r in shard_results if r["shard"] < k)
@@ -353,7 +332,7 @@ def manifest_files(manifest: dict) -> list:
 
 
 def commit_db(shard_results, plan: BuildPlan, embeddings=(), trained=None, parts=()) -> dict:
-    plan.apply_filesystem_options()
+    plan.setup_worker()
     manifest = build_manifest(plan, shard_results, embeddings, trained, parts)
     commit.commit_store(plan.config.output, commit.KIND_RETRIEVAL_DB, manifest, manifest_files(manifest),
                         plan.previous_generation, plan.staging_dir)

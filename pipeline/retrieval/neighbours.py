@@ -20,7 +20,7 @@ import numpy as np
 from model_contract import Manifest, RetrievalSpec, ShardInfo, decode_example, frame_record, iter_records
 from model_contract.retrieval import encode_sidecar, sidecar_contract, token_dtype_for
 from pipeline import job
-from pipeline.beam_glue import FilesystemOptions, apply_filesystem_options
+from pipeline.beam_glue import FilesystemOptions, PlanDoFn, apply_filesystem_options
 from pipeline.config import PILEPREP_VERSION, ConfigError
 from pipeline.ops import commit
 from pipeline.retrieval import build, store, store_job
@@ -54,11 +54,9 @@ class NeighboursPlan:
     def data_dir(self) -> str:
         return io_utils.join(self.config.output, self.generation)
 
-    def apply_filesystem_options(self) -> None:
-        apply_filesystem_options(self.filesystem_options)
-
     def setup_worker(self) -> None:
-        self.apply_filesystem_options()
+        """What every DoFn and Map of the job does first on a worker: the job's S3 settings."""
+        apply_filesystem_options(self.filesystem_options)
 
 
 def query_encoder_info(db_manifest: dict) -> EncoderInfo:
@@ -148,14 +146,11 @@ class Searcher:
         return out
 
 
-class NeighbourShard(beam.DoFn):
+class NeighbourShard(PlanDoFn):
     """One dataset shard → its sidecar file (same records, same order)."""
 
-    def __init__(self, plan: NeighboursPlan):
-        self.plan = plan
-
     def setup(self):
-        self.plan.apply_filesystem_options()
+        super().setup()
         cfg = self.plan.config
         self.searcher = Searcher(cfg.db, self.plan.db_manifest, cfg.device, cfg.batch_size, cfg.nprobe,
                                  self.plan.model_bytes)
@@ -238,7 +233,7 @@ def build_sidecar_manifest(plan: NeighboursPlan, results: list) -> Manifest:
 
 
 def commit_sidecar(results: list, plan: NeighboursPlan) -> dict:
-    plan.apply_filesystem_options()
+    plan.setup_worker()
     manifest = build_sidecar_manifest(plan, results)
     commit.commit_store(plan.config.output, commit.KIND_SIDECAR, manifest.to_dict(),
                         [s.path for s in manifest.shards], plan.previous_generation, plan.staging_dir)

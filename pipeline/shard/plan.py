@@ -119,17 +119,17 @@ def make_plan(config: ShardConfig, incremental_run: bool = False, committed=comm
     if rows:  # a --text-field that no record has would dead-letter everything: say so before any work
         guards.sample_text_field([r["path"] for r in rows], config.text_field, config.max_line_bytes)
     ledger = [(r["path"], r["bytes"]) for r in rows]
-    incremental_plan = incremental_run and previous is not None
-    generation = generation_name(config, contract, ledger, previous, incremental_plan, nothing_new=not rows)
+    adds_to_committed = incremental_run and previous is not None
+    generation = generation_name(config, contract, ledger, previous, adds_to_committed, nothing_new=not rows)
     backend = tokenizer_backends.choose_backend(config.tokenizer_backend, model_bytes, sp,
                                                 _parity_sample(config, [path for path, _size in ledger]))
     return JobPlan(config, ledger, model_bytes, contract, generation, io_utils.join(config.output, generation),
                    guards.staging_dir_for(config.output, config.staging_dir, generation), input_rows=tuple(rows),
                    previous_json=None if previous is None else previous.to_json(),
-                   incremental=incremental_plan, nothing_to_do=not rows, tokenizer_backend=backend,
+                   incremental=adds_to_committed, nothing_to_do=not rows, tokenizer_backend=backend,
                    input_splits=split_inputs.input_splits_for(ledger, split_of_path),
                    committed_id_indexes=integrity.committed_id_indexes(previous, config.output)
-                   if incremental_plan else (),
+                   if adds_to_committed else (),
                    skipped_inputs=tuple(skipped), filesystem_options=filesystem_options)
 
 
@@ -144,7 +144,7 @@ def _new_rows(config: ShardConfig, previous, contract: DataContract, rows: list)
     return diff.new
 
 
-def generation_name(config: ShardConfig, contract: DataContract, ledger: list, previous, incremental_plan: bool,
+def generation_name(config: ShardConfig, contract: DataContract, ledger: list, previous, adds_to_committed: bool,
                     nothing_new: bool = False) -> str:
     """`gen-<fingerprint>` of config + tokenizer + ledger (+ the live generations it builds on, incrementally).
 
@@ -154,13 +154,13 @@ def generation_name(config: ShardConfig, contract: DataContract, ledger: list, p
     """
     live = incremental.referenced_generations(previous)
     sha = contract.tokenizer.model_sha256
-    generation = "gen-" + fingerprint(config, sha, ledger, parents=live if incremental_plan else ())
-    needs_check = previous is not None and (nothing_new or (not incremental_plan and live == {generation}))
+    generation = "gen-" + fingerprint(config, sha, ledger, parents=live if adds_to_committed else ())
+    needs_check = previous is not None and (nothing_new or (not adds_to_committed and live == {generation}))
     damaged = guards.damaged_files(config.output, previous) if needs_check else []
     if nothing_new and damaged:  # "nothing to do" only over a dataset whose files are all there
         raise RunError(f"{config.output}: the committed dataset is damaged ({len(damaged)} file(s): "
                        f"{'; '.join(damaged[:3])}); rebuild it without --incremental")
-    if not incremental_plan and generation in live and (live != {generation} or damaged):
+    if not adds_to_committed and generation in live and (live != {generation} or damaged):
         generation = "gen-" + fingerprint(config, sha, ledger, parents=live)
     return generation
 

@@ -25,8 +25,8 @@ from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline import cli, job
-from pipeline.beam_glue import (FilesystemOptions, GatherAll, Spread, apply_filesystem_options,  # noqa: F401
-                                default_beam_args, pipeline_options)
+from pipeline.beam_glue import (FilesystemOptions, GatherAll, PlanDoFn, Spread,  # noqa: F401 - public names
+                                apply_filesystem_options, default_beam_args, pipeline_options)
 from pipeline.config import PILEPREP_VERSION, ShardConfig
 from pipeline.errors import RunError
 from pipeline.ops import commit, guards, incremental, progress, runlog, runners
@@ -52,16 +52,13 @@ class SplitOutput:
     digest: tuple  # (path, bytes, sha256)
 
 
-class SplitInputFile(beam.DoFn):
+class SplitInputFile(PlanDoFn):
     """Cuts one input file into line-aligned chunks in staging; yields a SplitOutput."""
 
     def __init__(self, plan: JobPlan):
-        self.plan = plan
+        super().__init__(plan)
         self.records = Metrics.counter("pileprep", "input_files")
         self.input_bytes = Metrics.counter("pileprep", "input_bytes")
-
-    def setup(self):
-        self.plan.setup_worker()
 
     def process(self, element):
         # Every write of the call, its progress marker included, happens inside cancel.call: once the driver
@@ -83,18 +80,18 @@ class SplitInputFile(beam.DoFn):
         return SplitOutput(result, (path, size, sha))
 
 
-class TokenizeChunk(beam.DoFn):
+class TokenizeChunk(PlanDoFn):
     """Loads the SentencePiece model once per worker (setup), then tokenizes whole chunks."""
 
     def __init__(self, plan: JobPlan):
-        self.plan = plan
+        super().__init__(plan)
         self.documents = Metrics.counter("pileprep", "documents")
         self.tokens = Metrics.counter("pileprep", "tokens")
         self.records = Metrics.counter("pileprep", "records")
         self.raw_bytes = Metrics.counter("pileprep", "raw_bytes")
 
     def setup(self):
-        self.plan.setup_worker()
+        super().setup()
         model_bytes = self.plan.tokenizer_model()
         sp = tokenizer.load_processor(model_bytes, self.plan.config.tokenizer)
         self.sp = sp if self.plan.tokenizer_backend is None else tokenizer_backends.make_encoder(
@@ -123,13 +120,10 @@ class TokenizeChunk(beam.DoFn):
         return unit
 
 
-class PackShard(beam.DoFn):
+class PackShard(PlanDoFn):
     def __init__(self, plan: JobPlan):
-        self.plan = plan
+        super().__init__(plan)
         self.examples = Metrics.counter("pileprep", "examples")
-
-    def setup(self):
-        self.plan.setup_worker()
 
     def _units(self, path: str) -> list:
         if getattr(self, "_units_path", None) != path:
@@ -196,19 +190,20 @@ def _tagged(kind: str):
 UNIT_LIST_NAME = "units.pickle"
 
 
-def _plan_shards(units, plan: "JobPlan"):
-    """Plan the shards and stage the sorted unit list once; each pack task carries only its path.
+def _pack_tasks(units, plan: "JobPlan") -> list:
+    """[(shard task, staged unit list path, dedup inputs)]: one element per shard for PackShard. The sorted
+    unit list is staged once; each pack task carries only its path.
 
     Carrying the list in every task would move units × shards descriptors through the shuffle; a side input
     would be rebuilt per consumer on some runners. One staged file, read once per worker, does neither.
     """
-    units, tasks, dedup = _shard_plan(units, plan)
+    units, tasks, dedup = _units_tasks_dedup(units, plan)
     path = io_utils.join(plan.staging_dir, UNIT_LIST_NAME)
     io_utils.write_bytes(path, pickle.dumps(units, protocol=pickle.HIGHEST_PROTOCOL))
     return [(task, path, dedup) for task in tasks]
 
 
-def _shard_plan(units, plan: "JobPlan") -> tuple:
+def _units_tasks_dedup(units, plan: "JobPlan") -> tuple:
     """(sorted units, shard tasks, dedup inputs): what both shuffles plan from the tokenized units."""
     apply_filesystem_options(plan.filesystem_options)
     units = _sorted_units(units)
@@ -220,9 +215,9 @@ def _shard_plan(units, plan: "JobPlan") -> tuple:
     return units, plan_shard_tasks(units, plan.config), dedup
 
 
-def _plan_pieces(units, plan: "JobPlan") -> list:
+def _unit_elements(units, plan: "JobPlan") -> list:
     """The runner's shuffle: one element per unit carrying the shard plan (runner_shuffle.unit_elements)."""
-    return runner_shuffle.unit_elements(*_shard_plan(units, plan))
+    return runner_shuffle.unit_elements(*_units_tasks_dedup(units, plan))
 
 
 def shuffle_for(p: beam.Pipeline, plan: "JobPlan") -> str:
@@ -271,7 +266,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
     if shuffle == "runner":  # pieces through the runner's GroupByKey (pipeline/shard/runner_shuffle.py)
         shards = (units
                   | "CollectUnits" >> GatherAll()
-                  | "PlanPieces" >> beam.FlatMap(_plan_pieces, plan)
+                  | "PlanPieces" >> beam.FlatMap(_unit_elements, plan)
                   | "SpreadUnits" >> Spread(runner_shuffle.element_key)
                   | "EmitPieces" >> beam.ParDo(runner_shuffle.EmitPieces(plan))
                   | "GroupPieces" >> beam.GroupByKey()
@@ -279,7 +274,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
     else:
         shards = (units
                   | "CollectUnits" >> GatherAll()
-                  | "PlanShards" >> beam.FlatMap(_plan_shards, plan)
+                  | "PlanShards" >> beam.FlatMap(_pack_tasks, plan)
                   | "SpreadShards" >> Spread(lambda tu: (tu[0].split, tu[0].shard))
                   | "PackShards" >> beam.ParDo(PackShard(plan)))
     return ((splits | "TagSplits" >> _tagged("split"),
