@@ -16,7 +16,7 @@ from typing import Optional
 from model_contract import DataContract
 from pipeline.beam_glue import FilesystemOptions, apply_filesystem_options
 from pipeline.config import ShardConfig, fingerprint
-from pipeline.errors import RunError
+from pipeline.errors import ConfigError, RunError
 from pipeline.job import Build, Decision, NothingToDo
 from pipeline.ops import commit, guards, incremental
 from pipeline.shard import integrity, split_inputs
@@ -116,6 +116,8 @@ def make_plan(config: ShardConfig, incremental_run: bool = False, committed=comm
     previous = commit.read_committed(config.output) if committed is commit.READ else committed
     if incremental_run and previous is not None:
         rows = _new_rows(config, previous, contract, rows)
+    elif previous is not None and not config.overwrite:
+        check_same_config(config, contract, previous)
     if rows:  # a --text-field that no record has would dead-letter everything: say so before any work
         guards.sample_text_field([r["path"] for r in rows], config.text_field, config.max_line_bytes)
     ledger = [(r["path"], r["bytes"]) for r in rows]
@@ -142,6 +144,40 @@ def _new_rows(config: ShardConfig, previous, contract: DataContract, rows: list)
         LOG.info("%s: mtime/ETag changed but the bytes did not (sha256 matches); not re-ingested", row["path"])
     incremental.raise_for_changes(diff, config.output)
     return diff.new
+
+
+# Config keys whose change is a new build of the same dataset, not another dataset: the input globs (the files
+# they match are the ledger's business).
+INPUT_KEYS = ("inputs", "val_inputs", "test_inputs")
+
+
+def config_differences(config: ShardConfig, contract: DataContract, previous) -> list:
+    """What this run would make differently from the committed dataset, as 'key old → new': the config keys, or
+    when they all agree, the contract's (the tokenizer model changed at the same path: its sha256). The contract
+    follows from the config otherwise (a new seq_len changes every feature's shape), so it is not repeated."""
+    old_cfg, new_cfg = dict(previous.config), config.to_manifest_dict()
+    out = [f"{k} {old_cfg.get(k)!r} → {new_cfg.get(k)!r}".replace("'", "") for k in sorted(set(old_cfg) | set(new_cfg))
+           if k not in INPUT_KEYS and old_cfg.get(k) != new_cfg.get(k)]
+    old_c, new_c = previous.contract.to_dict(), contract.to_dict()
+    for k in sorted(set(old_c) | set(new_c)) if not out else ():
+        if old_c.get(k) != new_c.get(k):
+            old_v, new_v = old_c.get(k), new_c.get(k)
+            if isinstance(old_v, dict) and isinstance(new_v, dict):
+                out += [f"{k}.{f} {old_v.get(f)} → {new_v.get(f)}" for f in sorted(set(old_v) | set(new_v))
+                        if old_v.get(f) != new_v.get(f)]
+            else:
+                out.append(f"{k} {old_v} → {new_v}")
+    return out
+
+
+def check_same_config(config: ShardConfig, contract: DataContract, previous) -> None:
+    """A full build into a committed dataset of another configuration would silently replace it (readers
+    expecting seq_len 512 would get 1024): exit 2 naming what differs, unless --overwrite."""
+    differences = config_differences(config, contract, previous)
+    if differences:
+        shown = "; ".join(differences[:4]) + (f"; and {len(differences) - 4} more" if len(differences) > 4 else "")
+        raise ConfigError(f"--output {config.output} holds a dataset made with another configuration ({shown}); "
+                          "pass --overwrite to replace it, or choose another --output")
 
 
 def generation_name(config: ShardConfig, contract: DataContract, ledger: list, previous, adds_to_committed: bool,
