@@ -97,12 +97,6 @@ PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, Permiss
 
 
 # -------------------------------------------------------------------------------------------- commands
-def staging_root(config: ShardConfig) -> str:
-    from transforms.io import io_utils  # noqa: PLC0415
-
-    return config.staging_dir or io_utils.join(config.output, "_staging")
-
-
 def cmd_shard(args, beam_args) -> int:
     config = options.build(ShardConfig, args)
     run = options.build(RunOptions, args)
@@ -111,33 +105,32 @@ def cmd_shard(args, beam_args) -> int:
 
         print(dry_run.format_estimate(dry_run.estimate(config, beam_args, incremental_run=run.incremental)))
         return 0
-    from pipeline.ops import progress, runlog  # noqa: PLC0415
+    from pipeline.ops import guards  # noqa: PLC0415
 
-    worker_log = runlog.WorkerLog(staging_root(config))
-    try:
-        with worker_log, _user_view(worker_log, args) as display:
-            from pipeline.shard import shard_pipeline  # noqa: PLC0415 - Beam's import noise goes to the log
+    def shard(worker_log):
+        from pipeline.shard import shard_pipeline  # noqa: PLC0415 - Beam's import noise goes to the log
 
-            tty = worker_log.stderr.isatty()
-            every = run.progress_every if run.progress_every is not None else (
-                0.0 if args.quiet else 1.0 if tty else 10.0)
-            manifest = shard_pipeline.run(config, beam_args, incremental_run=run.incremental,
+        tty = worker_log.stderr.isatty()
+        every = run.progress_every if run.progress_every is not None else (
+            0.0 if args.quiet else 1.0 if tty else 10.0)
+        return shard_pipeline.run_outcome(config, beam_args, incremental_run=run.incremental,
                                           run_log=run.run_log, progress_every_s=every)
-    except (KeyboardInterrupt, RunInterrupted):
-        worker_log.keep()  # what the workers were doing when interrupted
-        raise
-    except Exception as e:
-        if is_user_error(e):
-            worker_log.discard()
-            raise
-        if isinstance(e, RunError):  # a known cause, said in one line (the worker log is kept, not shown)
-            worker_log.keep()
-            raise
-        raise RunFailed(e, worker_log.last_lines, worker_log.keep()) from e
+
+    outcome = _in_worker_log(guards.staging_root(config.output, config.staging_dir), args, shard)
     from pipeline.tools.inspect_dataset import summary_table  # noqa: PLC0415
 
-    print(summary_table(manifest))
+    print_outcome(outcome)
+    print(summary_table(outcome.manifest))
     return 0
+
+
+def print_outcome(outcome) -> None:
+    """A job's outcome (pipeline/job.py: JobOutcome): the nothing-to-do line, or the run's own summary (the
+    shard job's counter table). pipeline/shard/shard_pipeline.py's library `run` prints through this too."""
+    if outcome.message:
+        print(f"pileprep: {outcome.message}", flush=True)
+    if outcome.summary:
+        print(outcome.summary, flush=True)
 
 
 def cmd_sample(args, _beam_args) -> int:
@@ -212,7 +205,34 @@ def cmd_env(args, _beam_args) -> int:
 def cmd_retrieval(args, beam_args) -> int:
     from pipeline.retrieval import cli as retrieval_cli  # noqa: PLC0415 - Beam/Faiss only for this command
 
-    return retrieval_cli.run(args, beam_args)
+    if args.retrieval_command == "show":
+        return retrieval_cli.run(args, beam_args)
+    from pipeline.ops import guards  # noqa: PLC0415
+
+    return _in_worker_log(guards.staging_root(args.output, None), args,
+                          lambda _worker_log: retrieval_cli.run(args, beam_args))
+
+
+def _in_worker_log(staging_root: str, args, fn):
+    """`fn(worker_log)` with Beam's and its workers' stderr in the worker log (pipeline/ops/runlog.py): an
+    interrupt or a known failure ends in one line, a failed run shows the log's tail and where it is kept."""
+    from pipeline.ops import runlog  # noqa: PLC0415
+
+    worker_log = runlog.WorkerLog(staging_root)
+    try:
+        with worker_log, _user_view(worker_log, args):
+            return fn(worker_log)
+    except (KeyboardInterrupt, RunInterrupted):
+        worker_log.keep()  # what the workers were doing when interrupted
+        raise
+    except Exception as e:
+        if is_user_error(e):
+            worker_log.discard()
+            raise
+        if isinstance(e, RunError):  # a known cause, said in one line (the worker log is kept, not shown)
+            worker_log.keep()
+            raise
+        raise RunFailed(e, worker_log.last_lines, worker_log.keep()) from e
 
 
 # ---------------------------------------------------------------------------------------------- parser
@@ -393,7 +413,8 @@ def main(argv=None) -> int:
         _configure_logging(args)
         return args.func(args, beam_args)
     except RunInterrupted as e:  # the shard run removed its partial generation (pipeline/shard/shard_pipeline.py)
-        print("pileprep: interrupted; previous dataset intact", file=sys.stderr, flush=True)
+        noun = getattr(e, "output_noun", "dataset")  # set by the job runner (pipeline/job.py)
+        print(f"pileprep: interrupted; previous {noun} intact", file=sys.stderr, flush=True)
         return e.exit_code
     except KeyboardInterrupt:
         print("pileprep: interrupted", file=sys.stderr)

@@ -151,6 +151,9 @@ class ShardConfig:
     break_lock: bool = option(
         False, "remove another run's lock on --output first (only when that run is known to be gone; a crashed "
         "run's lock goes stale by itself after 120 s)", manifest=False, group="operations (docs/OPERATIONS.md)")
+    overwrite: bool = option(
+        False, "replace a committed dataset made with another configuration (seq_len, tokenizer, ...); without "
+        "it such a run exits 2 naming what differs", manifest=False, group="operations (docs/OPERATIONS.md)")
     max_dead_letter_fraction: float = option(
         0.5, "fail without committing when more than this fraction of the records read are dead-lettered "
         "(checked once at least 1,000 records were read)", manifest=False, metavar="FRACTION",

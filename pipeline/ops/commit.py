@@ -7,14 +7,25 @@ or not at all). A run killed at any moment therefore leaves the previous dataset
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 from typing import Optional
 
 from model_contract import MANIFEST_NAME, Manifest
-from model_contract.manifest import check_generation_name
+from model_contract.manifest import MANIFEST_FORMAT, check_generation_name, check_relative_path
 from pipeline.config import ConfigError
 from pipeline.shard import integrity
+from pipeline.ops import guards
+from pipeline.ops.guards import normal_path
 from transforms.io import io_utils
+
+
+# What an output holds, recorded in its manifest (`kind`); a commit never lands in an output of another kind.
+KIND_DATASET = "dataset"
+KIND_RETRIEVAL_DB = "retrieval-db"
+KIND_SIDECAR = "sidecar"
+READ = object()  # "read the committed manifest yourself" (pipeline/shard/plan.py: make_plan's default)
 
 
 def manifest_location(output_dir: str) -> str:
@@ -45,15 +56,6 @@ def committed_generation(output_dir: str) -> Optional[str]:
 
 
 # ------------------------------------------------------------------------------------ path containment
-def _normal(path: str) -> str:
-    """A comparable form of a path: resolved (symlinks, `..`) for local paths, slash-normalised for URLs."""
-    if io_utils.is_local(path):
-        return os.path.realpath(os.path.abspath(path))
-    scheme, rest = path.split("://", 1)
-    parts = [p for p in rest.split("/") if p not in ("", ".")]
-    return scheme + "://" + "/".join(parts)
-
-
 def _inside(path: str, root: str) -> bool:
     """`path` equals `root` or lies under it (both normalised)."""
     return path == root or path.startswith(root.rstrip("/") + "/")
@@ -68,7 +70,7 @@ def check_staging_dir(output_dir: str, staging_root: Optional[str]) -> None:
     """
     if not staging_root:
         return
-    out, staging = _normal(output_dir), _normal(staging_root)
+    out, staging = normal_path(output_dir), normal_path(staging_root)
     problem = None
     if _inside(out, staging):
         problem = "is the output directory or contains it"
@@ -78,51 +80,151 @@ def check_staging_dir(output_dir: str, staging_root: Optional[str]) -> None:
             problem = f"lies inside the dataset's {head} (generation directories hold committed shards)"
     if problem:
         raise ConfigError(f"--staging-dir {staging_root}: {problem}; staging is deleted after each commit, so use "
-                          f"a separate directory (default: {io_utils.join(output_dir, '_staging')})")
+                          f"a separate directory (default: {guards.staging_root(output_dir, None)})")
 
 
 def _check_deletable(path: str, output_dir: str, keep_paths) -> None:
     """Never delete the output, anything containing it, or a path the new manifest references."""
-    target, out = _normal(path), _normal(output_dir)
+    target, out = normal_path(path), normal_path(output_dir)
     if _inside(out, target):
         raise RuntimeError(f"refusing to delete {path}: it is (or contains) the output directory {output_dir}")
     for kept in keep_paths:
-        k = _normal(kept)
+        k = normal_path(kept)
         if _inside(k, target) or _inside(target, k):
             raise RuntimeError(f"refusing to delete {path}: the new manifest references {kept}")
 
 
 def commit_dataset(output_dir: str, manifest: Manifest, expected_previous: Optional[str], staging_dir: str,
                    previous: Optional[Manifest] = None) -> str:
-    """Publish `manifest` (the commit point), then clean up what no manifest references any more.
+    """Publish a shard dataset's `manifest` (the commit point), then clean up what no manifest references.
 
     `expected_previous` is the generation the run started from; if the committed manifest moved meanwhile
     (a concurrent run on the same output), refuse instead of silently dropping the other run's generation.
     Re-running a commit that already happened (Beam retrying the bundle) is a no-op publish of equal bytes.
-    Order matters for crash safety: the new shards are complete before this is called, the manifest flips in
-    one step, and only then are staging and unreferenced generations deleted (a crash in between leaves
-    garbage, never a dangling reference).
     """
     manifest.validate()  # the paths below come from it: never act on a name of the wrong form
-    current = read_committed(output_dir)
-    current_gen = None if current is None else current.generation
     new_gen = check_generation_name(manifest.generation)
+    durable = [s.path for s in manifest.shards if s.path.startswith(str(new_gen) + "/")] + \
+        [d for d in manifest.dead_letters if d.startswith(str(new_gen) + "/")]
+    keep = integrity.referenced_generations(manifest)
+    heads = keep | {rel.split("/", 1)[0] for rel in [s.path for s in manifest.shards] + manifest.dead_letters}
+    return commit_output(output_dir, KIND_DATASET, manifest.to_json(), new_gen, expected_previous, staging_dir,
+                         durable, heads, integrity.referenced_generations(previous) - keep)
+
+
+def commit_store(output_dir: str, kind: str, manifest: dict, files: list, expected_previous: Optional[str],
+                 staging_dir: str) -> str:
+    """Publish a retrieval store's manifest (a chunk database or a sidecar, a dict with `generation`): the same
+    protocol as a dataset (commit_output), its one generation kept and the previous one removed."""
+    new_gen = check_generation_name(manifest.get("generation"))
+    for rel in files:
+        check_relative_path(rel, "file")
+    heads = {new_gen} | {rel.split("/", 1)[0] for rel in files}
+    dropped = {expected_previous} - heads if expected_previous else set()
+    return commit_output(output_dir, kind, to_canonical_json(manifest), new_gen, expected_previous, staging_dir,
+                         list(files), heads, dropped)
+
+
+def to_canonical_json(d: dict) -> str:
+    return json.dumps(d, sort_keys=True, indent=1, ensure_ascii=False) + "\n"
+
+
+def commit_output(output_dir: str, kind: str, manifest_json: str, new_gen: str, expected_previous: Optional[str],
+                  staging_dir: str, durable_files: list, keep_heads: set, dropped_generations: set) -> str:
+    """The one commit protocol (datasets and retrieval stores): refuse an output of another kind and a
+    concurrent commit, make the new files durable, publish the manifest in one step, then delete this run's
+    staging and the generations no manifest references any more.
+
+    Order matters for crash safety: the new files are complete before this is called, the manifest flips in
+    one step, and only then is anything deleted (a crash in between leaves garbage, never a dangling
+    reference; the next run removes the garbage under the lock, pipeline/ops/guards.py: cleanup_abandoned).
+    """
+    check_output_kind(output_dir, kind, foreign=False)  # (foreign files: checked at the run's start, pipeline/job.py)
+    current_gen = committed_generation_of(output_dir)
     if current_gen not in (expected_previous, new_gen):
         raise ConcurrentCommitError(
             f"{output_dir}: the committed generation changed from {expected_previous} to {current_gen} while this "
             f"run was writing {new_gen}; run one job per output at a time. Nothing was published.")
-    # Durable before referenced: a power loss after the manifest's fsync must not leave it naming lost shards.
-    io_utils.fsync_files(io_utils.join(output_dir, rel) for rel in
-                         [s.path for s in manifest.shards if s.path.startswith(str(new_gen) + "/")] +
-                         [d for d in manifest.dead_letters if d.startswith(str(new_gen) + "/")])
-    keep = integrity.referenced_generations(manifest)
-    heads = keep | {rel.split("/", 1)[0] for rel in [s.path for s in manifest.shards] + manifest.dead_letters}
-    keep_paths = [io_utils.join(output_dir, h) for h in sorted(heads)] + [manifest_location(output_dir)]
+    # Durable before referenced: a power loss after the manifest's fsync must not leave it naming lost files.
+    io_utils.fsync_files(io_utils.join(output_dir, rel) for rel in durable_files)
+    keep_paths = [io_utils.join(output_dir, h) for h in sorted(keep_heads)] + [manifest_location(output_dir)]
     _check_deletable(staging_dir, output_dir, keep_paths)  # before publishing: a refused commit changes nothing
-    path = publish_manifest(output_dir, manifest.to_json())
+    path = publish_manifest(output_dir, manifest_json)
     io_utils.delete_tree(staging_dir)
-    for gen in sorted(integrity.referenced_generations(previous) - keep):
+    for gen in sorted(dropped_generations):
         old = io_utils.join(output_dir, check_generation_name(gen))  # a direct child of the output, by form
         _check_deletable(old, output_dir, keep_paths)
         io_utils.delete_tree(old)
     return path
+
+
+# ------------------------------------------------------------------------------------------- output kinds
+KINDS = (KIND_DATASET, KIND_RETRIEVAL_DB, KIND_SIDECAR)
+RETRIEVAL_DB_FORMAT = "pileprep.retrieval_db"
+# What an output directory may hold besides what its manifest names, before its first commit: pileprep's own
+# lock, staging, temp manifests and write probes, and generation directories (a crashed first run's).
+_OWN_ENTRY = re.compile(r"(\.pileprep\.lock|_staging|manifest\.json|\.manifest\.json\..*\.tmp|"
+                        r"\.pileprep-write-probe-\d+|gen-[0-9a-f]{16})")
+
+
+def kind_of(manifest: dict) -> str:
+    """The kind a committed manifest records, or (written before kinds were recorded) the one its shape says."""
+    kind = manifest.get("kind")
+    if isinstance(kind, str) and kind:
+        return kind
+    if manifest.get("format") == RETRIEVAL_DB_FORMAT:
+        return KIND_RETRIEVAL_DB
+    if manifest.get("format") == MANIFEST_FORMAT:
+        return KIND_SIDECAR if "retrieval" in manifest else KIND_DATASET
+    return f"unknown (format {manifest.get('format')!r})"
+
+
+def committed_kind(output_dir: str) -> Optional[str]:
+    """The kind of what `output_dir` holds (None: no manifest)."""
+    path = manifest_location(output_dir)
+    if not io_utils.exists(path):
+        return None
+    try:
+        d = json.loads(io_utils.read_bytes(path).decode("utf-8"))
+    except ValueError:
+        return "unknown (manifest.json is not JSON)"
+    return kind_of(d) if isinstance(d, dict) else "unknown (manifest.json is not an object)"
+
+
+def committed_generation_of(output_dir: str) -> Optional[str]:
+    """The generation the output's manifest names, whatever its kind (None: no manifest)."""
+    path = manifest_location(output_dir)
+    if not io_utils.exists(path):
+        return None
+    d = json.loads(io_utils.read_bytes(path).decode("utf-8"))
+    return d.get("generation") if isinstance(d, dict) else None
+
+
+def foreign_entries(output_dir: str, staging_root: Optional[str] = None) -> list:
+    """Entries of a local output directory that pileprep did not create (object stores: not listed)."""
+    if not io_utils.is_local(output_dir) or not os.path.isdir(output_dir):
+        return []
+    staging = normal_path(staging_root) if staging_root else None
+    out = []
+    for name in sorted(os.listdir(output_dir)):
+        if _OWN_ENTRY.fullmatch(name) or (staging and normal_path(os.path.join(output_dir, name)) == staging):
+            continue
+        out.append(name)
+    return out
+
+
+def check_output_kind(output_dir: str, kind: str, staging_root: Optional[str] = None, flag: str = "--output",
+                      foreign: bool = True) -> None:
+    """ConfigError (exit 2) unless `output_dir` is empty, pileprep's own, or already holds `kind`: no command
+    commits into another kind of output (a sidecar over a dataset would replace its manifest and delete its
+    generation), nor into a directory of files it did not create."""
+    found = committed_kind(output_dir)
+    if found is not None and found != kind:
+        raise ConfigError(f"{flag} {output_dir}: it holds a {found} (manifest.json), not a {kind}; a {kind} is "
+                          f"never committed into another kind of output: choose another {flag}")
+    if found is None and foreign:
+        entries = foreign_entries(output_dir, staging_root)
+        if entries:
+            shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+            raise ConfigError(f"{flag} {output_dir}: it holds files pileprep did not create ({shown}); a {kind} "
+                              f"is committed only into an empty or new directory: choose another {flag}")

@@ -15,10 +15,13 @@ line naming the option) / RunError (exit 1). They run on the driver, before Beam
 """
 from __future__ import annotations
 
+import contextlib
 import glob
+import hashlib
 import json
 import logging
 import os
+import re
 import time
 from typing import Optional
 
@@ -189,6 +192,45 @@ def damaged_files(output: str, manifest: Manifest) -> list:
     return problems
 
 
+# ------------------------------------------------------------------------------------------ staging
+def normal_path(path: str) -> str:
+    """A comparable form of a path: resolved (symlinks, `..`) for local paths, slash-normalised for URLs."""
+    if io_utils.is_local(path):
+        return os.path.realpath(os.path.abspath(path))
+    scheme, rest = path.split("://", 1)
+    parts = [p for p in rest.split("/") if p not in ("", ".")]
+    return scheme + "://" + "/".join(parts)
+
+
+DEFAULT_STAGING_NAME = "_staging"
+
+
+def staging_root(output: str, staging_dir: Optional[str]) -> str:
+    """The one staging-root rule: `--staging-dir`, else `<output>/_staging`."""
+    return staging_dir or io_utils.join(output, DEFAULT_STAGING_NAME)
+
+
+def output_id(output: str) -> str:
+    """8 hex digits naming an output (its resolved path or normalised URL): staging belongs to one output."""
+    return hashlib.sha256(normal_path(output).encode("utf-8")).hexdigest()[:8]
+
+
+def staging_dir_for(output: str, staging_dir: Optional[str], generation: str) -> str:
+    """This run's staging directory, `<generation>.<output id>` under the staging root: two outputs that share
+    one --staging-dir (and, with equal configs and inputs, one generation name) never share a staging dir."""
+    return io_utils.join(staging_root(output, staging_dir), f"{generation}.{output_id(output)}")
+
+
+_STAGING_NAME = re.compile(r"gen-[0-9a-f]{16}(\.[0-9a-f]{8})?")
+# A temp manifest a killed commit left (transforms/io/io_utils.py: replace_atomically's mkstemp name, or an
+# atomic writer's part file); only ever removed under the output's lock.
+_TEMP_MANIFEST = re.compile(re.escape("." + MANIFEST_NAME) + r"\.(.+\.tmp|[0-9a-f]{12}\.part)")
+
+
+def is_staging_name(name) -> bool:
+    return isinstance(name, str) and _STAGING_NAME.fullmatch(name) is not None
+
+
 # ------------------------------------------------------------------------------------------ leftovers
 def mark_staging(staging_dir: str, output: str, generation: str) -> None:
     """Say whose staging this is, so that the next run on `output` recognises it if this one dies."""
@@ -214,7 +256,7 @@ def cleanup_abandoned(output: str, staging_root: str, committed: Optional[Manife
             owner = json.loads(io_utils.read_bytes(m.path).decode("utf-8")).get("output")
         except (OSError, ValueError):
             continue
-        if owner == output and is_generation_name(name):
+        if owner == output and is_staging_name(name):
             io_utils.delete_tree(directory)
             removed.append(directory)
     if io_utils.is_local(output):
@@ -230,5 +272,10 @@ def cleanup_abandoned(output: str, staging_root: str, committed: Optional[Manife
         if is_generation_name(name) and name not in live:
             path = io_utils.join(output, name)
             io_utils.delete_tree(path)
+            removed.append(path)
+        elif io_utils.is_local(output) and _TEMP_MANIFEST.fullmatch(name):
+            path = os.path.join(output, name)
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
             removed.append(path)
     return removed

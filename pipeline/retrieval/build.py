@@ -15,17 +15,17 @@ from typing import Optional
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, RunInference
 
 from model_contract import decode_example, load_manifest
 from model_contract.checked_reader import iter_checked_records
 from pipeline.ops.output_names import shard_entry
+from pipeline import job
+from pipeline.beam_glue import FilesystemOptions, PlanDoFn, apply_filesystem_options
 from pipeline.config import PILEPREP_VERSION, ConfigError
-from pipeline.ops import runners
-from pipeline.retrieval import store
+from pipeline.ops import commit
+from pipeline.retrieval import store, store_job
 from pipeline.retrieval.config import BuildConfig
-from pipeline.shard.shard_pipeline import FilesystemOptions, pipeline_options
 from transforms.io import io_utils
 from transforms.retrieval import retrieval_chunks, retrieval_encoders, retrieval_index
 from transforms.tokenize import tokenizer
@@ -47,14 +47,16 @@ class BuildPlan:
     encoder: dict  # EncoderInfo dict
     model_bytes: bytes  # the dataset's tokenizer (dense encoders decode chunk text)
     filesystem_options: Optional[FilesystemOptions] = None
+    staging_dir: str = ""  # this run's staging (its marker only), set by the job runner (store_job.py)
+    previous_generation: Optional[str] = None  # the committed generation the run started from
 
     @property
     def data_dir(self) -> str:
         return io_utils.join(self.config.output, self.generation)
 
-    def apply_filesystem_options(self) -> None:
-        if self.filesystem_options is not None:
-            self.filesystem_options.apply()
+    def setup_worker(self) -> None:
+        """What every DoFn and Map of the job does first on a worker: the job's S3 settings."""
+        apply_filesystem_options(self.filesystem_options)
 
 
 def dataset_identity(manifest: dict) -> dict:
@@ -89,14 +91,8 @@ def prepare(config: BuildConfig) -> BuildPlan:
 
 
 # --------------------------------------------------------------------------------------------- read stages
-class ReadPieces(beam.DoFn):
+class ReadPieces(PlanDoFn):
     """One shard file → (doc_id, (offset, tokens)) for every document piece in it."""
-
-    def __init__(self, plan: BuildPlan):
-        self.plan = plan
-
-    def setup(self):
-        self.plan.apply_filesystem_options()
 
     def process(self, path):
         fraction = self.plan.config.doc_fraction
@@ -110,14 +106,8 @@ class ReadPieces(beam.DoFn):
                     yield piece.doc_id, (piece.offset, piece.tokens.astype(np.int32))
 
 
-class ReadSources(beam.DoFn):
+class ReadSources(PlanDoFn):
     """One input file → (doc_id, source) for every document in it (damaged lines are the shard job's business)."""
-
-    def __init__(self, plan: BuildPlan):
-        self.plan = plan
-
-    def setup(self):
-        self.plan.apply_filesystem_options()
 
     def process(self, path):
         cfg = self.plan.dataset_manifest["config"]
@@ -148,12 +138,8 @@ def assemble(element):
     yield doc_id, source, tokens
 
 
-class WriteDbShard(beam.DoFn):
-    def __init__(self, plan: BuildPlan):
-        self.plan = plan
-
-    def setup(self):
-        self.plan.apply_filesystem_options()
+class WriteDbShard(PlanDoFn):
+    """One database shard's documents → its Parquet file; yields the shard's manifest entry."""
 
     def process(self, element):
         k, documents = element
@@ -206,14 +192,11 @@ class MiniLMHandler(ModelHandler):
         return False
 
 
-class ChunkTexts(beam.DoFn):
+class ChunkTexts(PlanDoFn):
     """A written database shard → ((shard, row), decoded chunk text) for the encoder."""
 
-    def __init__(self, plan: BuildPlan):
-        self.plan = plan
-
     def setup(self):
-        self.plan.apply_filesystem_options()
+        super().setup()
         self.sp = tokenizer.load_processor(self.plan.model_bytes)
 
     def process(self, result):
@@ -223,7 +206,7 @@ class ChunkTexts(beam.DoFn):
 
 
 def write_embeddings(element, plan: BuildPlan):
-    plan.apply_filesystem_options()
+    plan.setup_worker()
     k, rows = element
     rows = sorted(rows, key=lambda r: r[0])
     vecs = np.stack([v for _, v in rows]).astype(np.float32) if rows else \
@@ -239,7 +222,7 @@ BM25_QUERY_TERMS = 8
 
 def build_bm25(shard_results: list, plan: BuildPlan) -> dict:
     """The BM25 postings over every chunk, in database order, as plain .npy files (deterministic bytes)."""
-    plan.apply_filesystem_options()
+    plan.setup_worker()
     tokens = []
     for r in sorted(shard_results, key=lambda r: r["shard"]):
         tokens += store.read_parquet(io_utils.join(plan.config.output, r["path"]), ["tokens"])["tokens"]
@@ -260,7 +243,7 @@ def load_bm25(root: str, index: dict) -> "retrieval_encoders.BM25Scorer":
 
 def train_index(shard_results: list, embedding_results: list, plan: BuildPlan) -> dict:
     """Train the index on a seeded sample of every vector (ids are global dense ids); write trained.faiss."""
-    plan.apply_filesystem_options()
+    plan.setup_worker()
     cfg = plan.config
     emb = dict(embedding_results)
     total = sum(r["chunks"] for r in shard_results)
@@ -286,7 +269,7 @@ def train_index(shard_results: list, embedding_results: list, plan: BuildPlan) -
 
 def fill_part(element, plan: BuildPlan, trained: dict, shard_results: list):
     """Add one database shard's vectors (with their global ids) to a copy of the trained index; write it."""
-    plan.apply_filesystem_options()
+    plan.setup_worker()
     k, emb = element
     cfg = plan.config
     first = sum(r["chunks"] for r in shard_results if r["shard"] < k)
@@ -324,6 +307,7 @@ def build_manifest(plan: BuildPlan, shard_results: list, embeddings=(), trained=
         if cfg.encoder == retrieval_encoders.BM25 else {"kind": "faiss", **(trained or {})}
     return {
         "format": store.DB_FORMAT,
+        "kind": commit.KIND_RETRIEVAL_DB,
         "pileprep_version": PILEPREP_VERSION,
         "generation": plan.generation,
         "fingerprint": plan.fingerprint,
@@ -351,9 +335,10 @@ def manifest_files(manifest: dict) -> list:
 
 
 def commit_db(shard_results, plan: BuildPlan, embeddings=(), trained=None, parts=()) -> dict:
-    plan.apply_filesystem_options()
+    plan.setup_worker()
     manifest = build_manifest(plan, shard_results, embeddings, trained, parts)
-    store.commit(plan.config.output, manifest, manifest_files(manifest), store.DB_FORMAT)
+    commit.commit_store(plan.config.output, commit.KIND_RETRIEVAL_DB, manifest, manifest_files(manifest),
+                        plan.previous_generation, plan.staging_dir)
     return manifest
 
 
@@ -394,22 +379,17 @@ def build_pipeline(p: beam.Pipeline, plan: BuildPlan):
                                               beam.pvalue.AsSingleton(trained), beam.pvalue.AsSingleton(parts))
 
 
+def job_for(config: BuildConfig, beam_args=None) -> "store_job.StoreJob":
+    """The build as a job for the job runner (pipeline/job.py): lock, cleanup, commit checks."""
+    return store_job.StoreJob(config, beam_args, commit.KIND_RETRIEVAL_DB, "chunk database", store.DB_FORMAT,
+                              prepare, build_pipeline)
+
+
+def run_outcome(config: BuildConfig, beam_args=None) -> job.JobOutcome:
+    """Build and commit the chunk database; the outcome pipeline/retrieval/cli.py prints."""
+    return job.run_job(job_for(config, beam_args))
+
+
 def run(config: BuildConfig, beam_args=None) -> dict:
     """Build and commit the chunk database; returns its manifest."""
-    options = pipeline_options(beam_args)
-    runners.preflight(options.get_all_options())
-    FileSystems.set_options(options)
-    fs = FilesystemOptions.from_pipeline_options(options)
-    plan = dataclasses.replace(prepare(config), filesystem_options=fs)
-    committed = store.read_manifest(config.output, store.DB_FORMAT)
-    if committed is not None and committed.get("generation") == plan.generation:
-        LOG.info("%s already holds %s: nothing to do", config.output, plan.generation)
-        return committed
-    p = beam.Pipeline(options=options)
-    build_pipeline(p, plan)
-    result = p.run()
-    result.wait_until_finish()
-    committed = store.read_manifest(config.output, store.DB_FORMAT)
-    if committed is None or committed.get("generation") != plan.generation:
-        raise RuntimeError("the retrieval build finished but did not commit a manifest")
-    return committed
+    return run_outcome(config, beam_args).manifest

@@ -52,7 +52,7 @@ def run(args, beam_args) -> int:
                           train_size=args.train_size, seed=args.seed, num_db_shards=args.num_db_shards,
                           doc_fraction=args.doc_fraction, device=args.device, batch_size=args.batch_size,
                           sources=args.sources)
-        m = build.run(cfg, beam_args)
+        m = build.run_outcome(cfg, beam_args).manifest
         print(json.dumps({"generation": m["generation"], "counts": m["counts"], "encoder": m["encoder"]["name"],
                           "index": m["index"].get("config", {"kind": m["index"]["kind"]}),
                           "sources": m["sources"]}, indent=1, sort_keys=True))
@@ -63,7 +63,7 @@ def run(args, beam_args) -> int:
         cfg = NeighboursConfig(dataset=args.dataset, db=args.db, output=args.output,
                                num_neighbours=args.num_neighbours, neighbour_len=args.neighbour_len,
                                batch_size=args.batch_size, device=args.device, nprobe=args.nprobe)
-        m = neighbours.run(cfg, beam_args)
+        m = neighbours.run_outcome(cfg, beam_args).manifest
         r = m["retrieval"]
         print(json.dumps({"generation": m["generation"], "fingerprint": r["fingerprint"], "counts": r["counts"],
                           "storage": r["storage"]}, indent=1, sort_keys=True))

@@ -15,17 +15,17 @@ from typing import Optional
 
 import apache_beam as beam
 import numpy as np
-from apache_beam.io.filesystems import FileSystems
 
 from model_contract import Manifest, RetrievalSpec, ShardInfo, decode_example, frame_record
 from model_contract.checked_reader import iter_checked_records
 from model_contract.retrieval import encode_sidecar, sidecar_contract, token_dtype_for
+from pipeline import job
+from pipeline.beam_glue import FilesystemOptions, PlanDoFn, apply_filesystem_options
 from pipeline.config import PILEPREP_VERSION, ConfigError
-from pipeline.ops import runners
+from pipeline.ops import commit
 from pipeline.ops.output_names import sidecar_path
-from pipeline.retrieval import build, store
+from pipeline.retrieval import build, store, store_job
 from pipeline.retrieval.config import NeighboursConfig
-from pipeline.shard.shard_pipeline import FilesystemOptions, pipeline_options
 from transforms.io import io_utils
 from transforms.retrieval import retrieval_chunks, retrieval_encoders, retrieval_index
 from transforms.tokenize import tokenizer
@@ -44,14 +44,20 @@ class NeighboursPlan:
     generation: str
     model_bytes: bytes
     filesystem_options: Optional[FilesystemOptions] = None
+    staging_dir: str = ""  # this run's staging (its marker only), set by the job runner (store_job.py)
+    previous_generation: Optional[str] = None  # the committed generation the run started from
 
     @property
     def dataset(self) -> Manifest:
         return Manifest.from_json(self.dataset_json)
 
-    def apply_filesystem_options(self) -> None:
-        if self.filesystem_options is not None:
-            self.filesystem_options.apply()
+    @property
+    def data_dir(self) -> str:
+        return io_utils.join(self.config.output, self.generation)
+
+    def setup_worker(self) -> None:
+        """What every DoFn and Map of the job does first on a worker: the job's S3 settings."""
+        apply_filesystem_options(self.filesystem_options)
 
 
 def query_encoder_info(db_manifest: dict) -> EncoderInfo:
@@ -141,14 +147,11 @@ class Searcher:
         return out
 
 
-class NeighbourShard(beam.DoFn):
+class NeighbourShard(PlanDoFn):
     """One dataset shard → its sidecar file (same records, same order)."""
 
-    def __init__(self, plan: NeighboursPlan):
-        self.plan = plan
-
     def setup(self):
-        self.plan.apply_filesystem_options()
+        super().setup()
         cfg = self.plan.config
         self.searcher = Searcher(cfg.db, self.plan.db_manifest, cfg.device, cfg.batch_size, cfg.nprobe,
                                  self.plan.model_bytes)
@@ -227,13 +230,14 @@ def build_sidecar_manifest(plan: NeighboursPlan, results: list) -> Manifest:
               "nprobe": plan.config.nprobe}
     return Manifest(contract=contract, shards=shards, config=config,
                     pileprep_version=PILEPREP_VERSION,
-                    generation=plan.generation, extra={"retrieval": retrieval})
+                    generation=plan.generation, extra={"retrieval": retrieval, "kind": commit.KIND_SIDECAR})
 
 
 def commit_sidecar(results: list, plan: NeighboursPlan) -> dict:
-    plan.apply_filesystem_options()
+    plan.setup_worker()
     manifest = build_sidecar_manifest(plan, results)
-    store.commit(plan.config.output, manifest.to_dict(), [s.path for s in manifest.shards], "pileprep.manifest")
+    commit.commit_store(plan.config.output, commit.KIND_SIDECAR, manifest.to_dict(),
+                        [s.path for s in manifest.shards], plan.previous_generation, plan.staging_dir)
     return manifest.to_dict()
 
 
@@ -245,22 +249,21 @@ def build_pipeline(p: beam.Pipeline, plan: NeighboursPlan):
             | "Commit" >> beam.Map(commit_sidecar, plan))
 
 
+SIDECAR_FORMAT = "pileprep.manifest"  # a sidecar's manifest is a pileprep manifest with a retrieval contract
+
+
+def job_for(config: NeighboursConfig, beam_args=None) -> "store_job.StoreJob":
+    """The neighbours job for the job runner (pipeline/job.py): lock, cleanup, commit checks."""
+    return store_job.StoreJob(config, beam_args, commit.KIND_SIDECAR, "sidecar", SIDECAR_FORMAT, prepare,
+                              build_pipeline)
+
+
+def run_outcome(config: NeighboursConfig, beam_args=None) -> job.JobOutcome:
+    """Compute and commit the neighbour sidecar; the outcome pipeline/retrieval/cli.py prints."""
+    return job.run_job(job_for(config, beam_args))
+
+
 def run(config: NeighboursConfig, beam_args=None) -> dict:
     """Compute and commit the neighbour sidecar; returns its manifest (a pileprep manifest with a retrieval
     contract)."""
-    options = pipeline_options(beam_args)
-    runners.preflight(options.get_all_options())
-    FileSystems.set_options(options)
-    fs = FilesystemOptions.from_pipeline_options(options)
-    plan = dataclasses.replace(prepare(config), filesystem_options=fs)
-    committed = store.read_manifest(config.output, "pileprep.manifest")
-    if committed is not None and committed.get("generation") == plan.generation:
-        return committed
-    p = beam.Pipeline(options=options)
-    build_pipeline(p, plan)
-    p.run().wait_until_finish()
-    committed = store.read_manifest(config.output, "pileprep.manifest")
-    if committed is None or committed.get("generation") != plan.generation:
-        raise RuntimeError("the neighbours job finished but did not commit a manifest")
-    return committed
-
+    return run_outcome(config, beam_args).manifest

@@ -1,8 +1,9 @@
 """Retrieval outputs on disk: the chunk database (Parquet + manifest) and the neighbour sidecar's manifest.
 
-Both are committed like shard datasets (pipeline/ops/commit.py): files go under a generation directory named
-by the output's fingerprint, the manifest is written last in one step (atomic replace locally, one PUT on S3),
-and only then is any older generation deleted. A run killed at any moment leaves the previous output or
+Both are committed by the shard datasets' protocol (pipeline/ops/commit.py: commit_store, through the job
+runner pipeline/job.py): files go under a generation directory named by the output's fingerprint, the manifest
+is written last in one step (atomic replace locally, one PUT on S3), and only then is any older generation
+deleted. A run killed at any moment leaves the previous output or
 nothing visible. Manifests are canonical JSON (sorted keys), so equal runs give equal bytes.
 
 Chunk database layout:
@@ -114,18 +115,6 @@ def read_manifest(output_dir: str, expected_format: str) -> Optional[dict]:
     if d.get("format") != expected_format:
         raise ValueError(f"{path}: not a {expected_format} manifest (format={d.get('format')!r})")
     return check_db_manifest(d) if expected_format == DB_FORMAT else d  # every field (model_contract/retrieval.py)
-
-
-def commit(output_dir: str, manifest: dict, files: list, expected_format: str) -> str:
-    """Publish `manifest` after its files are durable, then delete generations it no longer references."""
-    previous = read_manifest(output_dir, expected_format)
-    io_utils.fsync_files(io_utils.join(output_dir, contained(f)) for f in files)
-    path = io_utils.join(output_dir, MANIFEST_NAME)
-    data = to_json(manifest).encode("utf-8")
-    io_utils.publish_bytes(path, data)
-    if previous is not None and previous.get("generation") != manifest["generation"]:
-        io_utils.delete_tree(io_utils.join(output_dir, contained(previous["generation"])))
-    return path
 
 
 # -------------------------------------------------------------------------------------------- database view

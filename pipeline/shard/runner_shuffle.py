@@ -12,6 +12,7 @@ from __future__ import annotations
 import apache_beam as beam
 from apache_beam.metrics import Metrics
 
+from pipeline.beam_glue import PlanDoFn
 from pipeline.shard import cancel
 from transforms.shard import shard_shuffle, stages
 
@@ -32,15 +33,12 @@ def _cut(unit, shard_plan) -> list:
     return list(shard_shuffle.cut_unit(unit, index, tokens, shard_plan))
 
 
-class EmitPieces(beam.DoFn):
+class EmitPieces(PlanDoFn):
     """One unit → its per-shard pieces (or, for the marker element, every shard's marker)."""
 
     def __init__(self, plan):
-        self.plan = plan
+        super().__init__(plan)
         self.pieces = Metrics.counter("pileprep", "shuffle_pieces")
-
-    def setup(self):
-        self.plan.setup_worker()
 
     def process(self, element):
         unit, shard_plan = element
@@ -53,15 +51,12 @@ class EmitPieces(beam.DoFn):
             yield keyed
 
 
-class PackGroupedShard(beam.DoFn):
+class PackGroupedShard(PlanDoFn):
     """One shard from its grouped pieces: the file spill's packer (stages.pack_shard) given the merged rows."""
 
     def __init__(self, plan):
-        self.plan = plan
+        super().__init__(plan)
         self.examples = Metrics.counter("pileprep", "examples")
-
-    def setup(self):
-        self.plan.setup_worker()
 
     def process(self, key_and_values):
         key, values = key_and_values

@@ -227,7 +227,7 @@ def fake_run(config, beam_args=None, **kw):
     subprocess.run([sys.executable, "-c", "import sys; [print('worker line', i, file=sys.stderr) for i in range(60)]"])
     print("driver noise", file=sys.stderr)
     raise RuntimeError("a worker crashed")
-shard_pipeline.run = fake_run
+shard_pipeline.run_outcome = fake_run
 from pipeline.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -1,0 +1,124 @@
+"""Beam glue every pileprep job shares: pipeline options, the filesystem options workers re-apply, the two
+grouping transforms that replace Reshuffle and side inputs, and the base of the DoFns that carry a job plan.
+
+Small pieces with one job each, so that the job modules (pipeline/shard/shard_pipeline.py,
+pipeline/retrieval/build.py, pipeline/retrieval/neighbours.py) hold only their own stages.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import apache_beam as beam
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from pipeline.ops import runners
+
+
+def default_beam_args(cores: Optional[int] = None) -> list:
+    """The local runner when no --runner is given: FnApiRunner, one worker per core.
+
+    Up to 4 cores the workers are threads of this process (multi_threading): tokenizers run in native code
+    without the GIL (SentencePiece scales 1.85x on 2 threads, measured), and the run skips starting worker
+    processes that each import Beam (on 2 cores at 96 MB: ~1.2 s of wall and ~5 CPU-s, measured). Above that the
+    GIL-held share (JSON parsing, packing, ~15% of CPU) would cap the scaling, so workers are processes.
+    Output bytes do not depend on this choice (tests/e2e/test_shard_pipeline.py runs both).
+    """
+    cores = cores or len(os.sched_getaffinity(0))
+    mode = "multi_threading" if cores <= 4 else "multi_processing"
+    return ["--runner=FnApiRunner", f"--direct_num_workers={cores}", f"--direct_running_mode={mode}"]
+
+
+def pipeline_options(beam_args) -> PipelineOptions:
+    """The job's Beam options: pileprep's runner short names resolved, and the local runner by default."""
+    args = runners.normalise_beam_args(beam_args or [])
+    if not any(a.startswith("--runner") for a in args):
+        args = default_beam_args() + args
+    return PipelineOptions(args)
+
+
+class FilesystemOptions:
+    """The job's filesystem options (s3_*), re-applied on workers.
+
+    FnApiRunner's worker processes and some worker pools start without the job's pipeline options, so Beam's
+    S3 filesystem there would ignore `--s3_endpoint_url` & co. The plan carries them and every DoFn applies
+    them in setup(). The repr hides the values (credentials may be among them).
+    """
+
+    def __init__(self, options: dict):
+        self.options = dict(options)
+
+    def __repr__(self):
+        return f"FilesystemOptions({sorted(self.options)})"
+
+    @classmethod
+    def from_pipeline_options(cls, options: PipelineOptions) -> Optional["FilesystemOptions"]:
+        d = options.get_all_options(drop_default=True)
+        picked = {k: v for k, v in d.items() if k.startswith("s3_") and v is not None}
+        return cls(picked) if picked else None
+
+    def apply(self) -> None:
+        current = FileSystems._pipeline_options  # noqa: SLF001 - Beam keeps the worker's options here
+        d = current.get_all_options(drop_default=True) if current is not None else {}
+        if all(d.get(k) == v for k, v in self.options.items()):
+            return
+        d.update(self.options)
+        FileSystems.set_options(PipelineOptions.from_dictionary(d))
+
+
+def apply_filesystem_options(options: Optional[FilesystemOptions]) -> None:
+    """The one place a worker (or the driver) applies a plan's filesystem options; None: nothing to apply."""
+    if options is not None:
+        options.apply()
+
+
+def s3_options_of(options: Optional[FilesystemOptions]) -> dict:
+    """The plain dict of s3_* options (for the lock and the storage preflight), {} when there are none."""
+    return options.options if options is not None else {}
+
+
+class PlanDoFn(beam.DoFn):
+    """A DoFn that carries its job's plan and prepares the worker in setup() (`plan.setup_worker()`: the
+    filesystem options, and whatever else the job's workers need once). Subclasses add their own setup after
+    calling `super().setup()`."""
+
+    def __init__(self, plan):
+        super().__init__()
+        self.plan = plan
+
+    def setup(self):
+        self.plan.setup_worker()
+
+
+class Spread(beam.PTransform):
+    """Redistribute elements over workers by a deterministic key: a GroupByKey every runner implements.
+
+    Beam's Reshuffle is a no-op on some runners (DaskRunner keeps every element in the partition that made it,
+    so all chunks of one file would tokenize in one task); grouping by a key spreads them on all of them. The
+    key only decides placement: element order never reaches the output, which is sorted by name downstream.
+    """
+
+    def __init__(self, key_fn):
+        super().__init__()
+        self.key_fn = key_fn
+
+    def expand(self, pcoll):
+        return (pcoll
+                | "Key" >> beam.Map(lambda x, key_fn: (key_fn(x), x), self.key_fn)
+                | "Group" >> beam.GroupByKey()
+                | "Values" >> beam.FlatMap(lambda kv: kv[1]))
+
+
+class GatherAll(beam.PTransform):
+    """All elements of a PCollection as one list, in one element, through a GroupByKey on a single key.
+
+    Used instead of side inputs: runners that build a side input by recomputing its producer inside the
+    consuming task (DaskRunner) would rerun a whole stage per consumer; a main-input join runs it once.
+    """
+
+    def expand(self, pcoll):
+        return (pcoll
+                | "OneKey" >> beam.Map(lambda x: (0, x))
+                | "Group" >> beam.GroupByKey()
+                | "List" >> beam.Map(lambda kv: list(kv[1])))
