@@ -70,6 +70,26 @@ class Manifest:
     def shards_for(self, split: str) -> list:
         return [s for s in self.shards if s.split == split]
 
+    # Typed views of the sections kept as JSON values (the records below; every row was checked on load).
+    def ledger_rows(self) -> list:
+        return [LedgerRow.from_dict(r, f"ledger[{i}]") for i, r in enumerate(self.ledger or [])]
+
+    def generation_rows(self) -> list:
+        return [GenerationRow.from_dict(g, f"generations[{i}]") for i, g in enumerate(self.generations)]
+
+    def dead_letter_files(self) -> list:
+        return [FileDigest.from_dict(r, f"dead_letter_files[{i}]")
+                for i, r in enumerate(self.extra.get("dead_letter_files", []))]
+
+    def id_indexes(self) -> list:
+        return [IdIndexRow.from_dict(r, f"doc_id_indexes[{i}]")
+                for i, r in enumerate(self.extra.get("doc_id_indexes", []))]
+
+    def sidecar_info(self) -> Optional[SidecarInfo]:
+        """The `retrieval` section of a neighbours sidecar's manifest; None for a shard dataset."""
+        section = self.extra.get("retrieval")
+        return None if section is None else SidecarInfo.from_dict(section)
+
     def to_dict(self) -> dict:
         d = {
             "format": MANIFEST_FORMAT,
