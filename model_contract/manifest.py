@@ -14,7 +14,9 @@ from typing import Optional
 
 from model_contract.contract import ContractError, DataContract
 from model_contract.retrieval import SidecarInfo
-from model_contract.schema import Fields, check_generation_name, check_relative_path, is_generation_name
+# check_generation_name / check_relative_path / is_generation_name live in model_contract/schema.py (the
+# retrieval records use them too); readers of manifests import them from here as well.
+from model_contract.schema import Fields, check_generation_name, check_relative_path, is_generation_name  # noqa: F401
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "pileprep.manifest"
@@ -181,7 +183,8 @@ class RecordCounts:
     def from_dict(cls, d: dict, prefix: str = "records") -> "RecordCounts":
         f = Fields(d, prefix)
         return cls(read=f.count("read", required=False) or 0, written=f.count("written", required=False) or 0,
-                   filtered=f.counts("filtered", required=False), dead_lettered=f.counts("dead_lettered", required=False))
+                   filtered=f.counts("filtered", required=False),
+                   dead_lettered=f.counts("dead_lettered", required=False))
 
 
 @dataclass(frozen=True)
@@ -325,7 +328,7 @@ def check_contract_dict(d, prefix: str = "contract") -> None:
         g = Fields(feature, path)
         g.string("name")
         g.string("dtype")
-        for dim_path, dim in g.items("shape"):
+        for _path, dim in g.items("shape"):
             if dim is not None and not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0):
                 g.fail("shape", "a list of sizes (integers >= 0, or null)", dim)
         g.string("description", required=False)
@@ -344,7 +347,8 @@ def check_manifest_dict(d) -> None:
     if d.get("format") != MANIFEST_FORMAT:
         raise ContractError(f"not a pileprep manifest (format={d.get('format')!r})")
     f.string("pileprep_version", required=False)
-    check_contract_dict(d.get("contract"), "contract") if "contract" in d else f.obj("contract")
+    f.obj("contract")  # present and an object; then its fields
+    check_contract_dict(d["contract"], "contract")
     for path, row in f.items("shards"):
         ShardInfo.from_dict(row, path)
     for split, totals in f.obj("splits", required=False).d.items():
