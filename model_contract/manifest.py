@@ -14,7 +14,9 @@ from typing import Optional
 
 from model_contract.contract import ContractError, DataContract
 from model_contract.retrieval import SidecarInfo
-from model_contract.schema import Fields, check_generation_name, check_relative_path, is_generation_name
+# check_generation_name / check_relative_path / is_generation_name live in model_contract/schema.py (the
+# retrieval records use them too); readers of manifests import them from here as well.
+from model_contract.schema import Fields, check_generation_name, check_relative_path, is_generation_name  # noqa: F401
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "pileprep.manifest"
@@ -69,6 +71,26 @@ class Manifest:
 
     def shards_for(self, split: str) -> list:
         return [s for s in self.shards if s.split == split]
+
+    # Typed views of the sections kept as JSON values (the records below; every row was checked on load).
+    def ledger_rows(self) -> list:
+        return [LedgerRow.from_dict(r, f"ledger[{i}]") for i, r in enumerate(self.ledger or [])]
+
+    def generation_rows(self) -> list:
+        return [GenerationRow.from_dict(g, f"generations[{i}]") for i, g in enumerate(self.generations)]
+
+    def dead_letter_files(self) -> list:
+        return [FileDigest.from_dict(r, f"dead_letter_files[{i}]")
+                for i, r in enumerate(self.extra.get("dead_letter_files", []))]
+
+    def id_indexes(self) -> list:
+        return [IdIndexRow.from_dict(r, f"doc_id_indexes[{i}]")
+                for i, r in enumerate(self.extra.get("doc_id_indexes", []))]
+
+    def sidecar_info(self) -> Optional[SidecarInfo]:
+        """The `retrieval` section of a neighbours sidecar's manifest; None for a shard dataset."""
+        section = self.extra.get("retrieval")
+        return None if section is None else SidecarInfo.from_dict(section)
 
     def to_dict(self) -> dict:
         d = {
@@ -161,7 +183,8 @@ class RecordCounts:
     def from_dict(cls, d: dict, prefix: str = "records") -> "RecordCounts":
         f = Fields(d, prefix)
         return cls(read=f.count("read", required=False) or 0, written=f.count("written", required=False) or 0,
-                   filtered=f.counts("filtered", required=False), dead_lettered=f.counts("dead_lettered", required=False))
+                   filtered=f.counts("filtered", required=False),
+                   dead_lettered=f.counts("dead_lettered", required=False))
 
 
 @dataclass(frozen=True)
@@ -305,7 +328,7 @@ def check_contract_dict(d, prefix: str = "contract") -> None:
         g = Fields(feature, path)
         g.string("name")
         g.string("dtype")
-        for dim_path, dim in g.items("shape"):
+        for _path, dim in g.items("shape"):
             if dim is not None and not (isinstance(dim, int) and not isinstance(dim, bool) and dim >= 0):
                 g.fail("shape", "a list of sizes (integers >= 0, or null)", dim)
         g.string("description", required=False)
@@ -324,7 +347,8 @@ def check_manifest_dict(d) -> None:
     if d.get("format") != MANIFEST_FORMAT:
         raise ContractError(f"not a pileprep manifest (format={d.get('format')!r})")
     f.string("pileprep_version", required=False)
-    check_contract_dict(d.get("contract"), "contract") if "contract" in d else f.obj("contract")
+    f.obj("contract")  # present and an object; then its fields
+    check_contract_dict(d["contract"], "contract")
     for path, row in f.items("shards"):
         ShardInfo.from_dict(row, path)
     for split, totals in f.obj("splits", required=False).d.items():

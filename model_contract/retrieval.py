@@ -95,13 +95,14 @@ def sidecar_tf_feature_spec(contract: DataContract) -> dict:
 def check_sidecar(shards_manifest, sidecar_manifest) -> None:
     """The sidecar must belong to exactly this shard generation, file for file and record for record."""
     problems = []
-    info = sidecar_manifest.extra.get("retrieval", {})
+    info = sidecar_manifest.sidecar_info()  # None: not a sidecar at all (then nothing below matches)
+    built_for = None if info is None else info.dataset_generation
     gen = shards_manifest.generation
-    if info.get("dataset_generation") != gen:
-        problems.append(f"retrieval sidecar: built for generation {info.get('dataset_generation')}, the dataset "
+    if built_for != gen:
+        problems.append(f"retrieval sidecar: built for generation {built_for}, the dataset "
                         f"is {gen} (run `pileprep retrieval neighbours` for the new generation)")
     want = [(s.path, s.examples) for s in shards_manifest.shards]
-    got = [(a.get("shard"), a.get("examples")) for a in info.get("aligned", [])]
+    got = [] if info is None else [(a.shard, a.examples) for a in info.aligned]
     if not problems and want != got:
         problems.append("retrieval sidecar: its files do not align with the dataset's shards record for record")
     if sidecar_manifest.contract.tokenizer.model_sha256 != shards_manifest.contract.tokenizer.model_sha256:

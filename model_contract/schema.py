@@ -35,8 +35,9 @@ def check_generation_name(name, what: str = "generation") -> str:
 def check_relative_path(rel, what: str = "path") -> str:
     """`rel` if it is a relative path that stays inside the dataset directory, else ContractError.
 
-    Manifest paths are relative to the manifest (model_contract/manifest.py); an absolute path, a `..` component, an empty
-    component, a backslash or a URL would let a damaged manifest point readers (or deletions) elsewhere.
+    Manifest paths are relative to the manifest (model_contract/manifest.py); an absolute path, a `..`
+    component, an empty component, a backslash or a URL would let a damaged manifest point readers (or
+    deletions) elsewhere.
     """
     ok = isinstance(rel, str) and rel and "\\" not in rel and "://" not in rel and "\x00" not in rel
     parts = rel.split("/") if ok else []

@@ -69,15 +69,15 @@ def committed_id_indexes(previous: Optional[Manifest], output_dir: str) -> tuple
     incremental dataset must equal a full build: that is a configuration error naming the fix."""
     if previous is None:
         return ()
-    rows = previous.extra.get(DOC_ID_INDEXES, [])
-    held = {r.get("generation") for r in rows}
+    rows = previous.id_indexes()
+    held = {r.generation for r in rows}
     missing = sorted({g["name"] for g in generations_of(previous)} - held)
     if missing:
         raise ConfigError(f"--incremental: generation(s) {', '.join(missing)} of {output_dir} have no document id "
                           "index (written by an older pileprep), so new documents cannot be checked against "
                           "them; rebuild the dataset without --incremental once")
     manifest_file = io_utils.join(output_dir, MANIFEST_NAME)
-    return tuple(resolve_dataset_path(manifest_file, r["path"], f"{DOC_ID_INDEXES}[{i}].path")
+    return tuple(resolve_dataset_path(manifest_file, r.path, f"{DOC_ID_INDEXES}[{i}].path")
                  for i, r in enumerate(rows))
 
 

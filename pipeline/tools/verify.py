@@ -87,10 +87,8 @@ def _located(manifest_file: str, rel: str) -> str:
 
 def _expected_files(manifest: Manifest, report: VerifyReport) -> list:
     """(kind, relative path, bytes, sha256) of every file the manifest names."""
-    from pipeline.shard.integrity import DEAD_LETTER_FILES, DOC_ID_INDEXES  # noqa: PLC0415
-
     files = [("shard", s.path, s.bytes, s.sha256) for s in manifest.shards]
-    recorded = {r["path"]: r for r in manifest.extra.get(DEAD_LETTER_FILES, [])}
+    recorded = {r.path: r for r in manifest.dead_letter_files()}
     for rel in manifest.dead_letters:
         row = recorded.get(rel)
         if row is None:
@@ -98,8 +96,8 @@ def _expected_files(manifest: Manifest, report: VerifyReport) -> list:
                                 "checked that it exists")
             files.append(("dead letter", rel, None, None))
         else:
-            files.append(("dead letter", rel, row["bytes"], row["sha256"]))
-    files += [("id index", r["path"], r["bytes"], r["sha256"]) for r in manifest.extra.get(DOC_ID_INDEXES, [])]
+            files.append(("dead letter", rel, row.bytes, row.sha256))
+    files += [("id index", r.path, r.bytes, r.sha256) for r in manifest.id_indexes()]
     return files
 
 

@@ -196,7 +196,7 @@ def test_too_many_dead_letters_fail_the_run_without_committing(tmp_path):
     line = _one_line(res.stderr)
     assert res.returncode == 1 and "900 of 1200 records" in line and "invalid_json 900" in line
     assert "--max-dead-letter-fraction 0.5" in line and not (out / "manifest.json").exists()
-    assert not list(out.glob("gen-*"))  # (the threshold's edges, and small files committing: tests/unit/ops/test_guards.py)
+    assert not list(out.glob("gen-*"))  # (the threshold's edges, small files committing: unit/ops/test_guards.py)
 
 
 def test_glob_matches_that_are_not_files_are_warned_about_and_recorded(committed):

@@ -177,3 +177,11 @@ def test_the_cli_refuses_a_damaged_manifest_in_one_line_exit_2(tmp_path, capsys,
         assert code == 2, (field, command, out[-500:], err[-2000:])
         assert len(lines) == 1 and lines[0].startswith("pileprep: error:") and f"manifest {field}" in lines[0], \
             (field, command, err)
+
+
+def test_typed_views_read_the_sections_as_records():
+    m = Manifest.from_dict(_valid())
+    assert [(r.generation, r.path, r.documents) for r in m.id_indexes()] == [(GEN, f"{GEN}/doc-ids.idx", 4)]
+    assert [(r.path, r.bytes) for r in m.dead_letter_files()] == [(f"{GEN}/dead_letter/a.jsonl", 7)]
+    assert [r.sha256 for r in m.ledger_rows()] == [SHA] and [g.examples for g in m.generation_rows()] == [6]
+    assert m.sidecar_info() is None
