@@ -1,21 +1,26 @@
-"""One short, prepared GPU check (<= 5 minutes on one H200), most decisive section first.
+"""One short, prepared GPU check (about 9 minutes at most on one H200), versions first.
 
-Sections, in order, each under its own time limit; the JSON (--out/gpu_check.json) is rewritten after every
-section and finished sections are skipped when the script is rerun (--force reruns them):
+Runs from a plain checkout on torch 2.11-2.13 (no install step: the repository goes on sys.path; what 2.13 added
+is feature-detected in trainer/). Sections, in order, each under its own time limit and with its deadline
+checked inside; the JSON (--out/gpu_check.json) is rewritten as soon as a part of a section exists (each
+variant of `step`, the first run of `cli`), so a timeout keeps what finished; finished sections are skipped
+when the script is rerun (--force reruns them):
 
-1. step      a training step of the 1.3B model through the trainer's own modules, before vs after: the old path
-             (dense-mask SDPA, eager, [B,T,V] fp32 logits, foreach AdamW) against the new one (flex attention
-             with a block mask, compile per block, chunked cross-entropy, fused AdamW). Tokens/s, MFU, peak
-             memory, compile time, and the first-step loss, which must agree across variants.
-2. versions  torch / CUDA / device, the peak FLOP/s used for MFU, and which SDPA backends accept the dense mask.
+1. versions  torch / CUDA / Python / device (also printed first, before any section), the peak FLOP/s used for
+             MFU, which modules the loader needs are importable, and which SDPA backends accept the dense mask.
+2. step      a training step of the 1.3B model (seq 2048, bf16) built on the device, through the trainer's own
+             choices (attention kernel, AdamW kernel, compile per block, parameter groups): before (dense-mask
+             SDPA, eager, [B,T,V] logits, foreach AdamW) / after-no-compile / after. Tokens/s from synchronised
+             wall time, MFU (6N + 12·L·d·T) and the executed-work HFU, peak memory, compile time, first-step
+             loss (must agree across variants).
 3. attention forward + backward of dense-mask SDPA, flex and varlen at B=8, H=16, T=2048, D=128 for two
              document-length mixes (short Pile-like documents, long ones).
 4. loader    steady tokens/s of the trainer's ShardLoader on synthetic shards.
-5. cli       `python -m trainer.train` on 125M for 30 steps with a checkpoint, then a 10-step resume.
+5. cli       `python -m trainer.train` on 125M with --compile, stopped at a step with a checkpoint, then resumed.
 
     python bench/gpu_check.py                 # on the GPU machine
-    python bench/gpu_check.py --tiny          # CPU, tiny shapes (tests/unit/trainer/test_gpu_check.py); flex runs eagerly
-    python bench/gpu_check.py --variants before after-no-compile after   # the old path is selectable
+    python bench/gpu_check.py --tiny          # CPU, tiny shapes (tests/unit/trainer/test_gpu_check.py)
+    python bench/gpu_check.py --variants before after-no-compile after   # (the default)
 """
 from __future__ import annotations
 
@@ -31,14 +36,17 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-SECTIONS = ("step", "versions", "attention", "loader", "cli")
-LIMITS = {"step": 150, "versions": 15, "attention": 50, "loader": 25, "cli": 55}  # seconds, sum <= 5 min
+SECTIONS = ("versions", "step", "attention", "loader", "cli")
+# seconds; cold compiles dominate: step = three 1.3B variants (one compiled per block), cli = two --compile runs
+# with NCCL/process start-up each. Sum ~9 minutes: inside a 15-minute GPU session with room for one rerun of a
+# section (finished sections are skipped).
+LIMITS = {"versions": 20, "step": 270, "attention": 60, "loader": 30, "cli": 150}
 
-# name -> (attention, compile per block, loss, fused AdamW)
+# name -> (attention, compile per block, loss, AdamW kernel); "auto" resolves as the trainer does on the device
 VARIANTS = {
-    "before": ("sdpa", False, "logits", False),
-    "after-no-compile": ("auto", False, "chunked", True),
-    "after": ("auto", True, "chunked", True),
+    "before": ("sdpa", False, "logits", "foreach"),
+    "after-no-compile": ("auto", False, "chunked", "auto"),
+    "after": ("auto", True, "chunked", "auto"),
 }
 
 
@@ -89,12 +97,14 @@ def _doc_segments(b: int, t: int, mean_len: int, seed: int):
 
 
 # ---------------------------------------------------------------------------------------------- sections
-def section_step(args, device, deadline):
+def section_step(args, device, deadline, record):
     import torch
+    from trainer.attention import resolve_impl
     from trainer.config import model_config
     from trainer.loss import IGNORE_INDEX, plain_loss_sum
-    from trainer.metrics import peak_tflops
+    from trainer.metrics import attended_keys_per_token, hardware_flops_per_token, peak_tflops
     from trainer.model import build_gpt, compile_blocks
+    from trainer.parallel import adamw_impl, param_groups
     if args.tiny:
         cfg = model_config("tiny", seq_len=64, vocab_size=256, n_layers=2, d_model=64, n_heads=4)
         batch, steps = 2, 2
@@ -102,10 +112,10 @@ def section_step(args, device, deadline):
         cfg = model_config("1.3B")
         batch, steps = args.micro_batch, args.steps
     t = cfg.seq_len
-    seg = _doc_segments(batch, t, min(300, t // 3), seed=1).to(device)
+    seg_host = _doc_segments(batch, t, min(300, t // 3), seed=1)
+    seg = seg_host.to(device)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, cfg.vocab_size, (batch, t), generator=g).to(device)
-    pos = torch.zeros_like(seg)
     starts = torch.ones_like(seg, dtype=torch.bool)
     starts[:, 1:] = seg[:, 1:] != seg[:, :-1]
     idx = torch.arange(t, device=device).expand(batch, t)
@@ -113,26 +123,31 @@ def section_step(args, device, deadline):
     labels = torch.roll(ids, -1, 1)
     labels[torch.roll(seg, -1, 1) != seg] = IGNORE_INDEX
     peak = peak_tflops(device)
-    results = {}
+    hw_flops = hardware_flops_per_token(cfg, attended_keys_per_token(seg_host))
+    out = {"model": cfg.name, "micro_batch": batch, "seq_len": t, "flop_convention": "6N+12LdT",
+           "peak_tflops": peak, "variants": {}}
+    results = out["variants"]
     for name in args.variants:
-        remaining = deadline - time.monotonic()
-        if remaining < 5:
+        if deadline - time.monotonic() < 5:
             results[name] = {"status": "skipped", "reason": "section time spent"}
             continue
-        attention, compiled, loss_mode, fused = VARIANTS[name]
-        if device.type == "cpu" and attention == "auto":
-            attention = "sdpa"  # flex has no CPU backward
+        want_attention, compiled, loss_mode, adamw = VARIANTS[name]
+        # the trainer's own choices on this device (CPU: sdpa, foreach; CUDA: flex, fused)
+        attention = resolve_impl(want_attention, device)
+        adamw = adamw_impl(adamw, device)
+        backend = "inductor" if device.type == "cuda" else "aot_eager"  # CPU: the Dynamo/AOT path, no C++ build
         torch.manual_seed(0)
         if device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
-        model = build_gpt(cfg).to(device)
+        t_init = time.perf_counter()
+        model = build_gpt(cfg, init_device=device)  # on the device: no 1.3B CPU init and copy
         model.attention, model.loss_mode = attention, loss_mode
-        compiled = compiled and device.type == "cuda"  # CPU: compiling a tiny model only measures the compiler
         if compiled:
-            compile_blocks(model)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=fused and device.type == "cuda",
-                                foreach=not (fused and device.type == "cuda"))
+            compile_blocks(model, backend=backend)
+        opt = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-4, betas=(0.9, 0.95),
+                                **({"fused": True} if adamw == "fused" else {"foreach": True}))
+        init_s = time.perf_counter() - t_init
         autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
                     else contextlib.nullcontext())
         valid = (labels != IGNORE_INDEX).sum()
@@ -149,10 +164,19 @@ def section_step(args, device, deadline):
             opt.zero_grad(set_to_none=True)
             return loss.detach()
 
+        row = results[name] = {"status": "running", "attention": attention, "compile_per_block": compiled,
+                               "compile_backend": backend if compiled else None, "loss": loss_mode,
+                               "adamw": adamw, "fused_adamw": bool(opt.defaults.get("fused")), "init_s": init_s}
         t0 = time.perf_counter()
-        first_loss = float(step())  # includes compilation
+        row["first_step_loss"] = float(step())  # includes compilation
         _sync(device)
-        compile_s = time.perf_counter() - t0
+        row["first_step_s (incl. compile)"] = time.perf_counter() - t0
+        record(out)
+        if time.monotonic() > deadline - 3:
+            row["status"] = "partial"
+            row["reason"] = "section time spent after the first step"
+            del model, opt
+            continue
         step()  # second step: a compiled backward/optimizer may still warm up
         _sync(device)
         t0 = time.perf_counter()
@@ -162,28 +186,36 @@ def section_step(args, device, deadline):
             done += 1
             if time.monotonic() > deadline - 2:
                 break
-        _sync(device)
-        dt = (time.perf_counter() - t0) / done
-        tok_s = batch * t / dt
+        _sync(device)  # the queued work belongs to the measurement
+        wall = time.perf_counter() - t0
+        tok_s = batch * t * done / wall
         tflops = tok_s * cfg.flops_per_token() / 1e12
-        results[name] = {
-            "status": "ok", "attention": attention, "compile_per_block": compiled, "loss": loss_mode,
-            "fused_adamw": fused, "first_step_loss": first_loss, "step_s": dt, "tokens_per_s": tok_s,
-            "tflops": tflops, "mfu": tflops / peak if peak else None,
-            "first_step_s (incl. compile)": compile_s,
+        row.update({
+            "status": "ok", "timed_steps": done, "step_s": wall / done, "tokens_per_s": tok_s, "tflops": tflops,
+            "mfu": tflops / peak if peak else None,
+            "hfu_estimate": (tok_s * hw_flops / 1e12 / peak) if peak else None,
             "peak_memory_gib": (torch.cuda.max_memory_allocated(device) / 2**30) if device.type == "cuda" else None,
-        }
+        })
+        record(out)
         del model, opt
-    ok = [r for r in results.values() if r.get("status") == "ok"]
+    ok = [r for r in results.values() if r.get("first_step_loss") is not None]
     losses = [r["first_step_loss"] for r in ok]
-    out = {"model": cfg.name, "micro_batch": batch, "seq_len": t, "variants": results,
-           "first_step_losses_agree": (max(losses) - min(losses) <= 2e-2 * abs(losses[0])) if losses else None}
-    if "before" in results and "after" in results and results["after"].get("status") == "ok":
+    out["first_step_losses_agree"] = (max(losses) - min(losses) <= 2e-2 * abs(losses[0])) if losses else None
+    if results.get("before", {}).get("status") == "ok" and results.get("after", {}).get("status") == "ok":
         out["speedup_after_vs_before"] = results["after"]["tokens_per_s"] / results["before"]["tokens_per_s"]
     return out
 
 
-def section_versions(args, device, deadline):
+def versions_line(device) -> str:
+    import platform
+
+    import torch
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    return (f"torch {torch.__version__} | CUDA {torch.version.cuda} | Python {platform.python_version()} | "
+            f"device {name}")
+
+
+def section_versions(args, device, deadline, record):
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -192,6 +224,10 @@ def section_versions(args, device, deadline):
     out = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": sys.version.split()[0],
            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
            "peak_tflops_bf16": peak_tflops(device)}
+    import importlib.util
+    out["modules"] = {m: importlib.util.find_spec(m) is not None for m in ("numpy", "google_crc32c", "psutil")}
+    from trainer.attention import varlen_attention_op
+    out["varlen_op"] = varlen_attention_op() is not None
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     b, h, t, d = (2, 4, 256, 64) if not args.tiny else (1, 2, 32, 16)
     q, k, v = (torch.randn(b, h, t, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
@@ -209,14 +245,15 @@ def section_versions(args, device, deadline):
     return out
 
 
-def section_attention(args, device, deadline):
+def section_attention(args, device, deadline, record):
     import torch
     from trainer.attention import attend, build_mask
     b, h, t, d = (8, 16, 2048, 128) if not args.tiny else (2, 2, 64, 16)
     mixes = {"short docs (mean 300)": 300, "long docs (mean 1500)": 1500} if not args.tiny else \
         {"short docs (mean 8)": 8, "long docs (mean 40)": 40}
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    impls = ["sdpa", "flex", "varlen"] if device.type == "cuda" else ["sdpa", "flex"]
+    from trainer.attention import varlen_attention_op
+    impls = ["sdpa", "flex"] + (["varlen"] if device.type == "cuda" and varlen_attention_op() is not None else [])
     out = {"shape": {"B": b, "H": h, "T": t, "D": d}, "mixes": {}}
     for mix, mean in mixes.items():
         seg = _doc_segments(b, t, mean, seed=3).to(device)
@@ -254,6 +291,7 @@ def section_attention(args, device, deadline):
             if ref and row.get(impl, {}).get("ms"):
                 row[impl]["speedup_vs_dense"] = ref / row[impl]["ms"]
         out["mixes"][mix] = row
+        record(out)
     return out
 
 
@@ -267,7 +305,7 @@ def _dataset(args, seq_len: int, vocab: int) -> str:
     return path
 
 
-def section_loader(args, device, deadline):
+def section_loader(args, device, deadline, record):
     from model_contract import load_manifest, manifest_path
     from trainer.config import DataConfig
     from trainer.data import ShardLoader
@@ -290,7 +328,7 @@ def section_loader(args, device, deadline):
     return {"global_batch": gb, "seq_len": seq_len, "batches": n, "tokens_per_s": n * gb * seq_len / dt}
 
 
-def section_cli(args, device, deadline):
+def section_cli(args, device, deadline, record):
     seq_len, vocab = (32, 64) if args.tiny else (2048, 50304)
     path = _dataset(args, seq_len, vocab)
     ck = os.path.join(args.out, "cli-checkpoints")
@@ -312,6 +350,8 @@ def section_cli(args, device, deadline):
     out["first_run_s"] = time.perf_counter() - t0
     if p.returncode:
         raise RuntimeError(f"first run failed: {p.stderr[-800:]}")
+    out["first_run_last_line"] = p.stdout.strip().splitlines()[-1]  # the checkpoint and the resume command
+    record(out)
     t0 = time.perf_counter()
     p = subprocess.run(common, cwd=REPO, env=env, capture_output=True, text=True,
                        timeout=max(5, deadline - time.monotonic()))
@@ -341,7 +381,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", default="/tmp/gpu_check")
     p.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
-    p.add_argument("--variants", nargs="+", default=["before", "after"], choices=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--tiny", action="store_true", help="tiny shapes (CPU test)")
     p.add_argument("--micro-batch", type=int, default=8)
@@ -354,6 +394,7 @@ def main(argv=None) -> int:
     path = os.path.join(a.out, "gpu_check.json")
     report = json.load(open(path)) if os.path.exists(path) else {}
     device = _device(a)
+    print(versions_line(device), flush=True)  # first: what this machine runs, before anything can fail
     for name in SECTIONS:
         if name not in a.sections:
             continue
@@ -362,15 +403,25 @@ def main(argv=None) -> int:
             continue
         limit = LIMITS[name] * a.limit_scale
         t0 = time.monotonic()
+        partial: dict = {}
+
+        def record(result, name=name, t0=t0, partial=partial):
+            """Save what the section has so far: a later timeout or error keeps it."""
+            partial["result"] = result
+            report[name] = {"status": "running", "seconds": time.monotonic() - t0, "result": result}
+            _write(path, report)
+
         try:
             with time_limit(limit):
-                result = FUNCS[name](a, device, t0 + limit)
+                result = FUNCS[name](a, device, t0 + limit, record)
             report[name] = {"status": "ok", "seconds": time.monotonic() - t0, "result": result}
         except SectionTimeout as e:
             report[name] = {"status": "timeout", "seconds": time.monotonic() - t0, "error": str(e)}
         except Exception as e:  # noqa: BLE001 - one failing section must not lose the others
             report[name] = {"status": "error", "seconds": time.monotonic() - t0,
                             "error": f"{type(e).__name__}: {str(e)[-1500:]}"}
+        if report[name]["status"] != "ok" and "result" in partial:
+            report[name]["result"] = partial["result"]  # e.g. "before" survives a timeout in "after"
         _write(path, report)
         print(f"[{name}] {report[name]['status']} in {report[name]['seconds']:.1f} s", flush=True)
     print(json.dumps(report, indent=1, default=str))

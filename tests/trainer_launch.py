@@ -80,7 +80,7 @@ def crash_run(nproc: int, args: list, work_dir, pause_after_step: int, timeout: 
     deadline = time.time() + timeout
     try:
         while time.time() < deadline:
-            if any(line.startswith(f"step {pause_after_step:>6} ") for line in lines):
+            if any(line.startswith(f"step {pause_after_step:>6}/") for line in lines):  # "step      4/7 | ..."
                 time.sleep(0.5)  # the other ranks reach the pause right after rank 0's log line
                 break
             if proc.poll() is not None:

@@ -92,16 +92,22 @@ class Block(nn.Module):
         return checkpointed(self._forward, self.ac_mode, x, mask)
 
 
-def _generator(seed: int, unit: str) -> torch.Generator:
-    # A stable per-unit seed (Python's hash() is salted per process, so derive it by hand).
+def _generator(seed: int, unit: str, device: Optional[torch.device] = None) -> torch.Generator:
+    # A stable per-unit seed (Python's hash() is salted per process, so derive it by hand). A CPU generator by
+    # default (bit-identical weights on every rank and device); benchmarks initialise on the device itself.
     h = 1469598103934665603
     for ch in f"{seed}/{unit}".encode():
         h = ((h ^ ch) * 1099511628211) & (2**63 - 1)
-    return torch.Generator().manual_seed(h)
+    return torch.Generator(device=device or "cpu").manual_seed(h)
 
 
-def init_block_(block: Block, cfg: ModelConfig, seed: int, index: int) -> None:
-    g = _generator(seed, f"block{index}")
+def _randn(shape, g: torch.Generator) -> torch.Tensor:
+    return torch.randn(shape, generator=g, device=g.device)
+
+
+def init_block_(block: Block, cfg: ModelConfig, seed: int, index: int,
+                init_device: Optional[torch.device] = None) -> None:
+    g = _generator(seed, f"block{index}", init_device)
     resid_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)  # GPT-2: scale residual projections
     with torch.no_grad():
         for name, p in block.named_parameters():
@@ -111,7 +117,7 @@ def init_block_(block: Block, cfg: ModelConfig, seed: int, index: int) -> None:
                 p.fill_(1.0)
             else:
                 std = resid_std if name in ("attn.proj.weight", "mlp.out.weight") else cfg.init_std
-                w = torch.randn(p.shape, generator=g) * std
+                w = _randn(p.shape, g) * std
                 p.copy_(qkv_head_major(w, cfg) if name == "attn.qkv.weight" else w)
 
 
@@ -131,8 +137,17 @@ class GPTStage(nn.Module):
 
     def __init__(self, cfg: ModelConfig, layers: Iterable[int], first: bool, last: bool, seed: int = 0,
                  attention: str = "sdpa", loss: str = "logits", loss_chunk_tokens: int = 4096,
-                 retro: Optional[RetroSpec] = None):
+                 retro: Optional[RetroSpec] = None, init_device: Optional[torch.device] = None):
+        """init_device: build and initialise the parameters on that device with a generator there (benchmarks:
+        no model-sized CPU init and copy; the weights then differ from the CPU-seeded ones)."""
         super().__init__()
+        if init_device is not None:
+            with torch.device(init_device):
+                self._build(cfg, layers, first, last, seed, attention, loss, loss_chunk_tokens, retro, init_device)
+            return
+        self._build(cfg, layers, first, last, seed, attention, loss, loss_chunk_tokens, retro, None)
+
+    def _build(self, cfg, layers, first, last, seed, attention, loss, loss_chunk_tokens, retro, init_device):
         if loss not in ("logits", "chunked"):
             raise ValueError(f"unknown loss mode {loss!r} (logits | chunked)")
         self.cfg, self.first, self.last = cfg, first, last
@@ -154,22 +169,22 @@ class GPTStage(nn.Module):
         if last:
             self.ln_f = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
             self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
-        self.reset_parameters(seed)
+        self.reset_parameters(seed, init_device)
         if first and last and cfg.tie_embeddings:
             self.head.weight = self.tok_emb.weight
 
-    def reset_parameters(self, seed: int) -> None:
-        cfg = self.cfg
+    def reset_parameters(self, seed: int, init_device: Optional[torch.device] = None) -> None:
+        cfg, dev = self.cfg, init_device
         with torch.no_grad():
-            emb = torch.randn(cfg.vocab_size, cfg.d_model, generator=_generator(seed, "tok_emb")) * cfg.init_std
+            emb = _randn((cfg.vocab_size, cfg.d_model), _generator(seed, "tok_emb", dev)) * cfg.init_std
             if self.first:
                 self.tok_emb.weight.copy_(emb)
                 self.pos_emb.weight.copy_(
-                    torch.randn(cfg.seq_len, cfg.d_model, generator=_generator(seed, "pos_emb")) * cfg.init_std)
+                    _randn((cfg.seq_len, cfg.d_model), _generator(seed, "pos_emb", dev)) * cfg.init_std)
             for i in self.layer_ids:
-                init_block_(self.blocks[str(i)], cfg, seed, i)
+                init_block_(self.blocks[str(i)], cfg, seed, i, dev)
                 if self.retro_spec is not None and str(i) in self.retro:
-                    self.retro[str(i)].reset_parameters(_generator(seed, f"retro{i}"), cfg.init_std)
+                    self.retro[str(i)].reset_parameters(_generator(seed, f"retro{i}", dev), cfg.init_std)
             if self.last:
                 self.ln_f.weight.fill_(1.0)
                 self.ln_f.bias.zero_()
@@ -177,7 +192,7 @@ class GPTStage(nn.Module):
                     self.head.weight.copy_(emb)
                 else:
                     self.head.weight.copy_(
-                        torch.randn(cfg.vocab_size, cfg.d_model, generator=_generator(seed, "head")) * cfg.init_std)
+                        _randn((cfg.vocab_size, cfg.d_model), _generator(seed, "head", dev)) * cfg.init_std)
 
     def forward(self, *args):
         """(input_ids, positions, segment_ids[, labels]) on the first stage, (hidden, segment_ids[, labels])
@@ -239,9 +254,9 @@ def stage_view(parent: GPTStage, layers: Iterable[int], first: bool, last: bool)
     return v
 
 
-def build_gpt(cfg: ModelConfig, seed: int = 0) -> GPTStage:
+def build_gpt(cfg: ModelConfig, seed: int = 0, init_device: Optional[torch.device] = None) -> GPTStage:
     """The whole, unpipelined model."""
-    return GPTStage(cfg, range(cfg.n_layers), first=True, last=True, seed=seed)
+    return GPTStage(cfg, range(cfg.n_layers), first=True, last=True, seed=seed, init_device=init_device)
 
 
 token_loss_sum = plain_loss_sum  # the name train.py uses

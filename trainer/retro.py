@@ -220,7 +220,7 @@ class RetroLayer(nn.Module):
                 elif "norm" in name:
                     p.fill_(1.0)
                 else:
-                    p.copy_(torch.randn(p.shape, generator=generator) * std)
+                    p.copy_(torch.randn(p.shape, generator=generator, device=generator.device) * std)
 
     def forward(self, x: torch.Tensor, neighbour_tokens: torch.Tensor, neighbour_doc_ids: torch.Tensor,
                 pad_id: int) -> torch.Tensor:

@@ -5,6 +5,7 @@ import importlib.util
 import json
 
 import pytest
+import torch
 
 from tests.trainer_launch import REPO
 
@@ -25,13 +26,30 @@ def test_gpu_check_tiny_on_cpu_then_rerun_skips(tmp_path, capsys):
     assert rc == 0, {k: v.get("error") for k, v in report.items()}
     step = report["step"]["result"]
     assert step["first_step_losses_agree"] is True
-    assert set(step["variants"]) == {"before", "after"}
+    assert set(step["variants"]) == {"before", "after-no-compile", "after"}
     assert step["variants"]["before"]["attention"] == "sdpa" and step["variants"]["after"]["loss"] == "chunked"
+    # what ran is what the trainer would choose on this device, and what is reported
+    from trainer.attention import resolve_impl
+    from trainer.parallel import adamw_impl
+    cpu = torch.device("cpu")
+    for name, row in step["variants"].items():
+        attention, compiled, _, adamw = gc.VARIANTS[name]
+        assert row["status"] == "ok" and row["tokens_per_s"] > 0, row
+        assert row["attention"] == resolve_impl(attention, cpu) and row["adamw"] == adamw_impl(adamw, cpu)
+        assert row["fused_adamw"] == (row["adamw"] == "fused") and row["compile_per_block"] == compiled
+    assert step["variants"]["after"]["compile_backend"] == "aot_eager"
+    assert report["versions"]["result"]["torch"] == torch.__version__
     mixes = report["attention"]["result"]["mixes"]
     assert len(mixes) == 2 and all(row["flex"]["status"] == "ok" for row in mixes.values())
     assert report["loader"]["result"]["tokens_per_s"] > 0
     assert report["cli"]["result"]["resumed"] is True
 
+    assert "fresh" not in report["cli"]["result"]["first_run_last_line"]
+    assert "resume with:" in report["cli"]["result"]["first_run_last_line"]
+    capsys.readouterr()
+    assert gc.main(["--tiny", "--device", "cpu", "--out", str(tmp_path)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"torch {torch.__version__} | CUDA ")  # versions before anything else
     capsys.readouterr()
     assert gc.main(["--tiny", "--device", "cpu", "--out", str(tmp_path)]) == 0
     assert capsys.readouterr().out.count("done in an earlier run: skipped") == len(gc.SECTIONS)
@@ -47,3 +65,29 @@ def test_a_section_over_its_limit_is_recorded_and_the_next_still_runs(tmp_path):
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert rc == 1
     assert report["versions"]["status"] == "timeout" and report["loader"]["status"] == "ok"
+
+
+def test_a_failing_variant_keeps_the_variants_before_it(tmp_path, monkeypatch):
+    """Results are saved as soon as they exist: "after" failing (a timeout takes the same path) keeps "before"."""
+    gc = _load()
+    monkeypatch.setitem(gc.VARIANTS, "after", ("no-such-kernel", False, "chunked", "auto"))
+    rc = gc.main(["--tiny", "--device", "cpu", "--out", str(tmp_path), "--sections", "step",
+                  "--variants", "before", "after"])
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert rc == 1 and report["step"]["status"] == "error" and "no-such-kernel" in report["step"]["error"]
+    assert report["step"]["result"]["variants"]["before"]["status"] == "ok"
+
+
+def test_torch_2_11_varlen_call_form_is_used_where_window_size_is_missing(monkeypatch):
+    import torch.nn.attention.varlen as varlen
+    from trainer import attention
+
+    def varlen_2_11(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False, return_aux=None):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(varlen, "varlen_attn", varlen_2_11)
+    attention._varlen_causal_kwargs.cache_clear()
+    try:
+        assert dict(attention._varlen_causal_kwargs()) == {"is_causal": True}
+    finally:
+        attention._varlen_causal_kwargs.cache_clear()
