@@ -62,7 +62,7 @@ def test_pieces_give_the_whole_documents_ids_in_every_format(hf_bpe, tiny_tokeni
         assert plan.exact, (file, plan.reason)
         whole = ref.encode(texts, out_type=int, num_threads=2)
         bad = []
-        for piece_chars in (64, 1000):  # tiny pieces: thousands of cuts, each one a chance to differ
+        for piece_chars in (64,):  # tiny pieces: thousands of cuts, each one a chance to differ
             for i, text in enumerate(texts):
                 got = ld.encode_in_pieces(lambda p: ref.encode(p), text, plan.dummy_prefix, piece_chars, 1 << 20)
                 if got.tolist() != list(whole[i]):
