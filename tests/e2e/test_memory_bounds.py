@@ -238,8 +238,12 @@ def test_a_50_mb_document_is_written_token_exact_within_the_worker_bound(tmp_pat
                  key=len)
     model = pathlib.Path(tiny_tokenizer).read_bytes()
     sp = tokenizer.load_processor(model)
-    want = long_documents.encode_in_pieces(lambda piece: sp.encode(piece), text,  # exact: its unit test
-                                           long_documents.dummy_prefix(sp, model))
+    # SentencePiece over the same pieces (exact: tests/unit/tokenize/test_long_documents.py), on both cores
+    bounds = [0, *long_documents.cuts(text), len(text)]
+    prefix = long_documents.dummy_prefix(sp, model)
+    want = np.concatenate([np.asarray(ids, dtype=np.int32) for ids in sp.encode(
+        [text[a + 1 if i and prefix else a:b] for i, (a, b) in enumerate(zip(bounds, bounds[1:]))],
+        out_type=int, num_threads=2)])
     assert stored[-1] == sp.eos_id() and np.array_equal(stored[:-1], want)
     print(f"peak RSS {peak:.0f} MB for a 50 MB document")
     assert peak < 1536, f"peak RSS {peak:.0f} MB for a 50 MB document"
