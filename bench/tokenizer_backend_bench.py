@@ -1,20 +1,20 @@
-"""Exactness and speed of the fast tokenizer backends against SentencePiece, on the same documents in one run.
+"""Exactness and speed of the fast tokenizer backends against each format's reference library, in one run.
 
-    PYTHONPATH=. python bench/tokenizer_backend_bench.py --model ../shared/data/tokenizers/llama2-bpe-32k.model \
-        --inputs /tmp/sample/*.jsonl.zst /tmp/sample/train/*.jsonl.zst ../shared/data/other/*
+    PYTHONPATH=. python bench/tokenizer_backend_bench.py \
+        --tokenizer ../shared/data/tokenizers/llama2-bpe-32k.model out/tokenizer/hf-bpe-8k/tokenizer.json \
+        --inputs ../shared/data/pile/* ../shared/data/other/* out/sample-corpus/train/*.jsonl.zst --time-docs 400
 
 Reads every document of the inputs (Pile-format .jsonl / .jsonl.zst / .json.gz / .jsonl.gz, `text` field) plus
-hand-made edge cases, checks each backend's ids against `sp.encode(text)` on every document, then times
-SentencePiece (1 thread, per document: the reference), each backend per document on 1 thread, the batch APIs,
-and each backend called from 2 Python threads (does it release the GIL? Beam's multi_threading mode runs two
-worker threads in one process). Rates are tokens per second of wall time; ratios are against SentencePiece's.
+paragraphs of them and hand-made edge cases (special tokens written as text among them); for each tokenizer
+(any format pileprep reads: the reference is sentencepiece, HF `tokenizers` or tiktoken) checks every backend
+that loads it against the reference on every document, then times the reference per document on 1 thread and
+each backend as the job calls it (`encode` on batches of 64, 1 thread). Ratios are to the reference, same run.
 
-Measured (2-core shared machine, quiet moment, Llama 2 model, 1,000 documents of the 96 MB sample, 3.4 M tokens;
-ratios to SentencePiece 1 thread, 0.88 M tokens/s): SentencePiece 2 threads 2.02; splintr as the job calls it
-3.09 (1 thread) and 6.86 (2 Python threads: the call releases the GIL); splintr `encode_ordinary` 3.28 / 2.47
-(holds the GIL); splintr `encode_batch_flat` of 64 (rayon) 4.41 / 4.45; splintr `SpmTokenizer` 1.06 / 0.96;
-kitoken 3.04 / 4.63. Parity: splintr and kitoken identical to `sp.encode` on all 10,498 documents (96 MB sample,
-../shared/data/other, each naughty string alone, 4,000 paragraphs, edge cases).
+Measured (2-core shared machine, 4,208 documents: ../shared/data and the 24 MB sample corpus; timing on 400,
+best of 2; hf-bpe-8k: `pileprep tokenizer train --kind hf-bpe --vocab-size 8000` on the sample corpus):
+  Llama 2 (32k BPE): sentencepiece 0.85 M tok/s; kitoken 3.58x, splintr 6.61x, gigatoken 31.8x; 0 documents
+  differ for each.
+  hf-bpe-8k tokenizer.json: HF tokenizers `encode` 0.27 M tok/s; gigatoken 54x (wall) / 70x (CPU); 0 differ.
 """
 from __future__ import annotations
 

@@ -226,7 +226,8 @@ def train_hf_bpe(input_globs: list, output_path: str, vocab_size: int, *, max_se
                  max_zstd_window_bytes: int | None = None) -> dict:
     """Train a byte-level BPE (GPT-NeoX settings) on the documents of `input_globs`; write the tokenizer.json to
     output_path and its tiktoken file to `tiktoken_path_for(output_path)`."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: PLC0415
+    from tokenizers import (AddedToken, Tokenizer, decoders, models,  # noqa: PLC0415 - only when training
+                            pre_tokenizers, processors, trainers)
 
     from transforms.io.read_records import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_ZSTD_WINDOW_BYTES  # noqa: PLC0415
     from transforms.tokenize import tiktoken_file  # noqa: PLC0415
@@ -270,7 +271,8 @@ def train_hf_bpe(input_globs: list, output_path: str, vocab_size: int, *, max_se
         "vocab_size": tok.get_vocab_size(with_added_tokens=True),
         "special_tokens": special,
         "eos_token": HF_SPECIAL_TOKENS[0],
-        "tiktoken": {"output": tiktoken_path, "pattern": "gpt2", "model_sha256": hashlib.sha256(tiktoken_blob).hexdigest(),
+        "tiktoken": {"output": tiktoken_path, "pattern": "gpt2",
+                     "model_sha256": hashlib.sha256(tiktoken_blob).hexdigest(),
                      "special_tokens": tiktoken_file.special_tokens_spec(special)},
         "files": stats.files,
         "documents": stats.documents,

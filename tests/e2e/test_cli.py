@@ -260,7 +260,8 @@ def test_a_bad_choice_built_in_code_fails_validation_with_the_types_own_choices(
     from pipeline.config import ConfigError, ShardConfig
 
     good = ShardConfig(inputs=("a",), output="o", tokenizer="t")
-    for name, flag, listed in (("tokenizer_backend", "--tokenizer-backend", "auto, sentencepiece, kitoken or splintr"),
+    for name, flag, listed in (("tokenizer_backend", "--tokenizer-backend",
+                                "auto, reference, sentencepiece, gigatoken, kitoken or splintr"),
                                ("shuffle", "--shuffle", "auto, files or runner")):
         with pytest.raises(ConfigError, match=f"{flag} must be {listed}, got 'bogus'"):
             dataclasses.replace(good, **{name: "bogus"}).validate()

@@ -199,3 +199,51 @@ def test_long_texts_bypass_the_fast_backend_with_identical_ids(tiny_tokenizer):
     assert [a.dtype for a in got] == [np.dtype(np.int32)] * 3
     assert [a.tolist() for a in got] == sp.encode(texts, out_type=int)
     assert sorted(seen) == sorted([len(texts[0]), len(texts[2])])  # the long one never reached kitoken
+
+
+@pytest.mark.timeout(600)
+def test_a_50_mb_document_is_written_token_exact_within_the_worker_bound(tmp_path, tiny_tokenizer):
+    """A 50 MB document of ~7 M distinct-ish random words (gigatoken's encode cache fills and is bounded) is
+    tokenized in exact pieces (transforms/tokenize/long_documents.py) by gigatoken, not dead-lettered: every
+    stored id equals SentencePiece's, and the worker's peak RSS stays within the 1.5 GB per-worker bound."""
+    import numpy as np
+
+    from model_contract import Manifest, decode_example, iter_records, resolve_shard_path
+    from transforms.tokenize import long_documents, tokenizer
+
+    rng = np.random.default_rng(0)
+    letters = rng.integers(ord("a"), ord("z") + 1, size=50 * 10**6, dtype=np.uint8)
+    letters[rng.random(letters.size) < 1 / 7] = ord(" ")
+    text = letters.tobytes().decode("ascii")
+    del letters
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "big.jsonl").write_bytes(pile_line(text, "S") + pile_line("a small one", "S"))
+    args = shard_args(str(inputs / "*"), tmp_path / "out", tiny_tokenizer, "--seq-len", "65536")
+    args[args.index("sentencepiece")] = "gigatoken"  # the fast backend, parity-checked against SentencePiece
+    proc, peak = run_cli_measured(args, timeout=500)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    manifest_file = str(tmp_path / "out" / "manifest.json")
+    manifest = Manifest.from_json(open(manifest_file).read())
+    assert manifest.records["written"] == 2 and manifest.records["dead_lettered"] == {}
+    assert manifest.extra["tokenizer_backend"]["name"] == "gigatoken"
+    pieces: dict = {}
+    for shard in manifest.shards:
+        with open(resolve_shard_path(manifest_file, shard), "rb") as f:
+            for record in iter_records(f):
+                ex = decode_example(record)
+                for k, (doc, offset) in enumerate(zip(ex["piece_doc_ids"], ex["piece_offsets"]), 1):
+                    pieces.setdefault(int(doc), []).append((int(offset), ex["input_ids"][ex["segment_ids"] == k]))
+    stored = max((np.concatenate([ids for _o, ids in sorted(p, key=lambda x: x[0])]) for p in pieces.values()),
+                 key=len)
+    model = pathlib.Path(tiny_tokenizer).read_bytes()
+    sp = tokenizer.load_processor(model)
+    # SentencePiece over the same pieces (exact: tests/unit/tokenize/test_long_documents.py), on both cores
+    bounds = [0, *long_documents.cuts(text), len(text)]
+    prefix = long_documents.dummy_prefix(sp, model)
+    want = np.concatenate([np.asarray(ids, dtype=np.int32) for ids in sp.encode(
+        [text[a + 1 if i and prefix else a:b] for i, (a, b) in enumerate(zip(bounds, bounds[1:]))],
+        out_type=int, num_threads=2)])
+    assert stored[-1] == sp.eos_id() and np.array_equal(stored[:-1], want)
+    print(f"peak RSS {peak:.0f} MB for a 50 MB document")
+    assert peak < 1536, f"peak RSS {peak:.0f} MB for a 50 MB document"

@@ -1,15 +1,17 @@
 r"""Long documents tokenized exactly in pieces: ids equal the whole document's, memory bounded by the piece size.
 
-A piece boundary is a single space between a non-space character and a letter ("x y"). None of the formats'
+A piece boundary is a space after a non-space character and before another one ("x y"). None of the formats'
 encoders can join tokens across it:
 - SentencePiece BPE/unigram with the identity normalizer and no whitespace collapsing: spaces become `▁`, and a
   vocabulary with no piece holding `▁` after another character (checked, `piecewise_reason`) cannot merge
   across "x▁y"; each side's merges (and Viterbi path) are then independent. With the dummy prefix the whole text
   gets one leading `▁`: a later piece is encoded without its space, which the prefix gives back. Byte fallback is
   per character, so it is not affected.
-- HF byte-level BPE (GPT-2/GPT-NeoX pre-tokenizer) and tiktoken's gpt2/cl100k/o200k patterns: the pre-tokenizer
-  always ends a pre-token before " y" (` ?\p{L}+` starts there), and BPE never crosses pre-tokens; whitespace-run
-  added tokens cannot span a single space.
+- HF byte-level BPE (GPT-2/GPT-NeoX pre-tokenizer) and tiktoken's gpt2/cl100k/o200k patterns: no alternative of
+  these patterns consumes a space after a non-space character (letters, digits, punctuation and contractions end
+  before it), so a pre-token always starts at that space, and the match from there on sees the same characters
+  (its lookaheads look forward only; the piece before ends in a non-space, so `\s+$` cannot match at its end).
+  BPE never crosses pre-tokens; whitespace-run added tokens cannot span it.
 A stretch of more than `max_pretoken_chars` without such a boundary (one huge token-less run) is the caller's to
 dead-letter (`pretoken_too_long`): its encoding alone would need memory in proportion to its length.
 Exactness is also measured: tests/unit/tokenize/test_long_documents.py compares with whole-document encoding on
@@ -28,7 +30,7 @@ from transforms.tokenize import formats, references
 PIECE_CHARS = 1 << 20  # ~1 MiB pieces: the encoders' memory per call stays that of a 1 MiB text
 DEFAULT_MAX_PRETOKEN_CHARS = 16 << 20
 PRETOKEN_TOO_LONG = "pretoken_too_long"
-_CUT = re.compile(r"(?<=\S) (?=[^\W\d_])")  # a single space after a non-space, before a letter
+_CUT = re.compile(r"(?<=\S) (?=\S)")  # a single space between two non-space characters
 _SAFE_HF_NORMALIZERS = (None, "NFC")
 
 
@@ -85,7 +87,7 @@ def _last_cut(text: str, lo: int, hi: int) -> int:
     """The last boundary in (lo, hi], or -1."""
     i = text.rfind(" ", lo + 1, hi + 1)
     while i > lo:
-        if i + 1 < len(text) and not text[i - 1].isspace() and text[i + 1].isalpha():
+        if i + 1 < len(text) and not text[i - 1].isspace() and not text[i + 1].isspace():
             return i
         i = text.rfind(" ", lo + 1, i)
     return -1
@@ -102,8 +104,8 @@ def cuts(text: str, piece_chars: int = PIECE_CHARS, max_pretoken_chars: int = DE
             m = _CUT.search(text, pos + piece_chars + 1)
             cut = m.start() if m else n
             if cut - pos > max_pretoken_chars:
-                raise PretokenTooLong(f"{cut - pos:,} characters without a piece boundary (a space before a "
-                                      f"letter); --max-pretoken-mb allows {max_pretoken_chars:,}")
+                raise PretokenTooLong(f"{cut - pos:,} characters without a piece boundary (a space between "
+                                      f"words); --max-pretoken-mb allows {max_pretoken_chars:,}")
             if cut == n:
                 break
         out.append(cut)

@@ -2,7 +2,7 @@
 
 The reference is the tokenizer format's own library (transforms/tokenize/references.py): sentencepiece for a
 `.model`, HF `tokenizers` for a tokenizer.json, tiktoken for a tiktoken file. gigatoken (Rust, the bounded-cache
-fork `gigatoken-cachefix`) encodes SentencePiece BPE byte-fallback models and HF byte-level BPE ~11x and ~30x
+fork `gigatoken-cachefix`) encodes SentencePiece BPE byte-fallback models and HF byte-level BPE ~30x and ~50x
 faster than their references on one thread (bench/tokenizer_backend_bench.py); it is given the tokenizer.json
 (for a `.model`, gigatoken's own conversion of it) minus its `special: true` added tokens, so a document that
 spells `<s>` or `<|endoftext|>` gets the text's ids, as from the reference, and its encode cache is bounded
@@ -41,18 +41,20 @@ from transforms.tokenize import formats, references
 LOG = logging.getLogger("pileprep.tokenizer")
 BACKENDS = ("auto", "reference", "sentencepiece", "gigatoken", "kitoken", "splintr")
 # The order `auto` tries them in, fastest first per thread on Llama 2 (bench/tokenizer_backend_bench.py:
-# gigatoken ~11x sp.encode, splintr and kitoken ~3-4x); only gigatoken reads an HF tokenizer.json.
+# gigatoken ~32x sp.encode, splintr ~6.6x, kitoken ~3.6x); only gigatoken reads an HF tokenizer.json.
 FAST_BACKENDS = {formats.SENTENCEPIECE: ("gigatoken", "splintr", "kitoken"), formats.HF_JSON: ("gigatoken",),
                  formats.TIKTOKEN: ()}
 REFERENCE_NAMES = {formats.SENTENCEPIECE: "sentencepiece", formats.HF_JSON: "tokenizers", formats.TIKTOKEN: "tiktoken"}
 # Spot check 1 document in N: the check re-encodes ~1/N of the bytes with the reference, which is `speed-up` times
 # slower than the backend, so its cost is ~speed-up/N of the tokenize stage; N >= 20 x the measured speed-up keeps
-# it <= 5% (gigatoken: ~11x sentencepiece on Llama 2, ~30x HF tokenizers; splintr/kitoken ~3-4x).
-SPOT_CHECK_EVERY = {("gigatoken", formats.SENTENCEPIECE): 256, ("gigatoken", formats.HF_JSON): 1024,
-                    ("splintr", formats.SENTENCEPIECE): 128, ("kitoken", formats.SENTENCEPIECE): 64}
-# The driver's parity sample, grown from 1 MB with the rarer spot checks: the run's documents checked before any
-# worker starts.
-PARITY_SAMPLE_BYTES = 2 << 20
+# it <= 5%. Measured per thread (bench/tokenizer_backend_bench.py, same run): gigatoken 31.8x sentencepiece on
+# Llama 2 (1 in 1024: ~3.1%) and 54-70x HF tokenizers on a trained byte-level BPE (1 in 2048: ~3.4%); splintr
+# 6.6x (1 in 256: 2.6%), kitoken 3.6x (1 in 128: 2.8%).
+SPOT_CHECK_EVERY = {("gigatoken", formats.SENTENCEPIECE): 1024, ("gigatoken", formats.HF_JSON): 2048,
+                    ("splintr", formats.SENTENCEPIECE): 256, ("kitoken", formats.SENTENCEPIECE): 128}
+# The driver's parity sample, grown from 1 MB with the rarer spot checks: the run's documents checked against
+# the reference before any worker starts.
+PARITY_SAMPLE_BYTES = 4 << 20
 GIGATOKEN_CACHE_BYTES = 64 << 20  # per encoder; gigatoken's default is 512 MiB (tests/e2e/test_memory_bounds.py)
 
 # sentencepiece_model.proto: ModelProto.trainer_spec = 2, TrainerSpec.model_type = 3 (UNIGRAM 1, BPE 2, ...)

@@ -165,7 +165,7 @@ def test_gigatoken_matches_each_reference_on_real_text(hf_bpe):
     report = tb.compare(sp, tb.GigatokenEncoder(llama, sp), texts + _with_specials(references.special_tokens_of(sp)))
     assert report.exact, report.mismatches[:5]
     choice = tb.choose_backend("auto", data, hf, texts[:40])
-    assert choice.name == "gigatoken" and choice.spot_check_every == 1024 and "tokenizers" in choice.reason
+    assert choice.name == "gigatoken" and choice.spot_check_every == 2048 and "tokenizers" in choice.reason
     assert tb.choose_backend("reference", data, hf, texts).name == "tokenizers"
     with pytest.raises(tokenizer.TokenizerError, match="--tokenizer-backend sentencepiece"):
         tb.choose_backend("sentencepiece", data, hf, texts)
