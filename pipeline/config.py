@@ -97,6 +97,9 @@ class ShardConfig:
         "paper's epochs), or both ('pile,Github=0.5'); unlisted sources weigh 1; train split only "
         "(transforms/shard/mixture.py)", metavar="SPEC")
     # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
+    allow_unknown_sources: bool = option(
+        False, "run even when a source named in --source-weights appears in no sampled record (it is then only "
+        "warned about); without it that is a configuration error naming the sources seen", manifest=False)
     tokenizer_backend: Literal["auto", "sentencepiece", "kitoken", "splintr"] = option(
         "auto", "exact fast tokenizer path: auto uses splintr (else kitoken) on BPE models after id-for-id parity "
         "with SentencePiece on the run's sample (transforms/tokenize/tokenizer_backends.py)", manifest=False)
@@ -229,3 +232,6 @@ class RunOptions:
     dry_run: bool = option(False, "estimate files, bytes, tokens, examples, shards, output bytes and core-hours "
                                   "from a sample of the inputs; write nothing", group="operations (docs/OPERATIONS.md)",
                            manifest=False)
+    dry_run_workers: Optional[int] = option(
+        None, "with --dry-run: the worker cores to estimate wall time for (default: this machine's cores)",
+        group="operations (docs/OPERATIONS.md)", metavar="N", manifest=False)

@@ -29,7 +29,7 @@ from model_contract import DataContract
 from pipeline.ops import commit, guards, incremental, lock, progress, runlog, runners, storage
 from pipeline.config import PILEPREP_VERSION, ShardConfig, fingerprint
 from pipeline.errors import RunError, RunInterrupted
-from pipeline.shard import cancel, integrity, runner_shuffle, split_inputs
+from pipeline.shard import cancel, integrity, runner_shuffle, source_check, split_inputs
 from pipeline.shard.manifest_builder import build_manifest, plan_shard_tasks
 from transforms.shard import corpus_stats, stages
 from transforms.io import io_utils, memory
@@ -166,6 +166,7 @@ def prepare(config: ShardConfig, incremental_run: bool = False) -> JobPlan:
         rows = diff.new
     if rows:  # a --text-field that no record has would dead-letter everything: say so before any work
         guards.sample_text_field([r["path"] for r in rows], config.text_field, config.max_line_bytes)
+        source_check.check_source_weights(config, [r["path"] for r in rows])  # a named source must exist
     elif previous is not None:  # "nothing to do" only over a dataset whose files are all there
         damaged = guards.damaged_files(config.output, previous)
         if damaged:
