@@ -127,7 +127,7 @@ def test_output_bytes_within_20_percent_and_core_hours_within_half_of_a_real_run
     assert est.sampled_input_bytes < est.input_bytes  # really scaled up from a sample
     assert _within(est.output_bytes, output_bytes), (est.output_bytes, output_bytes)
     # Core time: the dry run measures read+parse, tokenize (the job's own backend) and pack+encode, not dedup,
-    # spill, hashing or the runner's per-element cost; measured 0.70 of the real run here, so the ±20% target
+    # spill, hashing or the runner's per-element cost; measured 0.67-0.79 of the real run here, so the ±20% target
     # is not met yet and this asserts the band it does hold (docs/PILE.md states the figure as such).
     assert 0.5 * busy_cpu_s <= est.core_hours * 3600 <= 1.5 * busy_cpu_s, (est.core_hours * 3600, busy_cpu_s)
     # Each source is measured at its own rate; the wall estimate is planning + core time over the workers.
