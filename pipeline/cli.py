@@ -103,7 +103,8 @@ def cmd_shard(args, beam_args) -> int:
     if run.dry_run:
         from pipeline.tools import dry_run  # noqa: PLC0415
 
-        print(dry_run.format_estimate(dry_run.estimate(config, beam_args, incremental_run=run.incremental)))
+        print(dry_run.format_estimate(dry_run.estimate(config, beam_args, incremental_run=run.incremental,
+                                                       workers=run.dry_run_workers)))
         return 0
     from pipeline.ops import guards  # noqa: PLC0415
 

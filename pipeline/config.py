@@ -140,6 +140,9 @@ class ShardConfig:
     decontaminate_held_out: bool = option(False, "check val/test documents against the evaluation sets too",
                                           group=_NEAR)
     # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
+    allow_unknown_sources: bool = option(
+        False, "run even when a source named in --source-weights appears in no sampled record (it is then only "
+        "warned about); without it that is a configuration error naming the sources seen", manifest=False)
     tokenizer_backend: Literal["auto", "reference", "sentencepiece", "gigatoken", "kitoken", "splintr"] = option(
         "auto", "exact fast tokenizer path: auto tries the fast backends (gigatoken, splintr, kitoken) after id-for-"
         "id parity with the format's reference library on the run's sample; reference = that library "
@@ -297,3 +300,6 @@ class RunOptions:
     dry_run: bool = option(False, "estimate files, bytes, tokens, examples, shards, output bytes and core-hours "
                                   "from a sample of the inputs; write nothing", group="operations (docs/OPERATIONS.md)",
                            manifest=False)
+    dry_run_workers: Optional[int] = option(
+        None, "with --dry-run: the worker cores to estimate wall time for (default: this machine's cores)",
+        group="operations (docs/OPERATIONS.md)", metavar="N", manifest=False)

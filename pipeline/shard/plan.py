@@ -19,7 +19,7 @@ from pipeline.config import ShardConfig, fingerprint
 from pipeline.errors import ConfigError, RunError
 from pipeline.job import Build, Decision, NothingToDo
 from pipeline.ops import commit, guards, incremental, input_checks
-from pipeline.shard import integrity, split_inputs
+from pipeline.shard import integrity, source_check, split_inputs
 from transforms.io import io_utils, memory
 from transforms.tokenize import tokenizer, tokenizer_backends
 
@@ -124,6 +124,7 @@ def make_plan(config: ShardConfig, incremental_run: bool = False, committed=comm
     input_checks.check_compression(rows)
     if rows:  # a --text-field that no record has would dead-letter everything: say so before any work
         guards.sample_text_field([r["path"] for r in rows], config.text_field, config.max_line_bytes)
+        source_check.check_source_weights(config, [r["path"] for r in rows])  # a named source must exist
     ledger = [(r["path"], r["bytes"]) for r in rows]
     adds_to_committed = incremental_run and previous is not None
     generation = generation_name(config, contract, ledger, previous, adds_to_committed, nothing_new=not rows)

@@ -6,9 +6,13 @@ before starting is reported here too. Then a few input files spread over the lis
 job's reader and parser, up to a byte budget each: the ratio of raw JSON to input bytes and of documents and
 text to raw bytes scale the sample up to the whole input. Documents are tokenized (up to a character budget;
 beyond it tokens are scaled from bytes) with the real tokenizer and assigned to splits with the job's own
-split function, shard counts come from the job's own shard planner, and output bytes from packing and encoding
-sampled examples exactly as the shard stage does. Core-hours are the CPU time the sample took per stage
-(read+parse, tokenize, pack+encode), scaled — a machine-dependent estimate, not a promise.
+split function, shard counts come from the job's own shard planner (with `--source-weights` applied to each
+source's estimated train tokens, as the job sizes its shards), and output bytes from packing and encoding
+sampled examples exactly as the shard stage does. Core-hours are the CPU time the sample took per stage:
+read+parse per input byte, tokenize per text byte *of each source* (code, prose and maths tokenize at
+different rates, so each source's own measured rate is scaled by that source's estimated bytes), pack+encode
+per example — a machine-dependent estimate, not a promise. Wall time on N workers (`--dry-run-workers`) is the
+driver's measured planning time plus core-hours / N, i.e. perfect scaling: a lower bound.
 
 Not modelled: exact duplicates (removed by the job), and compression ratios that change inside a file beyond
 the sampled prefix.
@@ -16,6 +20,7 @@ the sampled prefix.
 from __future__ import annotations
 
 import math
+import os
 import time
 import types
 from dataclasses import dataclass, field
@@ -79,6 +84,30 @@ class Sample:
     read_cpu_s: float = 0.0
     tokenize_cpu_s: float = 0.0
     token_arrays: list = field(default_factory=list)  # a few documents' tokens, for the output bytes estimate
+    by_source: dict = field(default_factory=dict)  # source -> SourceSample
+
+
+@dataclass
+class SourceSample:
+    """One source's share of a sample: its own tokenize rate (CPU s and tokens per text byte)."""
+    documents: int = 0
+    text_bytes: int = 0
+    tokenized_text_bytes: int = 0
+    tokenized_tokens: int = 0
+    tokenize_cpu_s: float = 0.0
+    split_docs: list = field(default_factory=lambda: [0] * len(SPLITS))
+    split_tokens: list = field(default_factory=lambda: [0] * len(SPLITS))  # of the tokenized documents
+    untokenized_split_bytes: list = field(default_factory=lambda: [0] * len(SPLITS))
+
+    def tokens_per_byte(self, fallback: float) -> float:
+        return self.tokenized_tokens / self.tokenized_text_bytes if self.tokenized_text_bytes else fallback
+
+    def cpu_per_byte(self, fallback: float) -> float:
+        return self.tokenize_cpu_s / self.tokenized_text_bytes if self.tokenized_text_bytes else fallback
+
+    def split_token_estimate(self, fallback_rate: float) -> list:
+        rate = self.tokens_per_byte(fallback_rate)
+        return [self.split_tokens[i] + self.untokenized_split_bytes[i] * rate for i in range(len(SPLITS))]
 
 
 def pick_files(rows: list, n: int = MAX_SAMPLE_FILES) -> list:
@@ -131,21 +160,31 @@ def _add_document(s: Sample, doc: Document, config: ShardConfig, sp, chars_budge
                   input_split: int = HASHED) -> None:
     split = assign_split(doc.doc_id, input_split, config.val_fraction, config.test_fraction)
     n_bytes = len(doc.text.encode("utf-8"))
+    src = s.by_source.setdefault(doc.source, SourceSample())
     s.documents += 1
     s.text_bytes += n_bytes
     s.split_docs[split] += 1
     s.split_text_bytes[split] += n_bytes
+    src.documents += 1
+    src.text_bytes += n_bytes
+    src.split_docs[split] += 1
     if chars_budget > 0:
         t0 = time.process_time()
         ids = sp.encode(doc.text)
-        s.tokenize_cpu_s += time.process_time() - t0
+        cpu = time.process_time() - t0
+        s.tokenize_cpu_s += cpu
         s.tokenized_tokens += len(ids)
         s.tokenized_text_bytes += n_bytes
         s.split_tokens[split] += len(ids)
+        src.tokenize_cpu_s += cpu
+        src.tokenized_tokens += len(ids)
+        src.tokenized_text_bytes += n_bytes
+        src.split_tokens[split] += len(ids)
         if len(s.token_arrays) < 4 * ENCODE_EXAMPLES:
             s.token_arrays.append(np.asarray(ids, dtype=np.int64))
     else:
         s.untokenized_split_bytes[split] += n_bytes
+        src.untokenized_split_bytes[split] += n_bytes
 
 
 def output_bytes_per_example(s: Sample, seq_len: int, eos_id: int, pad_id: int) -> tuple:
@@ -185,23 +224,48 @@ class Estimate:
     core_hours: float
     nothing_to_do: bool = False
     notes: list = field(default_factory=list)
+    workers: int = 1
+    wall_s: float = 0.0  # driver planning + core-hours / workers (perfect scaling: a lower bound)
+    startup_s: float = 0.0
+    sources: dict = field(default_factory=dict)  # source -> {documents, tokens, text_bytes, tokenize_core_s}
+
+
+def default_workers(beam_args) -> int:
+    """--direct_num_workers when given (the local runner's cores), else this machine's cores."""
+    for i, a in enumerate(beam_args or []):
+        value = a.split("=", 1)[1] if a.startswith("--direct_num_workers=") else (
+            beam_args[i + 1] if a == "--direct_num_workers" and i + 1 < len(beam_args) else None)
+        if value is not None and value.isdigit() and int(value) > 0:
+            return int(value)
+    return os.cpu_count() or 1
 
 
 def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False, sample_files: int = MAX_SAMPLE_FILES,
-             budget_per_file: int = SAMPLE_INPUT_BYTES_PER_FILE) -> Estimate:
+             budget_per_file: int = SAMPLE_INPUT_BYTES_PER_FILE, workers: int = None) -> Estimate:
     from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
 
     from pipeline.shard import shard_pipeline  # noqa: PLC0415
     from pipeline.shard.manifest_builder import plan_shard_tasks  # noqa: PLC0415
     from transforms.tokenize import tokenizer  # noqa: PLC0415
 
+    if workers is not None and workers < 1:
+        from pipeline.errors import ConfigError  # noqa: PLC0415
+
+        raise ConfigError(f"--dry-run-workers {workers}: must be at least 1")
+    workers = workers or default_workers(beam_args)
+    t_start = time.monotonic()
     FileSystems.set_options(shard_pipeline.pipeline_options(beam_args))
     plan = shard_pipeline.prepare(config, incremental_run)
+    startup_s = time.monotonic() - t_start
     rows = list(plan.input_rows)
     total_in = sum(r["bytes"] for r in rows)
     if plan.nothing_to_do or not rows:
         return Estimate(0, 0, 0, 0, 0, 0, 0, 0, 0, {}, 0, 0, {}, 0, 0.0, nothing_to_do=True)
     sp = tokenizer.load_processor(plan.model_bytes, config.tokenizer)
+    if plan.tokenizer_backend is not None:  # the encoder the job's workers would run, so its rate is theirs
+        from transforms.tokenize import tokenizer_backends  # noqa: PLC0415
+
+        sp = tokenizer_backends.make_encoder(plan.tokenizer_backend, plan.model_bytes, sp)
     # --val-input / --test-input files go whole to their split: sampled and scaled as a group of their own, so a
     # small official val file is neither skipped by the file pick nor scaled by the train files' size.
     input_splits = dict(zip((path for path, _size in plan.ledger), plan.input_splits))
@@ -217,18 +281,42 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
     split_tokens = [0.0] * len(SPLITS)
     split_docs = [0.0] * len(SPLITS)
     raw_bytes = records = documents = dead_letters = core_s = 0.0
+    sources: dict = {}
     for _picked, s, scale in parts:
         tokens_per_byte = s.tokenized_tokens / s.tokenized_text_bytes if s.tokenized_text_bytes else 0.0
-        for i in range(len(SPLITS)):
-            split_tokens[i] += (s.split_tokens[i] + s.untokenized_split_bytes[i] * tokens_per_byte) * scale
-            split_docs[i] += s.split_docs[i] * scale
+        cpu_per_byte = s.tokenize_cpu_s / s.tokenized_text_bytes if s.tokenized_text_bytes else 0.0
+        for name, src in s.by_source.items():  # each source at its own measured rates
+            est = src.split_token_estimate(tokens_per_byte)
+            row = sources.setdefault(name, {"documents": 0.0, "tokens": 0.0, "text_bytes": 0.0,
+                                            "tokenize_core_s": 0.0, "split_tokens": [0.0] * len(SPLITS),
+                                            "split_docs": [0.0] * len(SPLITS)})
+            row["documents"] += src.documents * scale
+            row["text_bytes"] += src.text_bytes * scale
+            row["tokens"] += sum(est) * scale
+            row["tokenize_core_s"] += src.cpu_per_byte(cpu_per_byte) * src.text_bytes * scale
+            for i in range(len(SPLITS)):
+                row["split_tokens"][i] += est[i] * scale
+                row["split_docs"][i] += src.split_docs[i] * scale
         raw_bytes += s.raw_bytes * scale
         records += s.records * scale
         documents += s.documents * scale
         dead_letters += s.dead_letters * scale
-        core_s += s.read_cpu_s * scale + (s.tokenize_cpu_s / s.tokenized_text_bytes * s.text_bytes * scale
-                                          if s.tokenized_text_bytes else 0.0)
-    units = [types.SimpleNamespace(split_tokens=[int(round(t)) for t in split_tokens])]
+        core_s += s.read_cpu_s * scale
+    for row in sources.values():
+        core_s += row["tokenize_core_s"]
+        for i in range(len(SPLITS)):
+            split_tokens[i] += row["split_tokens"][i]
+            split_docs[i] += row["split_docs"][i]
+    weights = config.mixture_weights
+    if weights:  # the train split as written: each source's documents and tokens times its weight (epochs)
+        split_tokens[0] = sum(weights.get(n, 1.0) * r["split_tokens"][0] for n, r in sources.items())
+        split_docs[0] = sum(weights.get(n, 1.0) * r["split_docs"][0] for n, r in sources.items())
+    # The job's own shard planner, given what its tokenize stage would report: per-split tokens and, for
+    # --source-weights sizing, per-source token statistics (pipeline/shard/manifest_builder.py).
+    unweighted_train = sum(r["split_tokens"][0] for r in sources.values())
+    units = [types.SimpleNamespace(
+        split_tokens=[int(round(unweighted_train if i == 0 else t)) for i, t in enumerate(split_tokens)],
+        source_stats={n: {"tokens": int(round(r["split_tokens"][0]))} for n, r in sorted(sources.items())})]
     tasks = plan_shard_tasks(units, config)
     shards_per_split = {SPLITS[i]: sum(1 for t in tasks if t.split == i) for i in range(len(SPLITS))}
     examples = 0.0
@@ -253,7 +341,12 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
                     dead_letters=int(round(dead_letters)), tokens=tokens,
                     tokens_per_split={SPLITS[i]: int(round(t)) for i, t in enumerate(split_tokens)},
                     examples=int(math.ceil(examples)), shards=len(tasks), shards_per_split=shards_per_split,
-                    output_bytes=int(examples * bytes_per_example), core_hours=core_s / 3600.0, notes=notes)
+                    output_bytes=int(examples * bytes_per_example), core_hours=core_s / 3600.0, notes=notes,
+                    workers=workers, wall_s=startup_s + core_s / workers, startup_s=startup_s,
+                    sources={n: {"documents": int(round(r["documents"])), "tokens": int(round(r["tokens"])),
+                                 "text_bytes": int(round(r["text_bytes"])),
+                                 "tokenize_core_s": round(r["tokenize_core_s"], 3)}
+                             for n, r in sorted(sources.items())})
 
 
 def format_estimate(e: Estimate) -> str:
@@ -270,9 +363,27 @@ def format_estimate(e: Estimate) -> str:
         ("shards", f"{e.shards:,}", " / ".join(f"{k} {v}" for k, v in e.shards_per_split.items())),
         ("output bytes", f"{e.output_bytes:,}", f"{e.output_bytes / 2**30:,.2f} GiB"),
         ("core-hours", f"{e.core_hours:,.3f}", "CPU time on this machine, scaled from the sample"),
+        (f"wall on {e.workers} workers", _duration(e.wall_s),
+         f"planning {e.startup_s:,.1f}s + core-hours / {e.workers} (perfect scaling: a lower bound)"),
     ]
+    for name, r in e.sources.items():
+        rows.append((f"  source {_safe(name)[:40]}", f"{r['tokens']:,}",
+                     f"tokens; {r['documents']:,} documents, {r['tokenize_core_s'] / 3600:,.3f} core-hours tokenizing"))
     widths = [max(len(r[i]) for r in rows) for i in range(2)]
     lines = ["dry run (nothing written): estimates from a sample of the inputs"]
     lines += [f"  {r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]}" for r in rows]
     lines += [f"  note: {n}" for n in e.notes]
     return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:,.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:,.1f} min"
+    return f"{seconds / 3600:,.1f} h"
+
+
+def _safe(name: str) -> str:
+    """A source name from the data as terminal text: control characters and escape sequences shown, not run."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(name))

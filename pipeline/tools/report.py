@@ -94,7 +94,8 @@ def _hbars(labels, series: dict, xlabel: str, title: str, plot_id: str, alt: str
     ax.set_xlim(0, max([1.0] + [v for vals in series.values() for v in vals]) * 1.08)
     if n > 1:
         ax.legend(fontsize=8, loc="lower right")
-    fig.subplots_adjust(left=0.3, right=0.97, top=0.9, bottom=0.15)
+    h = fig.get_size_inches()[1]  # margins in inches, so the axis label fits whatever the row count
+    fig.subplots_adjust(left=0.3, right=0.97, top=1 - 0.4 / h, bottom=0.6 / h)
     return _img(plot_id, fig, alt, adjust=False)
 
 
@@ -187,7 +188,8 @@ def plot_shards(manifest: dict) -> str:
         ax.tick_params(axis="x", labelsize=8)
     axes[0].legend(fontsize=7, loc="lower right")
     axes[-1].set_xlabel("examples per shard")
-    fig.subplots_adjust(left=0.25, right=0.97, top=0.96, bottom=0.06, hspace=0.6)
+    h = fig.get_size_inches()[1]
+    fig.subplots_adjust(left=0.25, right=0.97, top=1 - 0.35 / h, bottom=0.5 / h, hspace=0.6)
     return _img("shards", fig, "examples and padding per shard, one panel per split", adjust=False)
 
 

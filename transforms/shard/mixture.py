@@ -70,6 +70,23 @@ def parse_weights(spec: str) -> dict:
     return dict(sorted(weights.items()))
 
 
+def named_sources(spec: str) -> list:
+    """The sources a spec names itself (SOURCE=WEIGHT items), in order; a preset's names are not the user's."""
+    return [item.rpartition("=")[0].strip() for item in (p.strip() for p in spec.split(",")) if "=" in item]
+
+
+def unknown_sources(named: list, seen: dict) -> list:
+    """Named sources that no sampled record carries (`seen`: source -> records sampled)."""
+    return [name for name in named if not seen.get(name)]
+
+
+def unknown_sources_message(unknown: list, seen: dict, sampled: int, files: int) -> str:
+    known = ", ".join(repr(k) for k in sorted(seen, key=lambda k: (-seen[k], k))[:30]) or "none"
+    return (f"--source-weights: no record of the {sampled:,} sampled from {files} input file(s) has source "
+            f"{', '.join(repr(u) for u in unknown)} (sources seen: {known}); fix the name, or pass "
+            f"--allow-unknown-sources if it appears only later in the inputs")
+
+
 MIX_KEY = b"pileprep-mix"  # model_contract/hashing.py `hash64`'s key: independent of the split/order hash
 
 
