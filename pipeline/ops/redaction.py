@@ -13,7 +13,6 @@ import os
 import re
 from typing import Optional
 
-from apache_beam.io.filesystems import FileSystems
 
 _USERINFO = re.compile(r"(?P<scheme>\b[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/@\s'\"]+)@")
 
@@ -42,6 +41,10 @@ def redact(text: str, secrets=None) -> str:
     userinfo in URLs."""
     values = list(secrets or [])
     values += [os.environ.get(k, "") for k in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ACCESS_KEY_ID")]
+    # Imported here: the CLI imports this module before it routes logging, and importing Beam's filesystems
+    # logs a warning (its optional GCP clients) that would reach the user's terminal.
+    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+
     opts = FileSystems._pipeline_options  # noqa: SLF001 - the options Beam's S3 client was built from
     if opts is not None:
         d = opts.get_all_options(drop_default=True)

@@ -343,7 +343,7 @@ def _finish(grouped, plan):
     sidecars = []
     for p in parts:
         size, sha = _digest(p["sidecar"])
-        sidecars.append({"path": _relative(p["sidecar"], plan.config.output), "bytes": size, "sha256": sha})
+        sidecars.append({"path": _dataset_relative(p["sidecar"], plan.config.output), "bytes": size, "sha256": sha})
     cfg = plan.config
     summary = {
         "near_dedup": cfg.near_dedup,
@@ -372,12 +372,6 @@ def _finish(grouped, plan):
 def _name(path: str) -> str:
     """An evaluation file as the manifest records it: its base name (absolute paths say where it ran)."""
     return path.rstrip("/").rsplit("/", 1)[-1]
-
-
-def _relative(path: str, base: str) -> str:
-    from pipeline.shard.manifest_builder import _relative as rel  # noqa: PLC0415
-
-    return rel(path, base)
 
 
 def _digest(path: str) -> tuple:
@@ -490,3 +484,9 @@ def manifest_section(shard_results: list, output_dir: str, generation: str) -> d
                 by_source[reason][source] = by_source[reason].get(source, 0) + n
     summary["removed_by_source"] = {r: dict(sorted(v.items())) for r, v in sorted(by_source.items())}
     return {"near_dedup": summary}
+
+
+def _dataset_relative(path: str, base: str) -> str:
+    from model_contract.manifest import dataset_relative_path  # noqa: PLC0415
+
+    return dataset_relative_path(path, base)

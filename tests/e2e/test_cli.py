@@ -93,7 +93,7 @@ def test_config_file_supplies_options_and_flags_override_it(tmp_path):
     ("incremental = 3\n", "--incremental: expected true or false"),
     ("input = [1, 2]\n", "--input: expected a string or a list of strings"),
     ("seq-len = \n", "--config"),
-    ('tokenizer-backend = "fast"\n', "--tokenizer-backend: 'fast' is not one of auto, sentencepiece, kitoken, splintr"),
+    ('tokenizer-backend = "fast"\n', "--tokenizer-backend: 'fast' is not one of auto, reference, sentencepiece, gigatoken, kitoken, splintr"),
 ])
 def test_bad_config_file_is_one_line_exit_2(tmp_path, capsys, body, needle):
     cfg = tmp_path / "bad.toml"

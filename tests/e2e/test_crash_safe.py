@@ -131,7 +131,7 @@ def _manifest(tmp_path, generation):
     src = json.loads((tmp_path / "seed.json").read_text()) if (tmp_path / "seed.json").exists() else None
     m = Manifest.from_dict(src)
     m.generation, m.generations = generation, [{"name": generation}]
-    m.shards = [ShardInfo(f"{generation}/train-00000-of-00001.tfrecord", "train", 1, 1, 0, 1, 1, "x")]
+    m.shards = [ShardInfo(f"{generation}/train-00000-of-00001.tfrecord", "train", 1, 1, 0, 1, 1, "0" * 64)]
     return m, DataContract
 
 

@@ -266,7 +266,8 @@ def test_shard_balance_is_one_labelled_panel_per_split_and_plot_text_is_inert(da
                          if sh["split"] == split]
         assert all(t.get_rotation() == 0 and t.get_fontsize() >= 8 for t in ax.get_yticklabels())
         assert ax.get_lines() == [] and ax.get_title().startswith(split)
-    assert report.plot_text("a\x1b[31mb\nc$\\frac{1}{$") == "a [31mb c\\$\\frac{1}{\\$"
+    # the one sanitizer (pipeline/ops/safe_text.py): controls shown escaped, never acted on; `$` escaped
+    assert report.plot_text("a\x1b[31mb\nc$\\frac{1}{$") == "a\\x1b[31mb\\nc\\$\\frac{1}{\\$"
     hostile = {**manifest, "sources": {"$\\frac{x$\x1b[2J": per for per in manifest["sources"].values()}}
     assert report.plot_tokens_per_source(hostile).startswith('<img class="plot"')
 

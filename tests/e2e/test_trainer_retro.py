@@ -86,11 +86,11 @@ def test_sidecar_of_another_generation_is_refused(data, tmp_path):
     stale = tmp_path / "stale-nb"
     shutil.copytree(nb, stale)
     m = json.loads((stale / "manifest.json").read_text())
-    m["retrieval"]["dataset_generation"] = "some-older-generation"
+    m["retrieval"]["dataset_generation"] = "gen-00000000000000aa"
     (stale / "manifest.json").write_text(json.dumps(m))
     proc = subprocess.run([sys.executable, "-m", "trainer.train", "--data", ds, "--retro-sidecar", str(stale),
                            *MODEL, "--steps", "1"], cwd=REPO, env=env(), capture_output=True, text=True,
                           timeout=90)
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert f"--retro-sidecar {stale}" in proc.stderr and "generation some-older-generation" in proc.stderr
+    assert f"--retro-sidecar {stale}" in proc.stderr and "generation gen-00000000000000aa" in proc.stderr
     assert "Traceback" not in proc.stderr
