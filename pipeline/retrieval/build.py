@@ -18,6 +18,7 @@ import numpy as np
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, RunInference
 
 from model_contract import decode_example, load_manifest
+from model_contract.contract import TokenizerInfo
 from model_contract.checked_reader import iter_checked_records
 from pipeline.ops.output_names import shard_entry
 from pipeline import job
@@ -197,7 +198,9 @@ class ChunkTexts(PlanDoFn):
 
     def setup(self):
         super().setup()
-        self.sp = tokenizer.load_processor(self.plan.model_bytes)
+        # the dataset's own tokenizer options (a tiktoken file's pattern and specials live in the contract)
+        info = TokenizerInfo.from_dict(self.plan.dataset_manifest["contract"]["tokenizer"])
+        self.sp = tokenizer.load_for_info(self.plan.model_bytes, info)
 
     def process(self, result):
         rows = store.read_parquet(io_utils.join(self.plan.config.output, result["path"]), ["tokens"])

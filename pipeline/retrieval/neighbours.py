@@ -104,7 +104,7 @@ class Searcher:
     """Database + index + query encoder, loaded once; answers batches of query chunks with exclusions."""
 
     def __init__(self, db_root: str, db_manifest: dict, device: str = "cpu", batch_size: int = 64,
-                 nprobe: Optional[int] = None, model_bytes: bytes = b""):
+                 nprobe: Optional[int] = None, model_bytes: bytes = b"", tokenizer_info=None):
         self.db = store.ChunkDatabase.load(db_root)
         index = db_manifest["index"]
         self.kind = index["kind"]
@@ -122,7 +122,9 @@ class Searcher:
             self.index = retrieval_index.merge_parts(trained, parts)
             self.nprobe = nprobe or int(index["config"]["nprobe"])
             self.model = retrieval_encoders.load_minilm(device)
-            self.sp = tokenizer.load_processor(model_bytes)
+            # decoded with the dataset's own tokenizer options (a tiktoken file's pattern and specials: the contract)
+            self.sp = tokenizer.load_processor(model_bytes) if tokenizer_info is None else \
+                tokenizer.load_for_info(model_bytes, tokenizer_info)
 
     def exclusion(self, chunk: retrieval_chunks.QueryChunk) -> retrieval_index.Exclusion:
         ranges = tuple(r for r in (self.db.doc_range(d) for d in chunk.doc_ids) if r is not None)
@@ -154,7 +156,7 @@ class NeighbourShard(PlanDoFn):
         super().setup()
         cfg = self.plan.config
         self.searcher = Searcher(cfg.db, self.plan.db_manifest, cfg.device, cfg.batch_size, cfg.nprobe,
-                                 self.plan.model_bytes)
+                                 self.plan.model_bytes, self.plan.dataset.contract.tokenizer)
         self.pad_id = self.plan.dataset.contract.tokenizer.pad_id
 
     def process(self, element):
