@@ -32,6 +32,7 @@ from trainer.batch import Batch, StepResult
 from trainer.metrics import MetricsLogger
 from trainer.progress import final_line, resume_command
 from trainer.plan import LayoutDoesNotFit, plan_for_config
+from trainer.plan import local_gpu as plan_local_gpu
 from trainer.model import IGNORE_INDEX, token_loss_sum
 from trainer.parallel import (agree_on, allreduce_grads, build_optimizer, build_rank_stages, build_schedule,
                               clip_grad_norm, init_distributed, parallelize, profile_unit_times, rank_stage_specs,
@@ -77,7 +78,28 @@ def parse_args(argv: Optional[Sequence[str]] = None, world: Optional[int] = None
         raise ConfigError(f"memory plan: {cfg.plan.total / 2**30:.1f} GiB per GPU does not fit the {cfg.plan.gpu}'s "
                           f"{cfg.plan.capacity / 2**30:.1f} GiB (python -m trainer.plan shows the parts): shard more "
                           f"(--fsdp, --tp, --pp), checkpoint activations (--ac) or lower --microbatch-size")
+    check_host_memory(cfg)
     return cfg
+
+
+def host_memory_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_host_memory(cfg: TrainConfig) -> None:
+    """On CPU the plan has no GPU to fit, but the model still has to fit the host: a contract whose vocab_size
+    or seq_len is within trainer/data.py's limits can still size a model (embedding, head, AdamW state) beyond
+    the machine's memory, which torch would report as an allocation traceback. Refused here, in one line, from
+    the same plan (trainer/plan.py), before any process allocates."""
+    if cfg.gpu or (cfg.device != "cpu" and plan_local_gpu()):  # a GPU plan: its own fit check above
+        return
+    local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    need, have = cfg.plan.total * local_procs, host_memory_bytes()
+    if need > have:
+        raise ConfigError(f"memory plan: {need / 2**30:.1f} GiB for {local_procs} process(es) of model "
+                          f"{cfg.model.name} (vocab {cfg.model.vocab_size}, seq_len {cfg.model.seq_len}, from the "
+                          f"dataset's contract) exceeds this host's {have / 2**30:.1f} GiB; check the dataset's "
+                          f"manifest or choose a smaller --model")
 
 
 def describe_layout(cfg: TrainConfig) -> str:

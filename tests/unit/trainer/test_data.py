@@ -119,6 +119,19 @@ def test_trainer_cli_refuses_a_huge_vocab_in_one_line(dataset, capfd):
     assert "vocab_size 2000000000 is outside" in err and len(err.strip().splitlines()) == 1
 
 
+def test_trainer_cli_refuses_a_contract_whose_model_exceeds_the_host_by_the_plan(dataset, capfd, monkeypatch):
+    """A vocab within trainer/data.py's limits still sizes a model past this host's memory: the plan refuses it
+    in one line before any allocation (tiny model: 2 x 16M x d_model embedding + head with AdamW state)."""
+    from trainer import train
+
+    _edit_manifest(dataset, lambda m: m["contract"]["tokenizer"].update(vocab_size=16_000_000))
+    monkeypatch.setattr(train, "host_memory_bytes", lambda: 8 * 2**30)  # a small host, whatever runs the test
+    assert train.main(["--data", dataset, "--model", "tiny", "--steps", "1", "--global-batch", "4", "--device",
+                       "cpu"]) == 2
+    err = capfd.readouterr().err
+    assert "exceeds this host's 8.0 GiB" in err and "vocab 16000000" in err and len(err.strip().splitlines()) == 1
+
+
 class _Unsized:
     """A stream that cannot tell its size (an object-store body): the checks happen as it is read."""
 
