@@ -32,7 +32,6 @@ from trainer.batch import Batch, StepResult
 from trainer.metrics import MetricsLogger
 from trainer.progress import final_line, resume_command
 from trainer.plan import LayoutDoesNotFit, plan_for_config
-from trainer.plan import local_gpu as plan_local_gpu
 from trainer.model import IGNORE_INDEX, token_loss_sum
 from trainer.parallel import (agree_on, allreduce_grads, build_optimizer, build_rank_stages, build_schedule,
                               clip_grad_norm, init_distributed, parallelize, profile_unit_times, rank_stage_specs,
@@ -91,8 +90,8 @@ def check_host_memory(cfg: TrainConfig) -> None:
     or seq_len is within trainer/data.py's limits can still size a model (embedding, head, AdamW state) beyond
     the machine's memory, which torch would report as an allocation traceback. Refused here, in one line, from
     the same plan (trainer/plan.py), before any process allocates."""
-    if cfg.gpu or (cfg.device != "cpu" and plan_local_gpu()):  # a GPU plan: its own fit check above
-        return
+    if cfg.device != "cpu" or cfg.gpu:  # a GPU plan has its own fit check above; `auto` may plan for GPU nodes
+        return                          # from a launcher host that has none (trainer/launch/)
     local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     need, have = cfg.plan.total * local_procs, host_memory_bytes()
     if need > have:
