@@ -122,6 +122,26 @@ def _sample_sentences(paths: list[str], max_sentences: int, max_chars: int, seed
     return [piece for _, _, piece in sorted(heap, key=lambda e: e[1])]
 
 
+def _read_training_sample(input_globs, max_sentences: int, max_sentence_chars: int, seed: int,
+                          max_line_bytes, max_zstd_window_bytes) -> tuple:
+    """The deterministic, size-bounded training sample both kinds of tokenizer train on, read with the
+    pipeline's own reader: (sentences, read stats, input paths, seconds spent reading)."""
+    from transforms.io.read_records import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_ZSTD_WINDOW_BYTES  # noqa: PLC0415
+
+    if max_sentences < 1 or max_sentence_chars < 16:
+        raise ValueError("max_sentences must be >= 1 and max_sentence_chars >= 16")
+    start = time.perf_counter()
+    paths = _list_inputs(list(input_globs))
+    stats = _ReadStats()
+    sentences = _sample_sentences(paths, max_sentences, max_sentence_chars, seed, stats,
+                                  max_line_bytes or DEFAULT_MAX_LINE_BYTES,
+                                  max_zstd_window_bytes or DEFAULT_MAX_ZSTD_WINDOW_BYTES)
+    if not sentences:
+        raise ConfigError(f"the inputs {list(input_globs)} ({len(paths)} files) hold no usable documents "
+                         f"(rejected: {stats.rejected})")
+    return sentences, stats, paths, time.perf_counter() - start
+
+
 def train_tokenizer(input_globs: list[str], output_path: str, vocab_size: int, *,
                     max_sentences: int = 200_000, max_sentence_chars: int = 4096,
                     model_type: str = "bpe", seed: int = 0, max_line_bytes: int | None = None,
@@ -136,21 +156,9 @@ def train_tokenizer(input_globs: list[str], output_path: str, vocab_size: int, *
                          f"pieces, so use at least {MIN_VOCAB_SIZE}")
     if model_type not in ("bpe", "unigram"):
         raise ValueError(f"model_type must be 'bpe' or 'unigram', got {model_type!r}")
-    if max_sentences < 1 or max_sentence_chars < 16:
-        raise ValueError("max_sentences must be >= 1 and max_sentence_chars >= 16")
-
-    from transforms.io.read_records import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_ZSTD_WINDOW_BYTES  # noqa: PLC0415
-
     start = time.perf_counter()
-    paths = _list_inputs(list(input_globs))
-    stats = _ReadStats()
-    sentences = _sample_sentences(paths, max_sentences, max_sentence_chars, seed, stats,
-                                  max_line_bytes or DEFAULT_MAX_LINE_BYTES,
-                                  max_zstd_window_bytes or DEFAULT_MAX_ZSTD_WINDOW_BYTES)
-    if not sentences:
-        raise ConfigError(f"the inputs {list(input_globs)} ({len(paths)} files) hold no usable documents "
-                         f"(rejected: {stats.rejected})")
-    read_s = time.perf_counter() - start
+    sentences, stats, paths, read_s = _read_training_sample(input_globs, max_sentences, max_sentence_chars, seed,
+                                                            max_line_bytes, max_zstd_window_bytes)
 
     model = io.BytesIO()
     try:
@@ -229,7 +237,6 @@ def train_hf_bpe(input_globs: list, output_path: str, vocab_size: int, *, max_se
     from tokenizers import (AddedToken, Tokenizer, decoders, models,  # noqa: PLC0415 - only when training
                             pre_tokenizers, processors, trainers)
 
-    from transforms.io.read_records import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_ZSTD_WINDOW_BYTES  # noqa: PLC0415
     from transforms.tokenize import tiktoken_file  # noqa: PLC0415
 
     if isinstance(input_globs, str):
@@ -237,18 +244,9 @@ def train_hf_bpe(input_globs: list, output_path: str, vocab_size: int, *, max_se
     if vocab_size < HF_MIN_VOCAB_SIZE:
         raise ConfigError(f"--vocab-size {vocab_size} is too small: byte-level BPE needs {len(HF_SPECIAL_TOKENS)} "
                          f"special + 256 byte tokens, so use at least {HF_MIN_VOCAB_SIZE}")
-    if max_sentences < 1 or max_sentence_chars < 16:
-        raise ValueError("max_sentences must be >= 1 and max_sentence_chars >= 16")
     start = time.perf_counter()
-    paths = _list_inputs(list(input_globs))
-    stats = _ReadStats()
-    sentences = _sample_sentences(paths, max_sentences, max_sentence_chars, seed, stats,
-                                  max_line_bytes or DEFAULT_MAX_LINE_BYTES,
-                                  max_zstd_window_bytes or DEFAULT_MAX_ZSTD_WINDOW_BYTES)
-    if not sentences:
-        raise ConfigError(f"the inputs {list(input_globs)} ({len(paths)} files) hold no usable documents "
-                         f"(rejected: {stats.rejected})")
-    read_s = time.perf_counter() - start
+    sentences, stats, paths, read_s = _read_training_sample(input_globs, max_sentences, max_sentence_chars, seed,
+                                                            max_line_bytes, max_zstd_window_bytes)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True)
     tok.post_processor = processors.ByteLevel(trim_offsets=False)
