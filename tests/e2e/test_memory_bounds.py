@@ -1,8 +1,8 @@
-"""Memory is bounded by the limits, whatever the input (issue 7 §1), on the real CLI in a child process.
+"""Memory is bounded by the limits, whatever the input on the real CLI in a child process.
 
 The same code paths as bench/memory_bench.py (3 GiB zstd bomb, 300 MB line, a document at the default limit,
 4 Mi blank lines), scaled down: inputs of at most 256 MiB decompressed, `--max-line-mb 1`. Peak RSS is the
-child's own (ru_maxrss of RUSAGE_SELF and RUSAGE_CHILDREN inside it), compared with a reference run of the
+child's own (tests/measured_cli.py: VmHWM and RUSAGE_CHILDREN inside it), compared with a reference run of the
 same command on the good documents alone, measured in the same test.
 """
 from __future__ import annotations
@@ -19,14 +19,13 @@ import pytest
 
 from pipeline.config import MAX_SEQ_LEN, ConfigError, ShardConfig
 from tests.corpus_fixtures import good_documents, pile_line
+from tests.measured_cli import CHILD_CODE, peak_mb
 from tests.unit.io.test_read_records import zstd_bomb
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 IN_MEMORY = ["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 MiB = 1 << 20
-_MEASURED = ("import resource, sys; from pipeline.cli import main; rc = main(sys.argv[1:]); "
-             "r = resource; print('PEAK_KB', max(r.getrusage(r.RUSAGE_SELF).ru_maxrss, "
-             "r.getrusage(r.RUSAGE_CHILDREN).ru_maxrss)); sys.exit(rc)")
+
 
 
 HOSTILE_RECORDS = [pile_line("a good document", "S"),
@@ -37,10 +36,9 @@ HOSTILE_RECORDS = [pile_line("a good document", "S"),
 
 def run_cli_measured(args: list, timeout: int = 300) -> tuple[subprocess.CompletedProcess, float]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    proc = subprocess.run([sys.executable, "-c", _MEASURED, *args], capture_output=True, text=True, env=env,
+    proc = subprocess.run([sys.executable, "-c", CHILD_CODE, *args], capture_output=True, text=True, env=env,
                           timeout=timeout, cwd=REPO)  # `python -c` puts the working directory first on sys.path
-    peak = proc.stdout.split("PEAK_KB")[1].split()[0] if "PEAK_KB" in proc.stdout else "0"
-    return proc, int(peak) / 1024
+    return proc, peak_mb(proc.stdout)
 
 
 def shard_args(inputs: str, out: pathlib.Path, tokenizer: str, *extra: str) -> list:
