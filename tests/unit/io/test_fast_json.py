@@ -95,3 +95,33 @@ def test_the_fuzz_corpus_has_the_strict_outcome_record_by_record(corpus, monkeyp
     assert {"document", "invalid_json", "json_too_deep", "number_too_long", "duplicate_key",
             "invalid_utf8"} <= reasons, reasons
     assert proven > len(records) // 8  # the fast path decided a good share, not only the strict one
+
+
+GRAMMAR = [b"{", b"}", b"[", b"]", b'"', b":", b",", b" ", b"\t", b"\n", b"\r", b"\x0c", b"0", b"1", b"9", b"-", b"+",
+           b".", b"e", b"E", b"true", b"false", b"null", b"NaN", b"Infinity", b"\x00", b"\xc3\xa9", b"\xff",
+           b"\xef\xbb\xbf", b'"k"', b'"k":', b"\\", b"\\u00", b'\\"', b"\\/", b"\\ud83d", b"\\ude00", b"\x7f"]
+
+
+def _same(a, b) -> bool:
+    """Equal values of the same types all the way down (an int the strict parser reads is not a float)."""
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(map(_same, a, b))
+    return a == b
+
+
+def test_what_the_fast_path_proves_is_the_strict_value_on_random_grammar_pieces():
+    rng = random.Random(18)
+    proven = 0
+    for _ in range(60_000):
+        line = b"".join(rng.choice(GRAMMAR) for _ in range(rng.randint(1, 10)))
+        line = b'{"t": ' + line + b"}" if rng.random() < 0.5 else line
+        value = loads_proven(line)
+        if value is UNPROVEN:
+            continue
+        proven += 1
+        assert _same(value, loads_strict(line)), line  # the strict parser accepts it, with the same value
+    assert proven > 500
