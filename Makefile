@@ -10,7 +10,7 @@ SEQ_LEN ?= 2048
 # torch's OpenMP threads spin and slow TF/Beam in the same process; passive waits cost nothing here.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: help setup shard test test-fast bench bench-megatron train clean flex-template worker-image env airflow retrieval retrieval-bench
+.PHONY: help setup shard test test-fast bench bench-megatron bench-profile train clean flex-template worker-image env airflow retrieval retrieval-bench
 
 # `make help` lists targets with a `## text` after their prerequisites, and these:
 ##@ shard: tokenize, pack and shard the embedded sample corpus into out/sample (TOKENIZER=, SEQ_LEN=)
@@ -69,6 +69,16 @@ endif
 bench-megatron: $(STAMP) ## Megatron-LM's preprocess_data.py vs pileprep shard, same documents, 96/384 MB
 	test -n "$(MEGATRON_DIR)" || { echo "set MEGATRON_DIR to a Megatron-LM checkout"; exit 2; }
 	$(BIN)/python bench/megatron_side_by_side.py --megatron-dir "$(MEGATRON_DIR)" $(BENCH_ARGS)
+
+# PROFILE_INPUT= a glob of .jsonl.zst (default: the sample corpus); a fresh output per run (a rerun would be a no-op).
+PROFILE_INPUT ?= $(SAMPLE_DIR)/train/*.jsonl.zst
+bench-profile: $(STAMP) $(SAMPLE_DIR)/.done $(TOKENIZER) ## busy cores per stage, idle core-s, the 1 MB fixed cost, JSON parse cost
+	rm -rf out/bench/profile out/bench/profile-1mb
+	$(BIN)/python bench/profile_shard.py --input '$(PROFILE_INPUT)' --tokenizer $(TOKENIZER) --output out/bench/profile \
+	  --seq-len $(SEQ_LEN)
+	$(BIN)/python bench/profile_shard.py --one-mb --input '$(PROFILE_INPUT)' --tokenizer $(TOKENIZER) \
+	  --output out/bench/profile-1mb --seq-len $(SEQ_LEN)
+	$(BIN)/python bench/json_parse_bench.py --inputs '$(PROFILE_INPUT)'
 
 clean: ## remove out/
 	rm -rf out

@@ -85,6 +85,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
+    # Dask workers run in their own folder: relative inputs would not resolve there.
+    args.input = [os.path.abspath(p) for p in args.input]
+    args.tokenizer = os.path.abspath(args.tokenizer)
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="dask-bench-"))
     port = _free_port()
     sched = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",

@@ -37,7 +37,7 @@ from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model  # noqa: F
 from pipeline.shard import plan as shard_plan
 from transforms.shard import corpus_stats, stages
 from transforms.io import io_utils, memory
-from transforms.tokenize import tokenizer, tokenizer_backends
+from transforms.tokenize import tokenizer, tokenizer_backends, worker_cache
 
 LOG = logging.getLogger("pileprep.shard")
 
@@ -83,15 +83,21 @@ class TokenizeChunk(PlanDoFn):
     def setup(self):
         super().setup()
         model_bytes = self.plan.tokenizer_model()
-        sp = tokenizer.load_processor(model_bytes, self.plan.config.tokenizer, tokenizer.options_of(self.plan.config))
-        self.sp = sp if self.plan.tokenizer_backend is None else tokenizer_backends.make_encoder(
-            self.plan.tokenizer_backend, model_bytes, sp)
-        self.dtype = tokenizer.token_dtype(self.plan.contract.tokenizer.vocab_size)
-        self.byte_mask = corpus_stats.byte_piece_mask(self.sp)
         cfg = self.plan.config
+        # Loaded once per worker thread: DaskRunner runs setup() per partition (transforms/tokenize/worker_cache.py)
+        options = (cfg.tokenizer, tokenizer.options_of(cfg), self.plan.tokenizer_backend,
+                   getattr(cfg, "max_pretoken_mb", None))
+        self.sp, self.byte_mask, long_docs = worker_cache.cached(model_bytes, options, lambda: self._load(model_bytes))
+        self.dtype = tokenizer.token_dtype(self.plan.contract.tokenizer.vocab_size)
         self.settings = stages.TokenizeSettings(cfg.text_field, tuple(cfg.source_fields), cfg.val_fraction,
-                                                cfg.test_fraction, cfg.seed, self.plan.input_splits,
-                                                tokenizer.long_document_plan(self.sp, model_bytes, cfg))
+                                                cfg.test_fraction, cfg.seed, self.plan.input_splits, long_docs)
+
+    def _load(self, model_bytes: bytes) -> tuple:
+        cfg = self.plan.config
+        sp = tokenizer.load_processor(model_bytes, cfg.tokenizer, tokenizer.options_of(cfg))
+        encoder = sp if self.plan.tokenizer_backend is None else tokenizer_backends.make_encoder(
+            self.plan.tokenizer_backend, model_bytes, sp)
+        return encoder, corpus_stats.byte_piece_mask(encoder), tokenizer.long_document_plan(encoder, model_bytes, cfg)
 
     def process(self, chunk):
         unit = cancel.call(self._tokenize, chunk)
