@@ -52,9 +52,11 @@ REFERENCE_NAMES = {formats.SENTENCEPIECE: "sentencepiece", formats.HF_JSON: "tok
 # 6.6x (1 in 256: 2.6%), kitoken 3.6x (1 in 128: 2.8%).
 SPOT_CHECK_EVERY = {("gigatoken", formats.SENTENCEPIECE): 1024, ("gigatoken", formats.HF_JSON): 2048,
                     ("splintr", formats.SENTENCEPIECE): 256, ("kitoken", formats.SENTENCEPIECE): 128}
-# The driver's parity sample, grown from 1 MB with the rarer spot checks: the run's documents checked against
-# the reference before any worker starts.
-PARITY_SAMPLE_BYTES = 4 << 20
+# The driver's parity sample: the run's documents checked against the reference before any worker starts. The
+# reference encodes it on one thread while both cores wait, so it is start-up cost (docs/DESIGN.md: at most 1 MB;
+# 4 MiB took 7.3 of the driver's 10.1 s of planning on a 24 MB input under cProfile, docs/BENCHMARKS.md); the
+# workers' spot checks cover the rest of the run.
+PARITY_SAMPLE_BYTES = 1 << 20
 GIGATOKEN_CACHE_BYTES = 64 << 20  # per encoder; gigatoken's default is 512 MiB (tests/e2e/test_memory_bounds.py)
 
 # sentencepiece_model.proto: ModelProto.trainer_spec = 2, TrainerSpec.model_type = 3 (UNIGRAM 1, BPE 2, ...)
