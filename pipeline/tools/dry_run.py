@@ -11,7 +11,11 @@ source's estimated train tokens, as the job sizes its shards), and output bytes 
 sampled examples exactly as the shard stage does. Core-hours are the CPU time the sample took per stage:
 read+parse per input byte, tokenize per text byte *of each source* (code, prose and maths tokenize at
 different rates, so each source's own measured rate is scaled by that source's estimated bytes), pack+encode
-per example — a machine-dependent estimate, not a promise. Wall time on N workers (`--dry-run-workers`) is the
+per example. Those stage timings miss what the job adds around them (document ids, statistics, spill writes,
+hashing, the runner's per-element cost), so the dry run also runs the job itself, in this process, on a slice of
+the sample (CALIBRATION_BYTES of raw lines from the sampled files, recompressed as they were) and scales the stage
+model by the ratio of the job's CPU to the model's on that same slice (`Calibration`). The CPU of a run of one
+record is subtracted first: start-up is reported on its own. A machine-dependent estimate, not a promise. Wall time on N workers (`--dry-run-workers`) is the
 driver's measured planning time plus core-hours / N, i.e. perfect scaling: a lower bound.
 
 Not modelled: exact duplicates (removed by the job), and compression ratios that change inside a file beyond
@@ -24,6 +28,7 @@ import os
 import time
 import types
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -38,6 +43,7 @@ MAX_SAMPLE_FILES = 16
 SAMPLE_INPUT_BYTES_PER_FILE = 16 << 20  # compressed bytes read per sampled file, at most
 TOKENIZE_CHARS = 8_000_000  # characters tokenized in all; further documents' tokens are scaled from bytes
 ENCODE_EXAMPLES = 256  # examples packed and encoded to measure output bytes per example
+CALIBRATION_BYTES = 4 << 20  # raw JSON lines (in all) the job itself runs on to calibrate the stage model
 
 
 class _CountingReader:
@@ -85,6 +91,7 @@ class Sample:
     tokenize_cpu_s: float = 0.0
     token_arrays: list = field(default_factory=list)  # a few documents' tokens, for the output bytes estimate
     by_source: dict = field(default_factory=dict)  # source -> SourceSample
+    slices: list = field(default_factory=list)  # (input path, [raw lines]): the calibration run's input
 
 
 @dataclass
@@ -119,13 +126,17 @@ def pick_files(rows: list, n: int = MAX_SAMPLE_FILES) -> list:
 
 
 def sample_inputs(rows: list, config: ShardConfig, sp, budget_per_file: int = SAMPLE_INPUT_BYTES_PER_FILE,
-                  tokenize_chars: int = TOKENIZE_CHARS, input_splits: dict = None) -> Sample:
-    """`input_splits`: path -> the split a --val-input / --test-input file goes to whole (HASHED otherwise)."""
+                  tokenize_chars: int = TOKENIZE_CHARS, input_splits: dict = None,
+                  slice_bytes: int = 0) -> Sample:
+    """`input_splits`: path -> the split a --val-input / --test-input file goes to whole (HASHED otherwise).
+    `slice_bytes`: raw lines kept (in all, spread over the files) for the calibration run."""
     s = Sample()
     chars_left = tokenize_chars
     per_file_chars = max(1, tokenize_chars // max(1, len(rows)))
+    per_file_slice = slice_bytes // max(1, len(rows))
     for row in rows:
         file_chars = min(per_file_chars, chars_left)
+        lines, slice_left = [], per_file_slice
         t0 = time.process_time()
         with io_utils.open_read(row["path"]) as raw:
             stream = _CountingReader(raw)
@@ -137,6 +148,9 @@ def sample_inputs(rows: list, config: ShardConfig, sp, budget_per_file: int = SA
                     continue
                 s.records += 1
                 s.raw_bytes += len(item.data) + 1
+                if slice_left > 0:
+                    lines.append(item.data)
+                    slice_left -= len(item.data) + 1
                 doc = parse_record(item.data, config.text_field, config.source_fields)
                 if not isinstance(doc, Document):
                     if doc.kind == "dead_letter":
@@ -150,6 +164,8 @@ def sample_inputs(rows: list, config: ShardConfig, sp, budget_per_file: int = SA
                 if stream.count >= budget_per_file:
                     break
             s.input_bytes += stream.count
+        if lines:
+            s.slices.append((row["path"], lines))
         chars_left -= per_file_chars
         s.read_cpu_s += time.process_time() - t0
     s.read_cpu_s -= s.tokenize_cpu_s
@@ -228,6 +244,98 @@ class Estimate:
     wall_s: float = 0.0  # driver planning + core-hours / workers (perfect scaling: a lower bound)
     startup_s: float = 0.0
     sources: dict = field(default_factory=dict)  # source -> {documents, tokens, text_bytes, tokenize_core_s}
+    calibration: Optional["Calibration"] = None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The job run on a slice of the sample and on its first half: its marginal CPU per raw byte beside the stage
+    model's for the same slice, and the CPU a run spends above a one-record run whatever its size (shards,
+    units, planning: `overhead_cpu_s`)."""
+    raw_bytes: int
+    job_cpu_per_byte: float
+    model_cpu_per_byte: float
+    overhead_cpu_s: float
+
+    @property
+    def factor(self) -> float:
+        if self.model_cpu_per_byte > 0 and self.job_cpu_per_byte > 0:
+            return self.job_cpu_per_byte / self.model_cpu_per_byte
+        return 1.0
+
+
+def _cpu_s() -> float:
+    import resource  # noqa: PLC0415
+
+    r = resource.getrusage(resource.RUSAGE_SELF)  # the in-memory runner's workers are threads of this process
+    return r.ru_utime + r.ru_stime
+
+
+_IN_PROCESS = ["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+
+
+def write_slices(slices: list, directory: str) -> list:
+    """The calibration input: each sampled file's slice of raw lines, compressed as the file was."""
+    import gzip  # noqa: PLC0415
+
+    import zstandard  # noqa: PLC0415
+
+    paths = []
+    for i, (path, lines) in enumerate(slices):
+        body = b"".join(line + b"\n" for line in lines)
+        kind = compression_of(path)
+        suffix = {"zstd": ".jsonl.zst", "gzip": ".jsonl.gz"}.get(kind, ".jsonl")
+        data = zstandard.ZstdCompressor(level=3).compress(body) if kind == "zstd" else (
+            gzip.compress(body, compresslevel=6) if kind == "gzip" else body)
+        out = os.path.join(directory, f"slice-{i:03d}{suffix}")
+        with open(out, "wb") as f:
+            f.write(data)
+        paths.append(out)
+    return paths
+
+
+def calibrate(config: ShardConfig, slices: list) -> Optional[Calibration]:
+    """Run the job in this process on `slices` and on one record of them, in a temporary directory this
+    function creates and removes; the stage model's estimate for the same slice beside it."""
+    import dataclasses  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    from pipeline.shard import shard_pipeline  # noqa: PLC0415
+
+    if not slices:
+        return None
+    root = tempfile.mkdtemp(prefix="pileprep-dry-run-")
+    try:
+        os.mkdir(os.path.join(root, "in"))
+        os.mkdir(os.path.join(root, "one"))
+        paths = write_slices(slices, os.path.join(root, "in"))
+        write_slices([(slices[0][0], slices[0][1][:1])], os.path.join(root, "one"))
+        base = dict(val_inputs=(), test_inputs=(), staging_dir=None, allow_unknown_sources=True,
+                    num_shards=config.num_shards or 1)
+        one = dataclasses.replace(config, inputs=(os.path.join(root, "one", "*"),),
+                                  output=os.path.join(root, "one-out"), **{**base, "source_weights": ""})
+        full = dataclasses.replace(config, inputs=(os.path.join(root, "in", "*"),), output=os.path.join(root, "out"),
+                                   **base)
+        half = dataclasses.replace(full, inputs=(os.path.join(root, "half", "*"),),
+                                   output=os.path.join(root, "half-out"))
+        os.mkdir(os.path.join(root, "half"))
+        write_slices([(p, lines[:max(1, len(lines) // 2)]) for p, lines in slices], os.path.join(root, "half"))
+        cpu = []
+        for cfg in (one, half, full):
+            c0 = _cpu_s()
+            shard_pipeline.run_outcome(cfg, _IN_PROCESS, progress_every_s=0)
+            cpu.append(_cpu_s() - c0)
+        raw = sum(len(line) + 1 for _p, lines in slices for line in lines)
+        raw_half = sum(len(line) + 1 for _p, lines in slices for line in lines[:max(1, len(lines) // 2)])
+        model = estimate(dataclasses.replace(full, output=os.path.join(root, "model-never")), _IN_PROCESS,
+                         sample_files=len(paths), budget_per_file=1 << 62, workers=1, calibrated=False)
+        job_per_byte = (cpu[2] - cpu[1]) / (raw - raw_half) if raw > raw_half else 0.0
+        overhead = max(0.0, (cpu[2] - cpu[0]) - job_per_byte * raw)
+        return Calibration(raw_bytes=raw, job_cpu_per_byte=max(job_per_byte, 0.0),
+                           model_cpu_per_byte=model.core_hours * 3600.0 / raw, overhead_cpu_s=overhead)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def default_workers(beam_args) -> int:
@@ -241,7 +349,8 @@ def default_workers(beam_args) -> int:
 
 
 def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False, sample_files: int = MAX_SAMPLE_FILES,
-             budget_per_file: int = SAMPLE_INPUT_BYTES_PER_FILE, workers: int = None) -> Estimate:
+             budget_per_file: int = SAMPLE_INPUT_BYTES_PER_FILE, workers: int = None,
+             calibrated: bool = True) -> Estimate:
     from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
 
     from pipeline.shard import shard_pipeline  # noqa: PLC0415
@@ -275,7 +384,8 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
     for group in groups:
         if group:
             picked = pick_files(group, sample_files)
-            sample = sample_inputs(picked, config, sp, budget_per_file, input_splits=input_splits)
+            sample = sample_inputs(picked, config, sp, budget_per_file, input_splits=input_splits,
+                                   slice_bytes=CALIBRATION_BYTES // len(groups) if calibrated else 0)
             scale = sum(r["bytes"] for r in group) / sample.input_bytes if sample.input_bytes else 0.0
             parts.append((picked, sample, scale))
     split_tokens = [0.0] * len(SPLITS)
@@ -335,6 +445,12 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
     notes = []
     if sampled_bytes < total_in:
         notes.append(f"sampled {sampled_bytes / total_in:.1%} of the input bytes")
+    calibration = calibrate(config, [sl for _p, smp, _scale in parts for sl in smp.slices]) if calibrated else None
+    if calibration is not None:
+        core_s = core_s * calibration.factor + calibration.overhead_cpu_s
+        notes.append(f"core time calibrated by the job itself on {calibration.raw_bytes:,} raw bytes of the sample: "
+                     f"x{calibration.factor:.2f} the stage model per byte, plus {calibration.overhead_cpu_s:,.1f} "
+                     f"CPU-s per run")
     return Estimate(files=len(rows), input_bytes=total_in, sampled_files=sampled_files,
                     sampled_input_bytes=sampled_bytes, raw_bytes=int(raw_bytes),
                     records=int(round(records)), documents=int(round(documents)),
@@ -346,7 +462,7 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
                     sources={n: {"documents": int(round(r["documents"])), "tokens": int(round(r["tokens"])),
                                  "text_bytes": int(round(r["text_bytes"])),
                                  "tokenize_core_s": round(r["tokenize_core_s"], 3)}
-                             for n, r in sorted(sources.items())})
+                             for n, r in sorted(sources.items())}, calibration=calibration)
 
 
 def format_estimate(e: Estimate) -> str:
