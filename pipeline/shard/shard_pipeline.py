@@ -340,19 +340,17 @@ class ShardJob(job.Job):
             self.log.event("warning", skipped_input=row["path"], reason=row["reason"])
         self.log.event("plan", generation=plan.generation, files=len(plan.ledger), input_bytes=plan.input_bytes,
                        incremental=plan.incremental)
-        return plan
+        # Under the lock, before the decision: what a killed run left is reused or discarded (with a note) even
+        # when there is nothing to do (pipeline/shard/resume.py)
+        found = resume.reconcile(plan, not self.config.no_resume, self.live_generations(committed))
+        self.log.event("resume", **found.to_event())
+        return dataclasses.replace(plan, resumed_splits=found.splits, resumed_units=found.units)
 
     def decide(self, plan: JobPlan) -> job.Decision:
         return shard_plan.decide(plan)
 
     def stage(self, plan: JobPlan) -> JobPlan:
-        """Reuse what a killed run of this generation finished (or discard it, with a note), then say whose
-        staging this is for the next run and stage the model (pipeline/shard/resume.py)."""
-        found = resume.reconcile(plan, not self.config.no_resume, self.live_generations(plan.previous))
-        self.log.event("resume", **found.to_event())
-        guards.mark_staging(plan.staging_dir, self.output, plan.generation)  # again: a discarded staging lost it
-        resume.write_resume_record(plan)
-        plan = dataclasses.replace(plan, resumed_splits=found.splits, resumed_units=found.units)
+        resume.write_resume_record(plan)  # before any work: a killed run's staging is then resumable
         return stage_model(plan)
 
     def execute(self, plan: JobPlan) -> Executed:
