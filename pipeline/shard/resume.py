@@ -11,8 +11,9 @@ and by the output (pipeline/ops/guards.py: staging_dir_for). Besides the work fi
 
 Units depend only on the inputs and --unit-mb (transforms/shard/stages.py split_input_file), never on the
 worker count, so markers survive a rerun on another runner or worker count. The driver checks every marker
-before the pipeline starts (`reconcile`); workers reuse only what the plan lists (`load_split`, `load_unit`)
-and mark what they finish (`mark_split`, `mark_unit`). Packed shards are not resumed: packing reads every
+before the pipeline starts (`reconcile`: names, fingerprint, ledger, sizes); workers reuse only what the plan
+lists, after checking the sha256 of its files (`load_split`, `load_unit`), and mark what they finish
+(`mark_split`, `mark_unit`). Packed shards are not resumed: packing reads every
 unit and is a few percent of a run, so it is simply redone (same bytes).
 
 Markers and results are JSON, never pickles: a marker is data read back from a directory another process
@@ -44,7 +45,7 @@ _UNIT_NAME = re.compile(r"f[0-9]{6}-c[0-9]{5}")
 _MARKER_NAME = re.compile(r"(split-f[0-9]{6}|unit-f[0-9]{6}-c[0-9]{5})\.json")
 # What a killed writer leaves (transforms/io/io_utils.py: _LocalAtomicWriter's and replace_atomically's names)
 _TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.(part|tmp)")
-HASH_THREADS = 8  # hashlib releases the GIL: checking a big staging is bound by the disk, not one core
+CHECK_THREADS = 8  # one stat per file: on an object store the driver waits on round trips, not on a core
 NOTES_SHOWN = 5
 
 
@@ -221,20 +222,40 @@ def _read_marker(plan, name: str) -> dict:
     return marker
 
 
-def load_unit(plan, unit_name: str) -> "stages.UnitResult":
-    """A reusable unit's result (the driver checked its files: pipeline/shard/resume.py reconcile)."""
-    return unit_from_record(_read_marker(plan, unit_marker_name(unit_name))["result"], plan.staging_dir,
-                            plan.data_dir)
+def load_unit(plan, unit_name: str) -> Optional["stages.UnitResult"]:
+    """A reusable unit's result, its files' sha256 checked here; None (with the note) when one does not match."""
+    marker = _checked_on_worker(plan, unit_marker_name(unit_name))
+    return None if marker is None else unit_from_record(marker["result"], plan.staging_dir, plan.data_dir)
 
 
-def load_split(plan, file_idx: int) -> SplitOutput:
-    return split_from_record(_read_marker(plan, split_marker_name(file_idx))["result"], plan.staging_dir,
-                             plan.data_dir)
+def load_split(plan, file_idx: int) -> Optional[SplitOutput]:
+    marker = _checked_on_worker(plan, split_marker_name(file_idx))
+    return None if marker is None else split_from_record(marker["result"], plan.staging_dir, plan.data_dir)
 
 
-def check_marker(plan, name: str) -> None:
-    """Discard unless marker `name` is this run's, describes the work this plan would do, and every file it
-    names is there with its recorded size and sha256."""
+def _checked_on_worker(plan, name: str) -> Optional[dict]:
+    """The driver compared sizes only (one stat per file, cheap on S3 too); the sha256 of a reused unit's files is
+    checked by the worker that reuses it, so those reads are spread over the workers like the work itself."""
+    try:
+        return check_marker(plan, name, hashes=True)
+    except Discard as e:
+        LOG.warning("resume: discarded the finished %s (%s); it is redone", name, e)
+        _delete_file(marker_path(plan.staging_dir, name))
+        return None
+
+
+def _size(path: str) -> int:
+    if io_utils.is_local(path):
+        return os.path.getsize(path)
+    found = [m for m in FileSystems.match([path])[0].metadata_list if m.path == path]
+    if not found:
+        raise FileNotFoundError(path)
+    return int(found[0].size_in_bytes)
+
+
+def check_marker(plan, name: str, hashes: bool = False) -> dict:
+    """Marker `name`, unless it is not this run's, does not describe the work this plan would do, or a file it
+    names is missing or not of its recorded size (with `hashes`, sha256 too): then Discard with the reason."""
     marker = _read_marker(plan, name)
     rec = marker["result"]
     if name.startswith("unit-"):
@@ -259,12 +280,14 @@ def check_marker(plan, name: str) -> None:
     for r in rows:
         path = _root_path(r["root"], plan.staging_dir, plan.data_dir, r["path"])
         try:
-            size, sha = sha256_file(path, opener=io_utils.open_read)
+            size, sha = sha256_file(path, opener=io_utils.open_read) if hashes else (_size(path), None)
         except OSError:
             raise Discard(f"{r['path']} is missing") from None
-        if size != r.get("bytes") or sha != r.get("sha256"):
-            raise Discard(f"{r['path']} is damaged ({size} bytes, sha256 {sha[:12]}…; the marker says "
-                          f"{r.get('bytes')} bytes, {str(r.get('sha256'))[:12]}…)")
+        if size != r.get("bytes") or (hashes and sha != r.get("sha256")):
+            found = f"{size} bytes" + (f", sha256 {sha[:12]}…" if hashes else "")
+            raise Discard(f"{r['path']} is damaged ({found}; the marker says {r.get('bytes')} bytes, sha256 "
+                          f"{str(r.get('sha256'))[:12]}…)")
+    return marker
 
 
 # ------------------------------------------------------------------------------------- whose staging
@@ -343,7 +366,8 @@ def reconcile(plan, enabled: bool = True, live=frozenset()) -> Resumed:
     Every resumable staging of this output other than this plan's (another fingerprint), and this plan's when
     resuming is off or its input ledger changed, is removed with its partial generation directory (never a
     generation in `live`, the committed ones). In the kept staging, each completion marker is checked
-    (`check_marker`); a marker that fails is removed, its work is redone. One note per discarded staging
+    (`check_marker`: names, fingerprint, ledger, sizes; the worker that reuses it checks the sha256); a marker
+    that fails is removed, its work is redone. One note per discarded staging
     and per discarded marker (the first NOTES_SHOWN, then a count) goes to the log's warnings (stderr).
     """
     output = plan.config.output
@@ -379,7 +403,7 @@ def reconcile(plan, enabled: bool = True, live=frozenset()) -> Resumed:
         except Discard as e:
             return name, str(e)
 
-    with ThreadPoolExecutor(HASH_THREADS) as pool:
+    with ThreadPoolExecutor(CHECK_THREADS) as pool:
         results = list(pool.map(check, names))
     bad = [(n, why) for n, why in results if why is not None]
     for name, _why in bad:

@@ -59,9 +59,10 @@ class SplitInputFile(PlanDoFn):
 
     def _split(self, file_idx: int, path: str) -> SplitOutput:
         cfg = self.plan.config
-        if resume.split_marker_name(file_idx) in self.plan.resumed_splits:  # an earlier run's, checked (resume.py)
-            output = resume.load_split(self.plan, file_idx)
-        else:
+        output = None
+        if resume.split_marker_name(file_idx) in self.plan.resumed_splits:  # an earlier run's (resume.py)
+            output = resume.load_split(self.plan, file_idx)  # None: a file did not match its sha256
+        if output is None:
             result = stages.split_input_file(file_idx, path, self.plan.staging_dir, self.plan.data_dir,
                                              cfg.unit_bytes, cfg.max_line_bytes, cfg.max_zstd_window_bytes,
                                              (cfg.text_field, *cfg.source_fields), cancel.check)
@@ -108,10 +109,11 @@ class TokenizeChunk(PlanDoFn):
             yield unit
 
     def _tokenize(self, chunk) -> "stages.UnitResult":
-        reused = resume.unit_marker_name(chunk.unit_name) in self.plan.resumed_units
-        if reused:  # finished by an earlier run of this generation, checked by the driver (pipeline/shard/resume.py)
-            unit = resume.load_unit(self.plan, chunk.unit_name)
-        else:
+        unit = None
+        if resume.unit_marker_name(chunk.unit_name) in self.plan.resumed_units:  # finished by an earlier run
+            unit = resume.load_unit(self.plan, chunk.unit_name)  # None: a file did not match (pipeline/shard/resume.py)
+        reused = unit is not None
+        if not reused:
             unit = stages.tokenize_chunk(chunk, self.sp, self.dtype, self.settings, self.plan.staging_dir,
                                          self.plan.data_dir, self.byte_mask, cancel.check)
             resume.mark_unit(self.plan, unit)

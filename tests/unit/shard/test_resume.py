@@ -68,17 +68,29 @@ def test_finished_work_of_the_same_run_is_reused_as_it_was(tmp_path, caplog):
 def test_a_damaged_file_or_marker_is_discarded_with_a_note_and_redone(tmp_path, caplog):
     plan = _plan(tmp_path)
     _split, unit = _finished_run(plan)
-    data = bytearray(open(unit.tokens_path, "rb").read())
-    data[3] ^= 1  # same size, other bytes: only the sha256 tells
-    open(unit.tokens_path, "wb").write(bytes(data))
+    with open(unit.index_path, "ab") as f:
+        f.write(b"+")  # another size: the driver's check finds it
     io_utils.write_bytes(resume.marker_path(plan.staging_dir, "split-f000000"), b'{"fingerprint": "gen-')
     found = resume.reconcile(plan)
     assert found.units == set() and found.splits == set()
     notes = _notes(caplog)
     assert len(notes) == 2 and all("\n" not in n for n in notes)
-    assert any(f"unit-{UNIT}" in n and f"units/{UNIT}.tokens is damaged" in n for n in notes)
+    assert any(f"unit-{UNIT}" in n and f"units/{UNIT}.index is damaged (6 bytes" in n for n in notes)
     assert any("split-f000000" in n and "unreadable" in n for n in notes)
     assert not io_utils.exists(resume.marker_path(plan.staging_dir, "unit-" + UNIT))  # gone: never reused later
+
+
+def test_same_size_other_bytes_are_found_by_the_worker_that_would_reuse_the_unit(tmp_path, caplog):
+    plan = _plan(tmp_path)
+    _split, unit = _finished_run(plan)
+    data = bytearray(open(unit.tokens_path, "rb").read())
+    data[3] ^= 1  # same size, other bytes: only the sha256 tells
+    open(unit.tokens_path, "wb").write(bytes(data))
+    assert resume.reconcile(plan).units == {"unit-" + UNIT}  # sizes only on the driver
+    assert resume.load_unit(plan, UNIT) is None  # the worker tokenizes it again
+    (note,) = _notes(caplog)
+    assert f"unit-{UNIT}" in note and f"units/{UNIT}.tokens is damaged" in note and "redone" in note
+    assert not io_utils.exists(resume.marker_path(plan.staging_dir, "unit-" + UNIT))
 
 
 def test_a_missing_dead_letter_file_in_the_generation_directory_discards_the_unit(tmp_path, caplog):
