@@ -320,7 +320,9 @@ def resumable_stagings(output: str, staging_root: str) -> dict:
         directory = m.path[: -len(RESUME_FILE)].rstrip("/")
         rec = read_resume_record(directory)
         generation = rec.get("generation") if rec else None
-        if (rec and rec.get("output") == output and guards.is_staging_name(directory.rsplit("/", 1)[-1])
+        owner = rec.get("output") if rec else None
+        if (isinstance(owner, str) and guards.normal_path(owner) == guards.normal_path(output)
+                and guards.is_staging_name(directory.rsplit("/", 1)[-1])
                 and isinstance(generation, str) and directory.rsplit("/", 1)[-1].startswith(generation + ".")):
             out[directory] = generation
     return out
@@ -328,7 +330,7 @@ def resumable_stagings(output: str, staging_root: str) -> dict:
 
 def _mismatch(plan, staging_dir: str, enabled: bool) -> Optional[str]:
     """Why the staging at `staging_dir` cannot be resumed by this plan; None when it can."""
-    if staging_dir.rstrip("/") != plan.staging_dir.rstrip("/"):
+    if guards.normal_path(staging_dir) != guards.normal_path(plan.staging_dir):  # "out" and "./out/" alike
         return "another fingerprint (config, tokenizer or input ledger) than this run's " + plan.generation
     if not enabled:
         return "--no-resume"

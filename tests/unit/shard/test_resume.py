@@ -172,3 +172,14 @@ def test_records_round_trip_without_dead_letters(tmp_path):
     _split, unit = _finished_run(plan, dead_letter=False)
     assert resume.reconcile(plan).units == {"unit-" + UNIT}
     assert resume.load_unit(plan, UNIT) == dataclasses.replace(unit, dead_letter_path=None)
+
+
+def test_a_relative_output_resumes_its_own_staging(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    plan = _plan(tmp_path)
+    output = "./out/"  # the spelling a user may give; FileSystems lists it back as it was given
+    plan.config.output = output
+    plan.staging_dir = guards.staging_dir_for(output, None, GEN)
+    plan.data_dir = io_utils.join(output, GEN)
+    _finished_run(plan)
+    assert resume.reconcile(plan).units == {"unit-" + UNIT} and _notes(caplog) == []
