@@ -159,6 +159,10 @@ class ShardConfig:
     overwrite: bool = option(
         False, "replace a committed dataset made with another configuration (seq_len, tokenizer, ...); without "
         "it such a run exits 2 naming what differs", manifest=False, group="operations (docs/OPERATIONS.md)")
+    no_resume: bool = option(
+        False, "start afresh: discard the staging a killed run of the same config and inputs left, instead of "
+        "reusing its finished units (resuming is the default; docs/OPERATIONS.md)", manifest=False,
+        group="operations (docs/OPERATIONS.md)")
     max_dead_letter_fraction: float = option(
         0.5, "fail without committing when more than this fraction of the records read are dead-lettered "
         "(checked once at least 1,000 records were read)", manifest=False, metavar="FRACTION",

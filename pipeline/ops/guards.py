@@ -11,7 +11,9 @@ line naming the option) / RunError (exit 1). They run on the driver, before Beam
   mark_staging / cleanup_abandoned
                            staging of a crashed run carries a marker; the next run on that output (holding
                            the output's lock, so nobody else is writing) removes it, and any generation
-                           directory the committed manifest does not reference
+                           directory the committed manifest does not reference, except a staging with a
+                           resume record (and its generation): the shard job judges those itself
+                           (pipeline/shard/resume.py reconcile: reused, or discarded with a note)
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from transforms.io.read_records import FileDamage, compression_of, iter_raw_reco
 
 LOG = logging.getLogger("pileprep.guards")
 STAGING_MARKER = ".pileprep-staging.json"
+RESUME_RECORD = "resume.json"  # a resumable staging's owner, generation and input ledger (pipeline/shard/resume.py)
 SAMPLE_RECORDS = 200  # records sampled (from the first input files) to check --text-field
 SAMPLE_FILES = 3
 SAMPLE_SCAN_LINES = 10_000  # per file: blank or damaged lines count too, so the sample never reads a whole file
@@ -245,6 +248,7 @@ def cleanup_abandoned(output: str, staging_root: str, committed: Optional[Manife
     the output's lock (then no other run is writing either). Returns the removed paths."""
     removed = []
     live = integrity.referenced_generations(committed) | set(keep)
+    resumable = set()
     try:
         markers = FileSystems.match([io_utils.join(staging_root, "*", STAGING_MARKER)])[0].metadata_list
     except Exception:  # noqa: BLE001 - nothing staged
@@ -257,8 +261,13 @@ def cleanup_abandoned(output: str, staging_root: str, committed: Optional[Manife
         except (OSError, ValueError):
             continue
         if owner == output and is_staging_name(name):
+            generation = _resumable_generation(directory, output, name)
+            if generation is not None and generation not in live:
+                resumable.add(generation)  # kept with its partial generation for the next run to judge
+                continue
             io_utils.delete_tree(directory)
             removed.append(directory)
+    live |= resumable
     if io_utils.is_local(output):
         names = os.listdir(output) if os.path.isdir(output) else []
     else:
@@ -279,3 +288,17 @@ def cleanup_abandoned(output: str, staging_root: str, committed: Optional[Manife
                 os.unlink(path)
             removed.append(path)
     return removed
+
+
+def _resumable_generation(directory: str, output: str, name: str) -> Optional[str]:
+    """The generation a staging's resume record names, when it is `output`'s and matches the staging's name."""
+    try:
+        record = json.loads(io_utils.read_bytes(io_utils.join(directory, RESUME_RECORD)).decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    generation = record.get("generation")
+    if record.get("output") != output or not isinstance(generation, str) or not name.startswith(generation + "."):
+        return None
+    return generation if is_generation_name(generation) else None

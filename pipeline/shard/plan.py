@@ -54,6 +54,10 @@ class JobPlan:
     # plan is pickled (bz2, level 9) into the job graph, and a 0.5 MB model in each cost ~0.5 s of start-up
     # and megabytes of graph (Dataflow caps a job's graph at 10 MB).
     model_path: Optional[str] = None
+    # Resume (pipeline/shard/resume.py): the completion markers of an earlier killed run of this generation that
+    # the driver checked; workers reuse those splits and units instead of redoing them.
+    resumed_splits: frozenset = frozenset()
+    resumed_units: frozenset = frozenset()
 
     def tokenizer_model(self) -> bytes:
         """The model bytes: from the plan, or from the staged copy, checked against the contract's sha256."""

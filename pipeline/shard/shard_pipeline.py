@@ -30,7 +30,7 @@ from pipeline.beam_glue import (FilesystemOptions, GatherAll, PlanDoFn, Spread, 
 from pipeline.config import PILEPREP_VERSION, ShardConfig
 from pipeline.errors import RunError
 from pipeline.ops import commit, guards, incremental, progress, runlog, runners
-from pipeline.shard import cancel, integrity, near_dedup_graph, preflight, runner_shuffle
+from pipeline.shard import cancel, integrity, near_dedup_graph, preflight, resume, runner_shuffle
 from pipeline.shard.records import CommitParts, InputFile, SplitOutput
 from pipeline.shard.manifest_builder import build_manifest, plan_shard_tasks
 from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model  # noqa: F401 - the job's public names
@@ -59,15 +59,23 @@ class SplitInputFile(PlanDoFn):
 
     def _split(self, file_idx: int, path: str) -> SplitOutput:
         cfg = self.plan.config
-        result = stages.split_input_file(file_idx, path, self.plan.staging_dir, self.plan.data_dir,
-                                         cfg.unit_bytes, cfg.max_line_bytes, cfg.max_zstd_window_bytes,
-                                         (cfg.text_field, *cfg.source_fields), cancel.check)
-        size, sha = incremental.file_sha256(path)
+        output = None
+        if resume.split_marker_name(file_idx) in self.plan.resumed_splits:  # an earlier run's (resume.py)
+            output = resume.load_split(self.plan, file_idx)  # None: a file did not match its sha256
+        if output is None:
+            result = stages.split_input_file(file_idx, path, self.plan.staging_dir, self.plan.data_dir,
+                                             cfg.unit_bytes, cfg.max_line_bytes, cfg.max_zstd_window_bytes,
+                                             (cfg.text_field, *cfg.source_fields), cancel.check)
+            size, sha = incremental.file_sha256(path)
+            output = SplitOutput(result, InputFile(path, size, sha256=sha))
+            resume.mark_split(self.plan, output)
+        size = output.digest.bytes
         self.records.inc()
         self.input_bytes.inc(size)
         progress.write_marker(self.plan.staging_dir, f"split-f{file_idx:06d}", {
-            "input_files": 1, "input_bytes": size, "split_raw_bytes": sum(c.raw_bytes for c in result.chunks)})
-        return SplitOutput(result, InputFile(path, size, sha256=sha))
+            "input_files": 1, "input_bytes": size,
+            "split_raw_bytes": sum(c.raw_bytes for c in output.result.chunks)})
+        return output
 
 
 class TokenizeChunk(PlanDoFn):
@@ -79,6 +87,8 @@ class TokenizeChunk(PlanDoFn):
         self.tokens = Metrics.counter("pileprep", "tokens")
         self.records = Metrics.counter("pileprep", "records")
         self.raw_bytes = Metrics.counter("pileprep", "raw_bytes")
+        self.units_tokenized = Metrics.counter("pileprep", "units_tokenized")
+        self.units_reused = Metrics.counter("pileprep", "units_reused")
 
     def setup(self):
         super().setup()
@@ -105,15 +115,23 @@ class TokenizeChunk(PlanDoFn):
             yield unit
 
     def _tokenize(self, chunk) -> "stages.UnitResult":
-        unit = stages.tokenize_chunk(chunk, self.sp, self.dtype, self.settings, self.plan.staging_dir,
-                                     self.plan.data_dir, self.byte_mask, cancel.check)
+        unit = None
+        if resume.unit_marker_name(chunk.unit_name) in self.plan.resumed_units:  # finished by an earlier run
+            unit = resume.load_unit(self.plan, chunk.unit_name)  # None: a file did not match (pipeline/shard/resume.py)
+        reused = unit is not None
+        if not reused:
+            unit = stages.tokenize_chunk(chunk, self.sp, self.dtype, self.settings, self.plan.staging_dir,
+                                         self.plan.data_dir, self.byte_mask, cancel.check)
+            resume.mark_unit(self.plan, unit)
+        (self.units_reused if reused else self.units_tokenized).inc()
         self.documents.inc(unit.n_docs)
         self.tokens.inc(sum(unit.split_tokens))
         self.records.inc(unit.stats.read)
         self.raw_bytes.inc(chunk.raw_bytes)
         progress.write_marker(self.plan.staging_dir, "unit-" + unit.name, {
             "documents": unit.n_docs, "tokens": sum(unit.split_tokens), "records": unit.stats.read,
-            "raw_bytes": chunk.raw_bytes, "dead_letters": sum(unit.stats.dead_lettered.values())})
+            "raw_bytes": chunk.raw_bytes, "dead_letters": sum(unit.stats.dead_lettered.values()),
+            "units_reused" if reused else "units_tokenized": 1})
         return unit
 
 
@@ -330,12 +348,17 @@ class ShardJob(job.Job):
             self.log.event("warning", skipped_input=row["path"], reason=row["reason"])
         self.log.event("plan", generation=plan.generation, files=len(plan.ledger), input_bytes=plan.input_bytes,
                        incremental=plan.incremental)
-        return plan
+        # Under the lock, before the decision: what a killed run left is reused or discarded (with a note) even
+        # when there is nothing to do (pipeline/shard/resume.py)
+        found = resume.reconcile(plan, not self.config.no_resume, self.live_generations(committed))
+        self.log.event("resume", **found.to_event())
+        return dataclasses.replace(plan, resumed_splits=found.splits, resumed_units=found.units)
 
     def decide(self, plan: JobPlan) -> job.Decision:
         return shard_plan.decide(plan)
 
     def stage(self, plan: JobPlan) -> JobPlan:
+        resume.write_resume_record(plan)  # before any work: a killed run's staging is then resumable
         return stage_model(plan)
 
     def execute(self, plan: JobPlan) -> Executed:

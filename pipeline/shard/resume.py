@@ -1,0 +1,433 @@
+"""Resuming a killed shard run from the finished work its staging holds (docs/OPERATIONS.md "Resume").
+
+A run's staging directory is named by its generation, the fingerprint of config + tokenizer + input ledger,
+and by the output (pipeline/ops/guards.py: staging_dir_for). Besides the work files it holds:
+
+  resume.json                      {output, generation, inputs}: whose staging it is, over which ledger rows
+                                   (path, bytes, mtime / ETag), written before any work
+  done/split-f000003.json          one completion marker per split input file and per tokenized unit,
+  done/unit-f000003-c00012.json    written last (temp + rename, transforms/io/io_utils.py open_write): the
+                                   stage's result and the size + sha256 of every file it wrote
+
+Units depend only on the inputs and --unit-mb (transforms/shard/stages.py split_input_file), never on the
+worker count, so markers survive a rerun on another runner or worker count. The driver checks every marker
+before the pipeline starts (`reconcile`: names, fingerprint, ledger, sizes); workers reuse only what the plan
+lists, after checking the sha256 of its files (`load_split`, `load_unit`), and mark what they finish
+(`mark_split`, `mark_unit`). Packed shards are not resumed: packing reads every
+unit and is a few percent of a run, so it is simply redone (same bytes).
+
+Markers and results are JSON, never pickles: a marker is data read back from a directory another process
+wrote, so every field is type-checked and every file it names must be the one its unit would write.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Optional
+
+from apache_beam.io.filesystems import FileSystems
+
+from model_contract.hashing import sha256_file
+from pipeline.ops import guards, progress
+from pipeline.shard.records import InputFile, SplitOutput
+from transforms.io import io_utils
+from transforms.shard import stages
+
+LOG = logging.getLogger("pileprep.resume")
+RESUME_FILE = guards.RESUME_RECORD
+DONE_DIR = "done"
+STAGING, DATA = "staging", "data"  # the two roots a marker's files live under
+_UNIT_NAME = re.compile(r"f[0-9]{6}-c[0-9]{5}")
+_MARKER_NAME = re.compile(r"(split-f[0-9]{6}|unit-f[0-9]{6}-c[0-9]{5})\.json")
+# What a killed writer leaves (transforms/io/io_utils.py: _LocalAtomicWriter's and replace_atomically's names)
+_TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.(part|tmp)")
+CHECK_THREADS = 8  # one stat per file: on an object store the driver waits on round trips, not on a core
+NOTES_SHOWN = 5
+
+
+class Discard(ValueError):
+    """A marker (or a staging) that does not match this run; the message is the reason, for the note."""
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What the driver found reusable: marker names (`split-f…`, `unit-f…`) and the one-line notes it logged."""
+    splits: frozenset = frozenset()
+    units: frozenset = frozenset()
+    notes: tuple = ()
+
+    def to_event(self) -> dict:
+        return {"splits_reusable": len(self.splits), "units_reusable": len(self.units), "notes": list(self.notes)}
+
+
+# ------------------------------------------------------------------------------------------- names, files
+def split_marker_name(file_idx: int) -> str:
+    return f"split-f{file_idx:06d}"
+
+
+def unit_marker_name(unit_name: str) -> str:
+    return "unit-" + unit_name
+
+
+def marker_path(staging_dir: str, name: str) -> str:
+    return io_utils.join(staging_dir, DONE_DIR, name + ".json")
+
+
+def _root_path(root: str, staging_dir: str, data_dir: str, rel: str) -> str:
+    return io_utils.join(staging_dir if root == STAGING else data_dir, rel)
+
+
+def _unit_files(name: str, dead_letter: bool) -> list:
+    """(root, relative path) of every file tokenize_chunk writes for unit `name` (transforms/shard/stages.py)."""
+    files = [(STAGING, f"units/{name}.index"), (STAGING, f"units/{name}.tokens")]
+    return files + ([(DATA, f"dead_letter/{name}.jsonl")] if dead_letter else [])
+
+
+def _split_files(file_idx: int, chunks: int, dead_letter: bool) -> list:
+    """(root, relative path) of every file split_input_file writes for input file `file_idx`."""
+    files = [(STAGING, f"chunks/f{file_idx:06d}-c{i:05d}.rec.zst") for i in range(chunks)]
+    return files + ([(DATA, f"dead_letter/f{file_idx:06d}-read.jsonl")] if dead_letter else [])
+
+
+# ---------------------------------------------------------------------------------- results as records
+def _need(d, key, kind):
+    value = d.get(key) if isinstance(d, dict) else None
+    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
+        raise Discard(f"field {key!r} missing or not {kind.__name__}")
+    return value
+
+
+def _counts(d) -> dict:
+    if not isinstance(d, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in d.items()):
+        raise Discard("a count table is not {name: int}")
+    return dict(d)
+
+
+def _stats(d) -> stages.FileStats:
+    return stages.FileStats(_need(d, "read", int), _need(d, "written", int), _counts(d.get("filtered")),
+                            _counts(d.get("dead_lettered")))
+
+
+def _json_tree(value):
+    """source_stats / spot_checked: nested dicts and lists of numbers (transforms/shard/corpus_stats.py)."""
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            raise Discard("a stats table has a non-string key")
+        return {k: _json_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_json_tree(v) for v in value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    raise Discard("a stats table holds something other than numbers")
+
+
+def unit_record(unit: "stages.UnitResult") -> dict:
+    return {"name": unit.name, "file_idx": unit.file_idx, "input_path": unit.input_path, "n_docs": unit.n_docs,
+            "token_dtype": unit.token_dtype, "sources": list(unit.sources), "split_tokens": list(unit.split_tokens),
+            "stats": unit.stats.to_dict(), "dead_letter": unit.dead_letter_path is not None,
+            "source_stats": unit.source_stats, "held_out_start": unit.held_out_start,
+            "spot_checked": unit.spot_checked}
+
+
+def unit_from_record(rec: dict, staging_dir: str, data_dir: str) -> "stages.UnitResult":
+    """The UnitResult a marker describes, with paths made here from the unit's name (never read from it)."""
+    name = _need(rec, "name", str)
+    if not _UNIT_NAME.fullmatch(name):
+        raise Discard(f"unit name {name!r} is not f<file>-c<chunk>")
+    sources = _need(rec, "sources", list)
+    split_tokens = _need(rec, "split_tokens", list)
+    if not all(isinstance(s, str) for s in sources) or not all(isinstance(t, int) for t in split_tokens):
+        raise Discard("sources / split_tokens have the wrong types")
+    held_out = rec.get("held_out_start")
+    if held_out is not None and not isinstance(held_out, int):
+        raise Discard("held_out_start is not an int")
+    dead = _need(rec, "dead_letter", bool)
+    return stages.UnitResult(
+        name, _need(rec, "file_idx", int), _need(rec, "input_path", str),
+        io_utils.join(staging_dir, "units", name + ".index"), io_utils.join(staging_dir, "units", name + ".tokens"),
+        _need(rec, "n_docs", int), _need(rec, "token_dtype", str), list(sources), list(split_tokens),
+        _stats(rec.get("stats")), io_utils.join(data_dir, "dead_letter", name + ".jsonl") if dead else None,
+        _json_tree(rec.get("source_stats", {})), held_out, _json_tree(rec.get("spot_checked", {})))
+
+
+def split_record(out: SplitOutput) -> dict:
+    r = out.result
+    return {"file_idx": r.file_idx, "input_path": r.input_path, "stats": r.stats.to_dict(),
+            "dead_letter": r.dead_letter_path is not None, "digest": out.digest.to_dict(),
+            "chunks": [{"records": c.records, "raw_bytes": c.raw_bytes} for c in r.chunks]}
+
+
+def split_from_record(rec: dict, staging_dir: str, data_dir: str) -> SplitOutput:
+    idx, path = _need(rec, "file_idx", int), _need(rec, "input_path", str)
+    chunks = []
+    for i, c in enumerate(_need(rec, "chunks", list)):
+        chunk_path = io_utils.join(staging_dir, "chunks", f"f{idx:06d}-c{i:05d}.rec.zst")
+        chunks.append(stages.ChunkRef(idx, path, i, chunk_path, _need(c, "records", int), _need(c, "raw_bytes", int)))
+    digest = _need(rec, "digest", dict)
+    try:
+        input_file = InputFile.from_dict(digest)
+    except TypeError as e:
+        raise Discard(f"digest: {e}") from None
+    if not (isinstance(input_file.path, str) and isinstance(input_file.bytes, int)
+            and isinstance(input_file.sha256, str)):
+        raise Discard("digest has the wrong types")
+    dead = _need(rec, "dead_letter", bool)
+    result = stages.SplitResult(idx, path, chunks, _stats(rec.get("stats")),
+                                io_utils.join(data_dir, "dead_letter", f"f{idx:06d}-read.jsonl") if dead else None)
+    return SplitOutput(result, input_file)
+
+
+# ------------------------------------------------------------------------------------------ the markers
+def _file_rows(files: list, staging_dir: str, data_dir: str) -> list:
+    rows = []
+    for root, rel in files:
+        size, sha = sha256_file(_root_path(root, staging_dir, data_dir, rel), opener=io_utils.open_read)
+        rows.append({"root": root, "path": rel, "bytes": size, "sha256": sha})
+    return rows
+
+
+def _write_marker(staging_dir: str, data_dir: str, generation: str, name: str, record: dict, files: list) -> None:
+    marker = {"fingerprint": generation, "name": name, "result": record,
+              "files": _file_rows(files, staging_dir, data_dir)}
+    io_utils.write_bytes(marker_path(staging_dir, name), json.dumps(marker, sort_keys=True).encode("utf-8"))
+
+
+def mark_unit(plan, unit: "stages.UnitResult") -> None:
+    """After every file of the unit is written: its completion marker, last."""
+    _write_marker(plan.staging_dir, plan.data_dir, plan.generation, unit_marker_name(unit.name), unit_record(unit),
+                  _unit_files(unit.name, unit.dead_letter_path is not None))
+
+
+def mark_split(plan, out: SplitOutput) -> None:
+    r = out.result
+    _write_marker(plan.staging_dir, plan.data_dir, plan.generation, split_marker_name(r.file_idx), split_record(out),
+                  _split_files(r.file_idx, len(r.chunks), r.dead_letter_path is not None))
+
+
+def _read_marker(plan, name: str) -> dict:
+    try:
+        marker = json.loads(io_utils.read_bytes(marker_path(plan.staging_dir, name)))
+    except (OSError, ValueError) as e:
+        raise Discard(f"unreadable ({type(e).__name__})") from None
+    if not isinstance(marker, dict) or not isinstance(marker.get("result"), dict):
+        raise Discard("not a marker")
+    if marker.get("fingerprint") != plan.generation:
+        raise Discard(f"fingerprint {str(marker.get('fingerprint'))[:40]!r} is not this run's {plan.generation}")
+    if marker.get("name") != name:
+        raise Discard("its name does not match its file name")
+    return marker
+
+
+def load_unit(plan, unit_name: str) -> Optional["stages.UnitResult"]:
+    """A reusable unit's result, its files' sha256 checked here; None (with the note) when one does not match."""
+    marker = _checked_on_worker(plan, unit_marker_name(unit_name))
+    return None if marker is None else unit_from_record(marker["result"], plan.staging_dir, plan.data_dir)
+
+
+def load_split(plan, file_idx: int) -> Optional[SplitOutput]:
+    marker = _checked_on_worker(plan, split_marker_name(file_idx))
+    return None if marker is None else split_from_record(marker["result"], plan.staging_dir, plan.data_dir)
+
+
+def _checked_on_worker(plan, name: str) -> Optional[dict]:
+    """The driver compared sizes only (one stat per file, cheap on S3 too); the sha256 of a reused unit's files is
+    checked by the worker that reuses it, so those reads are spread over the workers like the work itself."""
+    try:
+        return check_marker(plan, name, hashes=True)
+    except Discard as e:
+        LOG.warning("resume: discarded the finished %s (%s); it is redone", name, e)
+        _delete_file(marker_path(plan.staging_dir, name))
+        return None
+
+
+def _size(path: str) -> int:
+    if io_utils.is_local(path):
+        return os.path.getsize(path)
+    found = [m for m in FileSystems.match([path])[0].metadata_list if m.path == path]
+    if not found:
+        raise FileNotFoundError(path)
+    return int(found[0].size_in_bytes)
+
+
+def check_marker(plan, name: str, hashes: bool = False) -> dict:
+    """Marker `name`, unless it is not this run's, does not describe the work this plan would do, or a file it
+    names is missing or not of its recorded size (with `hashes`, sha256 too): then Discard with the reason."""
+    marker = _read_marker(plan, name)
+    rec = marker["result"]
+    if name.startswith("unit-"):
+        unit = unit_from_record(rec, plan.staging_dir, plan.data_dir)
+        if unit_marker_name(unit.name) != name:
+            raise Discard("the unit it describes has another name")
+        file_idx, input_path = unit.file_idx, unit.input_path
+        expected = _unit_files(unit.name, unit.dead_letter_path is not None)
+    else:
+        split = split_from_record(rec, plan.staging_dir, plan.data_dir)
+        file_idx, input_path = split.result.file_idx, split.result.input_path
+        if split_marker_name(file_idx) != name:
+            raise Discard("the input file it describes has another index")
+        expected = _split_files(file_idx, len(split.result.chunks), split.result.dead_letter_path is not None)
+    if not 0 <= file_idx < len(plan.ledger) or plan.ledger[file_idx][0] != input_path:
+        raise Discard(f"input file #{file_idx} is not {input_path[:200]!r} in this run's ledger")
+    rows = marker.get("files")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise Discard("no file list")
+    if [(r.get("root"), r.get("path")) for r in rows] != expected:
+        raise Discard("its files are not the ones its unit writes")
+    for r in rows:
+        path = _root_path(r["root"], plan.staging_dir, plan.data_dir, r["path"])
+        try:
+            size, sha = sha256_file(path, opener=io_utils.open_read) if hashes else (_size(path), None)
+        except OSError:
+            raise Discard(f"{r['path']} is missing") from None
+        if size != r.get("bytes") or (hashes and sha != r.get("sha256")):
+            found = f"{size} bytes" + (f", sha256 {sha[:12]}…" if hashes else "")
+            raise Discard(f"{r['path']} is damaged ({found}; the marker says {r.get('bytes')} bytes, sha256 "
+                          f"{str(r.get('sha256'))[:12]}…)")
+    return marker
+
+
+# ------------------------------------------------------------------------------------- whose staging
+def resume_record(plan) -> dict:
+    return {"output": plan.config.output, "generation": plan.generation, "inputs": [dict(r) for r in plan.input_rows]}
+
+
+def write_resume_record(plan) -> None:
+    io_utils.write_bytes(io_utils.join(plan.staging_dir, RESUME_FILE),
+                         json.dumps(resume_record(plan), sort_keys=True).encode("utf-8"))
+
+
+def read_resume_record(staging_dir: str) -> Optional[dict]:
+    try:
+        rec = json.loads(io_utils.read_bytes(io_utils.join(staging_dir, RESUME_FILE)))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def resumable_stagings(output: str, staging_root: str) -> dict:
+    """{staging dir: generation} of the stagings under `staging_root` that a killed run on `output` left with a
+    resume record (pipeline/ops/guards.py cleanup_abandoned keeps these for the next run to judge)."""
+    try:
+        found = FileSystems.match([io_utils.join(staging_root, "*", RESUME_FILE)])[0].metadata_list
+    except Exception:  # noqa: BLE001 - nothing staged
+        found = []
+    out = {}
+    for m in found:
+        directory = m.path[: -len(RESUME_FILE)].rstrip("/")
+        rec = read_resume_record(directory)
+        generation = rec.get("generation") if rec else None
+        owner = rec.get("output") if rec else None
+        if (isinstance(owner, str) and guards.normal_path(owner) == guards.normal_path(output)
+                and guards.is_staging_name(directory.rsplit("/", 1)[-1])
+                and isinstance(generation, str) and directory.rsplit("/", 1)[-1].startswith(generation + ".")):
+            out[directory] = generation
+    return out
+
+
+def _mismatch(plan, staging_dir: str, enabled: bool) -> Optional[str]:
+    """Why the staging at `staging_dir` cannot be resumed by this plan; None when it can."""
+    if guards.normal_path(staging_dir) != guards.normal_path(plan.staging_dir):  # "out" and "./out/" alike
+        return "another fingerprint (config, tokenizer or input ledger) than this run's " + plan.generation
+    if not enabled:
+        return "--no-resume"
+    rec = read_resume_record(staging_dir) or {}
+    if rec.get("generation") != plan.generation:
+        return "its resume record names another generation"
+    if rec.get("inputs") != resume_record(plan)["inputs"]:
+        return "the input ledger changed (an input file's size, mtime or ETag)"
+    return None
+
+
+def _remove_temp_files(directory: str) -> None:
+    """A killed writer's temp files (local only: an object store never shows a part-written object)."""
+    if not io_utils.is_local(directory):
+        return
+    for dirpath, _dirs, names in os.walk(directory):
+        for name in names:
+            if _TEMP_NAME.fullmatch(name):
+                try:
+                    os.unlink(os.path.join(dirpath, name))
+                except FileNotFoundError:
+                    pass
+
+
+def _discard_staging(staging_dir: str, data_dir: Optional[str]) -> None:
+    io_utils.delete_tree(staging_dir)
+    io_utils.delete_tree(progress.marker_dir(staging_dir))
+    if data_dir is not None:
+        io_utils.delete_tree(data_dir)
+
+
+def reconcile(plan, enabled: bool = True, live=frozenset()) -> Resumed:
+    """On the driver, under the output's lock, before any work: keep what this run can reuse, discard the rest.
+
+    Every resumable staging of this output other than this plan's (another fingerprint), and this plan's when
+    resuming is off or its input ledger changed, is removed with its partial generation directory (never a
+    generation in `live`, the committed ones). In the kept staging, each completion marker is checked
+    (`check_marker`: names, fingerprint, ledger, sizes; the worker that reuses it checks the sha256); a marker
+    that fails is removed, its work is redone. One note per discarded staging
+    and per discarded marker (the first NOTES_SHOWN, then a count) goes to the log's warnings (stderr).
+    """
+    output = plan.config.output
+    root = guards.staging_root(output, plan.config.staging_dir)
+    notes = []
+    kept = False
+    for staging_dir, generation in sorted(resumable_stagings(output, root).items()):
+        why = _mismatch(plan, staging_dir, enabled)
+        if why is None:
+            kept = True
+            continue
+        data_dir = None if generation in live else io_utils.join(output, generation)
+        _discard_staging(staging_dir, data_dir)
+        notes.append(f"resume: discarded the staging {staging_dir} of an earlier run ({why})")
+    if not kept:
+        for note in notes:
+            LOG.warning("%s", note)
+        return Resumed(notes=tuple(notes))
+    _remove_temp_files(plan.staging_dir)
+    _remove_temp_files(plan.data_dir)
+    io_utils.delete_tree(progress.marker_dir(plan.staging_dir))  # counters start again; reused work re-counts
+    try:
+        found = FileSystems.match([io_utils.join(plan.staging_dir, DONE_DIR, "*.json")])[0].metadata_list
+    except Exception:  # noqa: BLE001 - no marker yet
+        found = []
+    names = sorted(m.path.rsplit("/", 1)[-1] for m in found)
+    names = [n[: -len(".json")] for n in names if _MARKER_NAME.fullmatch(n)]
+
+    def check(name):
+        try:
+            check_marker(plan, name)
+            return name, None
+        except Discard as e:
+            return name, str(e)
+
+    with ThreadPoolExecutor(CHECK_THREADS) as pool:
+        results = list(pool.map(check, names))
+    bad = [(n, why) for n, why in results if why is not None]
+    for name, _why in bad:
+        _delete_file(marker_path(plan.staging_dir, name))
+    notes += [f"resume: discarded the finished {n} ({why}); it is redone" for n, why in bad[:NOTES_SHOWN]]
+    if len(bad) > NOTES_SHOWN:
+        notes.append(f"resume: discarded {len(bad) - NOTES_SHOWN} more finished units; they are redone")
+    good = [n for n, why in results if why is None]
+    resumed = Resumed(frozenset(n for n in good if n.startswith("split-")),
+                      frozenset(n for n in good if n.startswith("unit-")), tuple(notes))
+    for note in notes:
+        LOG.warning("%s", note)
+    LOG.info("resume: %d split input file(s) and %d tokenized unit(s) of an earlier run are reused",
+             len(resumed.splits), len(resumed.units))
+    return resumed
+
+
+def _delete_file(path: str) -> None:
+    if io_utils.is_local(path):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    elif io_utils.exists(path):
+        FileSystems.delete([path])

@@ -1,0 +1,126 @@
+"""A shard run killed with SIGKILL (driver and every worker process) resumes: the rerun tokenizes only what
+the killed run had not finished and writes the same bytes as a run that was never interrupted."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO, stdlib_texts
+from tests.ops_fixtures import FAST_LOCAL, dataset_files, kill_group, run_cli, shard_args, subprocess_env
+
+pytestmark = pytest.mark.timeout(240)
+# Real worker processes (FnApiRunner's multi_processing mode): the kill must reach them too.
+WORKER_PROCESSES = ["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
+UNIT_MB = "0.04"  # ~1.6 MB of text in units of 40 KiB: about 40 units
+
+
+def _corpus(root, limit_bytes=1_600_000, files=3):
+    """Standard-library sources as JSON lines, spread over a few files (many documents, a few MB)."""
+    root.mkdir()
+    docs = [(name, text[i:i + 4000]) for name, text in stdlib_texts(limit_bytes) for i in range(0, len(text), 4000)]
+    for i in range(files):
+        with open(root / f"part-{i}.jsonl", "w") as f:
+            for name, text in docs[i::files]:
+                f.write(json.dumps({"text": text, "meta": {"pile_set_name": name.split("_")[0]}}) + "\n")
+    return root
+
+
+def _args(inputs, out, log, beam_args):
+    return shard_args(inputs, out, "--unit-mb", UNIT_MB, "--run-log", str(log), *beam_args)
+
+
+def _events(log, kind):
+    return [e for e in map(json.loads, log.read_text().splitlines()) if e.get("event") == kind]
+
+
+def _group_gone(pgid, timeout_s=10.0) -> bool:
+    """Whether every process of the group has exited (killed workers linger as zombies until init reaps them)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _done_units(out) -> int:
+    return sum(1 for _ in (out / "_staging").glob("gen-*/done/unit-*.json"))
+
+
+def test_a_run_killed_at_70_percent_of_its_units_resumes_and_gives_the_uninterrupted_bytes(tmp_path):
+    corpus = _corpus(tmp_path / "corpus")
+    inputs = [str(corpus / "*")]
+
+    # The uninterrupted run (in-process: the bytes are the same on every runner and worker count).
+    twin, twin_log = tmp_path / "twin", tmp_path / "twin.jsonl"
+    res = run_cli(_args(inputs, twin, twin_log, FAST_LOCAL), timeout_s=150)
+    assert res.returncode == 0, res.stderr[-3000:]
+    units = _events(twin_log, "summary")[-1]["counters"]["units_tokenized"]
+    assert units >= 30  # enough units that 70% is a real midpoint
+
+    # The run to kill: the CLI in its own session; SIGKILL to its process group (driver and workers) once 70%
+    # of the units have their completion marker.
+    out, log = tmp_path / "out", tmp_path / "run.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *_args(inputs, out, log, WORKER_PROCESSES)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(REPO),
+                            env=subprocess_env(PYTHONPATH=str(REPO)), start_new_session=True)
+    target = math.ceil(0.7 * units)
+    try:
+        deadline = time.monotonic() + 150
+        while proc.poll() is None and _done_units(out) < target and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert proc.poll() is None, "the run finished before the kill point"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        kill_group(proc)
+    finished = _done_units(out)
+    assert target <= finished < units and not (out / "manifest.json").exists()
+    assert _group_gone(proc.pid), "a process of the killed run is still running"
+
+    # The rerun, same command but one in-process worker (units do not depend on the worker count): it reuses
+    # every finished unit and tokenizes only the rest (≤ 40%).
+    res = run_cli(_args(inputs, out, log, FAST_LOCAL), timeout_s=150)
+    assert res.returncode == 0, res.stderr[-3000:]
+    event = _events(log, "resume")[-1]  # the log is appended to: the killed run's events come first
+    assert event["units_reusable"] == finished and event["notes"] == []
+    counters = _events(log, "summary")[-1]["counters"]
+    assert counters["units_reused"] == finished
+    assert counters["units_tokenized"] == units - finished <= 0.4 * units
+    got, want = dataset_files(out), dataset_files(twin)
+    assert got.keys() == want.keys()
+    assert [k for k in got if got[k] != want[k]] == []  # every shard, dead letter and the manifest: same bytes
+    assert not any((out / "_staging").rglob("*.json"))  # staging and its markers are gone after the commit
+
+
+def test_no_resume_starts_afresh_with_a_note(tmp_path):
+    corpus = _corpus(tmp_path / "corpus", 400_000, 1)
+    inputs = [str(corpus / "*")]
+    out, log = tmp_path / "out", tmp_path / "run.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *_args(inputs, out, log, FAST_LOCAL)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(REPO),
+                            env=subprocess_env(PYTHONPATH=str(REPO)), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while proc.poll() is None and _done_units(out) < 3 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert proc.poll() is None, "the run finished before the kill point"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        kill_group(proc)
+    res = run_cli(_args(inputs, out, log, (*FAST_LOCAL, "--no-resume")), timeout_s=150)
+    assert res.returncode == 0, res.stderr[-3000:]
+    notes = [line for line in res.stderr.splitlines() if "resume: discarded" in line]
+    assert len(notes) == 1 and "--no-resume" in notes[0]
+    counters = _events(log, "summary")[-1]["counters"]
+    assert counters.get("units_reused", 0) == 0 and counters["units_tokenized"] > 0

@@ -1,0 +1,185 @@
+"""pipeline/shard/resume.py: a killed run's finished units are reused only when their marker, its files, the
+fingerprint and the input ledger all match this run; anything else is discarded with a one-line note."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+
+from pipeline.ops import guards
+from pipeline.shard import resume
+from pipeline.shard.records import InputFile, SplitOutput
+from transforms.io import io_utils
+from transforms.shard import stages
+
+GEN, OTHER_GEN = "gen-" + "1" * 16, "gen-" + "2" * 16
+UNIT = "f000000-c00000"
+
+
+def _plan(tmp_path, generation=GEN, mtime=1.5):
+    output = str(tmp_path / "out")
+    inp = str(tmp_path / "in.jsonl")
+    return SimpleNamespace(
+        config=SimpleNamespace(output=output, staging_dir=None), generation=generation,
+        staging_dir=guards.staging_dir_for(output, None, generation), data_dir=io_utils.join(output, generation),
+        ledger=[(inp, 10)], input_rows=({"path": inp, "bytes": 10, "mtime": mtime},), previous=None)
+
+
+def _finished_run(plan, dead_letter=True):
+    """What a killed run left: its resume record, one split and one tokenized unit, each with its marker."""
+    guards.mark_staging(plan.staging_dir, plan.config.output, plan.generation)
+    resume.write_resume_record(plan)
+    inp = plan.ledger[0][0]
+    chunk = io_utils.join(plan.staging_dir, "chunks", f"{UNIT}.rec.zst")
+    io_utils.write_bytes(chunk, b"chunk bytes")
+    split = SplitOutput(stages.SplitResult(0, inp, [stages.ChunkRef(0, inp, 0, chunk, 3, 11)], stages.FileStats(3),
+                                           None), InputFile(inp, 10, sha256="ab" * 32))
+    resume.mark_split(plan, split)
+    unit = stages.UnitResult(
+        UNIT, 0, inp, io_utils.join(plan.staging_dir, "units", UNIT + ".index"),
+        io_utils.join(plan.staging_dir, "units", UNIT + ".tokens"), 2, np.dtype(np.uint16).str, ["Pile-CC", "arXiv"],
+        [10, 4, 0], stages.FileStats(3, 0, {"empty_text": 0}, {"invalid_json": 1}),
+        io_utils.join(plan.data_dir, "dead_letter", UNIT + ".jsonl") if dead_letter else None,
+        {"arXiv": {"tokens": 7, "chars": 30}}, 1, {"documents": 2})
+    io_utils.write_bytes(unit.index_path, b"index")
+    io_utils.write_bytes(unit.tokens_path, b"tokens" * 10)
+    if dead_letter:
+        io_utils.write_jsonl(unit.dead_letter_path, [{"file": inp, "line": 2, "reason": "invalid_json"}])
+    resume.mark_unit(plan, unit)
+    return split, unit
+
+
+def _notes(caplog):
+    return [r.getMessage() for r in caplog.records if r.name == "pileprep.resume" and r.levelno >= logging.WARNING]
+
+
+def test_finished_work_of_the_same_run_is_reused_as_it_was(tmp_path, caplog):
+    plan = _plan(tmp_path)
+    split, unit = _finished_run(plan)
+    found = resume.reconcile(plan)
+    assert found.units == {"unit-" + UNIT} and found.splits == {"split-f000000"} and _notes(caplog) == []
+    assert resume.load_unit(plan, UNIT) == unit  # the very result the killed run's pack stage would have seen
+    assert resume.load_split(plan, 0) == split
+
+
+def test_a_damaged_file_or_marker_is_discarded_with_a_note_and_redone(tmp_path, caplog):
+    plan = _plan(tmp_path)
+    _split, unit = _finished_run(plan)
+    with open(unit.index_path, "ab") as f:
+        f.write(b"+")  # another size: the driver's check finds it
+    io_utils.write_bytes(resume.marker_path(plan.staging_dir, "split-f000000"), b'{"fingerprint": "gen-')
+    found = resume.reconcile(plan)
+    assert found.units == set() and found.splits == set()
+    notes = _notes(caplog)
+    assert len(notes) == 2 and all("\n" not in n for n in notes)
+    assert any(f"unit-{UNIT}" in n and f"units/{UNIT}.index is damaged (6 bytes" in n for n in notes)
+    assert any("split-f000000" in n and "unreadable" in n for n in notes)
+    assert not io_utils.exists(resume.marker_path(plan.staging_dir, "unit-" + UNIT))  # gone: never reused later
+
+
+def test_same_size_other_bytes_are_found_by_the_worker_that_would_reuse_the_unit(tmp_path, caplog):
+    plan = _plan(tmp_path)
+    _split, unit = _finished_run(plan)
+    data = bytearray(open(unit.tokens_path, "rb").read())
+    data[3] ^= 1  # same size, other bytes: only the sha256 tells
+    open(unit.tokens_path, "wb").write(bytes(data))
+    assert resume.reconcile(plan).units == {"unit-" + UNIT}  # sizes only on the driver
+    assert resume.load_unit(plan, UNIT) is None  # the worker tokenizes it again
+    (note,) = _notes(caplog)
+    assert f"unit-{UNIT}" in note and f"units/{UNIT}.tokens is damaged" in note and "redone" in note
+    assert not io_utils.exists(resume.marker_path(plan.staging_dir, "unit-" + UNIT))
+
+
+def test_a_missing_dead_letter_file_in_the_generation_directory_discards_the_unit(tmp_path, caplog):
+    plan = _plan(tmp_path)
+    _split, unit = _finished_run(plan)
+    (tmp_path / "out" / GEN / "dead_letter" / (UNIT + ".jsonl")).unlink()
+    assert resume.reconcile(plan).units == set()
+    assert any("missing" in n for n in _notes(caplog))
+
+
+def test_a_marker_naming_files_its_unit_does_not_write_is_discarded(tmp_path, caplog):
+    plan = _plan(tmp_path)
+    _finished_run(plan)
+    path = resume.marker_path(plan.staging_dir, "unit-" + UNIT)
+    marker = json.loads(io_utils.read_bytes(path))
+    marker["files"][0]["path"] = "../../../elsewhere/secret"
+    io_utils.write_bytes(path, json.dumps(marker).encode())
+    assert resume.reconcile(plan).units == set()
+    assert any("not the ones its unit writes" in n for n in _notes(caplog))
+
+
+def test_a_marker_of_another_fingerprint_is_discarded(tmp_path, caplog):
+    plan = _plan(tmp_path)
+    _finished_run(plan)
+    path = resume.marker_path(plan.staging_dir, "unit-" + UNIT)
+    marker = json.loads(io_utils.read_bytes(path))
+    marker["fingerprint"] = OTHER_GEN  # copied in from another run's staging
+    io_utils.write_bytes(path, json.dumps(marker).encode())
+    assert resume.reconcile(plan).units == set()
+    assert any("fingerprint" in n and OTHER_GEN in n for n in _notes(caplog))
+
+
+def test_the_staging_of_another_fingerprint_is_removed_with_its_partial_generation(tmp_path, caplog):
+    old = _plan(tmp_path, OTHER_GEN)
+    _finished_run(old)
+    plan = _plan(tmp_path)
+    found = resume.reconcile(plan)
+    assert found.units == set()
+    assert not (tmp_path / "out" / OTHER_GEN).exists() and not io_utils.exists(old.staging_dir)
+    (note,) = _notes(caplog)
+    assert "another fingerprint" in note and old.staging_dir in note
+
+
+def test_a_changed_input_ledger_or_no_resume_discards_the_whole_staging(tmp_path, caplog):
+    _finished_run(_plan(tmp_path))
+    touched = _plan(tmp_path, mtime=2.5)  # same path and size (same generation name), the file was rewritten
+    assert resume.reconcile(touched).units == set()
+    assert "input ledger changed" in _notes(caplog)[-1] and not (tmp_path / "out" / GEN).exists()
+    _finished_run(_plan(tmp_path))
+    assert resume.reconcile(_plan(tmp_path), enabled=False).units == set()
+    assert "--no-resume" in _notes(caplog)[-1]
+
+
+def test_cleanup_keeps_a_resumable_staging_and_its_generation_but_not_a_plain_one(tmp_path):
+    plan = _plan(tmp_path)
+    _finished_run(plan)
+    plain = _plan(tmp_path, OTHER_GEN)
+    guards.mark_staging(plain.staging_dir, plain.config.output, OTHER_GEN)
+    (tmp_path / "out" / OTHER_GEN).mkdir(parents=True)
+    root = guards.staging_root(plan.config.output, None)
+    removed = guards.cleanup_abandoned(plan.config.output, root, None)
+    assert sorted(removed) == sorted([plain.staging_dir, str(tmp_path / "out" / OTHER_GEN)])
+    assert io_utils.exists(plan.staging_dir) and (tmp_path / "out" / GEN).exists()
+    # Once its generation is committed (the killed run got that far), it is a plain leftover.
+    assert guards.cleanup_abandoned(plan.config.output, root, None, keep={GEN}) == [plan.staging_dir]
+
+
+def test_a_killed_writers_temp_files_are_removed_when_resuming(tmp_path):
+    plan = _plan(tmp_path)
+    _finished_run(plan)
+    leftover = tmp_path / "out" / GEN / ".train-00000-of-00002.tfrecord.0123456789ab.part"
+    leftover.write_bytes(b"half")
+    resume.reconcile(plan)
+    assert not leftover.exists()
+
+
+def test_records_round_trip_without_dead_letters(tmp_path):
+    plan = _plan(tmp_path)
+    _split, unit = _finished_run(plan, dead_letter=False)
+    assert resume.reconcile(plan).units == {"unit-" + UNIT}
+    assert resume.load_unit(plan, UNIT) == dataclasses.replace(unit, dead_letter_path=None)
+
+
+def test_a_relative_output_resumes_its_own_staging(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    plan = _plan(tmp_path)
+    output = "./out/"  # the spelling a user may give; FileSystems lists it back as it was given
+    plan.config.output = output
+    plan.staging_dir = guards.staging_dir_for(output, None, GEN)
+    plan.data_dir = io_utils.join(output, GEN)
+    _finished_run(plan)
+    assert resume.reconcile(plan).units == {"unit-" + UNIT} and _notes(caplog) == []
