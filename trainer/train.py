@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from trainer import checkpoint as ckpt
 from trainer.config import ConfigError, TrainConfig, build_parser, from_namespace, resolve_layout, resolve_model
-from trainer.data import (DataIntegrityError, ShardLoader, default_index_dir, open_dataset, prepare_shards,
-                          read_manifest)
+from trainer.data import (DataIntegrityError, ShardLoader, default_index_dir, open_dataset, pin_generation,
+                          prepare_shards, read_manifest)
 from trainer.batch import Batch, StepResult
 from trainer.metrics import MetricsLogger
 from trainer.progress import final_line, resume_command
@@ -150,12 +150,14 @@ class Trainer:
     # ------------------------------------------------------------------ build
     def build(self) -> "Trainer":
         cfg = self.cfg
-        self.manifest, self.manifest_file = open_dataset(cfg.data, cfg.model)  # before any rendezvous
+        latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
+        meta = ckpt.read_meta(latest) if latest else None
+        # read once, pinned for the run's life: a commit landing meanwhile does not move it (trainer/data.py)
+        generation = pin_generation(cfg.data, cfg.checkpoint_dir, (meta or {}).get("generation"))
+        self.manifest, self.manifest_file = open_dataset(cfg.data, cfg.model, generation)  # before any rendezvous
         self.retro = retro_config(cfg, self.manifest)
         self.build_model()
         env, pcfg, mcfg = self.env, cfg.parallel, cfg.model
-        latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
-        meta = ckpt.read_meta(latest) if latest else None
         if meta and not cfg.data.streams:
             cfg.data.streams = meta["loader"]["streams"]  # chosen once, at the run's start
         self.loader = self._build_loader()
@@ -360,7 +362,7 @@ class Trainer:
     def save_checkpoint(self) -> str:
         cfg, env = self.cfg, self.env
         meta = {"loader": self.loader.state_dict(), "dp": env.dp, "pp": env.pp,
-                "model": dataclasses.asdict(cfg.model)}
+                "model": dataclasses.asdict(cfg.model), "generation": self.manifest.generation}
         t0 = time.perf_counter()
         path = ckpt.save(cfg.checkpoint_dir, self.step, self.module, self.optimizer, meta, env, cfg.keep_checkpoints)
         dt = time.perf_counter() - t0
