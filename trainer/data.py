@@ -111,6 +111,18 @@ def pin_generation(cfg: DataConfig, checkpoint_dir: Optional[str], resumed: Opti
     return generation
 
 
+def check_same_generation(generation: Optional[str]) -> None:
+    """After the rendezvous: every rank read the live manifest on its own, so a commit landing between two ranks'
+    reads would give them different shard lists. Refuse, naming both, rather than train on a mix."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, generation)
+    if len(set(gathered)) > 1:
+        raise RuntimeError(f"ranks started on different generations ({', '.join(sorted(set(map(str, gathered))))}): "
+                           f"a commit landed while they started; start the run again")
+
+
 def open_dataset(cfg: DataConfig, model: ModelConfig, generation: Optional[str] = None) -> tuple[Manifest, str]:
     """Load the manifest (of `generation`, read_manifest) and check it against the model config; call before any
     process-group work.

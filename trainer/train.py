@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from trainer import checkpoint as ckpt
 from trainer.config import ConfigError, TrainConfig, build_parser, from_namespace, resolve_layout, resolve_model
-from trainer.data import (DataIntegrityError, ShardLoader, default_index_dir, open_dataset, pin_generation,
-                          prepare_shards, read_manifest)
+from trainer.data import (DataIntegrityError, ShardLoader, check_same_generation, default_index_dir, open_dataset,
+                          pin_generation, prepare_shards, read_manifest)
 from trainer.batch import Batch, StepResult
 from trainer.metrics import MetricsLogger
 from trainer.progress import final_line, resume_command
@@ -157,6 +157,7 @@ class Trainer:
         self.manifest, self.manifest_file = open_dataset(cfg.data, cfg.model, generation)  # before any rendezvous
         self.retro = retro_config(cfg, self.manifest)
         self.build_model()
+        check_same_generation(self.manifest.generation)
         env, pcfg, mcfg = self.env, cfg.parallel, cfg.model
         if meta and not cfg.data.streams:
             cfg.data.streams = meta["loader"]["streams"]  # chosen once, at the run's start
