@@ -52,20 +52,28 @@ def _parser():
     return p
 
 
+def _resumed_generation(cfg: TrainConfig) -> Optional[str]:
+    """The generation the checkpoint a resume starts from was trained on (None: a fresh run, or a checkpoint
+    written before checkpoints recorded it)."""
+    latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
+    return ckpt.read_meta(latest).get("generation") if latest else None
+
+
 def parse_args(argv: Optional[Sequence[str]] = None, world: Optional[int] = None) -> TrainConfig:
     """The full, validated config: every batch rule, and the data contract when the dataset is reachable from
     here, checked now (ConfigError / ContractMismatchError) — not after the processes have met."""
     ns = _parser().parse_args(argv)
     model_args, cfg = from_namespace(ns)
-    contract = None
+    contract, generation = None, None
     if os.path.exists(cfg.data.path):
-        contract = read_manifest(cfg.data)[0].contract
+        generation = _resumed_generation(cfg)  # a resume sizes the model from its own generation's contract
+        contract = read_manifest(cfg.data, generation)[0].contract
     cfg.model = resolve_model(model_args, contract)
     world = world if world is not None else int(os.environ.get("WORLD_SIZE", "1"))
     auto_micro_batch = not (cfg.parallel.microbatches or cfg.parallel.microbatch_size)
     resolve_layout(cfg, world)
     if contract is not None:
-        manifest = open_dataset(cfg.data, cfg.model)[0]
+        manifest = open_dataset(cfg.data, cfg.model, generation)[0]
         if cfg.retro_sidecar:
             retro_config(cfg, manifest)
     cfg.check_only = ns.check_only  # an action of this CLI, not part of the training config
@@ -153,7 +161,7 @@ class Trainer:
         latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
         meta = ckpt.read_meta(latest) if latest else None
         # read once, pinned for the run's life: a commit landing meanwhile does not move it (trainer/data.py)
-        generation = pin_generation(cfg.data, cfg.checkpoint_dir, (meta or {}).get("generation"))
+        generation = pin_generation(cfg.data, cfg.checkpoint_dir, _resumed_generation(cfg))
         self.manifest, self.manifest_file = open_dataset(cfg.data, cfg.model, generation)  # before any rendezvous
         self.retro = retro_config(cfg, self.manifest)
         self.build_model()
