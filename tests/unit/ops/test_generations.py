@@ -241,3 +241,22 @@ def test_ranks_that_read_different_generations_refuse_naming_both(tmp_path):
     for rank in (0, 1):
         text = (tmp_path / f"rank{rank}").read_text()
         assert "different generations" in text and GENS[0] in text and GENS[1] in text, text
+
+
+def test_a_rebuild_named_like_a_kept_previous_generation_takes_another_name(tmp_path):
+    from types import SimpleNamespace
+
+    from pipeline.config import ShardConfig
+    from pipeline.shard.plan import generation_name
+
+    out = tmp_path / "ds"
+    config = ShardConfig(inputs=("in/*.jsonl",), output=str(out), tokenizer="t.model")
+    contract = SimpleNamespace(tokenizer=SimpleNamespace(model_sha256="0" * 64))
+    ledger = [("in/a.jsonl", 10)]
+    fresh = generation_name(config, contract, ledger, None, False)
+    _build(out, [GENS[0]])
+    live = commit.read_committed(str(out))
+    assert generation_name(config, contract, ledger, live, False) == fresh  # nothing kept under that name
+    (out / "generations" / f"{fresh}.manifest.json").write_text(make_manifest(fresh, [make_shard(fresh)]).to_json())
+    renamed = generation_name(config, contract, ledger, live, False)
+    assert renamed != fresh and renamed != GENS[0]  # never rewrite a kept generation a trainer may be reading
