@@ -187,10 +187,13 @@ def cmd_export(args, beam_args) -> int:
 
 
 def cmd_gc(args, beam_args) -> int:
+    from pipeline.beam_glue import FilesystemOptions, s3_options_of  # noqa: PLC0415
     from pipeline.tools.gc import gc  # noqa: PLC0415
+    from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
 
     _filesystem_args(beam_args)
-    print(gc(args.dataset, args.keep_generations, args.yes, break_lock=args.break_lock).render())
+    s3 = s3_options_of(FilesystemOptions.from_pipeline_options(PipelineOptions(beam_args))) if beam_args else {}
+    print(gc(args.dataset, args.keep_generations, args.yes, s3_options=s3, break_lock=args.break_lock).render())
     return 0
 
 

@@ -115,8 +115,9 @@ def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: i
 
 
 def register_export(dataset: str, output: str):
-    """Under the dataset's lock: the live manifest, and `output`'s ref to its generation (replacing an earlier
-    export's ref to the same output). A dataset this user cannot write still exports, with a warning."""
+    """Under the dataset's lock (local datasets): the live manifest, and `output`'s ref to its generation
+    (replacing an earlier export's ref to the same output). A dataset this user cannot write still exports,
+    with a warning."""
     import logging  # noqa: PLC0415
     import time  # noqa: PLC0415
 
@@ -134,12 +135,23 @@ def register_export(dataset: str, output: str):
     if not io_utils.exists(commit.manifest_location(dataset)):
         return committed()  # before taking a lock, which would create the directory
     holder = os.path.abspath(output) if io_utils.is_local(output) else output
+
+    def register():
+        manifest = committed()
+        if manifest.generation:
+            generations.write_ref(dataset, Ref(manifest.generation, "export", holder, round(time.time(), 3)))
+        return manifest
+
     try:
-        with lock.OutputLock(dataset).held():
-            manifest = committed()
-            if manifest.generation:
-                generations.write_ref(dataset, Ref(manifest.generation, "export", holder, round(time.time(), 3)))
+        if not io_utils.is_local(dataset):
+            # The lock on S3 needs the store's credentials as the shard job gets them; the ref's one PUT and the
+            # generation read again after it are enough (model_contract/refs.py: pinning).
+            manifest = register()
+            if commit.committed_generation_of(dataset) != manifest.generation:
+                manifest = register()
             return manifest
+        with lock.OutputLock(dataset).held():
+            return register()
     except PermissionError as e:
         logging.getLogger("pileprep.export").warning(
             "%s: cannot register this export's ref (%s): a later commit or gc may remove the generation it reads",

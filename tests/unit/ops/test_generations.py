@@ -235,9 +235,10 @@ def test_a_staging_dir_inside_generations_or_refs_is_refused(tmp_path):
 def test_ranks_that_read_different_generations_refuse_naming_both(tmp_path):
     import torch.multiprocessing as mp
 
-    from tests.generation_ranks import rank_generation  # a small module: each spawned rank imports only torch
+    from tests.generation_ranks import rank_generation
 
-    mp.spawn(rank_generation, args=(str(tmp_path / "store"), str(tmp_path), GENS[:2]), nprocs=2, join=True)
+    mp.start_processes(rank_generation, args=(str(tmp_path / "store"), str(tmp_path), GENS[:2]), nprocs=2,
+                       join=True, start_method="fork")  # forked: the ranks need not import torch again
     for rank in (0, 1):
         text = (tmp_path / f"rank{rank}").read_text()
         assert "different generations" in text and GENS[0] in text and GENS[1] in text, text
