@@ -13,6 +13,7 @@ from pipeline import cli
 from pipeline.ops import commit
 from pipeline.tools.gc import gc
 from tests.manifest_fixtures import make_manifest, make_shard
+from tests.ops_fixtures import s3_server  # noqa: F401 - fixture
 
 GENS = [f"gen-{c * 16}" for c in "abcd"]
 
@@ -261,3 +262,31 @@ def test_a_rebuild_named_like_a_kept_previous_generation_takes_another_name(tmp_
     (out / "generations" / f"{fresh}.manifest.json").write_text(make_manifest(fresh, [make_shard(fresh)]).to_json())
     renamed = generation_name(config, contract, ledger, live, False)
     assert renamed != fresh and renamed != GENS[0]  # never rewrite a kept generation a trainer may be reading
+
+
+def test_gc_on_s3_keeps_a_ref_named_generation_and_removes_it_once_the_ref_is_gone(tmp_path, s3_server,  # noqa: F811
+                                                                                      capsys):
+    out = tmp_path / "ds"
+    _build(out, GENS[:3], keep=2)
+    _ref(out, GENS[0], "s3://elsewhere/export")  # an object-store holder: never judged stale
+    client = s3_server.client()
+    client.create_bucket(Bucket="gcb")
+    for p in out.rglob("*"):
+        if p.is_file():
+            client.upload_file(str(p), "gcb", f"ds/{p.relative_to(out)}")
+    args = ["gc", "s3://gcb/ds", "--keep-generations", "0", "--yes", *s3_server.beam_args(),
+            "--s3_access_key_id=testing", "--s3_secret_access_key=testing"]
+
+    def keys():
+        return sorted(o["Key"] for o in client.list_objects_v2(Bucket="gcb", Prefix="ds/").get("Contents", []))
+
+    assert cli.main(args) == 0, capsys.readouterr().err
+    assert f"removed {GENS[1]}" in capsys.readouterr().out
+    left = keys()
+    assert not [k for k in left if GENS[1] in k] and any(k.startswith(f"ds/{GENS[0]}/") for k in left)
+    assert "ds/.pileprep.lock" not in left  # taken and released on the store
+    (ref_key,) = [k for k in left if k.startswith("ds/.refs/")]
+    client.delete_object(Bucket="gcb", Key=ref_key)
+    assert cli.main(args) == 0
+    assert [k for k in keys() if "gen-" in k] == [f"ds/{GENS[2]}/train-00000-of-00001.tfrecord",
+                                                  f"ds/generations/{GENS[2]}.manifest.json"]
