@@ -186,6 +186,17 @@ def cmd_export(args, beam_args) -> int:
     return 0
 
 
+def cmd_gc(args, beam_args) -> int:
+    from pipeline.beam_glue import FilesystemOptions, s3_options_of  # noqa: PLC0415
+    from pipeline.tools.gc import gc  # noqa: PLC0415
+    from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
+
+    _filesystem_args(beam_args)
+    s3 = s3_options_of(FilesystemOptions.from_pipeline_options(PipelineOptions(beam_args))) if beam_args else {}
+    print(gc(args.dataset, args.keep_generations, args.yes, s3_options=s3, break_lock=args.break_lock).render())
+    return 0
+
+
 def cmd_verify(args, beam_args) -> int:
     from pipeline.tools.verify import verify  # noqa: PLC0415
 
@@ -295,7 +306,14 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("dataset", help="dataset directory (local or s3://)")
     export.add_argument("--format", choices=["parquet"], default="parquet", help="output format")
     export.add_argument("--output", default=None, help="output directory (default DATASET/parquet)")
-    for p in (inspect, report, export):
+    gc = _subcommand(sub, "gc", cmd_gc, "remove a dataset's generations that nobody keeps (dry run unless --yes; "
+                     "docs/OPERATIONS.md)", epilog=s3_help)
+    gc.add_argument("dataset", help="dataset directory (local or s3://)")
+    gc.add_argument("--yes", action="store_true", help="remove what the dry run lists (and refs whose holder is gone)")
+    gc.add_argument("--keep-generations", type=int, default=1, metavar="N",
+                    help="previous generations kept beside the live one, as `shard --keep-generations`")
+    gc.add_argument("--break-lock", action="store_true", help="remove a gone run's lock on DATASET first")
+    for p in (inspect, report, export, gc):
         p.set_defaults(filesystem_args=True)
 
     verify = _subcommand(sub, "verify", cmd_verify,

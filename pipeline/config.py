@@ -163,6 +163,10 @@ class ShardConfig:
         False, "start afresh: discard the staging a killed run of the same config and inputs left, instead of "
         "reusing its finished units (resuming is the default; docs/OPERATIONS.md)", manifest=False,
         group="operations (docs/OPERATIONS.md)")
+    keep_generations: int = option(
+        1, "previous generations a commit keeps beside the live one (a trainer reading the old manifest keeps its "
+        "files); older ones go at the next commit or with `pileprep gc`, never one a ref in .refs/ names",
+        manifest=False, metavar="N", group="operations (docs/OPERATIONS.md)")
     max_dead_letter_fraction: float = option(
         0.5, "fail without committing when more than this fraction of the records read are dead-lettered "
         "(checked once at least 1,000 records were read)", manifest=False, metavar="FRACTION",
@@ -203,6 +207,8 @@ class ShardConfig:
             if value not in choices:
                 problems.append(f"--{name.replace('_', '-')} must be {', '.join(choices[:-1])} or {choices[-1]}, "
                                 f"got {value!r}")
+        if self.keep_generations < 0:
+            problems.append(f"--keep-generations must be 0 or more, got {self.keep_generations}")
         if not 0.0 <= self.max_dead_letter_fraction <= 1.0:
             problems.append(f"--max-dead-letter-fraction must be in [0, 1], got {self.max_dead_letter_fraction}")
         if self.unit_mb <= 0 or self.max_line_mb <= 0 or self.max_pretoken_mb <= 0:

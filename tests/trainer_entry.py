@@ -5,6 +5,7 @@ Hooks come from the PILEPREP_TEST_HOOKS environment variable (JSON):
   dump_params: DIR       save each rank's parameters after the last step
   pid_dir: DIR           each rank writes DIR/rank<R>.pid at start (crash tests find every process by it)
   pause_after_step: N    after step N (metrics flushed, checkpoint written) every rank sleeps until killed
+  wait_after_step: [N, FILE]  after step N rank 0 writes FILE.reached, then every rank waits until FILE exists
 """
 from __future__ import annotations
 
@@ -42,6 +43,13 @@ class HookedTrainer(Trainer):
             os.makedirs(d, exist_ok=True)
             params = {n: p.detach().cpu().clone() for n, p in self.module.named_parameters()}
             torch.save(params, os.path.join(d, f"params-rank{self.env.rank}.pt"))
+        wait = self.hooks.get("wait_after_step")
+        if wait and step == wait[0]:
+            if self.env.rank == 0:
+                open(wait[1] + ".reached", "w").close()
+            end = time.time() + 300  # never outlive a test that died before releasing us
+            while not os.path.exists(wait[1]) and time.time() < end:
+                time.sleep(0.1)
         if step == self.hooks.get("pause_after_step"):
             sys.stdout.flush()
             end = time.time() + 600  # wait to be killed; never outlive a test run that died before killing us

@@ -48,7 +48,7 @@ import torch
 
 from model_contract import (INPUT_IDS, POSITIONS, SEGMENT_IDS, Expectation, Manifest, ShardInfo, check_compatible,
                             decode_example, load_manifest, manifest_path, resolve_shard_path)
-from model_contract import hashing
+from model_contract import hashing, refs
 from model_contract.checked_reader import ShardMismatchError, count_problem, iter_checked_records, size_problem
 from model_contract.tfrecord import read_record_at, record_offsets
 from trainer.config import DEFAULT_STREAMS, DataConfig, ModelConfig
@@ -75,17 +75,61 @@ def tokenizer_pin(value: Optional[str]) -> Optional[str]:
         return hashlib.sha256(f.read()).hexdigest()
 
 
-def read_manifest(cfg: DataConfig) -> tuple[Manifest, str]:
+def read_manifest(cfg: DataConfig, generation: Optional[str] = None) -> tuple[Manifest, str]:
+    """The manifest of `generation` (the one this run pinned, `pin_generation`; None: the live one): the live
+    manifest while it is still that generation, else the generation's own copy that commits keep beside it
+    (model_contract/refs.py), or FileNotFoundError naming the generation. Shards resolve from `mfile`, the
+    dataset's manifest.json, either way."""
     mfile = manifest_path(cfg.path) if not cfg.path.endswith(".json") else cfg.path
-    return load_manifest(mfile), mfile
+    manifest = load_manifest(mfile)
+    if generation is not None and manifest.generation != generation:
+        manifest = refs.load_generation_manifest(refs.dataset_dir_of(cfg.path), generation)
+    return manifest, mfile
 
 
-def open_dataset(cfg: DataConfig, model: ModelConfig) -> tuple[Manifest, str]:
-    """Load the manifest and check it against the model config; call before any process-group work.
+def pin_generation(cfg: DataConfig, checkpoint_dir: Optional[str], resumed: Optional[str]) -> Optional[str]:
+    """The generation this run reads for its whole life: the checkpoint's on a resume (refused, naming it, when
+    the dataset no longer keeps it), else the live one. Rank 0 registers the run's ref (holder: the checkpoint
+    directory) so no commit or `pileprep gc` removes the generation while its checkpoints need it; a run
+    without --checkpoint-dir relies on the previous generation being kept (--keep-generations)."""
+    dataset = refs.dataset_dir_of(cfg.path)
+    holder = os.path.abspath(checkpoint_dir) if checkpoint_dir and int(os.environ.get("RANK", "0")) == 0 else None
+    if resumed is None:
+        if refs.live_generation(dataset) is None:
+            return None  # a manifest written before generations were named
+        return refs.pin_generation(dataset, holder) if holder else refs.live_generation(dataset)
+    generation = refs.check_generation_name(resumed, "checkpoint meta.json generation")
+
+    def check_kept() -> None:
+        if refs.live_generation(dataset) != generation:
+            refs.load_generation_manifest(dataset, generation)  # FileNotFoundError naming it when gone
+
+    check_kept()
+    if holder:
+        refs.write_ref_local(dataset, refs.Ref(generation, "trainer", holder, round(time.time(), 3)))
+        check_kept()  # a gc between the first check and the ref removed it: refuse now, not mid-run
+    return generation
+
+
+def check_same_generation(generation: Optional[str]) -> None:
+    """After the rendezvous: every rank read the live manifest on its own, so a commit landing between two ranks'
+    reads would give them different shard lists. Refuse, naming both, rather than train on a mix."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, generation)
+    if len(set(gathered)) > 1:
+        raise RuntimeError(f"ranks started on different generations ({', '.join(sorted(set(map(str, gathered))))}): "
+                           f"a commit landed while they started; start the run again")
+
+
+def open_dataset(cfg: DataConfig, model: ModelConfig, generation: Optional[str] = None) -> tuple[Manifest, str]:
+    """Load the manifest (of `generation`, read_manifest) and check it against the model config; call before any
+    process-group work.
 
     Raises ContractMismatchError listing every difference (seq_len, vocab, features, pinned tokenizer).
     """
-    manifest, mfile = read_manifest(cfg)
+    manifest, mfile = read_manifest(cfg, generation)
     check_contract_limits(manifest, mfile)
     check_compatible(manifest, Expectation(seq_len=model.seq_len, vocab_size=model.vocab_size,
                                            tokenizer_sha256=tokenizer_pin(cfg.tokenizer)))

@@ -26,8 +26,8 @@ import torch.distributed as dist
 
 from trainer import checkpoint as ckpt
 from trainer.config import ConfigError, TrainConfig, build_parser, from_namespace, resolve_layout, resolve_model
-from trainer.data import (DataIntegrityError, ShardLoader, default_index_dir, open_dataset, prepare_shards,
-                          read_manifest)
+from trainer.data import (DataIntegrityError, ShardLoader, check_same_generation, default_index_dir, open_dataset,
+                          pin_generation, prepare_shards, read_manifest)
 from trainer.batch import Batch, StepResult
 from trainer.metrics import MetricsLogger
 from trainer.progress import final_line, resume_command
@@ -52,20 +52,28 @@ def _parser():
     return p
 
 
+def _resumed_generation(cfg: TrainConfig) -> Optional[str]:
+    """The generation the checkpoint a resume starts from was trained on (None: a fresh run, or a checkpoint
+    written before checkpoints recorded it)."""
+    latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
+    return ckpt.read_meta(latest).get("generation") if latest else None
+
+
 def parse_args(argv: Optional[Sequence[str]] = None, world: Optional[int] = None) -> TrainConfig:
     """The full, validated config: every batch rule, and the data contract when the dataset is reachable from
     here, checked now (ConfigError / ContractMismatchError) — not after the processes have met."""
     ns = _parser().parse_args(argv)
     model_args, cfg = from_namespace(ns)
-    contract = None
+    contract, generation = None, None
     if os.path.exists(cfg.data.path):
-        contract = read_manifest(cfg.data)[0].contract
+        generation = _resumed_generation(cfg)  # a resume sizes the model from its own generation's contract
+        contract = read_manifest(cfg.data, generation)[0].contract
     cfg.model = resolve_model(model_args, contract)
     world = world if world is not None else int(os.environ.get("WORLD_SIZE", "1"))
     auto_micro_batch = not (cfg.parallel.microbatches or cfg.parallel.microbatch_size)
     resolve_layout(cfg, world)
     if contract is not None:
-        manifest = open_dataset(cfg.data, cfg.model)[0]
+        manifest = open_dataset(cfg.data, cfg.model, generation)[0]
         if cfg.retro_sidecar:
             retro_config(cfg, manifest)
     cfg.check_only = ns.check_only  # an action of this CLI, not part of the training config
@@ -150,12 +158,15 @@ class Trainer:
     # ------------------------------------------------------------------ build
     def build(self) -> "Trainer":
         cfg = self.cfg
-        self.manifest, self.manifest_file = open_dataset(cfg.data, cfg.model)  # before any rendezvous
-        self.retro = retro_config(cfg, self.manifest)
-        self.build_model()
-        env, pcfg, mcfg = self.env, cfg.parallel, cfg.model
         latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
         meta = ckpt.read_meta(latest) if latest else None
+        # read once, pinned for the run's life: a commit landing meanwhile does not move it (trainer/data.py)
+        generation = pin_generation(cfg.data, cfg.checkpoint_dir, _resumed_generation(cfg))
+        self.manifest, self.manifest_file = open_dataset(cfg.data, cfg.model, generation)  # before any rendezvous
+        self.retro = retro_config(cfg, self.manifest)
+        self.build_model()
+        check_same_generation(self.manifest.generation)
+        env, pcfg, mcfg = self.env, cfg.parallel, cfg.model
         if meta and not cfg.data.streams:
             cfg.data.streams = meta["loader"]["streams"]  # chosen once, at the run's start
         self.loader = self._build_loader()
@@ -360,7 +371,7 @@ class Trainer:
     def save_checkpoint(self) -> str:
         cfg, env = self.cfg, self.env
         meta = {"loader": self.loader.state_dict(), "dp": env.dp, "pp": env.pp,
-                "model": dataclasses.asdict(cfg.model)}
+                "model": dataclasses.asdict(cfg.model), "generation": self.manifest.generation}
         t0 = time.perf_counter()
         path = ckpt.save(cfg.checkpoint_dir, self.step, self.module, self.optimizer, meta, env, cfg.keep_checkpoints)
         dt = time.perf_counter() - t0

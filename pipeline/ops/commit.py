@@ -4,6 +4,11 @@ Shards of a run live in their own generation directory (`gen-<fingerprint>/`) th
 points at until the new manifest replaces the old one in a single step: `os.replace` of a fully written and
 fsynced temp file on POSIX paths (EFS/FSx included), a single PUT on object stores (an S3 object appears whole
 or not at all). A run killed at any moment therefore leaves the previous dataset or nothing visible.
+
+A dataset commit also writes the generation's own manifest (`generations/<gen>.manifest.json`) before the
+live one, and afterwards removes only the generations pipeline/ops/generations.py says nobody keeps: the
+`--keep-generations` newest previous ones and every ref-named one stay, so a trainer reading the previous
+manifest keeps finding its files. The refs are read *after* the publish (model_contract/refs.py: pinning).
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from model_contract import MANIFEST_NAME, Manifest
 from model_contract.manifest import MANIFEST_FORMAT, check_generation_name, check_relative_path
 from pipeline.config import ConfigError
 from pipeline.shard import integrity
-from pipeline.ops import guards
+from pipeline.ops import generations, guards
 from pipeline.ops.guards import normal_path
 from transforms.io import io_utils
 
@@ -76,7 +81,8 @@ def check_staging_dir(output_dir: str, staging_root: Optional[str]) -> None:
         problem = "is the output directory or contains it"
     elif _inside(staging, out):
         head = staging[len(out.rstrip("/")) + 1:].split("/", 1)[0]
-        if head.startswith("gen-") or head == MANIFEST_NAME:
+        if head.startswith("gen-") or head in (MANIFEST_NAME, generations.refs_mod.GENERATIONS_DIR,
+                                                generations.refs_mod.REFS_DIR):
             problem = f"lies inside the dataset's {head} (generation directories hold committed shards)"
     if problem:
         raise ConfigError(f"--staging-dir {staging_root}: {problem}; staging is deleted after each commit, so use "
@@ -95,12 +101,13 @@ def _check_deletable(path: str, output_dir: str, keep_paths) -> None:
 
 
 def commit_dataset(output_dir: str, manifest: Manifest, expected_previous: Optional[str], staging_dir: str,
-                   previous: Optional[Manifest] = None) -> str:
+                   previous: Optional[Manifest] = None, keep_generations: int = 1) -> str:
     """Publish a shard dataset's `manifest` (the commit point), then clean up what no manifest references.
 
     `expected_previous` is the generation the run started from; if the committed manifest moved meanwhile
     (a concurrent run on the same output), refuse instead of silently dropping the other run's generation.
     Re-running a commit that already happened (Beam retrying the bundle) is a no-op publish of equal bytes.
+    Older generations are pruned (pipeline/ops/generations.py), keeping `keep_generations` previous ones.
     """
     manifest.validate()  # the paths below come from it: never act on a name of the wrong form
     new_gen = check_generation_name(manifest.generation)
@@ -109,7 +116,8 @@ def commit_dataset(output_dir: str, manifest: Manifest, expected_previous: Optio
     keep = integrity.referenced_generations(manifest)
     heads = keep | {rel.split("/", 1)[0] for rel in [s.path for s in manifest.shards] + manifest.dead_letters}
     return commit_output(output_dir, KIND_DATASET, manifest.to_json(), new_gen, expected_previous, staging_dir,
-                         durable, heads, integrity.referenced_generations(previous) - keep)
+                         durable, heads, integrity.referenced_generations(previous) - keep,
+                         keep_generations=keep_generations)
 
 
 def commit_store(output_dir: str, kind: str, manifest: dict, files: list, expected_previous: Optional[str],
@@ -130,7 +138,8 @@ def to_canonical_json(d: dict) -> str:
 
 
 def commit_output(output_dir: str, kind: str, manifest_json: str, new_gen: str, expected_previous: Optional[str],
-                  staging_dir: str, durable_files: list, keep_heads: set, dropped_generations: set) -> str:
+                  staging_dir: str, durable_files: list, keep_heads: set, dropped_generations: set,
+                  keep_generations: Optional[int] = None) -> str:
     """The one commit protocol (datasets and retrieval stores): refuse an output of another kind and a
     concurrent commit, make the new files durable, publish the manifest in one step, then delete this run's
     staging and the generations no manifest references any more.
@@ -138,6 +147,9 @@ def commit_output(output_dir: str, kind: str, manifest_json: str, new_gen: str, 
     Order matters for crash safety: the new files are complete before this is called, the manifest flips in
     one step, and only then is anything deleted (a crash in between leaves garbage, never a dangling
     reference; the next run removes the garbage under the lock, pipeline/ops/guards.py: cleanup_abandoned).
+
+    `keep_generations` (datasets): keep generations by history and refs (_prune) instead of removing
+    `dropped_generations` at once (retrieval stores, which nothing references by generation yet).
     """
     check_output_kind(output_dir, kind, foreign=False)  # (foreign files: checked at the run's start, pipeline/job.py)
     current_gen = committed_generation_of(output_dir)
@@ -149,8 +161,13 @@ def commit_output(output_dir: str, kind: str, manifest_json: str, new_gen: str, 
     io_utils.fsync_files(io_utils.join(output_dir, rel) for rel in durable_files)
     keep_paths = [io_utils.join(output_dir, h) for h in sorted(keep_heads)] + [manifest_location(output_dir)]
     _check_deletable(staging_dir, output_dir, keep_paths)  # before publishing: a refused commit changes nothing
+    if keep_generations is not None:
+        _write_generation_manifests(output_dir, current_gen, new_gen, manifest_json)
     path = publish_manifest(output_dir, manifest_json)
     io_utils.delete_tree(staging_dir)
+    if keep_generations is not None:
+        _prune(output_dir, keep_heads, keep_generations, keep_paths)
+        return path
     for gen in sorted(dropped_generations):
         old = io_utils.join(output_dir, check_generation_name(gen))  # a direct child of the output, by form
         _check_deletable(old, output_dir, keep_paths)
@@ -158,12 +175,31 @@ def commit_output(output_dir: str, kind: str, manifest_json: str, new_gen: str, 
     return path
 
 
+def _write_generation_manifests(output_dir: str, current_gen: Optional[str], new_gen: str, manifest_json: str) -> None:
+    """The new generation's own manifest; and the live one's, if it was committed before generations kept
+    theirs (its bytes are manifest.json's), so the history that pruning orders by names it first."""
+    if current_gen is not None and current_gen != new_gen and \
+            not io_utils.exists(generations.copy_path(output_dir, check_generation_name(current_gen))):
+        generations.write_generation_manifest(output_dir, current_gen,
+                                              io_utils.read_bytes(manifest_location(output_dir)).decode("utf-8"))
+    generations.write_generation_manifest(output_dir, new_gen, manifest_json)  # fsynced (io_utils.publish_bytes)
+
+
+def _prune(output_dir: str, live_heads: set, keep_generations: int, keep_paths: list) -> None:
+    """After the publish: remove the generations nobody keeps (refs are read now, after the new manifest is
+    visible, so a trainer pinning concurrently either sees this commit or is seen by it)."""
+    state = generations.read_state(output_dir, {h for h in live_heads if h.startswith("gen-")})
+    for gen, _why in generations.plan_prune(state, keep_generations, drop_stale_refs=False).remove:
+        _check_deletable(io_utils.join(output_dir, check_generation_name(gen)), output_dir, keep_paths)
+        generations.remove_generation(output_dir, gen)
+
+
 # ------------------------------------------------------------------------------------------- output kinds
 KINDS = (KIND_DATASET, KIND_RETRIEVAL_DB, KIND_SIDECAR)
 RETRIEVAL_DB_FORMAT = "pileprep.retrieval_db"
 # What an output directory may hold besides what its manifest names, before its first commit: pileprep's own
 # lock, staging, temp manifests and write probes, and generation directories (a crashed first run's).
-_OWN_ENTRY = re.compile(r"(\.pileprep\.lock|_staging|manifest\.json|\.manifest\.json\..*\.tmp|"
+_OWN_ENTRY = re.compile(r"(\.pileprep\.lock|_staging|manifest\.json|\.manifest\.json\..*\.tmp|generations|\.refs|"
                         r"\.pileprep-write-probe-\d+|gen-[0-9a-f]{16})")
 
 

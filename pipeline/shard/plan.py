@@ -19,6 +19,7 @@ from pipeline.config import ShardConfig, fingerprint
 from pipeline.errors import ConfigError, RunError
 from pipeline.job import Build, Decision, NothingToDo
 from pipeline.ops import commit, guards, incremental, input_checks
+from pipeline.ops import generations
 from pipeline.shard import integrity, source_check, split_inputs
 from transforms.io import io_utils, memory
 from transforms.tokenize import tokenizer, tokenizer_backends
@@ -207,6 +208,9 @@ def generation_name(config: ShardConfig, contract: DataContract, ledger: list, p
                        f"{'; '.join(damaged[:3])}); rebuild it without --incremental")
     if not adds_to_committed and generation in live and (live != {generation} or damaged):
         generation = "gen-" + fingerprint(config, sha, ledger, parents=live)
+    elif not adds_to_committed and generation not in live and generation in generations.retained(config.output):
+        # a kept previous generation (pipeline/ops/generations.py) may be in use: never rewrite it in place
+        generation = "gen-" + fingerprint(config, sha, ledger, parents=live | {generation})
     return generation
 
 

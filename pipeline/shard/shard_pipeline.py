@@ -30,6 +30,7 @@ from pipeline.beam_glue import (FilesystemOptions, GatherAll, PlanDoFn, Spread, 
 from pipeline.config import PILEPREP_VERSION, ShardConfig
 from pipeline.errors import RunError
 from pipeline.ops import commit, guards, incremental, progress, runlog, runners
+from pipeline.ops import generations
 from pipeline.shard import cancel, integrity, near_dedup_graph, preflight, resume, runner_shuffle
 from pipeline.shard.records import CommitParts, InputFile, SplitOutput
 from pipeline.shard.manifest_builder import build_manifest, plan_shard_tasks
@@ -192,7 +193,7 @@ def _commit(grouped, plan: JobPlan):
             stages.spot_check_totals(parts.units))
     commit.commit_dataset(plan.config.output, manifest,
                           None if previous is None else previous.generation, plan.staging_dir,
-                          previous)
+                          previous, plan.config.keep_generations)
     return manifest.to_dict()
 
 
@@ -339,7 +340,8 @@ class ShardJob(job.Job):
         return commit.read_committed(self.config.output)
 
     def live_generations(self, committed) -> set:
-        return integrity.referenced_generations(committed)
+        # and the kept previous generations (pipeline/ops/generations.py): start-up cleanup never removes them
+        return integrity.referenced_generations(committed) | generations.retained(self.output)
 
     def plan(self, committed) -> JobPlan:
         plan = shard_plan.make_plan(self.config, self.incremental_run, committed, self.checked.filesystem_options)

@@ -12,7 +12,9 @@ Shards are read through model_contract's checked reader (checksums verified; a f
 not its manifest entry's is refused by name before its Parquet file is renamed into place) and written in row groups of
 `rows_per_group` examples, so memory stays at one row group whatever the shard size. Files are written under a
 temporary name and renamed (local) or put whole (object stores); an `export.json` beside them lists the files
-and the manifest generation they came from.
+and the manifest generation they came from. Before reading, the export registers a ref to that generation in
+the dataset (`.refs/export-….json`, pipeline/ops/generations.py), so no later commit or gc removes the files it
+was made from while the export exists.
 """
 from __future__ import annotations
 
@@ -87,11 +89,8 @@ def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: i
     from pipeline.ops import commit  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
 
-    manifest = commit.read_committed(dataset)
-    if manifest is None:
-        raise FileNotFoundError(f"no manifest at {commit.manifest_location(dataset)}: the dataset is missing or "
-                                f"was never committed")
     output = output or io_utils.join(dataset, "parquet")
+    manifest = register_export(dataset, output)
     manifest_file = commit.manifest_location(dataset)
     files = []
     chosen = [s for s in manifest.shards if not splits or s.split in splits]
@@ -113,3 +112,48 @@ def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: i
     io_utils.write_bytes(io_utils.join(output, "export.json"),
                          (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode("utf-8"))
     return {"output": output, **summary}
+
+
+def register_export(dataset: str, output: str):
+    """Under the dataset's lock (local datasets): the live manifest, and `output`'s ref to its generation
+    (replacing an earlier export's ref to the same output). A dataset this user cannot write still exports,
+    with a warning."""
+    import logging  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from model_contract.refs import Ref  # noqa: PLC0415
+    from pipeline.ops import commit, generations, lock  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    def committed():
+        manifest = commit.read_committed(dataset)
+        if manifest is None:
+            raise FileNotFoundError(f"no manifest at {commit.manifest_location(dataset)}: the dataset is missing or "
+                                    f"was never committed")
+        return manifest
+
+    if not io_utils.exists(commit.manifest_location(dataset)):
+        return committed()  # before taking a lock, which would create the directory
+    holder = os.path.abspath(output) if io_utils.is_local(output) else output
+
+    def register():
+        manifest = committed()
+        if manifest.generation:
+            generations.write_ref(dataset, Ref(manifest.generation, "export", holder, round(time.time(), 3)))
+        return manifest
+
+    try:
+        if not io_utils.is_local(dataset):
+            # The lock on S3 needs the store's credentials as the shard job gets them; the ref's one PUT and the
+            # generation read again after it are enough (model_contract/refs.py: pinning).
+            manifest = register()
+            if commit.committed_generation_of(dataset) != manifest.generation:
+                manifest = register()
+            return manifest
+        with lock.OutputLock(dataset).held():
+            return register()
+    except PermissionError as e:
+        logging.getLogger("pileprep.export").warning(
+            "%s: cannot register this export's ref (%s): a later commit or gc may remove the generation it reads",
+            dataset, type(e).__name__)
+        return committed()

@@ -158,9 +158,9 @@ def test_commit_refuses_when_another_run_committed_meanwhile_and_gc_keeps_refere
     with pytest.raises(commit.ConcurrentCommitError, match=GEN_A):
         commit.commit_dataset(str(out), m_b, None, str(out / "_staging" / GEN_B))
     assert commit.committed_generation(str(out)) == GEN_A
-    # A full rebuild replacing gen-a: gen-a is collected after the commit, gen-c (never referenced: maybe a
-    # concurrent run's, in flight) is left alone.
-    commit.commit_dataset(str(out), m_b, GEN_A, str(out / "_staging" / GEN_B), previous=m_a)
+    # A full rebuild replacing gen-a, keeping no previous generation: gen-a is collected after the commit,
+    # gen-c (never committed: maybe a concurrent run's, in flight) is left alone.
+    commit.commit_dataset(str(out), m_b, GEN_A, str(out / "_staging" / GEN_B), previous=m_a, keep_generations=0)
     assert commit.committed_generation(str(out)) == GEN_B
     assert not (out / GEN_A).exists() and (out / GEN_B).exists() and (out / GEN_C).exists()
     # Beam retrying the commit bundle: publishing the same manifest again is a no-op.

@@ -85,7 +85,10 @@ def test_nothing_to_do_only_when_every_manifest_file_has_its_size(committed, tmp
     assert res.returncode == 0 and "nothing to do" not in res.stdout, res.stdout + res.stderr[-2000:]
     rebuilt = load_manifest(str(out))
     assert rebuilt.generation != manifest.generation  # a new directory: the live one was never written into
-    assert _generation_dirs(out) == [rebuilt.generation]
+    # the damaged generation stays beside it as the previous one (--keep-generations 1), with its own manifest
+    assert _generation_dirs(out) == sorted([rebuilt.generation, manifest.generation])
+    assert sorted(p.name for p in (out / "generations").iterdir()) == sorted(
+        f"{g}.manifest.json" for g in (rebuilt.generation, manifest.generation))
     for s in rebuilt.shards:
         assert (out / s.path).stat().st_size == s.bytes
     assert [(s.split, s.bytes, s.sha256) for s in rebuilt.shards] == [

@@ -37,7 +37,7 @@ def test_a_manifest_naming_outside_directories_deletes_nothing(tmp_path):
         commit.read_committed(str(out))
     (out / "manifest.json").write_text(make_manifest(GEN_A, [make_shard(GEN_A)]).to_json())
     commit.commit_dataset(str(out), make_manifest(GEN_B, [make_shard(GEN_B)]), GEN_A, str(out / "_staging" / GEN_B),
-                          previous=previous)
+                          previous=previous, keep_generations=0)  # no previous generation kept: A goes now
     assert (victim / "keep.txt").exists() and (victim2 / "keep.txt").exists()
     assert not (out / GEN_A).exists() and (out / GEN_B).exists()
 

@@ -1,0 +1,220 @@
+"""Which committed generations a dataset keeps, and removing the others (at a commit and by `pileprep gc`).
+
+A dataset keeps, besides what its live manifest references, the `--keep-generations` newest previous
+generations and every generation a ref names (model_contract/refs.py). Commit order is the order in which the
+per-generation manifests (`generations/<gen>.manifest.json`) were written, newest first; a generation without
+one was never committed (an interrupted run's directory) and is left to the shard run's own cleanup
+(pipeline/ops/guards.py: cleanup_abandoned).
+
+`plan_prune` decides (a pure function over what `read_state` listed); `apply` deletes. A ref that cannot be
+read is named and, since the generation it protects is unknown, protects every generation.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from apache_beam.io.filesystems import FileSystems
+
+from model_contract import Manifest
+from model_contract import refs as refs_mod
+from model_contract.contract import ContractError
+from model_contract.manifest import is_generation_name
+from pipeline.shard import integrity
+from transforms.io import io_utils
+
+
+@dataclass(frozen=True)
+class CommittedGeneration:
+    """One `generations/<gen>.manifest.json`: when it was written and what that manifest references."""
+    name: str
+    written: float
+    references: frozenset  # the generations its manifest references (itself, and incremental parents)
+    damaged: str = ""  # why the manifest copy could not be read ("" when it was)
+
+
+@dataclass(frozen=True)
+class RefEntry:
+    file: str  # the name in .refs/
+    ref: Optional[refs_mod.Ref]
+    problem: str = ""  # why it is not a valid ref ("" when it is)
+    holder_gone: Optional[bool] = None  # True: an absolute local holder path that no longer exists
+
+
+@dataclass
+class DatasetState:
+    live: frozenset  # what the live manifest references
+    history: list  # [CommittedGeneration], newest first
+    present: frozenset  # generation directories on disk
+    refs: list  # [RefEntry]
+
+
+@dataclass
+class PrunePlan:
+    remove: list = field(default_factory=list)  # [(generation, reason)]
+    keep: list = field(default_factory=list)  # [(generation, reason)]
+    uncommitted: list = field(default_factory=list)  # generation directories with no manifest of their own
+    stale_refs: list = field(default_factory=list)  # [RefEntry] whose holder is gone (removed by gc --yes)
+    damaged_refs: list = field(default_factory=list)  # [RefEntry] that could not be read (kept)
+
+
+def plan_prune(state: DatasetState, keep_generations: int, drop_stale_refs: bool) -> PrunePlan:
+    """What to remove and why. `drop_stale_refs`: a ref whose holder is gone protects nothing (gc, which also
+    removes it); at a commit every readable ref protects its generation."""
+    plan = PrunePlan()
+    by_name = {g.name: g for g in state.history}
+    reasons: dict = {}
+
+    def protect(gen: str, why: str) -> None:
+        reasons.setdefault(gen, why)
+        g = by_name.get(gen)
+        if g is None:
+            return
+        if g.damaged:  # its parents are unknown: keep every committed generation rather than guess
+            for other in by_name:
+                reasons.setdefault(other, f"{gen}'s manifest copy is damaged ({g.damaged}): parents unknown")
+        for parent in sorted(g.references - {gen}):
+            reasons.setdefault(parent, f"{gen} (kept) builds on it")
+
+    for gen in sorted(state.live):
+        protect(gen, "the live manifest references it")
+    previous = [g for g in state.history if g.name not in state.live]
+    for g in previous[:keep_generations]:
+        protect(g.name, f"one of the {keep_generations} newest previous generation(s) (--keep-generations)")
+    for entry in state.refs:
+        if entry.ref is None:
+            plan.damaged_refs.append(entry)
+            for g in state.history:
+                protect(g.name, f"{refs_mod.REFS_DIR}/{entry.file} cannot be read ({entry.problem}): kept")
+        elif entry.holder_gone and drop_stale_refs:
+            plan.stale_refs.append(entry)
+        else:
+            if entry.holder_gone:
+                plan.stale_refs.append(entry)
+            protect(entry.ref.generation, f"{refs_mod.REFS_DIR}/{entry.file} ({entry.ref.kind} "
+                                          f"{entry.ref.holder}) names it")
+    for g in state.history:
+        if g.name in reasons:
+            plan.keep.append((g.name, reasons[g.name]))
+        else:
+            plan.remove.append((g.name, f"not in the live manifest, older than the {keep_generations} newest "
+                                        f"previous generation(s), no ref names it"))
+    plan.uncommitted = sorted(state.present - set(by_name) - set(state.live))
+    return plan
+
+
+# ------------------------------------------------------------------------------------------ reading
+def _match(pattern: str) -> list:
+    try:
+        return FileSystems.match([pattern])[0].metadata_list
+    except Exception:  # noqa: BLE001 - nothing matches (Beam raises on an empty match for some filesystems)
+        return []
+
+
+def _base(path: str) -> str:
+    return path.rstrip("/").rsplit("/", 1)[-1]
+
+
+def read_history(output: str) -> list:
+    """[CommittedGeneration], newest first (ties: by name, so the order never depends on listing order)."""
+    out = []
+    for m in _match(io_utils.join(output, refs_mod.GENERATIONS_DIR, "*.manifest.json")):
+        name = refs_mod.generation_of_copy(_base(m.path))
+        if name is None:
+            continue
+        try:
+            manifest = Manifest.from_json(io_utils.read_bytes(m.path).decode("utf-8"))
+            if manifest.generation != name:
+                raise ContractError(f"it names generation {manifest.generation}")
+            out.append(CommittedGeneration(name, m.last_updated_in_seconds,
+                                           frozenset(integrity.referenced_generations(manifest) | {name})))
+        except (ContractError, UnicodeDecodeError, OSError) as e:
+            out.append(CommittedGeneration(name, m.last_updated_in_seconds, frozenset({name}), str(e)[:200]))
+    return sorted(out, key=lambda g: (-g.written, g.name))
+
+
+def read_refs(output: str) -> list:
+    """Every entry of `.refs/` (in-flight temp files, `.<name>.<hex>.tmp`, aside), each validated."""
+    out = []
+    for m in _match(io_utils.join(output, refs_mod.REFS_DIR, "*")):
+        name = _base(m.path)
+        if name.startswith(".") and name.endswith(".tmp"):
+            continue
+        try:
+            ref = refs_mod.parse_ref(name, io_utils.read_bytes(m.path)[: refs_mod.MAX_REF_BYTES + 1])
+        except (ContractError, OSError) as e:
+            out.append(RefEntry(name, None, str(e)[:200]))
+            continue
+        out.append(RefEntry(name, ref, "", refs_mod.holder_gone(ref.holder)))
+    return sorted(out, key=lambda r: r.file)
+
+
+def present_generations(output: str) -> frozenset:
+    if io_utils.is_local(output):
+        names = os.listdir(output) if os.path.isdir(output) else []
+        return frozenset(n for n in names if is_generation_name(n) and os.path.isdir(os.path.join(output, n)))
+    prefix = output.rstrip("/") + "/"
+    heads = {m.path[len(prefix):].split("/", 1)[0] for m in _match(io_utils.join(output, "gen-*/*"))
+             if m.path.startswith(prefix)}
+    return frozenset(h for h in heads if is_generation_name(h))
+
+
+def read_state(output: str, live: set) -> DatasetState:
+    return DatasetState(frozenset(live), read_history(output), present_generations(output), read_refs(output))
+
+
+def retained(output: str) -> set:
+    """Every generation that was committed and is still kept (a manifest copy exists): never garbage for a
+    run's start-up cleanup, which removes only directories no commit produced."""
+    return {g.name for g in read_history(output)}
+
+
+def generation_bytes(output: str, gen: str) -> int:
+    root = io_utils.join(output, gen)
+    if io_utils.is_local(output):
+        total = 0
+        for directory, _dirs, files in os.walk(root):
+            for f in files:
+                try:
+                    total += os.lstat(os.path.join(directory, f)).st_size
+                except OSError:
+                    pass
+        return total
+    return sum(m.size_in_bytes for m in _match(root.rstrip("/") + "/**"))
+
+
+# ------------------------------------------------------------------------------------------ writing
+def copy_path(output: str, gen: str) -> str:
+    return io_utils.join(output, refs_mod.generation_manifest_name(gen))
+
+
+def write_generation_manifest(output: str, gen: str, manifest_json: str) -> str:
+    """The generation's own manifest beside the live one, written before the live manifest names it."""
+    path = copy_path(output, gen)
+    io_utils.publish_bytes(path, manifest_json.encode("utf-8"))
+    return path
+
+
+def remove_generation(output: str, gen: str) -> None:
+    """The directory first, its manifest copy last: a crash in between leaves the copy, so the generation is
+    still listed and the next commit or gc finishes the job."""
+    io_utils.delete_tree(io_utils.join(output, refs_mod.check_generation_name(gen)))
+    path = copy_path(output, gen)
+    if io_utils.exists(path):
+        FileSystems.delete([path])
+
+
+def remove_ref(output: str, entry: RefEntry) -> None:
+    if not refs_mod.is_ref_name(entry.file):  # only names of the ref form are ever deleted
+        raise ValueError(f"{entry.file}: not a ref file name")
+    path = io_utils.join(output, refs_mod.REFS_DIR, entry.file)
+    if io_utils.exists(path):
+        FileSystems.delete([path])
+
+
+def write_ref(output: str, ref: refs_mod.Ref) -> str:
+    """A holder's ref (call under the dataset's lock, pipeline/ops/lock.py): temp+rename locally, one PUT on S3."""
+    path = io_utils.join(output, refs_mod.REFS_DIR, ref.file_name())
+    io_utils.publish_bytes(path, ref.to_json().encode("utf-8"))
+    return path
