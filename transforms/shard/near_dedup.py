@@ -169,9 +169,14 @@ def s_curve_text(bands: int, rows: int) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- keepers
-def rank(split: int, doc_id: int) -> tuple:
-    """Keeper order: the smallest rank wins. Test (2) over val (1) over train (0), then the smallest id."""
-    return (-int(split), int(doc_id))
+COMMITTED_RANK_SHIFT = 8  # more than the number of splits: any committed document outranks every new one
+
+
+def rank(split: int, doc_id: int, committed: bool = False) -> tuple:
+    """Keeper order: the smallest rank wins. Test (2) over val (1) over train (0), then the smallest id. A
+    document of a committed generation (--incremental) outranks every new one: committed files are immutable,
+    so a committed document is never removed and a new near-copy of it always loses."""
+    return (-int(split) - (COMMITTED_RANK_SHIFT if committed else 0), int(doc_id))
 
 
 @dataclass(frozen=True, order=True)
@@ -179,7 +184,9 @@ class Node:
     """One distinct document in the near-dedup graph (small: it travels through the runner's shuffle).
 
     `split` is the highest split any exact copy of it sits in (the copy exact dedup keeps); `loc` says where
-    its shingles are staged (unit name, first element, count) for --near-dedup-verify."""
+    its shingles are staged (unit name, first element, count) for --near-dedup-verify. A `committed` node comes
+    from a committed generation's band index (transforms/shard/near_dedup_band_index.py): its `loc` is
+    ("committed", generation), it has no staged shingles or text, and it is never removed."""
     rank: tuple
     doc_id: int
     split: int
@@ -187,6 +194,7 @@ class Node:
     source: str = ""
     loc: tuple = ()
     excerpt: str = ""
+    committed: bool = False
 
     def signature(self) -> np.ndarray:
         return np.frombuffer(self.sig, dtype=SIGNATURE_DTYPE)
@@ -209,12 +217,25 @@ def bucket_edges(nodes: Iterable[Node], threshold: float) -> list:
     Jaccard with it reaches `threshold`. A star (not all pairs) keeps a bucket linear in its size; members
     that are near each other but not near the star's centre are linked through the other bands they share."""
     members = merge_copies(nodes)
-    if len(members) < 2:
+    committed = [m for m in members if m.committed]
+    new = [m for m in members if not m.committed]
+    if not new or len(members) < 2:
         return []
-    centre = members[0]
-    csig = centre.signature()
     out = []
-    for m in members[1:]:
+    # Incremental: each new member links to the best-ranked committed member it is near. Committed members are
+    # never linked to each other (their generation already decided them), and the new ones form their own
+    # star as in a full build, so a new-vs-new cluster resolves the same way whether or not B has a committed
+    # partner; label propagation then gives the whole component its best (committed) keeper.
+    for m in new:
+        msig = m.signature()
+        for c in committed:
+            j = estimated_jaccard(c.signature(), msig)
+            if j >= threshold:
+                out.append((c, m, j))
+                break
+    centre = new[0]
+    csig = centre.signature()
+    for m in new[1:]:
         j = estimated_jaccard(csig, m.signature())
         if j >= threshold:
             out.append((centre, m, j))
