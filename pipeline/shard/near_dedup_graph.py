@@ -541,8 +541,12 @@ def committed_band_indexes(previous, output_dir: str) -> list:
                 or not isinstance(row.get("bytes"), int) or not isinstance(row.get("sha256"), str)):
             raise ConfigError(f"--incremental --near-dedup: the committed manifest's {what} is malformed "
                               "(generation, path inside it, range, bytes, sha256); rebuild without --incremental")
+        try:
+            path = resolve_dataset_path(manifest_file, rel, f"{what}.path")
+        except ValueError as e:  # ContractError: a path that leaves the dataset directory
+            raise ConfigError(f"--incremental --near-dedup: {e}; rebuild without --incremental") from None
         out.append({"generation": generation, "rel": rel, "range": row["range"], "bytes": row["bytes"],
-                    "sha256": row["sha256"], "path": resolve_dataset_path(manifest_file, rel, f"{what}.path")})
+                    "sha256": row["sha256"], "path": path})
     held = {e["generation"] for e in out}
     missing = sorted({g["name"] for g in integrity.generations_of(previous)} - held)
     if missing:

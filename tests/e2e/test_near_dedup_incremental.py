@@ -10,16 +10,17 @@ equal (docs/NEAR_DEDUP.md), tested on its own in tests/unit/shard/test_near_dedu
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import pathlib
 
 import pytest
 
+from pipeline.config import ShardConfig
 from pipeline.shard import near_dedup_graph, shard_pipeline
 from tests.corpus_fixtures import good_documents, pile_line, write_zst
 from tests.e2e.test_near_dedup_pipeline import IN_MEMORY, shard_doc_ids, sidecar_rows
-from pipeline.config import ShardConfig
 from transforms.shard import near_dedup, near_dedup_band_index
 from transforms.shard.documents import document_id
 
@@ -113,3 +114,19 @@ def test_each_generation_lists_its_band_index_of_kept_documents_with_sha256(buil
     # the committed manifest's section for the newest generation summarises only that one
     assert json.loads(json.dumps(added["near_dedup"]["removed"])) == {"near_duplicate": 1,
                                                                      "near_duplicate_of_committed": 5}
+
+
+def test_the_runner_shuffle_reads_the_committed_band_index_the_same_way(builds, tiny_tokenizer):
+    """--shuffle runner: committed rows enter the runner's GroupByKey on band keys (not the staged key ranges)."""
+    root, _plan, _full, _first, added = builds
+    out = root / "inc-runner"
+    for inputs, incremental in ((str(root / "in" / "a.*"), False), (str(root / "in" / "*"), True)):
+        cfg = config(inputs, out, tiny_tokenizer)
+        got = shard_pipeline.run(dataclasses.replace(cfg, shuffle="runner"), IN_MEMORY,
+                                 incremental_run=incremental, progress_every_s=0)
+    assert got["records"] == added["records"]
+    assert shard_doc_ids(out, got) == shard_doc_ids(root / "inc", added)
+    assert sidecar_rows(out, got) == sidecar_rows(root / "inc", added)
+    band_bytes = [[(out_dir / e["path"]).read_bytes() for e in m[near_dedup_graph.BAND_INDEXES]]
+                  for out_dir, m in ((out, got), (root / "inc", added))]
+    assert band_bytes[0] == band_bytes[1]
