@@ -405,7 +405,7 @@ def _finish(grouped, plan):
     if cfg.near_dedup:
         summary["minhash"] = {"bands": cfg.near_dedup_bands, "rows": cfg.near_dedup_rows,
                               "threshold": cfg.near_dedup_threshold, "verify": cfg.near_dedup_verify,
-                              "shingle_words": near_dedup.SHINGLE_WORDS,
+                              "shingle_words": near_dedup.SHINGLE_WORDS, "sketch": params_of(cfg).sketch,
                               "s_curve": near_dedup.s_curve_text(cfg.near_dedup_bands, cfg.near_dedup_rows)}
     for e in summary["contaminated_examples"]:
         e["eval_file"] = _name(e["eval_file"])

@@ -29,6 +29,9 @@ DEFAULT_BANDS = 10
 DEFAULT_ROWS = 10
 DEFAULT_THRESHOLD = 0.8
 DEFAULT_ROUNDS = 12
+SKETCHES = ("oph", "minhash")
+DEFAULT_SKETCH = "oph"
+OPH_DONOR_ATTEMPTS = 32
 SIGNATURE_DTYPE = np.dtype("<u4")
 
 _WORD = re.compile(r"\w+")
@@ -89,6 +92,7 @@ class MinHashParams:
     rows: int = DEFAULT_ROWS
     seed: int = 0
     shingle_words: int = SHINGLE_WORDS
+    sketch: str = DEFAULT_SKETCH
 
     @property
     def num_perm(self) -> int:
@@ -102,10 +106,74 @@ class MinHashParams:
 
 
 def signatures(shingle_sets: list, params: MinHashParams, coefficients: Optional[tuple] = None) -> np.ndarray:
-    """(documents, num_perm) uint32 MinHash signatures of a batch of shingle arrays, computed together.
+    """(documents, num_perm) uint32 signatures of a batch of shingle arrays, computed together, by the
+    params' sketch: one-permutation hashing (`oph_signatures`, the default) or `num_perm` permutations
+    (`minhash_signatures`). Either way two documents agree on a position with probability = their Jaccard.
 
     An empty set gets all-0xFFFFFFFF (it matches only other empty texts, which have no words and never
     reach here: parse_record filters whitespace-only text, and a text of only punctuation is one such)."""
+    if params.sketch == "oph":
+        return oph_signatures(shingle_sets, params)
+    if params.sketch != "minhash":
+        raise ValueError(f"unknown sketch {params.sketch!r} (one of {', '.join(SKETCHES)})")
+    return minhash_signatures(shingle_sets, params, coefficients)
+
+
+def oph_signatures(shingle_sets: list, params: MinHashParams) -> np.ndarray:
+    """One-permutation hashing with optimal densification (Shrivastava 2017): one seeded hash per shingle; its
+    top bits pick one of `num_perm` bins, the minimum of its low 32 bits per bin is the bin's value. An empty
+    bin borrows the value of the first non-empty bin along a seeded sequence of bins that depends only on the
+    bin (the same for every document), so two documents still agree on a bin with probability = Jaccard.
+    One hash pass instead of `num_perm` (docs/NEAR_DEDUP.md "Cost")."""
+    k = params.num_perm
+    out = np.full((len(shingle_sets), k), 0xFFFFFFFF, dtype=SIGNATURE_DTYPE)
+    nonempty = [i for i, s in enumerate(shingle_sets) if len(s)]
+    if not nonempty:
+        return out
+    sizes = np.array([len(shingle_sets[i]) for i in nonempty], dtype=np.int64)
+    flat = np.concatenate([shingle_sets[i] for i in nonempty]).astype(np.uint64)
+    salt, donors = _oph_tables(params)
+    h = _mix(flat ^ salt)
+    with np.errstate(over="ignore"):
+        slot = np.repeat(np.arange(len(nonempty), dtype=np.uint64) * np.uint64(k), sizes) + (
+            ((h >> np.uint64(32)) * np.uint64(k)) >> np.uint64(32))
+    keyed = np.sort((slot << np.uint64(32)) | (h & np.uint64(0xFFFFFFFF)))  # by slot, then value: min first
+    slots = keyed >> np.uint64(32)
+    first = np.flatnonzero(np.concatenate(([True], slots[1:] != slots[:-1])))
+    dense = np.zeros(len(nonempty) * k, dtype=SIGNATURE_DTYPE)
+    filled = np.zeros(len(nonempty) * k, dtype=bool)
+    dense[slots[first].astype(np.int64)] = (keyed[first] & np.uint64(0xFFFFFFFF)).astype(SIGNATURE_DTYPE)
+    filled[slots[first].astype(np.int64)] = True
+    dense, filled = dense.reshape(-1, k), filled.reshape(-1, k)
+    rows, bins = np.nonzero(~filled)
+    value = np.zeros(rows.size, dtype=SIGNATURE_DTYPE)
+    todo = np.ones(rows.size, dtype=bool)
+    for attempt in range(donors.shape[0]):
+        if not todo.any():
+            break
+        d = donors[attempt, bins]
+        hit = todo & filled[rows, d]
+        value[hit] = dense[rows[hit], d[hit]]
+        todo &= ~hit
+    for i in np.flatnonzero(todo).tolist():  # rare (a document with a handful of shingles): the next filled bin
+        r, b = rows[i], bins[i]
+        nxt = next(j for j in list(range(b + 1, k)) + list(range(b)) if filled[r, j])
+        value[i] = dense[r, nxt]
+    dense[rows, bins] = value
+    out[nonempty] = dense
+    return out
+
+
+def _oph_tables(params: MinHashParams) -> tuple:
+    """(salt, donor bins [attempt, bin]) of one seed: the densification sequence of every bin."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([0x6F706868, params.seed & _M64])))
+    salt = rng.integers(0, 1 << 63, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    return salt, rng.integers(0, params.num_perm, size=(OPH_DONOR_ATTEMPTS, params.num_perm))
+
+
+def minhash_signatures(shingle_sets: list, params: MinHashParams, coefficients: Optional[tuple] = None) -> np.ndarray:
+    """`num_perm` permutations h_i(x) = (a_i x + b_i) mod 2^64, top 32 bits of the minimum (the classic sketch;
+    kept for the bench's side-by-side)."""
     a, b = coefficients or params.coefficients()
     out = np.full((len(shingle_sets), params.num_perm), 0xFFFFFFFF, dtype=SIGNATURE_DTYPE)
     nonempty = [i for i, s in enumerate(shingle_sets) if len(s)]
