@@ -269,8 +269,14 @@ def main() -> None:
         distinct_corpus(os.path.join(folder, "d.jsonl.zst"), args.distinct_mb, args.seed + 7)
         results["sketches"] = compare_sketches(docs, pairs, best, os.path.join(folder, "d.jsonl.zst"), args.seed)
         print(json.dumps(results["sketches"], indent=1), flush=True)
-    if args.skip_job_quality:
-        return
+    if not args.skip_job_quality:
+        job_quality(args, work, docs, planted, base, ids, pairs, best, results)
+    if not args.skip_cost:
+        cost_run(args, work, results)
+    print_table(args, results)
+
+
+def job_quality(args, work, docs, planted, base, ids, pairs, best, results) -> None:
     q = run_shard(os.path.join(work, "quality", "*"), os.path.join(work, "quality-out"), args.tokenizer,
                   "--near-dedup", "--val-fraction", "0", "--test-fraction", "0", *QUALITY_RUNNER)
     removed = removed_by_job(os.path.join(work, "quality-out"))
@@ -291,38 +297,46 @@ def main() -> None:
                           "planted_resolved": {k: f"{sum(v)}/{len(v)}" for k, v in per_edit.items()}}
     print(json.dumps(results["quality"], indent=1), flush=True)
 
-    if not args.skip_cost:
-        for factor in (1, 4):
-            folder = os.path.join(work, f"distinct-{factor}x")
-            os.makedirs(folder)
-            distinct_corpus(os.path.join(folder, "d.jsonl.zst"), args.distinct_mb * factor, args.seed + factor)
-        cost = {}
-        cost["1x_plain"] = run_shard(os.path.join(work, "distinct-1x", "*"), os.path.join(work, "o1p"),
-                                     args.tokenizer)
-        cost["1x_near_dedup"] = run_shard(os.path.join(work, "distinct-1x", "*"), os.path.join(work, "o1n"),
-                                          args.tokenizer, "--near-dedup")
-        cost["4x_plain"] = run_shard(os.path.join(work, "distinct-4x", "*"), os.path.join(work, "o4p"),
-                                     args.tokenizer)
-        cost["4x_near_dedup"] = run_shard(os.path.join(work, "distinct-4x", "*"), os.path.join(work, "o4n"),
-                                          args.tokenizer, "--near-dedup")
-        extra = cost["1x_near_dedup"]["cpu_s"] / cost["1x_plain"]["cpu_s"] - 1
-        results["cost"] = {k: {m: round(x, 2) for m, x in v.items()} for k, v in cost.items()}
-        results["cost"]["extra_cpu_share_1x"] = round(extra, 3)
-        results["cost"]["extra_cpu_share_4x"] = round(cost["4x_near_dedup"]["cpu_s"] / cost["4x_plain"]["cpu_s"] - 1, 3)
-        # the part that grows with the input: (4x - 1x extra CPU) over (4x - 1x plain CPU)
-        results["cost"]["marginal_extra_cpu_share"] = round(
-            ((cost["4x_near_dedup"]["cpu_s"] - cost["4x_plain"]["cpu_s"])
-             - (cost["1x_near_dedup"]["cpu_s"] - cost["1x_plain"]["cpu_s"]))
-            / (cost["4x_plain"]["cpu_s"] - cost["1x_plain"]["cpu_s"]), 3)
-        results["cost"]["peak_rss_4x_over_1x"] = round(cost["4x_near_dedup"]["peak_rss_mib"]
-                                                       / cost["1x_near_dedup"]["peak_rss_mib"], 3)
-        print(json.dumps(results["cost"], indent=1), flush=True)
 
+def cost_run(args, work, results) -> None:
+    for factor in (1, 4):
+        folder = os.path.join(work, f"distinct-{factor}x")
+        os.makedirs(folder)
+        distinct_corpus(os.path.join(folder, "d.jsonl.zst"), args.distinct_mb * factor, args.seed + factor)
+    cost = {}
+    cost["1x_plain"] = run_shard(os.path.join(work, "distinct-1x", "*"), os.path.join(work, "o1p"),
+                                 args.tokenizer)
+    cost["1x_near_dedup"] = run_shard(os.path.join(work, "distinct-1x", "*"), os.path.join(work, "o1n"),
+                                      args.tokenizer, "--near-dedup")
+    cost["4x_plain"] = run_shard(os.path.join(work, "distinct-4x", "*"), os.path.join(work, "o4p"),
+                                 args.tokenizer)
+    cost["4x_near_dedup"] = run_shard(os.path.join(work, "distinct-4x", "*"), os.path.join(work, "o4n"),
+                                      args.tokenizer, "--near-dedup")
+    extra = cost["1x_near_dedup"]["cpu_s"] / cost["1x_plain"]["cpu_s"] - 1
+    results["cost"] = {k: {m: round(x, 2) for m, x in v.items()} for k, v in cost.items()}
+    results["cost"]["extra_cpu_share_1x"] = round(extra, 3)
+    results["cost"]["extra_cpu_share_4x"] = round(cost["4x_near_dedup"]["cpu_s"] / cost["4x_plain"]["cpu_s"] - 1, 3)
+    # the part that grows with the input: (4x - 1x extra CPU) over (4x - 1x plain CPU)
+    results["cost"]["marginal_extra_cpu_share"] = round(
+        ((cost["4x_near_dedup"]["cpu_s"] - cost["4x_plain"]["cpu_s"])
+         - (cost["1x_near_dedup"]["cpu_s"] - cost["1x_plain"]["cpu_s"]))
+        / (cost["4x_plain"]["cpu_s"] - cost["1x_plain"]["cpu_s"]), 3)
+    results["cost"]["peak_rss_4x_over_1x"] = round(cost["4x_near_dedup"]["peak_rss_mib"]
+                                                   / cost["1x_near_dedup"]["peak_rss_mib"], 3)
+    print(json.dumps(results["cost"], indent=1), flush=True)
+
+
+def print_table(args, results) -> None:
     print("\n| figure | value | target |\n|---|---|---|")
-    qr = results["quality"]
-    print(f"| recall, pairs at J >= 0.9 ({qr['pairs_j_ge_0.9']}) | {qr['recall_j_ge_0.9']:.3f} | >= 0.95 |")
-    print(f"| precision, removed docs with no partner at J >= 0.7 ({qr['removed']} removed) | "
-          f"{qr['precision_below_0.7']:.3f} | >= 0.95 |")
+    for name, qr in [("job", results.get("quality"))] + [(k, results.get("sketches", {}).get(k))
+                                                         for k in near_dedup.SKETCHES]:
+        if not qr:
+            continue
+        print(f"| {name}: recall, pairs at J >= 0.9 | {qr['recall_j_ge_0.9']:.3f} | >= 0.95 |")
+        print(f"| {name}: precision, removed docs with no partner at J >= 0.7 ({qr['removed']} removed) | "
+              f"{qr['precision_below_0.7']:.3f} | >= 0.95 |")
+        if "signatures_cpu_s_per_mb" in qr:
+            print(f"| {name}: signature CPU s per MB of distinct text | {qr['signatures_cpu_s_per_mb']:.3f} | |")
     if "cost" in results:
         c = results["cost"]
         print(f"| extra CPU with --near-dedup, distinct text {args.distinct_mb:g} MB | "
