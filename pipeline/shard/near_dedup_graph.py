@@ -193,14 +193,19 @@ class SignUnit(beam.DoFn):
 BAND_RANGES = 8  # files shuffle: band keys are cut into this many ranges (top bits), one task each
 
 
-def band_file_path(staging_dir: str, unit_name: str) -> str:
-    return io_utils.join(staging_dir, "near-dedup", "bands", unit_name + ".pickle")
+def band_file_path(staging_dir: str, unit_name: str, r: int) -> str:
+    return io_utils.join(staging_dir, "near-dedup", "bands", f"{unit_name}-r{r:02d}.pickle")
 
 
 def write_band_file(staging_dir: str, unit_name: str, rows: list) -> None:
-    """A unit's (band key, Node) rows, sorted by key (a retried bundle rewrites the same bytes)."""
-    rows = sorted(rows, key=lambda kn: (kn[0], kn[1]))
-    io_utils.write_bytes(band_file_path(staging_dir, unit_name), pickle.dumps(rows, protocol=4))
+    """A unit's (band key, Node) rows, one file per key range, sorted by key (a retried bundle rewrites the
+    same bytes). Per range, so that each key-range task unpickles only its own rows (one file per unit
+    cost every task every unit's rows: the edges and the band index read them 2 x BAND_RANGES times)."""
+    per_range: list = [[] for _ in range(BAND_RANGES)]
+    for kn in sorted(rows, key=lambda kn: (kn[0], kn[1])):
+        per_range[band_range(kn[0])].append(kn)
+    for r, part in enumerate(per_range):
+        io_utils.write_bytes(band_file_path(staging_dir, unit_name, r), pickle.dumps(part, protocol=4))
 
 
 def band_range(key: int) -> int:
@@ -211,9 +216,7 @@ def _range_rows(plan, r: int, unit_names) -> list:
     """(band key, Node) of one key range from every unit's staged band file."""
     rows = []
     for name in sorted(unit_names):
-        for k, node in pickle.loads(io_utils.read_bytes(band_file_path(plan.staging_dir, name))):
-            if band_range(k) == r:
-                rows.append((k, node))
+        rows += pickle.loads(io_utils.read_bytes(band_file_path(plan.staging_dir, name, r)))
     return rows
 
 
