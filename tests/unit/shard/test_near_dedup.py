@@ -121,3 +121,12 @@ def test_one_permutation_hashing_estimates_jaccard_like_minhash_and_densifies_sh
     assert not np.array_equal(sig[0], nd.signatures([short], nd.MinHashParams(seed=1))[0])
     with pytest.raises(ValueError, match="unknown sketch"):
         nd.signatures([short], nd.MinHashParams(sketch="nope"))
+
+
+def test_shingles_of_a_text_equal_the_ngram_hashes_of_its_word_list_and_tell_words_apart():
+    text = "  Ünïcode wörds, snake_case 42 — and émoji 🙂 text: ab ba a aa b " + TEXT[:300] + "!!"
+    assert np.array_equal(nd.shingles(text), np.unique(nd.ngram_hashes(nd.normalised_words(text), 5)))
+    w = nd._word_hashes(["ab", "ba", "a", "aa", "b", "ab", "é", "e"])
+    assert w[0] == w[5] and len(set(w.tolist())) == 7
+    vocab = [f"w{i}x{i % 7}" for i in range(20000)]
+    assert len(set(nd._word_hashes(vocab).tolist())) == len(vocab)
