@@ -6,14 +6,16 @@ benchmarked without a runner (bench/near_dedup_bench.py).
 - Shingles: word 5-grams of normalised text (lower case, `\\w+` words, so whitespace, punctuation and case
   changes do not matter), each hashed to 64 bits with a fixed (not per-process) hash, so signatures are the
   same on every machine and runner. A document shorter than 5 words is one shingle of all its words.
-- MinHash: `bands * rows` permutations h_i(x) = (a_i * x + b_i) mod 2^64 (a_i odd), top 32 bits kept; a_i, b_i
-  come from a numpy Generator seeded by `seed`. Computed in batch (one matrix per batch of documents).
+- Signatures: `bands * rows` values per document by one-permutation hashing with optimal densification
+  (`oph_signatures`, one seeded hash per shingle), or by classic MinHash with that many permutations
+  (`minhash_signatures`, kept for the bench); both seeded by `seed` and computed in batch.
 - LSH: a pair with Jaccard J shares at least one band with probability 1 - (1 - J^rows)^bands (`s_curve`). The
   defaults (10 bands x 10 rows) put the threshold (1/bands)^(1/rows) at 0.79: P = 0.01 at J = 0.5, 0.25 at
   0.7, 0.68 at 0.8, 0.99 at 0.9. A candidate becomes an edge only if its estimated (or, with verify, exact)
   Jaccard reaches the threshold, which is what keeps pairs below 0.7 out.
 - Keeper: the rule of exact dedup (transforms/shard/documents.py `split_wins`): test over val over train, then
   the smallest document id. `rank` encodes it so that the smallest rank wins.
+  Incrementally a committed document outranks every new one (`rank(..., committed=True)`).
 """
 from __future__ import annotations
 
