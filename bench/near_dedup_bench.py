@@ -15,6 +15,11 @@
    and peak RSS (ru_maxrss from wait4) with --near-dedup at
    1x and 4x. The default runner (FnApiRunner, one worker thread per core) keeps the job in one process.
 
+3. sketches side by side (`--sketches`, same run): the job's pure logic (transforms/shard/near_dedup.py:
+   shingles, signatures, band buckets, star edges, label propagation) in this process on the quality corpus,
+   once per sketch (one-permutation hashing, the default, and 100-permutation MinHash), scored against the same
+   ground truth; and the CPU seconds of the signature step alone, per sketch, on the distinct text.
+
 Output ends with a markdown table for docs/NEAR_DEDUP.md.
 """
 from __future__ import annotations
@@ -186,6 +191,53 @@ def all_pairs_jaccard(texts: list, floor: float = 0.5) -> tuple:
     return list(zip(i[keep].tolist(), j[keep].tolist(), jac[keep].tolist())), best
 
 
+def removed_in_process(texts: list, ids: list, params: near_dedup.MinHashParams,
+                       threshold: float = near_dedup.DEFAULT_THRESHOLD) -> set:
+    """The ids the job's logic removes from `texts` (all train), computed here without Beam."""
+    sigs = near_dedup.signatures([near_dedup.shingles(t) for t in texts], params)
+    keys = near_dedup.band_keys(sigs, params) >> np.uint64(1)
+    buckets: dict = {}
+    for doc_id, sig, ks in zip(ids, sigs, keys):
+        node = near_dedup.Node(near_dedup.rank(0, doc_id), doc_id, 0, sig.tobytes())
+        for k in ks.tolist():
+            buckets.setdefault(k, []).append(node)
+    edges = [e for members in buckets.values() if len(members) > 1
+             for e in near_dedup.bucket_edges(members, threshold)]
+    clusters, converged = near_dedup.components(edges, rounds=50)
+    assert converged
+    return {d for d, (node, keeper) in clusters.items() if keeper.doc_id != node.doc_id}
+
+
+def score(gone: np.ndarray, pairs: list, best: np.ndarray) -> dict:
+    high = [(i, j) for i, j, v in pairs if v >= 0.9]
+    fp = int(np.sum(gone & (best < 0.7)))
+    return {"removed": int(gone.sum()), "recall_j_ge_0.9": round(sum(1 for i, j in high if gone[i] or gone[j])
+                                                                / max(1, len(high)), 4),
+            "false_positives_below_0.7": fp, "precision_below_0.7": round(1 - fp / max(1, int(gone.sum())), 4)}
+
+
+def compare_sketches(docs: list, pairs: list, best: np.ndarray, distinct_path: str, seed: int) -> dict:
+    texts = [t for t, _ in docs]
+    ids = [document_id(t) for t in texts]
+    with open(distinct_path, "rb") as f:
+        distinct = [json.loads(line)["text"] for line in zstandard.ZstdDecompressor().stream_reader(f).read()
+                    .splitlines()]
+    mb = sum(len(t) for t in distinct) / 1e6
+    t0 = time.process_time()
+    sets = [near_dedup.shingles(t) for t in distinct]
+    shingle_s = time.process_time() - t0
+    out = {"distinct_mb": round(mb, 2), "shingles_cpu_s_per_mb": round(shingle_s / mb, 3)}
+    for sketch in near_dedup.SKETCHES:
+        params = near_dedup.MinHashParams(seed=seed, sketch=sketch)
+        removed = removed_in_process(texts, ids, params)
+        t0 = time.process_time()
+        near_dedup.signatures(sets, params)
+        sign_s = time.process_time() - t0
+        out[sketch] = {**score(np.array([i in removed for i in ids]), pairs, best),
+                       "signatures_cpu_s_per_mb": round(sign_s / mb, 3)}
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=3000, help="documents in the quality corpus (at most 5000)")
@@ -194,6 +246,8 @@ def main() -> None:
     ap.add_argument("--tokenizer", default=TOKENIZER)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--skip-cost", action="store_true")
+    ap.add_argument("--skip-job-quality", action="store_true", help="no CLI quality run (the sketches still run)")
+    ap.add_argument("--sketches", action="store_true", help="score both sketches in this process, same truth")
     args = ap.parse_args()
     if args.docs > 5000:
         raise SystemExit("--docs: at most 5000 (every pair is compared exactly)")
@@ -208,10 +262,24 @@ def main() -> None:
     pairs, best = all_pairs_jaccard([t for t, _ in docs])
     print(f"ground truth: {len(docs)} documents, {len(docs) * (len(docs) - 1) // 2:,} pairs, "
           f"{sum(1 for p in pairs if p[2] >= 0.9)} at J >= 0.9, in {time.monotonic() - t0:.1f}s", flush=True)
+    ids = [document_id(t) for t, _ in docs]
+    if args.sketches:
+        folder = os.path.join(work, "sketch-distinct")
+        os.makedirs(folder)
+        distinct_corpus(os.path.join(folder, "d.jsonl.zst"), args.distinct_mb, args.seed + 7)
+        results["sketches"] = compare_sketches(docs, pairs, best, os.path.join(folder, "d.jsonl.zst"), args.seed)
+        print(json.dumps(results["sketches"], indent=1), flush=True)
+    if not args.skip_job_quality:
+        job_quality(args, work, docs, planted, base, ids, pairs, best, results)
+    if not args.skip_cost:
+        cost_run(args, work, results)
+    print_table(args, results)
+
+
+def job_quality(args, work, docs, planted, base, ids, pairs, best, results) -> None:
     q = run_shard(os.path.join(work, "quality", "*"), os.path.join(work, "quality-out"), args.tokenizer,
                   "--near-dedup", "--val-fraction", "0", "--test-fraction", "0", *QUALITY_RUNNER)
     removed = removed_by_job(os.path.join(work, "quality-out"))
-    ids = [document_id(t) for t, _ in docs]
     gone = np.array([i in removed for i in ids])
     high = [(i, j) for i, j, v in pairs if v >= 0.9]
     recall = sum(1 for i, j in high if gone[i] or gone[j]) / max(1, len(high))
@@ -229,38 +297,46 @@ def main() -> None:
                           "planted_resolved": {k: f"{sum(v)}/{len(v)}" for k, v in per_edit.items()}}
     print(json.dumps(results["quality"], indent=1), flush=True)
 
-    if not args.skip_cost:
-        for factor in (1, 4):
-            folder = os.path.join(work, f"distinct-{factor}x")
-            os.makedirs(folder)
-            distinct_corpus(os.path.join(folder, "d.jsonl.zst"), args.distinct_mb * factor, args.seed + factor)
-        cost = {}
-        cost["1x_plain"] = run_shard(os.path.join(work, "distinct-1x", "*"), os.path.join(work, "o1p"),
-                                     args.tokenizer)
-        cost["1x_near_dedup"] = run_shard(os.path.join(work, "distinct-1x", "*"), os.path.join(work, "o1n"),
-                                          args.tokenizer, "--near-dedup")
-        cost["4x_plain"] = run_shard(os.path.join(work, "distinct-4x", "*"), os.path.join(work, "o4p"),
-                                     args.tokenizer)
-        cost["4x_near_dedup"] = run_shard(os.path.join(work, "distinct-4x", "*"), os.path.join(work, "o4n"),
-                                          args.tokenizer, "--near-dedup")
-        extra = cost["1x_near_dedup"]["cpu_s"] / cost["1x_plain"]["cpu_s"] - 1
-        results["cost"] = {k: {m: round(x, 2) for m, x in v.items()} for k, v in cost.items()}
-        results["cost"]["extra_cpu_share_1x"] = round(extra, 3)
-        results["cost"]["extra_cpu_share_4x"] = round(cost["4x_near_dedup"]["cpu_s"] / cost["4x_plain"]["cpu_s"] - 1, 3)
-        # the part that grows with the input: (4x - 1x extra CPU) over (4x - 1x plain CPU)
-        results["cost"]["marginal_extra_cpu_share"] = round(
-            ((cost["4x_near_dedup"]["cpu_s"] - cost["4x_plain"]["cpu_s"])
-             - (cost["1x_near_dedup"]["cpu_s"] - cost["1x_plain"]["cpu_s"]))
-            / (cost["4x_plain"]["cpu_s"] - cost["1x_plain"]["cpu_s"]), 3)
-        results["cost"]["peak_rss_4x_over_1x"] = round(cost["4x_near_dedup"]["peak_rss_mib"]
-                                                       / cost["1x_near_dedup"]["peak_rss_mib"], 3)
-        print(json.dumps(results["cost"], indent=1), flush=True)
 
+def cost_run(args, work, results) -> None:
+    for factor in (1, 4):
+        folder = os.path.join(work, f"distinct-{factor}x")
+        os.makedirs(folder)
+        distinct_corpus(os.path.join(folder, "d.jsonl.zst"), args.distinct_mb * factor, args.seed + factor)
+    cost = {}
+    cost["1x_plain"] = run_shard(os.path.join(work, "distinct-1x", "*"), os.path.join(work, "o1p"),
+                                 args.tokenizer)
+    cost["1x_near_dedup"] = run_shard(os.path.join(work, "distinct-1x", "*"), os.path.join(work, "o1n"),
+                                      args.tokenizer, "--near-dedup")
+    cost["4x_plain"] = run_shard(os.path.join(work, "distinct-4x", "*"), os.path.join(work, "o4p"),
+                                 args.tokenizer)
+    cost["4x_near_dedup"] = run_shard(os.path.join(work, "distinct-4x", "*"), os.path.join(work, "o4n"),
+                                      args.tokenizer, "--near-dedup")
+    extra = cost["1x_near_dedup"]["cpu_s"] / cost["1x_plain"]["cpu_s"] - 1
+    results["cost"] = {k: {m: round(x, 2) for m, x in v.items()} for k, v in cost.items()}
+    results["cost"]["extra_cpu_share_1x"] = round(extra, 3)
+    results["cost"]["extra_cpu_share_4x"] = round(cost["4x_near_dedup"]["cpu_s"] / cost["4x_plain"]["cpu_s"] - 1, 3)
+    # the part that grows with the input: (4x - 1x extra CPU) over (4x - 1x plain CPU)
+    results["cost"]["marginal_extra_cpu_share"] = round(
+        ((cost["4x_near_dedup"]["cpu_s"] - cost["4x_plain"]["cpu_s"])
+         - (cost["1x_near_dedup"]["cpu_s"] - cost["1x_plain"]["cpu_s"]))
+        / (cost["4x_plain"]["cpu_s"] - cost["1x_plain"]["cpu_s"]), 3)
+    results["cost"]["peak_rss_4x_over_1x"] = round(cost["4x_near_dedup"]["peak_rss_mib"]
+                                                   / cost["1x_near_dedup"]["peak_rss_mib"], 3)
+    print(json.dumps(results["cost"], indent=1), flush=True)
+
+
+def print_table(args, results) -> None:
     print("\n| figure | value | target |\n|---|---|---|")
-    qr = results["quality"]
-    print(f"| recall, pairs at J >= 0.9 ({qr['pairs_j_ge_0.9']}) | {qr['recall_j_ge_0.9']:.3f} | >= 0.95 |")
-    print(f"| precision, removed docs with no partner at J >= 0.7 ({qr['removed']} removed) | "
-          f"{qr['precision_below_0.7']:.3f} | >= 0.95 |")
+    for name, qr in [("job", results.get("quality"))] + [(k, results.get("sketches", {}).get(k))
+                                                         for k in near_dedup.SKETCHES]:
+        if not qr:
+            continue
+        print(f"| {name}: recall, pairs at J >= 0.9 | {qr['recall_j_ge_0.9']:.3f} | >= 0.95 |")
+        print(f"| {name}: precision, removed docs with no partner at J >= 0.7 ({qr['removed']} removed) | "
+              f"{qr['precision_below_0.7']:.3f} | >= 0.95 |")
+        if "signatures_cpu_s_per_mb" in qr:
+            print(f"| {name}: signature CPU s per MB of distinct text | {qr['signatures_cpu_s_per_mb']:.3f} | |")
     if "cost" in results:
         c = results["cost"]
         print(f"| extra CPU with --near-dedup, distinct text {args.distinct_mb:g} MB | "

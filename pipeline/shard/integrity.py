@@ -59,6 +59,7 @@ def merge_integrity_sections(previous: Manifest, new: Manifest) -> dict:
                                   key=lambda r: r["path"]),
         DOC_ID_INDEXES: previous.extra.get(DOC_ID_INDEXES, []) + new.extra.get(DOC_ID_INDEXES, []),
         DUPLICATES_BY_SOURCE: dict(sorted(duplicates.items())),
+        **near_dedup_graph.merge_band_indexes(previous, new),
     }
 
 

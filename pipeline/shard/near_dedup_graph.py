@@ -29,6 +29,7 @@ from pipeline.errors import ConfigError, RunError
 from transforms.io import io_utils, read_parquet
 from transforms.io.read_records import RawRecord, compression_of, iter_raw_records
 from transforms.shard import decontaminate, doc_ids, near_dedup
+from transforms.shard import near_dedup_band_index as band_index
 from transforms.shard import near_dedup_removals as removals
 from transforms.shard.documents import SPLIT_SHIFT, SPLITS, Document, parse_record
 from transforms.shard.spill import iter_chunk, read_index_rows
@@ -39,6 +40,7 @@ EXCERPT_CHARS = 400
 EXAMPLE_PAIRS = 3
 SUMMARY_NAME = "near-dedup/summary.json"
 SIDECAR_DIR = "near-dedup"
+BAND_INDEXES = "near_dedup_band_indexes"  # manifest section: every generation's band index files
 
 
 def enabled(config) -> bool:
@@ -91,6 +93,10 @@ def _unit_documents(plan, unit):
         return []
     with io_utils.open_read(unit.index_path) as f:
         rows = read_index_rows(f, 0, unit.n_docs)
+    held = np.zeros(rows.size, dtype=bool)
+    for path in getattr(plan, "committed_id_indexes", ()):  # exact copies of committed documents: the packers
+        held |= doc_ids.IdIndex(path).contains(rows["doc_id"])  # drop them as duplicates, so they take no part
+    rows = rows[~held]
     by_line = {int(r["line"]): (int(r["doc_id"]), int(r["key"] >> np.uint64(SPLIT_SHIFT))) for r in rows}
     best: dict = {}
     cfg = plan.config
@@ -125,18 +131,18 @@ class SignUnit(beam.DoFn):
         self.checked_splits = contaminated_splits(cfg)
 
     def process(self, unit):
-        if self.shuffle != "files":
-            yield from self._process(unit)
-            return
         # files: the band rows go to a staged file and only the unit's name travels on (FnApiRunner holds a
         # stage's whole output in memory, and with worker threads or processes failed to decode a bundle's
-        # output above ~10 MB: "Invalid PaneInfoEncoding", measured on 1,925 documents)
+        # output above ~10 MB: "Invalid PaneInfoEncoding", measured on 1,925 documents). Both shuffles stage
+        # the file: the generation's band index is written from it once the removals are known.
         rows, others = [], []
         for e in self._process(unit):
             (rows if e[0] == "band" else others).append(e)
         if self.plan.config.near_dedup:
             write_band_file(self.plan.staging_dir, unit.name, [(k, node) for _tag, k, node in rows])
             yield ("bands", unit.name, None)
+        if self.shuffle != "files":
+            yield from rows
         yield from others
 
     def _process(self, unit):
@@ -187,29 +193,58 @@ class SignUnit(beam.DoFn):
 BAND_RANGES = 8  # files shuffle: band keys are cut into this many ranges (top bits), one task each
 
 
-def band_file_path(staging_dir: str, unit_name: str) -> str:
-    return io_utils.join(staging_dir, "near-dedup", "bands", unit_name + ".pickle")
+def band_file_path(staging_dir: str, unit_name: str, r: int) -> str:
+    return io_utils.join(staging_dir, "near-dedup", "bands", f"{unit_name}-r{r:02d}.pickle")
 
 
 def write_band_file(staging_dir: str, unit_name: str, rows: list) -> None:
-    """A unit's (band key, Node) rows, sorted by key (a retried bundle rewrites the same bytes)."""
-    rows = sorted(rows, key=lambda kn: (kn[0], kn[1]))
-    io_utils.write_bytes(band_file_path(staging_dir, unit_name), pickle.dumps(rows, protocol=4))
+    """A unit's (band key, Node) rows, one file per key range, sorted by key (a retried bundle rewrites the
+    same bytes). Per range, so that each key-range task unpickles only its own rows (one file per unit
+    cost every task every unit's rows: the edges and the band index read them 2 x BAND_RANGES times)."""
+    per_range: list = [[] for _ in range(BAND_RANGES)]
+    for kn in sorted(rows, key=lambda kn: (kn[0], kn[1])):
+        per_range[band_range(kn[0])].append(kn)
+    for r, part in enumerate(per_range):
+        io_utils.write_bytes(band_file_path(staging_dir, unit_name, r), pickle.dumps(part, protocol=4))
 
 
 def band_range(key: int) -> int:
     return int(key) * BAND_RANGES >> 63
 
 
-def range_edges(task, plan):
-    """Files shuffle: the buckets of one key range, read from every unit's band file; the same edges as the
-    runner's GroupByKey gives (bucket_edges sorts the members, so arrival order does not matter)."""
-    r, unit_names = task
+def _range_rows(plan, r: int, unit_names) -> list:
+    """(band key, Node) of one key range from every unit's staged band file."""
     rows = []
     for name in sorted(unit_names):
-        for k, node in pickle.loads(io_utils.read_bytes(band_file_path(plan.staging_dir, name))):
-            if band_range(k) == r:
-                rows.append((k, node))
+        rows += pickle.loads(io_utils.read_bytes(band_file_path(plan.staging_dir, name, r)))
+    return rows
+
+
+def committed_range_rows(entry: dict, num_perm: int) -> list:
+    """(band key, committed Node) of one committed band index file, checked against its manifest row."""
+    what = f"{BAND_INDEXES} {entry['rel']}"
+    try:
+        data = band_index.checked_bytes(io_utils.read_bytes(entry["path"]), entry["bytes"], entry["sha256"], what)
+        rows = band_index.decode(data, num_perm, what)
+    except (OSError, ValueError) as e:
+        raise RunError(f"--incremental --near-dedup: committed band index unusable: {e}; rebuild the dataset "
+                       "without --incremental") from None
+    out = band_index.committed_nodes(rows, entry["generation"])
+    if any(band_range(k) != entry["range"] for k, _n in out):
+        raise RunError(f"--incremental --near-dedup: {what} holds keys outside its range {entry['range']}")
+    return out
+
+
+def range_edges(task, plan, committed: tuple = ()):
+    """Files shuffle: the buckets of one key range, read from every unit's band file (and, incrementally, the
+    committed generations' band index files of that range); the same edges as the runner's GroupByKey gives
+    (bucket_edges sorts the members, so arrival order does not matter)."""
+    r, unit_names = task
+    rows = _range_rows(plan, r, unit_names)
+    num_perm = params_of(plan.config).num_perm
+    for entry in committed:
+        if entry["range"] == r:
+            rows += committed_range_rows(entry, num_perm)
     rows.sort(key=lambda kn: kn[0])
     threshold = plan.config.near_dedup_threshold
     i = 0
@@ -234,7 +269,10 @@ def _read_shingles(staging_dir: str, loc: tuple) -> np.ndarray:
 
 
 def _verify(edge, plan):
-    a, b, _est = edge
+    a, b, est = edge
+    if a.committed or b.committed:  # committed shingles are not kept: the estimate decided the edge
+        yield a, b, est
+        return
     j = near_dedup.exact_jaccard(_read_shingles(plan.staging_dir, a.loc), _read_shingles(plan.staging_dir, b.loc))
     if j >= plan.config.near_dedup_threshold:
         yield a, b, j
@@ -280,12 +318,15 @@ def _final_rows(kv, rounds: int):
         raise RunError(f"near-dedup clusters did not converge within --near-dedup-rounds {rounds} (a cluster "
                        "holds documents farther apart than that); raise --near-dedup-rounds")
     yield ("cluster", keeper.doc_id)
-    removal = near_dedup.removal_of(node, keeper)
+    removal = None if node.committed else near_dedup.removal_of(node, keeper)  # committed files are immutable
     if removal is not None:
         removed, keeper_id, j = removal
-        yield ("removal", removed, {"id": removed, "reason": removals.NEAR_DUPLICATE, "keeper": keeper_id,
-                                    "jaccard": j, "source": node.source, "keeper_source": keeper.source,
-                                    "loc": list(node.loc[:2]), "keeper_loc": list(keeper.loc[:2])})
+        row = {"id": removed, "reason": removals.NEAR_DUPLICATE, "keeper": keeper_id, "jaccard": j,
+               "source": node.source, "keeper_source": keeper.source, "loc": list(node.loc[:2]),
+               "keeper_loc": list(keeper.loc[:2])}
+        if keeper.committed:
+            row.update(reason=removals.NEAR_DUPLICATE_OF_COMMITTED, keeper_generation=keeper.loc[1], keeper_loc=[])
+        yield ("removal", removed, row)
 
 
 def _write_partition(kv, plan):
@@ -318,6 +359,8 @@ def _write_partition(kv, plan):
 
 
 def _text_at(plan, loc) -> str:
+    if len(loc) < 2:
+        return ""
     unit_name, line = loc[0], loc[1]
     cfg = plan.config
     with io_utils.open_read(chunk_path(plan.staging_dir, unit_name)) as f:
@@ -340,6 +383,8 @@ def _finish(grouped, plan):
               "keeper_text": _text_at(plan, e["keeper_loc"])[:EXCERPT_CHARS]} for e in examples]
     contaminated = sorted((e for p in parts for e in p["contaminated_examples"]),
                           key=lambda e: e["id"])[:EXAMPLE_PAIRS]
+    band_files = sorted((v for k, v in grouped if k == "band_index"), key=lambda b: b["range"])
+    io_utils.fsync_files([b["path"] for b in band_files])
     sidecars = []
     for p in parts:
         size, sha = _digest(p["sidecar"])
@@ -356,10 +401,14 @@ def _finish(grouped, plan):
         "contaminated_examples": [{k: e[k] for k in ("id", "source", "eval_file", "ngram")} for e in contaminated],
         "sidecars": sidecars,
     }
+    if band_files:
+        summary["band_index"] = [{"range": b["range"], "path": _dataset_relative(b["path"], plan.config.output),
+                                  "rows": b["rows"], "bytes": b["bytes"], "sha256": b["sha256"]}
+                                 for b in band_files]
     if cfg.near_dedup:
         summary["minhash"] = {"bands": cfg.near_dedup_bands, "rows": cfg.near_dedup_rows,
                               "threshold": cfg.near_dedup_threshold, "verify": cfg.near_dedup_verify,
-                              "shingle_words": near_dedup.SHINGLE_WORDS,
+                              "shingle_words": near_dedup.SHINGLE_WORDS, "sketch": params_of(cfg).sketch,
                               "s_curve": near_dedup.s_curve_text(cfg.near_dedup_bands, cfg.near_dedup_rows)}
     for e in summary["contaminated_examples"]:
         e["eval_file"] = _name(e["eval_file"])
@@ -394,11 +443,9 @@ class NearDedup(beam.PTransform):
         self.plan = plan
         self.shuffle = shuffle  # 'runner' (GroupByKey on band keys) or 'files' (staged band files, key ranges)
         self.eval_paths = tuple(eval_files(plan.config)) if plan.config.decontaminate else ()
-        if plan.incremental and plan.config.near_dedup:
-            # The committed generations' band index is not written yet: checking new documents only against
-            # each other would keep near-copies of committed ones, so refuse rather than do it half.
-            raise ConfigError("--near-dedup with --incremental is not supported yet (new documents cannot be "
-                              "checked against committed generations); rebuild without --incremental")
+        # --incremental: new documents meet the committed generations' kept documents in the band buckets
+        self.committed = (tuple(committed_band_indexes(plan.previous, plan.config.output))
+                          if plan.incremental and plan.config.near_dedup else ())
 
     def expand(self, units):
         plan, cfg = self.plan, self.plan.config
@@ -414,10 +461,17 @@ class NearDedup(beam.PTransform):
                      | "NDKeyRanges" >> beam.Map(lambda t: (t[0], t))  # a GroupByKey spreads them on every
                      | "NDSpreadRanges" >> beam.GroupByKey()  # runner (Reshuffle is a no-op on DaskRunner)
                      | "NDRangeTasks" >> beam.FlatMap(lambda kv: kv[1])
-                     | "NDEdges" >> beam.FlatMap(range_edges, plan))
+                     | "NDEdges" >> beam.FlatMap(range_edges, plan, self.committed))
         elif cfg.near_dedup:
-            edges = (signed
-                     | "NDBands" >> beam.FlatMap(lambda e: [(e[1], e[2])] if e[0] == "band" else [])
+            bands = [signed | "NDBands" >> beam.FlatMap(lambda e: [(e[1], e[2])] if e[0] == "band" else [])
+                     .with_output_types(typing.Any)]
+            if self.committed:  # one element per committed file, read where it lands
+                num_perm = params_of(cfg).num_perm
+                bands.append(units.pipeline
+                             | "NDCommittedFiles" >> beam.Create([dict(e) for e in self.committed])
+                             | "NDCommittedRows" >> beam.FlatMap(committed_range_rows, num_perm)
+                             .with_output_types(typing.Any))
+            edges = (tuple(bands) | "NDAllBands" >> beam.Flatten()
                      | "NDGroupBands" >> beam.GroupByKey()
                      | "NDEdges" >> beam.FlatMap(lambda kv, t: near_dedup.bucket_edges(kv[1], t),
                                                  cfg.near_dedup_threshold))
@@ -444,6 +498,17 @@ class NearDedup(beam.PTransform):
                       | "NDGroupPartitions" >> beam.GroupByKey()
                       | "NDWritePartition" >> beam.Map(_write_partition, plan)
                       | "NDTagPartition" >> beam.Map(lambda p: ("partition", p)).with_output_types(typing.Any))
+        if cfg.near_dedup:  # the generation's band index, of the documents it keeps: after the removals
+            names = signed | "NDIndexNames" >> beam.FlatMap(
+                lambda e: [("bands", e[1])] if e[0] == "bands" else []).with_output_types(typing.Any)
+            sizes.append((names, partitions) | "NDIndexInputs" >> beam.Flatten()
+                         | "NDIndexGather" >> _GatherAll()
+                         | "NDIndexTasks" >> beam.FlatMap(band_index_tasks)
+                         | "NDIndexKeys" >> beam.Map(lambda t: (t[0], t))
+                         | "NDSpreadIndex" >> beam.GroupByKey()
+                         | "NDIndexTask" >> beam.FlatMap(lambda kv: kv[1])
+                         | "NDWriteIndex" >> beam.Map(write_band_index_range, plan)
+                         | "NDTagIndex" >> beam.Map(lambda i: ("band_index", i)).with_output_types(typing.Any))
         # One gather for the stage's end and the barrier: the units pass on from the step that staged the
         # removal indexes, so no packer can start before they exist (the seed makes the step run when
         # nothing at all is removed and no unit exists).
@@ -456,6 +521,66 @@ class NearDedup(beam.PTransform):
                 | "NDGatherParts" >> beam.Flatten()
                 | "NDCollect" >> _GatherAll()
                 | "NDFinishAndRelease" >> beam.FlatMap(_finish_and_release, plan))
+
+
+def committed_band_indexes(previous, output_dir: str) -> list:
+    """Every committed generation's band index files, paths validated: [{generation, rel, path, range, bytes,
+    sha256}]. A generation without one (built before band indexes were written) cannot be checked, and
+    skipping it would keep near-copies of its documents: a configuration error naming the fix."""
+    from model_contract import MANIFEST_NAME  # noqa: PLC0415
+    from model_contract.manifest import is_generation_name, resolve_dataset_path  # noqa: PLC0415
+    from pipeline.shard import integrity  # noqa: PLC0415 - integrity imports this module
+
+    if previous is None:
+        return []
+    rows = list(previous.extra.get(BAND_INDEXES, []))
+    manifest_file = io_utils.join(output_dir, MANIFEST_NAME)
+    out = []
+    for i, row in enumerate(rows):
+        what = f"{BAND_INDEXES}[{i}]"
+        rel, generation = str(row.get("path", "")), str(row.get("generation", ""))
+        if (not is_generation_name(generation) or rel.split("/", 1)[0] != generation
+                or not isinstance(row.get("range"), int) or not 0 <= row["range"] < BAND_RANGES
+                or not isinstance(row.get("bytes"), int) or not isinstance(row.get("sha256"), str)):
+            raise ConfigError(f"--incremental --near-dedup: the committed manifest's {what} is malformed "
+                              "(generation, path inside it, range, bytes, sha256); rebuild without --incremental")
+        try:
+            path = resolve_dataset_path(manifest_file, rel, f"{what}.path")
+        except ValueError as e:  # ContractError: a path that leaves the dataset directory
+            raise ConfigError(f"--incremental --near-dedup: {e}; rebuild without --incremental") from None
+        out.append({"generation": generation, "rel": rel, "range": row["range"], "bytes": row["bytes"],
+                    "sha256": row["sha256"], "path": path})
+    held = {e["generation"] for e in out}
+    missing = sorted({g["name"] for g in integrity.generations_of(previous)} - held)
+    if missing:
+        raise ConfigError(f"--incremental --near-dedup: generation(s) {', '.join(missing)} of {output_dir} have no "
+                          "band index (built without --near-dedup or by an older pileprep), so new documents "
+                          "cannot be checked against them; rebuild the dataset without --incremental once")
+    return out
+
+
+def band_index_tasks(gathered):
+    """One task per band-key range once every removal partition is written: (range, unit names, indexes)."""
+    names = tuple(sorted(v for k, v in gathered if k == "bands"))
+    indexes = tuple(sorted(tuple(i) for k, p in gathered if k == "partition" for i in p["indexes"]))
+    return [(r, names, indexes) for r in range(BAND_RANGES)]
+
+
+def write_band_index_range(task, plan) -> dict:
+    """One range of the generation's band index: the staged band rows of that range, less every removed id."""
+    r, names, indexes = task
+    rows = _range_rows(plan, r, names)
+    ids = np.array([n.doc_id for _k, n in rows], dtype=doc_ids.ID_DTYPE)
+    removed = np.zeros(ids.size, dtype=bool)
+    for _reason, path in indexes:
+        if ids.size:
+            removed |= doc_ids.IdIndex(path).contains(ids)
+    kept = [kn for kn, gone in zip(rows, removed.tolist()) if not gone]
+    data = band_index.encode(kept, params_of(plan.config).num_perm)
+    path = io_utils.join(plan.data_dir, band_index.FILE_PATTERN.format(r))
+    io_utils.write_bytes(path, data)
+    return {"range": r, "path": path, "rows": len(data) // band_index.row_dtype(
+        params_of(plan.config).num_perm).itemsize, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def _finish_and_release(grouped, plan):
@@ -483,7 +608,17 @@ def manifest_section(shard_results: list, output_dir: str, generation: str) -> d
                 by_source.setdefault(reason, {})
                 by_source[reason][source] = by_source[reason].get(source, 0) + n
     summary["removed_by_source"] = {r: dict(sorted(v.items())) for r, v in sorted(by_source.items())}
-    return {"near_dedup": summary}
+    section = {"near_dedup": summary}
+    if summary.get("band_index"):
+        section[BAND_INDEXES] = [{"generation": generation, **{k: b[k] for k in ("range", "path", "bytes", "sha256")}}
+                                 for b in summary["band_index"]]
+    return section
+
+
+def merge_band_indexes(previous, new) -> dict:
+    """After an incremental commit the dataset lists every generation's band index (the next run reads them)."""
+    rows = list(previous.extra.get(BAND_INDEXES, [])) + list(new.extra.get(BAND_INDEXES, []))
+    return {BAND_INDEXES: rows} if rows else {}
 
 
 def _dataset_relative(path: str, base: str) -> str:

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import pathlib
-import types
 
 import pytest
 
 from model_contract import decode_example, read_records
 from pipeline.config import ShardConfig
-from pipeline.errors import ConfigError, RunError
-from pipeline.shard import near_dedup_graph, shard_pipeline
+from pipeline.errors import RunError
+from pipeline.shard import shard_pipeline
 from tests.corpus_fixtures import good_documents, pile_line, write_zst
 from tests.e2e.test_dask_runner import dask_cluster  # noqa: F401 - the module's Dask cluster fixture
 from tests.ops_fixtures import portable_args, portable_services, run_cli  # noqa: F401
@@ -173,9 +172,3 @@ def test_portable_runner_through_its_own_group_by_key_writes_the_same_bytes(buil
     assert res.returncode == 0, res.stderr[-3000:] + portable_services["logs"][1].read_text()[-2000:]
     assert_same_files(root / "one", tmp_path / "portable")
 
-
-def test_incremental_near_dedup_is_refused_until_committed_generations_can_be_checked(built):
-    root, _plan, _manifest, tok = built
-    plan = types.SimpleNamespace(incremental=True, config=config(root, root / "x", tok))
-    with pytest.raises(ConfigError, match="--near-dedup with --incremental"):
-        near_dedup_graph.NearDedup(plan)

@@ -6,18 +6,19 @@ benchmarked without a runner (bench/near_dedup_bench.py).
 - Shingles: word 5-grams of normalised text (lower case, `\\w+` words, so whitespace, punctuation and case
   changes do not matter), each hashed to 64 bits with a fixed (not per-process) hash, so signatures are the
   same on every machine and runner. A document shorter than 5 words is one shingle of all its words.
-- MinHash: `bands * rows` permutations h_i(x) = (a_i * x + b_i) mod 2^64 (a_i odd), top 32 bits kept; a_i, b_i
-  come from a numpy Generator seeded by `seed`. Computed in batch (one matrix per batch of documents).
+- Signatures: `bands * rows` values per document by one-permutation hashing with optimal densification
+  (`oph_signatures`, one seeded hash per shingle), or by classic MinHash with that many permutations
+  (`minhash_signatures`, kept for the bench); both seeded by `seed` and computed in batch.
 - LSH: a pair with Jaccard J shares at least one band with probability 1 - (1 - J^rows)^bands (`s_curve`). The
   defaults (10 bands x 10 rows) put the threshold (1/bands)^(1/rows) at 0.79: P = 0.01 at J = 0.5, 0.25 at
   0.7, 0.68 at 0.8, 0.99 at 0.9. A candidate becomes an edge only if its estimated (or, with verify, exact)
   Jaccard reaches the threshold, which is what keeps pairs below 0.7 out.
 - Keeper: the rule of exact dedup (transforms/shard/documents.py `split_wins`): test over val over train, then
   the smallest document id. `rank` encodes it so that the smallest rank wins.
+  Incrementally a committed document outranks every new one (`rank(..., committed=True)`).
 """
 from __future__ import annotations
 
-import hashlib
 import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
@@ -29,9 +30,13 @@ DEFAULT_BANDS = 10
 DEFAULT_ROWS = 10
 DEFAULT_THRESHOLD = 0.8
 DEFAULT_ROUNDS = 12
+SKETCHES = ("oph", "minhash")
+DEFAULT_SKETCH = "oph"
+OPH_DONOR_ATTEMPTS = 32
 SIGNATURE_DTYPE = np.dtype("<u4")
 
 _WORD = re.compile(r"\w+")
+_NON_WORD = re.compile(r"\W+")
 _M64 = (1 << 64) - 1
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -53,20 +58,47 @@ def _mix(x: np.ndarray) -> np.ndarray:
         return x ^ (x >> np.uint64(31))
 
 
+def _powers(n: int) -> np.ndarray:
+    out = np.ones(n, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for i in range(1, n):
+            out[i] = out[i - 1] * _FNV_PRIME
+    return out
+
+
+_FNV_PRIME = np.uint64(0x100000001B3)
+_POWERS = _powers(1024)  # a word's bytes past the 1024th share the last power (still a fixed hash)
+
+
 def _word_hashes(words: list) -> np.ndarray:
-    """A stable 64-bit hash per word (not Python's hash(), which is randomised per process)."""
-    if not words:
+    """A stable 64-bit hash per word (not Python's hash(), which is randomised per process): a polynomial of
+    the word's UTF-8 bytes mod 2^64, its length mixed in, then splitmix64's finaliser. Computed for all words of
+    a text at once in numpy (the words joined by spaces, which `\\w+` words never hold): a blake2b call per
+    distinct word, the Python loop it needs, cost 2.5x as much CPU (docs/NEAR_DEDUP.md "Cost")."""
+    return _joined_word_hashes(" ".join(words))
+
+
+def _joined_word_hashes(joined: str) -> np.ndarray:
+    """`_word_hashes` of words given joined by single spaces (no leading or trailing space)."""
+    if not joined:
         return np.zeros(0, dtype=np.uint64)
-    vocab = {}
-    codes = np.fromiter((vocab.setdefault(w, len(vocab)) for w in words), dtype=np.int64, count=len(words))
-    # blake2b-64 of each distinct word's UTF-8 bytes (one C call per word; a Python FNV loop per byte cost 3x)
-    digests = b"".join(hashlib.blake2b(w.encode("utf-8"), digest_size=8).digest() for w in vocab)
-    return np.frombuffer(digests, dtype="<u8").astype(np.uint64)[codes]
+    buf = np.frombuffer(joined.encode("utf-8"), dtype=np.uint8)
+    starts = np.concatenate(([0], np.flatnonzero(buf == 32) + 1))
+    lengths = np.diff(np.concatenate((starts, [buf.size + 1]))) - 1  # bytes per word, separator excluded
+    pos = np.arange(buf.size) - np.repeat(starts, lengths + 1)[:buf.size]  # byte position inside its word
+    with np.errstate(over="ignore"):
+        terms = (buf.astype(np.uint64) + np.uint64(1)) * _POWERS[np.minimum(pos, _POWERS.size - 1)]
+        terms[buf == 32] = 0
+        h = np.add.reduceat(terms, starts)
+        return _mix(h ^ (lengths.astype(np.uint64) << np.uint64(48)))
 
 
 def ngram_hashes(words: list, n: int) -> np.ndarray:
     """64-bit hash of every n-word window, in text order (a text shorter than n words: one hash of all)."""
-    w = _word_hashes(words)
+    return _window_hashes(_word_hashes(words), n)
+
+
+def _window_hashes(w: np.ndarray, n: int) -> np.ndarray:
     if w.size == 0:
         return w
     n = min(n, w.size)
@@ -79,8 +111,10 @@ def ngram_hashes(words: list, n: int) -> np.ndarray:
 
 
 def shingles(text: str, n: int = SHINGLE_WORDS) -> np.ndarray:
-    """Sorted unique 64-bit shingle hashes of a text (empty for a text without words)."""
-    return np.unique(ngram_hashes(normalised_words(text), n))
+    """Sorted unique 64-bit shingle hashes of a text (empty for a text without words). The same values as
+    `ngram_hashes(normalised_words(text), n)`, without building the word list: non-word runs become one space."""
+    h = np.sort(_window_hashes(_joined_word_hashes(_NON_WORD.sub(" ", text.lower()).strip(" ")), n))
+    return h[np.concatenate(([True], h[1:] != h[:-1]))] if h.size else h  # np.unique's hash path: 8x slower
 
 
 @dataclass(frozen=True)
@@ -89,6 +123,7 @@ class MinHashParams:
     rows: int = DEFAULT_ROWS
     seed: int = 0
     shingle_words: int = SHINGLE_WORDS
+    sketch: str = DEFAULT_SKETCH
 
     @property
     def num_perm(self) -> int:
@@ -102,10 +137,74 @@ class MinHashParams:
 
 
 def signatures(shingle_sets: list, params: MinHashParams, coefficients: Optional[tuple] = None) -> np.ndarray:
-    """(documents, num_perm) uint32 MinHash signatures of a batch of shingle arrays, computed together.
+    """(documents, num_perm) uint32 signatures of a batch of shingle arrays, computed together, by the
+    params' sketch: one-permutation hashing (`oph_signatures`, the default) or `num_perm` permutations
+    (`minhash_signatures`). Either way two documents agree on a position with probability = their Jaccard.
 
     An empty set gets all-0xFFFFFFFF (it matches only other empty texts, which have no words and never
     reach here: parse_record filters whitespace-only text, and a text of only punctuation is one such)."""
+    if params.sketch == "oph":
+        return oph_signatures(shingle_sets, params)
+    if params.sketch != "minhash":
+        raise ValueError(f"unknown sketch {params.sketch!r} (one of {', '.join(SKETCHES)})")
+    return minhash_signatures(shingle_sets, params, coefficients)
+
+
+def oph_signatures(shingle_sets: list, params: MinHashParams) -> np.ndarray:
+    """One-permutation hashing with optimal densification (Shrivastava 2017): one seeded hash per shingle; its
+    top bits pick one of `num_perm` bins, the minimum of its low 32 bits per bin is the bin's value. An empty
+    bin borrows the value of the first non-empty bin along a seeded sequence of bins that depends only on the
+    bin (the same for every document), so two documents still agree on a bin with probability = Jaccard.
+    One hash pass instead of `num_perm` (docs/NEAR_DEDUP.md "Cost")."""
+    k = params.num_perm
+    out = np.full((len(shingle_sets), k), 0xFFFFFFFF, dtype=SIGNATURE_DTYPE)
+    nonempty = [i for i, s in enumerate(shingle_sets) if len(s)]
+    if not nonempty:
+        return out
+    sizes = np.array([len(shingle_sets[i]) for i in nonempty], dtype=np.int64)
+    flat = np.concatenate([shingle_sets[i] for i in nonempty]).astype(np.uint64)
+    salt, donors = _oph_tables(params)
+    h = _mix(flat ^ salt)
+    with np.errstate(over="ignore"):
+        slot = np.repeat(np.arange(len(nonempty), dtype=np.uint64) * np.uint64(k), sizes) + (
+            ((h >> np.uint64(32)) * np.uint64(k)) >> np.uint64(32))
+    keyed = np.sort((slot << np.uint64(32)) | (h & np.uint64(0xFFFFFFFF)))  # by slot, then value: min first
+    slots = keyed >> np.uint64(32)
+    first = np.flatnonzero(np.concatenate(([True], slots[1:] != slots[:-1])))
+    dense = np.zeros(len(nonempty) * k, dtype=SIGNATURE_DTYPE)
+    filled = np.zeros(len(nonempty) * k, dtype=bool)
+    dense[slots[first].astype(np.int64)] = (keyed[first] & np.uint64(0xFFFFFFFF)).astype(SIGNATURE_DTYPE)
+    filled[slots[first].astype(np.int64)] = True
+    dense, filled = dense.reshape(-1, k), filled.reshape(-1, k)
+    rows, bins = np.nonzero(~filled)
+    value = np.zeros(rows.size, dtype=SIGNATURE_DTYPE)
+    todo = np.ones(rows.size, dtype=bool)
+    for attempt in range(donors.shape[0]):
+        if not todo.any():
+            break
+        d = donors[attempt, bins]
+        hit = todo & filled[rows, d]
+        value[hit] = dense[rows[hit], d[hit]]
+        todo &= ~hit
+    for i in np.flatnonzero(todo).tolist():  # rare (a document with a handful of shingles): the next filled bin
+        r, b = rows[i], bins[i]
+        nxt = next(j for j in list(range(b + 1, k)) + list(range(b)) if filled[r, j])
+        value[i] = dense[r, nxt]
+    dense[rows, bins] = value
+    out[nonempty] = dense
+    return out
+
+
+def _oph_tables(params: MinHashParams) -> tuple:
+    """(salt, donor bins [attempt, bin]) of one seed: the densification sequence of every bin."""
+    rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([0x6F706868, params.seed & _M64])))
+    salt = rng.integers(0, 1 << 63, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    return salt, rng.integers(0, params.num_perm, size=(OPH_DONOR_ATTEMPTS, params.num_perm))
+
+
+def minhash_signatures(shingle_sets: list, params: MinHashParams, coefficients: Optional[tuple] = None) -> np.ndarray:
+    """`num_perm` permutations h_i(x) = (a_i x + b_i) mod 2^64, top 32 bits of the minimum (the classic sketch;
+    kept for the bench's side-by-side)."""
     a, b = coefficients or params.coefficients()
     out = np.full((len(shingle_sets), params.num_perm), 0xFFFFFFFF, dtype=SIGNATURE_DTYPE)
     nonempty = [i for i, s in enumerate(shingle_sets) if len(s)]
@@ -169,9 +268,14 @@ def s_curve_text(bands: int, rows: int) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- keepers
-def rank(split: int, doc_id: int) -> tuple:
-    """Keeper order: the smallest rank wins. Test (2) over val (1) over train (0), then the smallest id."""
-    return (-int(split), int(doc_id))
+COMMITTED_RANK_SHIFT = 8  # more than the number of splits: any committed document outranks every new one
+
+
+def rank(split: int, doc_id: int, committed: bool = False) -> tuple:
+    """Keeper order: the smallest rank wins. Test (2) over val (1) over train (0), then the smallest id. A
+    document of a committed generation (--incremental) outranks every new one: committed files are immutable,
+    so a committed document is never removed and a new near-copy of it always loses."""
+    return (-int(split) - (COMMITTED_RANK_SHIFT if committed else 0), int(doc_id))
 
 
 @dataclass(frozen=True, order=True)
@@ -179,7 +283,9 @@ class Node:
     """One distinct document in the near-dedup graph (small: it travels through the runner's shuffle).
 
     `split` is the highest split any exact copy of it sits in (the copy exact dedup keeps); `loc` says where
-    its shingles are staged (unit name, first element, count) for --near-dedup-verify."""
+    its shingles are staged (unit name, first element, count) for --near-dedup-verify. A `committed` node comes
+    from a committed generation's band index (transforms/shard/near_dedup_band_index.py): its `loc` is
+    ("committed", generation), it has no staged shingles or text, and it is never removed."""
     rank: tuple
     doc_id: int
     split: int
@@ -187,6 +293,7 @@ class Node:
     source: str = ""
     loc: tuple = ()
     excerpt: str = ""
+    committed: bool = False
 
     def signature(self) -> np.ndarray:
         return np.frombuffer(self.sig, dtype=SIGNATURE_DTYPE)
@@ -209,12 +316,25 @@ def bucket_edges(nodes: Iterable[Node], threshold: float) -> list:
     Jaccard with it reaches `threshold`. A star (not all pairs) keeps a bucket linear in its size; members
     that are near each other but not near the star's centre are linked through the other bands they share."""
     members = merge_copies(nodes)
-    if len(members) < 2:
+    committed = [m for m in members if m.committed]
+    new = [m for m in members if not m.committed]
+    if not new or len(members) < 2:
         return []
-    centre = members[0]
-    csig = centre.signature()
     out = []
-    for m in members[1:]:
+    # Incremental: each new member links to the best-ranked committed member it is near. Committed members are
+    # never linked to each other (their generation already decided them), and the new ones form their own
+    # star as in a full build, so a new-vs-new cluster resolves the same way whether or not B has a committed
+    # partner; label propagation then gives the whole component its best (committed) keeper.
+    for m in new:
+        msig = m.signature()
+        for c in committed:
+            j = estimated_jaccard(c.signature(), msig)
+            if j >= threshold:
+                out.append((c, m, j))
+                break
+    centre = new[0]
+    csig = centre.signature()
+    for m in new[1:]:
         j = estimated_jaccard(csig, m.signature())
         if j >= threshold:
             out.append((centre, m, j))

@@ -98,3 +98,35 @@ def test_components_pick_one_keeper_per_cluster_in_any_edge_order_and_report_non
 
 def test_cluster_size_bins():
     assert nd.cluster_size_bins([2, 2, 3, 4, 5, 9]) == {"2": 2, "3-4": 2, "5-8": 1, "9-16": 1}
+
+
+def test_one_permutation_hashing_estimates_jaccard_like_minhash_and_densifies_short_texts():
+    rng = random.Random(5)
+    words = TEXT.split()
+    errors = {sketch: [] for sketch in nd.SKETCHES}
+    for trial in range(40):  # a seed per trial: independent estimates
+        cut = " ".join(words[: int(len(words) * rng.uniform(0.5, 1.0))])
+        a, b = nd.shingles(TEXT), nd.shingles(cut)
+        for sketch in nd.SKETCHES:
+            s = nd.signatures([a, b], nd.MinHashParams(seed=trial, sketch=sketch))
+            errors[sketch].append(nd.estimated_jaccard(s[0], s[1]) - nd.exact_jaccard(a, b))
+    for sketch, err in errors.items():
+        assert abs(np.mean(err)) < 0.03 and np.sqrt(np.mean(np.square(err))) < 0.08, sketch
+    params = nd.MinHashParams()
+    assert params.sketch == "oph"
+    short = nd.shingles("only a few words in this one text here")  # 5 shingles for 100 bins
+    sig = nd.signatures([short, short, nd.shingles("something else entirely, not like it at all")], params)
+    assert np.array_equal(sig[0], sig[1]) and len(set(sig[0].tolist())) == short.size  # every bin filled
+    assert nd.estimated_jaccard(sig[0], sig[2]) < 0.2
+    assert not np.array_equal(sig[0], nd.signatures([short], nd.MinHashParams(seed=1))[0])
+    with pytest.raises(ValueError, match="unknown sketch"):
+        nd.signatures([short], nd.MinHashParams(sketch="nope"))
+
+
+def test_shingles_of_a_text_equal_the_ngram_hashes_of_its_word_list_and_tell_words_apart():
+    text = "  Ünïcode wörds, snake_case 42 — and émoji 🙂 text: ab ba a aa b " + TEXT[:300] + "!!"
+    assert np.array_equal(nd.shingles(text), np.unique(nd.ngram_hashes(nd.normalised_words(text), 5)))
+    w = nd._word_hashes(["ab", "ba", "a", "aa", "b", "ab", "é", "e"])
+    assert w[0] == w[5] and len(set(w.tolist())) == 7
+    vocab = [f"w{i}x{i % 7}" for i in range(20000)]
+    assert len(set(nd._word_hashes(vocab).tolist())) == len(vocab)

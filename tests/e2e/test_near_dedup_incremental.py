@@ -1,0 +1,132 @@
+"""--incremental --near-dedup (pipeline/shard/near_dedup_graph.py, transforms/shard/near_dedup_band_index.py).
+
+Generation A holds distinct documents and one within-A near-copy pair; the train-only addition B holds
+near-copies of A's documents (one of them a copy of the A document whose own copy A removed), a new-vs-new pair
+and distinct documents. A full build of A and B and "build A, then add B incrementally" must keep the same
+documents and filter the same number of near-copies (B's copies of committed documents are
+`near_duplicate_of_committed` incrementally, `near_duplicate` in the full build). The planted copies get ids
+above their originals': with "committed documents win" that is the condition under which the two can be
+equal (docs/NEAR_DEDUP.md), tested on its own in tests/unit/shard/test_near_dedup_band_index.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+
+import pytest
+
+from pipeline.config import ShardConfig
+from pipeline.shard import near_dedup_graph, shard_pipeline
+from tests.corpus_fixtures import good_documents, pile_line, write_zst
+from tests.e2e.test_near_dedup_pipeline import IN_MEMORY, shard_doc_ids, sidecar_rows
+from transforms.shard import near_dedup, near_dedup_band_index
+from transforms.shard.documents import document_id
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def copy_above(text: str) -> str:
+    """A near-copy (a header, upper case: exact Jaccard >= 0.9) whose id is larger than the original's."""
+    for k in range(100):
+        copy = f"Mirrored from archive {k}.\n" + text.upper()
+        if document_id(copy) > document_id(text):
+            return copy
+    raise AssertionError("no variant with a larger id")
+
+
+def write_corpus(root: pathlib.Path) -> dict:
+    docs = [t for t, _s in good_documents(400_000) if len(near_dedup.normalised_words(t)) >= 60][:44]
+    a_docs, b_docs = docs[:20], docs[20:]
+    a_copy = copy_above(a_docs[0])  # removed by A itself
+    b_of_committed = [copy_above(t) for t in a_docs[1:5]]
+    b_of_removed = copy_above("Re-uploaded.\n" + a_docs[0])  # near A's keeper of a cluster A already resolved
+    b_pair = copy_above(b_docs[0])  # new vs new
+    (root / "in").mkdir(parents=True)
+    write_zst(root / "in" / "a.jsonl.zst", [pile_line(t, "A") for t in a_docs + [a_copy]])
+    write_zst(root / "in" / "b.jsonl.zst", [pile_line(t, "B") for t in b_docs + b_of_committed + [b_of_removed, b_pair]])
+    return {"a_docs": [document_id(t) for t in a_docs], "a_copy": document_id(a_copy),
+            "of_committed": {document_id(c): document_id(t) for c, t in zip(b_of_committed, a_docs[1:5])},
+            "of_removed": document_id(b_of_removed), "b_pair": document_id(b_pair)}
+
+
+def config(inputs: str, out: pathlib.Path, tokenizer: str) -> ShardConfig:
+    return ShardConfig(inputs=(inputs,), output=str(out), tokenizer=tokenizer, seq_len=128, num_shards=2,
+                       unit_mb=0.05, near_dedup=True, near_dedup_verify=True, near_dedup_rounds=3)
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory, tiny_tokenizer):
+    root = tmp_path_factory.mktemp("ndincr")
+    plan = write_corpus(root)
+    full = shard_pipeline.run(config(str(root / "in" / "*"), root / "full", tiny_tokenizer), IN_MEMORY,
+                              progress_every_s=0)
+    first = shard_pipeline.run(config(str(root / "in" / "a.*"), root / "inc", tiny_tokenizer), IN_MEMORY,
+                               progress_every_s=0)
+    added = shard_pipeline.run(config(str(root / "in" / "*"), root / "inc", tiny_tokenizer), IN_MEMORY,
+                               incremental_run=True, progress_every_s=0)
+    return root, plan, full, first, added
+
+
+def filtered(manifest: dict) -> dict:
+    return {k: v for k, v in manifest["records"].get("filtered", {}).items() if k.startswith("near_duplicate")}
+
+
+def test_incremental_addition_keeps_the_documents_a_full_build_keeps(builds):
+    root, plan, full, first, added = builds
+    assert len(added["generations"]) == 2
+    kept_full, kept_inc = shard_doc_ids(root / "full", full), shard_doc_ids(root / "inc", added)
+    assert kept_full == kept_inc
+    assert not kept_inc & (set(plan["of_committed"]) | {plan["a_copy"], plan["of_removed"], plan["b_pair"]})
+    assert set(plan["a_docs"]) <= kept_inc
+    # the same number of near-copies filtered; incrementally, B's copies of A's documents say so
+    assert filtered(full) == {"near_duplicate": 7}
+    assert filtered(added) == {"near_duplicate": 2, "near_duplicate_of_committed": 5}
+    for key in ("read", "written"):
+        assert full["records"][key] == added["records"][key]
+    rows = {r["id"]: r for r in sidecar_rows(root / "inc", added)}
+    committed_gen = first["generation"]
+    for copy_id, original in [*plan["of_committed"].items(), (plan["of_removed"], plan["a_docs"][0])]:
+        assert rows[copy_id]["reason"] == "near_duplicate_of_committed"
+        assert (rows[copy_id]["keeper"], rows[copy_id]["keeper_generation"]) == (original, committed_gen)
+    assert rows[plan["b_pair"]]["reason"] == "near_duplicate"
+
+
+def test_each_generation_lists_its_band_index_of_kept_documents_with_sha256(builds):
+    root, plan, _full, first, added = builds
+    entries = added[near_dedup_graph.BAND_INDEXES]
+    assert {e["generation"] for e in entries} == {first["generation"], added["generation"]}
+    num_perm = near_dedup.MinHashParams().num_perm
+    indexed = {}
+    for e in entries:
+        data = (root / "inc" / e["path"]).read_bytes()
+        assert e["path"].startswith(e["generation"] + "/near-dedup/")
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (e["bytes"], e["sha256"])
+        rows = near_dedup_band_index.decode(data, num_perm, e["path"])
+        indexed.setdefault(e["generation"], set()).update(int(i) for i in rows["doc_id"])
+    # kept documents only, each generation its own: A's removed copy and B's removed copies are not listed
+    assert indexed[first["generation"]] == set(plan["a_docs"]) | set(
+        i for i in shard_doc_ids(root / "inc", first))
+    assert plan["a_copy"] not in indexed[first["generation"]]
+    assert not indexed[added["generation"]] & (set(plan["of_committed"]) | {plan["of_removed"], plan["b_pair"]})
+    assert indexed[added["generation"]] == shard_doc_ids(root / "inc", added) - indexed[first["generation"]]
+    # the committed manifest's section for the newest generation summarises only that one
+    assert json.loads(json.dumps(added["near_dedup"]["removed"])) == {"near_duplicate": 1,
+                                                                     "near_duplicate_of_committed": 5}
+
+
+def test_the_runner_shuffle_reads_the_committed_band_index_the_same_way(builds, tiny_tokenizer):
+    """--shuffle runner: committed rows enter the runner's GroupByKey on band keys (not the staged key ranges)."""
+    root, _plan, _full, _first, added = builds
+    out = root / "inc-runner"
+    for inputs, incremental in ((str(root / "in" / "a.*"), False), (str(root / "in" / "*"), True)):
+        cfg = config(inputs, out, tiny_tokenizer)
+        got = shard_pipeline.run(dataclasses.replace(cfg, shuffle="runner"), IN_MEMORY,
+                                 incremental_run=incremental, progress_every_s=0)
+    assert got["records"] == added["records"]
+    assert shard_doc_ids(out, got) == shard_doc_ids(root / "inc", added)
+    assert sidecar_rows(out, got) == sidecar_rows(root / "inc", added)
+    band_bytes = [[(out_dir / e["path"]).read_bytes() for e in m[near_dedup_graph.BAND_INDEXES]]
+                  for out_dir, m in ((out, got), (root / "inc", added))]
+    assert band_bytes[0] == band_bytes[1]

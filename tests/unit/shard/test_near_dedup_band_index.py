@@ -1,0 +1,105 @@
+"""Incremental near-dedup's pure parts: committed documents in the band buckets, the band index file, and the
+checks on what a committed manifest says about it (transforms/shard/near_dedup_band_index.py,
+pipeline/shard/near_dedup_graph.py committed_band_indexes / committed_range_rows)."""
+from __future__ import annotations
+
+import hashlib
+import types
+
+import numpy as np
+import pytest
+
+from pipeline.errors import ConfigError, RunError
+from pipeline.shard import near_dedup_graph as graph
+from transforms.shard import near_dedup as nd
+from transforms.shard import near_dedup_band_index as bi
+
+TEXT = " ".join(f"word{i % 97} token{i % 13} item{i}" for i in range(120))
+NEAR = "Mirrored from an archive. " + TEXT.upper()
+OTHER = " ".join(f"other{i % 31} thing{i}" for i in range(120))
+GEN = "gen-00000000000000aa"
+PARAMS = nd.MinHashParams()
+
+
+def _sig(text):
+    return nd.signatures([nd.shingles(text)], PARAMS)[0]
+
+
+def _new(doc_id, text, split=0):
+    return nd.Node(nd.rank(split, doc_id), doc_id, split, _sig(text).tobytes())
+
+
+def _committed(doc_id, text, split=0):
+    rows = np.zeros(1, bi.row_dtype(PARAMS.num_perm))
+    rows[0] = (5, doc_id, split, _sig(text))
+    return bi.committed_nodes(rows, GEN)[0][1]
+
+
+def test_a_committed_document_keeps_a_near_copy_out_even_when_the_copy_would_win_a_full_build():
+    committed, copy = _committed(900, TEXT), _new(3, NEAR)  # the new copy has the smaller id
+    full = nd.components(nd.bucket_edges([_new(900, TEXT), copy], 0.8))[0]
+    assert full[900][1].doc_id == 3  # a full build keeps the smaller id
+    clusters, converged = nd.components(nd.bucket_edges([copy, committed], 0.8))
+    assert converged and clusters[3][1] is committed  # incrementally the committed one wins
+    assert nd.rank(0, 1 << 60, committed=True) < nd.rank(2, 0)  # over any new split too
+
+
+def test_committed_documents_are_not_linked_to_each_other_and_new_ones_still_cluster():
+    a, b = _committed(10, TEXT), _committed(11, NEAR)  # near each other, but both committed: decided already
+    assert nd.bucket_edges([a, b], 0.8) == []
+    n1, n2 = _new(20, OTHER), _new(21, OTHER.upper())
+    edges = nd.bucket_edges([a, b, n1, n2], 0.8)
+    assert [(x.doc_id, y.doc_id) for x, y, _j in edges] == [(20, 21)]  # far from both committed ones
+    near = _new(30, TEXT + " tail")
+    assert [(x.doc_id, y.doc_id) for x, y, _j in nd.bucket_edges([b, a, near], 0.8)] == [(10, 30)]  # the best
+
+
+def test_band_index_round_trip_keeps_one_row_per_key_and_id_sorted_and_refuses_damage():
+    n1, n2 = _new(7, TEXT, split=1), _new(4, OTHER)
+    data = bi.encode([(9, n1), (2, n2), (9, _new(7, TEXT)), (2, n1)], PARAMS.num_perm)
+    rows = bi.decode(data, PARAMS.num_perm, "x")
+    assert [(int(r["key"]), int(r["doc_id"]), int(r["split"])) for r in rows] == [(2, 4, 0), (2, 7, 1), (9, 7, 1)]
+    assert np.array_equal(rows[2]["sig"], n1.signature())
+    with pytest.raises(ValueError, match="whole number"):
+        bi.decode(data[:-1], PARAMS.num_perm, "x")
+    with pytest.raises(ValueError, match="not sorted"):
+        bi.decode(rows[::-1].tobytes(), PARAMS.num_perm, "x")
+    with pytest.raises(ValueError, match="sha256"):
+        bi.checked_bytes(data, len(data), hashlib.sha256(data[1:]).hexdigest(), "x")
+
+
+def _manifest(rows, generations=(GEN,)):
+    return types.SimpleNamespace(extra={graph.BAND_INDEXES: rows}, generations=[{"name": g} for g in generations],
+                                 generation=generations[-1])
+
+
+def _row(**kw):
+    return {"generation": GEN, "path": f"{GEN}/near-dedup/band-index-r00.bin", "range": 0, "bytes": 0,
+            "sha256": hashlib.sha256(b"").hexdigest(), **kw}
+
+
+def test_committed_band_index_rows_are_validated_before_use(tmp_path):
+    got = graph.committed_band_indexes(_manifest([_row()]), str(tmp_path))
+    assert got[0]["path"] == str(tmp_path / GEN / "near-dedup" / "band-index-r00.bin")
+    for bad in (_row(path=f"{GEN}/../../etc/passwd"), _row(path="gen-00000000000000bb/x.bin"),
+                _row(generation="../x"), _row(range=99), _row(sha256=None)):
+        with pytest.raises(ConfigError, match="--incremental --near-dedup"):
+            graph.committed_band_indexes(_manifest([bad]), str(tmp_path))
+    with pytest.raises(ConfigError, match="gen-00000000000000bb .*no band index"):
+        graph.committed_band_indexes(_manifest([_row()], (GEN, "gen-00000000000000bb")), str(tmp_path))
+
+
+def test_a_committed_band_index_that_does_not_match_its_manifest_row_fails_the_run(tmp_path):
+    rows = np.zeros(1, bi.row_dtype(PARAMS.num_perm))
+    rows[0] = ((1 << 62) + 5, 1, 0, _sig(TEXT))  # a key of range 4
+    data = rows.tobytes()
+    path = tmp_path / "b.bin"
+    path.write_bytes(data)
+    entry = {"generation": GEN, "rel": "b.bin", "path": str(path), "range": 4, "bytes": len(data),
+             "sha256": hashlib.sha256(data).hexdigest()}
+    assert [n.doc_id for _k, n in graph.committed_range_rows(entry, PARAMS.num_perm)] == [1]
+    with pytest.raises(RunError, match="outside its range"):
+        graph.committed_range_rows({**entry, "range": 0}, PARAMS.num_perm)
+    path.write_bytes(data[:-4] + b"\0\0\0\0")
+    with pytest.raises(RunError, match="unusable.*sha256"):
+        graph.committed_range_rows(entry, PARAMS.num_perm)
