@@ -405,10 +405,11 @@ def clip_grad_norm(module: GPTStage, max_norm: float, env: ParallelEnv, as_tenso
 
 
 def parallelize(owner: GPTStage, views: list, env: ParallelEnv, *, fsdp: bool = False, ac: str = "none",
-                compile: bool = False, bf16: bool = True) -> list:
+                compile: bool = False, bf16: bool = True, ddp: bool = True) -> list:
     """Apply this layout's parallelisms to the rank's stage(s), in the order they compose: tensor parallel
     (DTensor per block), activation checkpointing, compile per block, then FSDP2 over dp (or DDP for a plain
-    dp-only run). Returns the modules to run: [the stage] (or DDP of it), or the interleaved views."""
+    dp-only run, unless `ddp` is off: --grad-reduce hooks / after-backward, trainer/grad_sync.py). Returns the
+    modules to run: [the stage] (or DDP of it), or the interleaved views."""
     from trainer.fsdp import apply_activation_checkpointing, apply_fsdp
     from trainer.model import compile_blocks
     from trainer.tensor_parallel import apply_tensor_parallel, check_tp
@@ -426,5 +427,5 @@ def parallelize(owner: GPTStage, views: list, env: ParallelEnv, *, fsdp: bool = 
     if len(views) > 1:
         return views
     if env.tp > 1:
-        return [owner]  # DDP does not take DTensor parameters: allreduce_grads(always=True) averages over dp
-    return [wrap_data_parallel(owner, env)]
+        return [owner]  # DDP does not take DTensor parameters: trainer/grad_sync.py averages over dp
+    return [wrap_data_parallel(owner, env)] if ddp else [owner]
