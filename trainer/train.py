@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 from trainer import checkpoint as ckpt
-from trainer.config import ConfigError, TrainConfig, build_parser, from_namespace, resolve_layout, resolve_model
+from trainer.config import (ConfigError, TrainConfig, build_parser, from_namespace, resolve_grad_reduce,
+                            resolve_layout, resolve_model)
 from trainer.data import (DataIntegrityError, ShardLoader, default_index_dir, open_dataset, prepare_shards,
                           read_manifest)
 from trainer.batch import Batch, StepResult
@@ -33,7 +34,6 @@ from trainer.metrics import MetricsLogger
 from trainer.progress import final_line, resume_command
 from trainer.plan import LayoutDoesNotFit, plan_for_config
 from trainer.model import IGNORE_INDEX, token_loss_sum
-from trainer.config import resolve_grad_reduce
 from trainer.grad_sync import build_grad_sync
 from trainer.parallel import (agree_on, build_optimizer, build_rank_stages, build_schedule,
                               clip_grad_norm, init_distributed, parallelize, profile_unit_times, rank_stage_specs,
