@@ -31,7 +31,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from trainer.config import GRAD_REDUCE, resolve_grad_reduce  # noqa: F401 - pure; re-exported
+from trainer.config import GRAD_REDUCE, resolve_grad_reduce  # noqa: F401 - the pure rules live with the config
+from trainer.parallel import allreduce_grads
 
 
 @dataclass(frozen=True)
@@ -93,11 +94,9 @@ class AfterBackwardSync(GradSync):
         self.module, self.env, self.bucket_bytes = module, env, bucket_bytes
 
     def finish(self, backward_end: float) -> GradSyncTiming:
-        from trainer.parallel import allreduce_grads  # noqa: PLC0415 - parallel imports this module's users
         t0 = self.clock()
-        allreduce_grads(self.module, self.env, bucket_bytes=self.bucket_bytes, always=True)
-        buckets = self.module._grad_buckets.layout if getattr(self.module, "_grad_buckets", None) else None
-        self.last = GradSyncTiming(self.mode, len(buckets or ()), 0, backward_end - t0, self.clock() - t0)
+        buckets = allreduce_grads(self.module, self.env, bucket_bytes=self.bucket_bytes, always=True)
+        self.last = GradSyncTiming(self.mode, buckets, 0, backward_end - t0, self.clock() - t0)
         return self.last
 
 

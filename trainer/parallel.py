@@ -235,17 +235,19 @@ class GradBuckets:
 
 
 def allreduce_grads(module: nn.Module, env: ParallelEnv, bucket_bytes: int = 25 << 20,
-                    always: bool = False) -> None:
-    """Average gradients over the data-parallel group in reused flat buckets (pp > 1 path; `always` for tp > 1
-    without FSDP, where DDP does not take DTensor parameters). The buckets live on the module."""
+                    always: bool = False) -> int:
+    """Average gradients over the data-parallel group in reused flat buckets, after the backward
+    (--grad-reduce after-backward, trainer/grad_sync.py; `always` also for pp = 1). The buckets live on the
+    module. Returns the number of buckets reduced."""
     if env.dp == 1 or (env.pp == 1 and not always):
-        return
+        return 0
     buckets = getattr(module, "_grad_buckets", None)
     if buckets is None:
         buckets = GradBuckets(bucket_bytes)
         object.__setattr__(module, "_grad_buckets", buckets)  # not a submodule / parameter: plain attribute
     grads = [_local(p.grad) for p in module.parameters() if p.grad is not None]
     buckets.reduce(grads, env.dp_group, env.dp)
+    return len(buckets.layout or ())
 
 
 def _tensor_kind(p: torch.Tensor):
