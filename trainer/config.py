@@ -148,6 +148,12 @@ class ParallelConfig:
                             "fp32 reduction on GPU)")
     ac: Literal["none", "selective", "full"] = opt("none", "activation checkpointing of every block")
     virtual_stages: int = opt(1, "pipeline stages per rank (interleaved-1f1b: >= 2)")
+    grad_reduce: Literal["auto", "ddp", "hooks", "after-backward"] = opt(
+        "auto", "how gradients are averaged over dp: auto = DDP for plain data parallelism, hooks (each bucket's "
+                "all-reduce starts during the last micro-batch's backward) with --pp/--tp, FSDP2's own "
+                "reduce-scatter with --fsdp; after-backward = one bucketed all-reduce after the whole backward "
+                "(no overlap)")
+    grad_bucket_mb: float = opt(25.0, "gradient all-reduce bucket size in MiB (--grad-reduce hooks / after-backward)")
     timeout_minutes: float = opt(60.0, "process-group timeout for every collective (NCCL's default of 10 "
                                        "minutes can expire while the first steps index Pile-scale shards)")
 
@@ -225,6 +231,28 @@ def default_microbatches(local_batch: int, pp: int) -> int:
     return enough[0] if enough else divisors[-1]
 
 
+GRAD_REDUCE = ("auto", "ddp", "hooks", "after-backward")
+
+
+def resolve_grad_reduce(mode: str, *, pp: int, tp: int, fsdp: bool) -> str:
+    """The gradient-reduction mode a layout runs (trainer/grad_sync.py): fsdp / ddp / hooks / after-backward.
+    Raises ValueError naming --grad-reduce for a combination that cannot run."""
+    if mode not in GRAD_REDUCE:
+        raise ValueError(f"unknown --grad-reduce {mode!r}; choose one of {', '.join(GRAD_REDUCE)}")
+    if fsdp:
+        if mode != "auto":
+            raise ValueError(f"--grad-reduce {mode} does not apply with --fsdp (FSDP2 reduce-scatters gradients in "
+                             f"its own backward hooks): drop --grad-reduce")
+        return "fsdp"
+    plain = pp == 1 and tp == 1
+    if mode == "auto":
+        return "ddp" if plain else "hooks"
+    if mode == "ddp" and not plain:
+        raise ValueError("--grad-reduce ddp needs --pp 1 and --tp 1 (DDP takes neither pipeline stages with several "
+                         "micro-batches in flight nor DTensor parameters): use hooks or after-backward")
+    return mode
+
+
 def resolve_layout(cfg: TrainConfig, world: int) -> TrainConfig:
     """Apply DESIGN.md §7's batch rules for `world` processes; fill dp and micro-batches in place.
 
@@ -249,6 +277,12 @@ def resolve_layout(cfg: TrainConfig, world: int) -> TrainConfig:
                           "--virtual-stages yet")
     if p.zero and p.tp > 1:
         raise ConfigError("--zero shards plain parameters only: with --tp drop --zero (or use --fsdp)")
+    try:
+        resolve_grad_reduce(p.grad_reduce, pp=p.pp, tp=p.tp, fsdp=p.fsdp)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    if not p.grad_bucket_mb > 0:
+        raise ConfigError(f"--grad-bucket-mb {p.grad_bucket_mb} must be > 0")
     if cfg.global_batch < 1 or cfg.global_batch % dp:
         raise ConfigError(f"--global-batch {cfg.global_batch} does not split over dp = {dp} ranks: use a multiple "
                           f"of {dp}")

@@ -150,6 +150,7 @@ class Interval:
     tokens: int = 0  # tokens processed (all positions) over all ranks
     attended: float = 0.0  # sum over steps of the mean attended keys per token
     loss_sum: float = 0.0
+    grad_sync: list = field(default_factory=list)  # trainer/grad_sync.py GradSyncTiming per step
 
 
 @dataclass
@@ -182,7 +183,8 @@ class MetricsLogger:
         self._excluded += seconds
 
     def record_step(self, *, loss, read: float, decode: float, tokens: int, step_seconds: float = 0.0,
-                    h2d: float = 0.0, h2d_events: Optional[tuple] = None, segment_ids=None) -> None:
+                    h2d: float = 0.0, h2d_events: Optional[tuple] = None, segment_ids=None,
+                    grad_sync=None) -> None:
         c = self.cur
         c.steps += 1
         c.host_seconds += step_seconds
@@ -192,6 +194,8 @@ class MetricsLogger:
         c.tokens += tokens
         if segment_ids is not None:
             c.attended += attended_keys_per_token(segment_ids)
+        if grad_sync is not None:
+            c.grad_sync.append(grad_sync)
         # A device tensor stays on the device (no host sync per step); it is read once, at flush.
         c.loss_sum = c.loss_sum + (loss.detach() if isinstance(loss, torch.Tensor) else loss)
 
@@ -223,6 +227,8 @@ class MetricsLogger:
             "elapsed_s": now - self._t_start,
             "eta_s": eta_seconds(step, self.total_steps, self._steps_run, self._run_seconds),
         }
+        if c.grad_sync:
+            rec["grad_sync"] = grad_sync_summary(c.grad_sync)
         if extra:
             rec.update(extra)
         if rec["input_bound"]:
@@ -251,6 +257,19 @@ class MetricsLogger:
     def close(self) -> None:
         if self._file:
             self._file.close()
+
+
+def grad_sync_summary(timings: list) -> dict:
+    """The interval's gradient communication (rank 0's host clock, trainer/grad_sync.py): buckets per step, the
+    share of them started before the backward returned, the mean lead of the first launch over the backward's
+    end (> 0: overlapped), and the mean wait for gradients after the backward (the part not hidden)."""
+    n = len(timings)
+    buckets = sum(t.buckets for t in timings)
+    leads = [t.lead_s for t in timings if t.lead_s is not None]
+    return {"mode": timings[-1].mode, "buckets_per_step": buckets / n,
+            "in_backward_share": (sum(t.in_backward for t in timings) / buckets) if buckets else 0.0,
+            "first_launch_lead_s": (sum(leads) / len(leads)) if leads else None,
+            "exposed_s": sum(t.exposed_s for t in timings) / n}
 
 
 def eta_seconds(step: int, total: int, steps_run: int, run_seconds: float) -> Optional[float]:

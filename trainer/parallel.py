@@ -235,17 +235,19 @@ class GradBuckets:
 
 
 def allreduce_grads(module: nn.Module, env: ParallelEnv, bucket_bytes: int = 25 << 20,
-                    always: bool = False) -> None:
-    """Average gradients over the data-parallel group in reused flat buckets (pp > 1 path; `always` for tp > 1
-    without FSDP, where DDP does not take DTensor parameters). The buckets live on the module."""
+                    always: bool = False) -> int:
+    """Average gradients over the data-parallel group in reused flat buckets, after the backward
+    (--grad-reduce after-backward, trainer/grad_sync.py; `always` also for pp = 1). The buckets live on the
+    module. Returns the number of buckets reduced."""
     if env.dp == 1 or (env.pp == 1 and not always):
-        return
+        return 0
     buckets = getattr(module, "_grad_buckets", None)
     if buckets is None:
         buckets = GradBuckets(bucket_bytes)
         object.__setattr__(module, "_grad_buckets", buckets)  # not a submodule / parameter: plain attribute
     grads = [_local(p.grad) for p in module.parameters() if p.grad is not None]
     buckets.reduce(grads, env.dp_group, env.dp)
+    return len(buckets.layout or ())
 
 
 def _tensor_kind(p: torch.Tensor):
@@ -405,10 +407,11 @@ def clip_grad_norm(module: GPTStage, max_norm: float, env: ParallelEnv, as_tenso
 
 
 def parallelize(owner: GPTStage, views: list, env: ParallelEnv, *, fsdp: bool = False, ac: str = "none",
-                compile: bool = False, bf16: bool = True) -> list:
+                compile: bool = False, bf16: bool = True, ddp: bool = True) -> list:
     """Apply this layout's parallelisms to the rank's stage(s), in the order they compose: tensor parallel
     (DTensor per block), activation checkpointing, compile per block, then FSDP2 over dp (or DDP for a plain
-    dp-only run). Returns the modules to run: [the stage] (or DDP of it), or the interleaved views."""
+    dp-only run, unless `ddp` is off: --grad-reduce hooks / after-backward, trainer/grad_sync.py). Returns the
+    modules to run: [the stage] (or DDP of it), or the interleaved views."""
     from trainer.fsdp import apply_activation_checkpointing, apply_fsdp
     from trainer.model import compile_blocks
     from trainer.tensor_parallel import apply_tensor_parallel, check_tp
@@ -426,5 +429,5 @@ def parallelize(owner: GPTStage, views: list, env: ParallelEnv, *, fsdp: bool = 
     if len(views) > 1:
         return views
     if env.tp > 1:
-        return [owner]  # DDP does not take DTensor parameters: allreduce_grads(always=True) averages over dp
-    return [wrap_data_parallel(owner, env)]
+        return [owner]  # DDP does not take DTensor parameters: trainer/grad_sync.py averages over dp
+    return [wrap_data_parallel(owner, env)] if ddp else [owner]

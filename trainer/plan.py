@@ -14,8 +14,8 @@ The estimate is analytic (so it runs on a laptop for a 6.7B model) and counts, f
   1F1B, and (v-1) p + 2 (p-1) + 1 virtual-stage chunks for interleaved 1F1B;
 - the loss: [B, T, V] logits in bf16 plus fp32 log-probabilities and their gradient, or one chunk of them with
   the chunked loss;
-- communication buffers: DDP buckets (a second copy of the gradients), FSDP all-gather / reduce-scatter
-  buffers, pipeline send/receive buffers;
+- communication buffers: with dp > 1 DDP's or trainer/grad_sync.py's buckets (a second copy of the gradients),
+  FSDP all-gather / reduce-scatter buffers, pipeline send/receive buffers;
 - a fixed CUDA context + allocator margin.
 It refuses a layout whose total exceeds the GPU's memory. Checked on CPU against torch's own accounting
 (`torch.distributed._tools.mem_tracker.MemTracker`) in tests/unit/trainer/test_trainer_plan.py.
@@ -185,8 +185,8 @@ def estimate(cfg: ModelConfig, lay: Layout, gpu: str = "A100-40GB") -> Plan:
     if first:
         parts["embedding output"] = tokens * d * 4 * (in_flight(lay) if lay.pp > 1 else 1)
     comm = 0
-    if lay.dp > 1 and not lay.fsdp and lay.pp == 1 and lay.tp == 1:
-        comm += 4 * n  # DDP buckets: a second copy of the gradients
+    if lay.dp > 1 and not lay.fsdp:
+        comm += 4 * n  # DDP's or trainer/grad_sync.py's flat buckets (pp / tp stages): a second copy of the gradients
     if lay.fsdp and lay.dp > 1:
         comm += 4 * cfg.block_params() / lay.tp * 2  # reduce-scatter input/output of one block, fp32
     if lay.pp > 1:

@@ -37,7 +37,21 @@ def format_progress(rec: dict) -> str:
             f"{rec['tokens_per_s']:,.0f} tok/s | {rec['tflops_per_device']:.3f} TFLOP/s/dev | {mfu} | "
             f"mem {rec['peak_memory_bytes'] / 2**30:.2f} GiB | data wait {100 * rec['data_wait_share']:.1f}% "
             f"(read {100 * w['read']:.1f} / decode {100 * w['decode']:.1f} / h2d {100 * w['h2d']:.1f}) | "
+            f"{grad_sync_part(rec.get('grad_sync'))}"
             f"elapsed {duration(rec.get('elapsed_s'))} | ETA {duration(rec.get('eta_s'))}")
+
+
+def grad_sync_part(g: Optional[dict]) -> str:
+    """'dp all-reduce (hooks): 4/4 buckets in backward, first 12.3ms before its end, 0.4ms exposed | ' (trainer/
+    metrics.py grad_sync_summary); empty without dp communication."""
+    if not g:
+        return ""
+    lead = g.get("first_launch_lead_s")
+    when = "?" if lead is None else (f"{1e3 * lead:.1f}ms before its end" if lead > 0
+                                     else f"{-1e3 * lead:.1f}ms after it")
+    n = g["buckets_per_step"]
+    return (f"dp all-reduce ({g['mode']}): {g['in_backward_share'] * n:.0f}/{n:.0f} buckets in backward, first "
+            f"{when}, {1e3 * g['exposed_s']:.1f}ms exposed | ")
 
 
 # Flags that must not be repeated by a resume: it should continue, not start over or stop at the same step.

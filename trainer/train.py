@@ -25,7 +25,8 @@ import torch
 import torch.distributed as dist
 
 from trainer import checkpoint as ckpt
-from trainer.config import ConfigError, TrainConfig, build_parser, from_namespace, resolve_layout, resolve_model
+from trainer.config import (ConfigError, TrainConfig, build_parser, from_namespace, resolve_grad_reduce,
+                            resolve_layout, resolve_model)
 from trainer.data import (DataIntegrityError, ShardLoader, check_same_generation, default_index_dir, open_dataset,
                           pin_generation, prepare_shards, read_manifest)
 from trainer.batch import Batch, StepResult
@@ -33,7 +34,8 @@ from trainer.metrics import MetricsLogger
 from trainer.progress import final_line, resume_command
 from trainer.plan import LayoutDoesNotFit, plan_for_config
 from trainer.model import IGNORE_INDEX, token_loss_sum
-from trainer.parallel import (agree_on, allreduce_grads, build_optimizer, build_rank_stages, build_schedule,
+from trainer.grad_sync import build_grad_sync
+from trainer.parallel import (agree_on, build_optimizer, build_rank_stages, build_schedule,
                               clip_grad_norm, init_distributed, parallelize, profile_unit_times, rank_stage_specs,
                               sync_tied_grad)
 from trainer.partition import StageSpec, describe, model_units, partition_model, unit_costs
@@ -201,8 +203,12 @@ class Trainer:
         # module keeps the parameter names (checkpoints, optimizer); `runnable` is what forward runs.
         self.module, views = build_rank_stages(mcfg, self._stage_specs(), cfg.seed, env.device,
                                                attention=cfg.attention, loss=cfg.loss, retro=self.retro)
+        reduce = resolve_grad_reduce(pcfg.grad_reduce, pp=env.pp, tp=env.tp, fsdp=pcfg.fsdp)
         self.runnable = parallelize(self.module, views, env, fsdp=pcfg.fsdp, ac=pcfg.ac, compile=cfg.compile,
-                                    bf16=cfg.bf16)
+                                    bf16=cfg.bf16, ddp=reduce == "ddp")
+        # The dp gradient average: DDP's, or hooks that start it during the last micro-batch's backward
+        self.grad_sync = build_grad_sync(reduce, self.module, self.runnable[0], env,
+                                         int(pcfg.grad_bucket_mb * 2**20))
         self.optimizer = build_optimizer(self.module, cfg.optim.lr, cfg.optim.weight_decay, cfg.optim.betas,
                                          pcfg.zero, env, cfg.optim.adamw)
 
@@ -293,9 +299,9 @@ class Trainer:
         return torch.zeros((), device=env.device, dtype=torch.float32)
 
     def sync_grads(self) -> None:
-        if not self.cfg.parallel.fsdp:  # FSDP2 reduce-scatters in backward
-            # pp > 1 or tp > 1 (no DDP there); DDP already did it otherwise
-            allreduce_grads(self.module, self.env, always=self.env.tp > 1)
+        """Gradients averaged over dp (trainer/grad_sync.py: wait for the all-reduces the last backward started,
+        or reduce now in after-backward mode; DDP and FSDP2 finished inside the backward), then the tied sum."""
+        self.grad_sync.finish(backward_end=time.perf_counter())
         sync_tied_grad(self.module, self.env)
 
     def train_step(self) -> StepResult:
@@ -321,6 +327,7 @@ class Trainer:
         lr = lr_at(self.step, cfg)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
+        self.grad_sync.begin(self.cfg.parallel.microbatches)  # arms the per-bucket hooks for this step
         local_loss = self.forward_backward_step(batch)
         self.sync_grads()
         grad_norm = clip_grad_norm(self.module, cfg.optim.grad_clip, env, as_tensor=True)
@@ -332,7 +339,8 @@ class Trainer:
         dist.all_reduce(loss_t)
         self.step += 1
         return StepResult(loss=loss_t[0] / (env.dp * env.tp), lr=lr, grad_norm=grad_norm, wait=wait, h2d=h2d,
-                          seconds=time.perf_counter() - t0, segment_ids=host.segment_ids, h2d_events=events)
+                          seconds=time.perf_counter() - t0, segment_ids=host.segment_ids, h2d_events=events,
+                          grad_sync=self.grad_sync.last)
 
     def on_step_end(self, step: int) -> None:
         """Hook after a step's metrics and checkpoint (tests extend it)."""
@@ -347,7 +355,7 @@ class Trainer:
                 out = self.train_step()
                 self.metrics.record_step(loss=out.loss, step_seconds=out.seconds, read=out.wait, decode=0.0,
                                          h2d=out.h2d, h2d_events=out.h2d_events, segment_ids=out.segment_ids,
-                                         tokens=cfg.global_batch * cfg.model.seq_len)
+                                         tokens=cfg.global_batch * cfg.model.seq_len, grad_sync=out.grad_sync)
                 stop = clock.should_stop(self.step) or self.step == cfg.stop_at_step
                 if self.step % cfg.log_every == 0 or self.step == cfg.steps or stop:
                     self.metrics.flush(self.step, out.lr, out.grad_norm,
@@ -409,8 +417,8 @@ def _main_module() -> str:
 
 def _no_sync(model):
     """DDP's no_sync (skip the all-reduce of a micro-batch before the last); a nullcontext for every module
-    that is not DDP: one process, FSDP2 (set_requires_gradient_sync) and tensor parallelism (DTensor
-    parameters: `allreduce_grads` averages after the last micro-batch)."""
+    that is not DDP: one process, FSDP2 (set_requires_gradient_sync), and the stages trainer/grad_sync.py
+    reduces (its hooks count micro-batches and start on the last one's gradients)."""
     inner = getattr(model, "_orig_mod", model)
     return inner.no_sync() if hasattr(inner, "no_sync") else contextlib.nullcontext()
 
