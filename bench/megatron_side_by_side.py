@@ -1,8 +1,8 @@
-"""pileprep against Megatron-LM's own preprocessing on the same documents, in one run (issue 10's comparison).
+"""pileprep against Megatron-LM's own preprocessing on the same documents, in one run.
 
     python bench/megatron_side_by_side.py --megatron-dir DIR [--sizes 96 384] [--backends sentencepiece auto]
 
-DIR is a checkout of Megatron-LM (the figures in issue 10 used tag core_v0.16.1:
+DIR is a checkout of Megatron-LM (the figures in docs/BENCHMARKS.md used tag core_v0.16.1:
 `git clone --branch core_v0.16.1 https://github.com/NVIDIA/Megatron-LM`), run with this Python. For each corpus
 size (built by `pileprep sample --size-mb N`, cached like bench/shard_bench.py's):
 

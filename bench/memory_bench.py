@@ -1,4 +1,4 @@
-"""Peak memory of the real `pileprep shard` CLI on hostile inputs (issue 7 §1), against a normal run.
+"""Peak memory of the real `pileprep shard` CLI on hostile inputs, against a normal run.
 
     python bench/memory_bench.py [--tokenizer MODEL] [--workers 2] [--cases ref,bomb,noline,limit,blanks]
                                  [--code-root DIR]   # another checkout's code, e.g. /work/main for "before"

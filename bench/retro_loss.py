@@ -1,4 +1,4 @@
-"""RETRO vs plain GPT loss on a small corpus (issue 9 §5 note): shards -> BM25 chunk database -> neighbours
+"""RETRO vs plain GPT loss on a small corpus: shards -> BM25 chunk database -> neighbours
 sidecar, then the bundled trainer twice on the same data order and seed, with and without --retro-sidecar.
 
     PYTHONPATH=. python bench/retro_loss.py --work /tmp/retro-bench --steps 60

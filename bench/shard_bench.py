@@ -1,4 +1,4 @@
-"""Shard throughput and memory at 1×, 4× and 16× input against raw SentencePiece, measured in one run (issue 10).
+"""Shard throughput and memory at 1×, 4× and 16× input against raw SentencePiece, measured in one run.
 
     python bench/shard_bench.py [--tokenizer MODEL] [--backends sentencepiece auto] [--quick]
                                 [--beam-args '--direct_num_workers=2 ...'] [--cache-dir out/bench]
@@ -21,7 +21,7 @@
    (`auto`) can pass 1.0 because it spends less CPU than SentencePiece per token;
 5. peak RSS: the largest single process (the kernel's ru_maxrss of the CLI process and every worker it reaped,
    from wait4) and the whole process tree (RSS summed over the tree, sampled every 50 ms), at each size, with
-   the 4×/1× and 16×/1× ratios (issue 10's target: per-worker peak flat, ≤ 1.1).
+   the 4×/1× and 16×/1× ratios.
 
 Output ends with markdown tables for the issue note. Tokenization is ~99% of the CPU cost of sharding, so these
 ratios say how much the pipeline wastes around it.
@@ -56,7 +56,7 @@ FACTORS = (1, 4, 16)
 SAMPLE_EVERY_S = 0.05
 MB = 1e6
 MiB = 1 << 20
-# issue 10's targets, checked at the end: (backend kind, figure, size key, target)
+# The targets, checked at the end: (backend kind, figure, size key, target)
 TARGETS = [("sentencepiece", "end to end", 4, 0.75), ("sentencepiece", "marginal", (1, 4), 0.95),
            ("fast", "end to end", 4, 1.0), ("fast", "end to end", 16, 1.5)]
 RSS_TARGET = 1.1
@@ -375,7 +375,7 @@ def print_report(corpora: dict, raw: dict, by_backend: dict, workers: int, token
         tree = ", ".join(f"{v:.2f}" for v in rss_ratios(results, "tree_mb").values()) or "n/a"
         print(f"| {backend} ({ran}) | {m[0]} | {m[1]} | {_secs(fig['fixed'])} / {_secs(fig['fixed_job'])} "
               f"| {largest} | {tree} |")
-    print("\ntargets (issue 10; ratios on process wall):")
+    print("\ntargets (ratios on process wall):")
     for backend, (results, fig) in by_backend.items():
         ran = results[min(results)]["backend_ran"]
         for line in target_lines(ran, fig):

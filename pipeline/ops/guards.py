@@ -1,4 +1,4 @@
-"""Driver-side guards against operator mistakes and leftovers of failed runs (issue 7 §4, §6).
+"""Driver-side guards against operator mistakes and leftovers of failed runs.
 
 Each function does one check or one cleanup and either returns a result or raises a ConfigError (exit 2, one
 line naming the option) / RunError (exit 1). They run on the driver, before Beam starts or after it ends:

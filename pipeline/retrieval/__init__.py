@@ -1,1 +1,1 @@
-"""Retrieval-context corpora: chunk database, encoders + index, neighbours per training chunk (issue 9)."""
+"""Retrieval-context corpora: chunk database, encoders + index, neighbours per training chunk."""

@@ -2,7 +2,7 @@
 database chunks (with continuation) from *other* documents, written as a sidecar aligned record for record.
 
 Keyed by the generation, not by a trainer seed, shuffle or data-parallel size: the sidecar is reused by every
-training run over that generation (DESIGN.md §7). One Beam element per shard: the worker loads the database,
+training run over that generation (docs/DESIGN.md). One Beam element per shard: the worker loads the database,
 index and encoder once (DoFn.setup), then answers that shard's queries in batches, grouped by exclusion set.
 With BM25 the sidecar is byte-identical for any number of workers; with dense encoders it is compared by
 recall and overlap (float sums in Faiss and torch may differ by thread count).

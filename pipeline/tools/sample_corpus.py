@@ -9,7 +9,7 @@ something) without downloading anything or committing third-party text to the re
 - "PackageCode", only on installations too small to reach the target otherwise (e.g. a distro Python without
   its test suite): the `*.py` files of the installed packages fill the remainder.
 
-When even that falls short (`--size-mb 384` for the throughput benchmark, issue 10), the documents already
+When even that falls short (`--size-mb 384` for the throughput benchmark), the documents already
 collected are repeated as marked copies: copy k of a document is its text plus one trailing line
 `# pileprep sample copy k`, with `"copy": k` in its meta. A copy's text differs from its original's and from
 every other copy's, so exact dedup keeps it, and the mix of sources and text stays that of the installation.

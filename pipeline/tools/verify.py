@@ -7,7 +7,7 @@ it holds what its inputs say it should.
    which refuses paths outside the dataset. Local, mounted and s3:// datasets alike (Beam FileSystems).
 2. Content audit (`--inputs GLOB --sample N`). A seeded sample of input records is re-read and, for documents,
    re-tokenized *independently of the shard job's code*: plain zstandard/gzip + `json` + SentencePiece, and the
-   document id recomputed here from its definition (DESIGN.md §7: a hash of the text alone). Each sampled
+   document id recomputed here from its definition (docs/DESIGN.md: a hash of the text alone). Each sampled
    document must then be found through the shards' provenance features (`piece_doc_ids`, `piece_offsets`):
    present exactly once (one piece at each offset, contiguous from 0), token-exact (its tokens + EOS), in one
    split, and in its input's split when that input was a --val-input / --test-input. A record that is not a
@@ -124,7 +124,7 @@ def check_files(manifest: Manifest, manifest_file: str, report: VerifyReport) ->
 
 # ------------------------------------------------------------------------------------------------- audit
 def _doc_id(text: str) -> int:
-    """Recomputed from the definition (DESIGN.md §7), not imported, so a drift in the job's id is caught."""
+    """Recomputed from the definition (docs/DESIGN.md), not imported, so a drift in the job's id is caught."""
     h = hashlib.blake2b(digest_size=8, person=b"pileprep-doc")
     h.update(text.encode("utf-8"))
     return struct.unpack("<Q", h.digest())[0] >> 1

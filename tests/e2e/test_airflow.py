@@ -1,4 +1,4 @@
-"""Issue 12.2: the scheduled-job DAG (`pipeline/ops/schedule/airflow_dag.py`) under real Airflow.
+"""The scheduled-job DAG (`pipeline/ops/schedule/airflow_dag.py`) under real Airflow.
 
 Airflow's pins do not co-install with Beam's, so `.ci/run` gives it its own virtualenv (`.venv-airflow`, made
 by `make airflow`). With it, `airflow dags test` runs the DAG's incremental shard task twice against a

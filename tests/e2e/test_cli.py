@@ -1,4 +1,4 @@
-"""The command line (issue 11 §1/§5, issue 7 §6): options derived from the config dataclasses, --config TOML,
+"""The command line: options derived from the config dataclasses, --config TOML,
 unknown options and abbreviations rejected with a did-you-mean, Beam's own options passed through (the README's
 flag sets), one user-error family → exit 2 in one line, -v/-q after the subcommand, --version, env."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 4.3: a run killed at any moment leaves the previous complete dataset (or nothing) visible, and a
+"""A run killed at any moment leaves the previous complete dataset (or nothing) visible, and a
 re-run after the crash gives the same bytes as a run that never crashed.
 """
 from __future__ import annotations

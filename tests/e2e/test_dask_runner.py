@@ -1,4 +1,4 @@
-"""Issue 12.1: the shard job on a real Dask cluster (Beam's DaskRunner), byte-identical to FnApiRunner.
+"""The shard job on a real Dask cluster (Beam's DaskRunner), byte-identical to FnApiRunner.
 
 One cluster per module: `dask scheduler` and `dask worker --nworkers 2 --nthreads 1` as separate processes
 on 127.0.0.1, each in its own session, killed by process group at teardown. Every job runs in a subprocess
@@ -153,7 +153,7 @@ def test_killed_worker_is_recovered_with_identical_output(tmp_path, dask_cluster
 
 
 def test_dask_runner_shuffle_is_byte_identical(tmp_path, dask_cluster, corpus_and_reference):
-    """Issue 10 §3: `--shuffle files` on Dask writes the bytes of `auto` there (pieces through Dask's GroupByKey,
+    """`--shuffle files` on Dask writes the bytes of `auto` there (pieces through Dask's GroupByKey,
     the other tests) and of FnApiRunner's file spill (the reference)."""
     corpus, reference, tokenizer = corpus_and_reference
     res = run_cli(_args(corpus, tmp_path / "dask", tokenizer, "--shuffle", "files", *_dask(dask_cluster)),

@@ -1,4 +1,4 @@
-"""Issue 4.5 (progress, summary, JSON-lines run log) and the schedule examples of 4.4 (cron, Airflow DAG,
+"""Progress, summary, JSON-lines run log, and the schedule examples (cron, Airflow DAG,
 Dataflow Flex Template), validated here without Airflow or Google Cloud.
 """
 from __future__ import annotations
@@ -187,7 +187,7 @@ def test_flex_template_metadata_is_generated_from_the_config():
     assert not beam_args
 
 
-# ----------------------------------------------------------------------------- what a user sees (issue 11 §1)
+# ----------------------------------------------------------------------------- what a user sees
 def test_a_normal_shard_run_keeps_stderr_short_and_shows_progress(tmp_path):
     """Default runner (FnApiRunner, 2 worker processes), stderr not a terminal: plain progress lines with rates
     and dead letters, at most 15 other lines (Beam's ~45 INFO lines go to the worker log), summary on stdout."""

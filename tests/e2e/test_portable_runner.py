@@ -1,4 +1,4 @@
-"""Issue 4.1: the shard job through Beam's portable job service with an EXTERNAL worker pool, in separate
+"""The shard job through Beam's portable job service with an EXTERNAL worker pool, in separate
 processes (the Fn API path of Dataflow Runner v2, Flink and Spark), byte-identical to FnApiRunner.
 
 Every run is a subprocess under a hard timeout; services are killed (whole process group) at teardown.

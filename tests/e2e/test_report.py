@@ -184,7 +184,7 @@ def test_inspect_report_and_export_read_s3_datasets(dataset, tmp_path, s3_server
     assert res.returncode == 2 and "no manifest at s3://reports/none/manifest.json" in res.stderr
 
 
-# ------------------------------------------------------------------------------ issue 19 §1: readable by others
+# ------------------------------------------------------------------------------ readable by others
 def test_every_file_the_run_and_the_report_publish_has_the_umask_mode(dataset):
     out, _manifest = dataset
     old = os.umask(UMASK)
@@ -200,7 +200,7 @@ def test_every_file_the_run_and_the_report_publish_has_the_umask_mode(dataset):
     assert wrong == {}, wrong
 
 
-# ------------------------------------------------------------------------------ issue 19 §5: what it says
+# ------------------------------------------------------------------------------ what it says
 def test_headline_mixture_dedup_and_one_decoded_example_per_split(dataset, corpus_docs, tmp_path):
     out, manifest = dataset
     _root, docs = corpus_docs
@@ -272,7 +272,7 @@ def test_shard_balance_is_one_labelled_panel_per_split_and_plot_text_is_inert(da
     assert report.plot_tokens_per_source(hostile).startswith('<img class="plot"')
 
 
-# ------------------------------------------------------------------------------ issue 20 §3: data is never code
+# ------------------------------------------------------------------------------ data is never code
 MARKUP = '<script>document.body.setAttribute("data-pwned","{i}")</script><img src=x onerror="pwn{i}()">"\'&</p>'
 
 

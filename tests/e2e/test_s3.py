@@ -1,4 +1,4 @@
-"""Issue 4.2: input and output on s3:// through Beam's S3 filesystem (boto3), against a real S3-compatible
+"""Input and output on s3:// through Beam's S3 filesystem (boto3), against a real S3-compatible
 server (moto's server mode) on 127.0.0.1 that the tests start and kill themselves.
 """
 from __future__ import annotations
@@ -142,7 +142,7 @@ def test_wrong_credentials_are_a_clear_error_that_prints_no_secret(tmp_path, aut
     assert "Traceback" not in res.stderr
 
 
-# ------------------------------------------------------------------------------ issue 7: trust on S3
+# ------------------------------------------------------------------------------ trust on S3
 def test_the_output_lock_on_s3_is_a_conditional_put_the_server_honours(s3_server):
     from botocore.exceptions import ClientError
 
@@ -194,7 +194,7 @@ def test_credentials_in_an_endpoint_url_are_never_printed_or_logged(tmp_path, s3
         assert "s3cr3tpassw0rd" not in text and "AKIAUSER" not in text
 
 
-# ------------------------------------------------------------------------------ issue 19: no ACL surprises
+# ------------------------------------------------------------------------------ no ACL surprises
 def test_every_writer_puts_objects_without_an_acl_header(s3_server, monkeypatch):
     """Every way pileprep writes an object (a streamed shard, an empty shard's single PUT, a published manifest
     or report, the output lock), in this process so that each request boto3 sends can be seen: none carries

@@ -1,4 +1,4 @@
-"""Issue 10 §3: the runner's shuffle (docs/SHUFFLE.md, design D) writes the same dataset as the file spill.
+"""The runner's shuffle (docs/SHUFFLE.md, design D) writes the same dataset as the file spill.
 
 `--shuffle runner` moves per-shard pieces through a GroupByKey instead of having every pack task read every
 unit's spill files; the dataset (shards, id index, manifest) must be byte-identical, including cross-split

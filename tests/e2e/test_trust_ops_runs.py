@@ -1,4 +1,4 @@
-"""Issue 7 (trust: operations), end to end through the `pileprep` CLI: one writer per output, committed files
+"""Trust in operations, end to end through the `pileprep` CLI: one writer per output, committed files
 never rewritten, operator mistakes and interruptions end in one line with the previous dataset intact.
 
 Small real inputs (../shared/data) and the in-process runner keep each case to a few seconds.

@@ -41,7 +41,7 @@ def open_write(path: str):
     return _ObjectWriter(path)
 
 
-# Fault injection for tests (ENOSPC mid-run, issue 7 §6): with PILEPREP_FAULT_ENOSPC_AFTER_BYTES=N, local
+# Fault injection for tests (ENOSPC mid-run): with PILEPREP_FAULT_ENOSPC_AFTER_BYTES=N, local
 # writes through open_write fail with ENOSPC once this process has written more than N bytes. Read per write,
 # so Beam workers in other processes see it too; unset, it costs one dict lookup per write.
 FAULT_ENOSPC_ENV = "PILEPREP_FAULT_ENOSPC_AFTER_BYTES"

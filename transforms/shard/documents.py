@@ -43,7 +43,7 @@ ParseResult = Union[Document, Rejection]
 
 
 def document_id(text: str) -> int:
-    """63-bit content id of the text alone (DESIGN.md §7 "Document identity"): stable across runs, machines and
+    """63-bit content id of the text alone (docs/DESIGN.md, "Document identity"): stable across runs, machines and
     file moves, and the same text under two sources is one document, so exact duplicates share it wherever they
     come from and can never be trained on twice or sit in two splits."""
     return hash64(ID_KEY, text.encode("utf-8")) >> 1

@@ -5,7 +5,7 @@ times, weight 1.5 writes each once and a second time for half of them, weight 0.
 Which documents get the fractional copy (or are kept at all, for weights below 1) is decided by a seeded hash of
 the document id, so it is the same on every runner and for every copy of a text. Unlisted sources weigh 1.
 
-Where this happens (DESIGN.md §7): in the pack stage, after exact dedup, train split only (val and test stay
+Where this happens (docs/DESIGN.md): in the pack stage, after exact dedup, train split only (val and test stay
 whole, as evaluation sets must), and a copy keeps its document's id and split. Copy r > 0 gets its own sort
 key — a seeded hash of (id, r) inside the same shard's key range — so the copies of one document land at
 unrelated places of the shard, never side by side. A document with zero copies is counted as filtered

@@ -1,5 +1,5 @@
 """Hostile records: every parser failure has its own dead-letter reason, and a seeded fuzzer over real lines
-shows that nothing escapes the reader + parser and every line is accounted for exactly once (issue 7 §2)."""
+shows that nothing escapes the reader + parser and every line is accounted for exactly once."""
 from __future__ import annotations
 
 import gzip

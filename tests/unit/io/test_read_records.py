@@ -86,7 +86,7 @@ def test_spill_chunk_round_trip_and_truncation_is_an_error():
         list(iter_chunk(io.BytesIO(cut)))
 
 
-# ------------------------------------------------------------------------------ bounded memory (issue 7 §1)
+# ------------------------------------------------------------------------------ bounded memory
 def zstd_stream(data: bytes, window_log: int = 0, chunk: int = 16 * MiB) -> bytes:
     """A streamed zstd frame (no content size in the header), as the `zstd` CLI writes from a pipe."""
     params = zstandard.ZstdCompressionParameters(window_log=window_log, write_content_size=False)

@@ -1,4 +1,4 @@
-"""Issue 4.4: `pileprep shard --incremental` adds only new input files as a new generation; changed or
+"""`pileprep shard --incremental` adds only new input files as a new generation; changed or
 removed inputs are reported, not mixed in; the same schedule twice does nothing the second time.
 """
 from __future__ import annotations

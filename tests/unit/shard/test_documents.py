@@ -36,7 +36,7 @@ def test_source_field_and_fallbacks():
 def test_document_id_is_stable_and_content_based():
     a = document_id("hello")
     assert a == document_id("hello") and 0 <= a < 2 ** 63
-    assert a != document_id("hello!")  # the source is not part of the id (DESIGN.md §7)
+    assert a != document_id("hello!")  # the source is not part of the id (docs/DESIGN.md)
 
 
 def test_split_fractions_and_determinism():

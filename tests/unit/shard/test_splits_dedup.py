@@ -1,4 +1,4 @@
-"""Issue 7 §7: splits that respect the corpus, and one document identity (DESIGN.md §7).
+"""Splits that respect the corpus, and one document identity (docs/DESIGN.md).
 
 --val-input / --test-input files go wholly to their split; the id is a hash of the text alone, so the same
 text under two sources is one document; held-out copies win over train; removed copies are counted per source;

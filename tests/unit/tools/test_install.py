@@ -1,4 +1,4 @@
-"""The install (issue 11 §6): pyproject.toml is the one place for metadata, extras and pins; setup.py only builds
+"""The install: pyproject.toml is the one place for metadata, extras and pins; setup.py only builds
 the C extension; the worker Dockerfile's base image, build context and requirements agree with pyproject —
 checked without a Docker daemon and without the network."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 7 §5: `pileprep verify` refuses damaged data, naming the file; its audit proves content.
+"""`pileprep verify` refuses damaged data, naming the file; its audit proves content.
 
 File checks: a flipped byte, a truncated shard, a 0-byte shard, two shards swapped, a damaged dead letter —
 each is exit 1 naming the file; a good dataset is exit 0. Audit: a seeded sample of input documents,
@@ -215,7 +215,7 @@ def _resolver_refuses_outside_paths() -> bool:
 
 @pytest.mark.skipif(not _resolver_refuses_outside_paths(),
                     reason="model_contract.resolve_shard_path does not refuse paths outside the dataset yet "
-                           "(the hardened resolver lands with issue 7 §3)")
+                           "(the hardened resolver)")
 @pytest.mark.parametrize("bad_path", ["/etc/hostname", "../outside.tfrecord"])
 def test_inspect_and_verify_refuse_shard_paths_outside_the_dataset(built, tmp_path, capsys, bad_path):
     from model_contract import ContractError
