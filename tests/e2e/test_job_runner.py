@@ -150,7 +150,7 @@ KILL_AT_MANIFEST_REPLACE = """
 import os, signal, sys
 real_replace = os.replace
 def replace(src, dst, *a, **k):
-    if str(dst).endswith("manifest.json"):
+    if os.path.basename(str(dst)) == "manifest.json":  # not generations/<gen>.manifest.json, written before it
         os.kill(os.getpid(), signal.SIGKILL)  # the commit point: the temp manifest is written and fsynced
     return real_replace(src, dst, *a, **k)
 os.replace = replace
