@@ -54,8 +54,11 @@ def test_s3_end_to_end_commit_listing_and_incremental(tmp_path, s3_server, s3_en
     keys = _keys(client, "pile-out", "ds/")
     manifest = json.loads(client.get_object(Bucket="pile-out", Key="ds/manifest.json")["Body"].read())
     assert not [k for k in keys if "_staging" in k], keys  # staging is gone after the commit
+    copy = f"ds/generations/{manifest['generation']}.manifest.json"  # the generation's own manifest, beside it
     assert sorted("ds/" + f["path"] for f in manifest["shards"] + manifest["doc_id_indexes"]) == [
-        k for k in keys if k != "ds/manifest.json"]
+        k for k in keys if k not in ("ds/manifest.json", copy)]
+    assert client.get_object(Bucket="pile-out", Key=copy)["Body"].read() == client.get_object(
+        Bucket="pile-out", Key="ds/manifest.json")["Body"].read()
     for s in manifest["shards"]:  # every listed shard is there, whole
         body = client.get_object(Bucket="pile-out", Key="ds/" + s["path"])["Body"].read()
         assert hashlib.sha256(body).hexdigest() == s["sha256"] and len(body) == s["bytes"]
