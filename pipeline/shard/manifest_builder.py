@@ -20,8 +20,9 @@ class ReconciliationError(RuntimeError):
     """Counts do not add up: a record went missing somewhere. Never committed."""
 
 
-def plan_shard_tasks(units: list, config: ShardConfig) -> list:
-    """How many shards each split gets, from the token counts the tokenize stage reported."""
+def shard_write_tasks(units: list, config: ShardConfig) -> list:
+    """The shard-writing tasks ([ShardTask], one per output shard): how many shards each split gets, from the
+    token counts the tokenize stage reported."""
     totals = [sum(u.split_tokens[s] for u in units) for s in range(len(SPLITS))]
     if config.mixture_weights and not config.num_shards:  # size train shards for the tokens after weighting
         totals[0] = int(totals[0] * mixture.weighted_factor(

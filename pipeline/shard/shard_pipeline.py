@@ -33,7 +33,7 @@ from pipeline.ops import commit, guards, incremental, progress, runlog, runners
 from pipeline.ops import generations
 from pipeline.shard import cancel, integrity, near_dedup_graph, preflight, resume, runner_shuffle
 from pipeline.shard.records import CommitParts, InputFile, SplitOutput
-from pipeline.shard.manifest_builder import build_manifest, plan_shard_tasks
+from pipeline.shard.manifest_builder import build_manifest, shard_write_tasks
 from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model  # noqa: F401 - the job's public names
 from pipeline.shard import plan as shard_plan
 from transforms.shard import corpus_stats, stages
@@ -224,7 +224,7 @@ def _units_tasks_dedup(units, plan: "JobPlan") -> tuple:
     # generation holds (stages.DedupInputs: a few paths, cheap to carry in every task).
     dedup = dataclasses.replace(stages.index_held_out_ids(units, plan.staging_dir),
                                 committed=plan.committed_id_indexes)
-    return units, plan_shard_tasks(units, plan.config), dedup
+    return units, shard_write_tasks(units, plan.config), dedup
 
 
 def _unit_elements(units, plan: "JobPlan") -> list:

@@ -354,7 +354,7 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
     from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
 
     from pipeline.shard import shard_pipeline  # noqa: PLC0415
-    from pipeline.shard.manifest_builder import plan_shard_tasks  # noqa: PLC0415
+    from pipeline.shard.manifest_builder import shard_write_tasks  # noqa: PLC0415
     from transforms.tokenize import tokenizer  # noqa: PLC0415
 
     if workers is not None and workers < 1:
@@ -427,7 +427,7 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
     units = [types.SimpleNamespace(
         split_tokens=[int(round(unweighted_train if i == 0 else t)) for i, t in enumerate(split_tokens)],
         source_stats={n: {"tokens": int(round(r["split_tokens"][0]))} for n, r in sorted(sources.items())})]
-    tasks = plan_shard_tasks(units, config)
+    tasks = shard_write_tasks(units, config)
     shards_per_split = {SPLITS[i]: sum(1 for t in tasks if t.split == i) for i in range(len(SPLITS))}
     examples = 0.0
     for i in range(len(SPLITS)):

@@ -115,13 +115,13 @@ def test_neighbouring_copies_are_moved_apart():
 
 
 def test_train_shards_are_sized_for_the_weighted_tokens():
-    from pipeline.shard.manifest_builder import plan_shard_tasks
+    from pipeline.shard.manifest_builder import shard_write_tasks
     from transforms.shard.stages import UnitResult
 
     unit = UnitResult("u", 0, "f", "i", "t", 10, "<u2", ["A", "B"], [3_000_000, 0, 0], {}, None,
                       {"A": {"tokens": 1_000_000}, "B": {"tokens": 2_000_000}})
     base = dict(inputs=("x",), output="o", tokenizer="t", target_shard_mb=1.0)
-    plain = [t for t in plan_shard_tasks([unit], ShardConfig(**base)) if t.split == 0]
-    weighted = [t for t in plan_shard_tasks([unit], ShardConfig(**base, source_weights="A=4,B=0.5")) if t.split == 0]
+    plain = [t for t in shard_write_tasks([unit], ShardConfig(**base)) if t.split == 0]
+    weighted = [t for t in shard_write_tasks([unit], ShardConfig(**base, source_weights="A=4,B=0.5")) if t.split == 0]
     assert mixture.weighted_factor(unit.source_stats, {"A": 4.0, "B": 0.5}) == pytest.approx(5 / 3)
     assert len(weighted) == pytest.approx(len(plain) * 5 / 3, rel=0.05)
