@@ -282,11 +282,11 @@ def near_dedup_problems(c: "ShardConfig") -> list:
     return problems
 
 
-def fingerprint(config: ShardConfig, tokenizer_sha256: str, ledger: list, parents=()) -> str:
-    """Identity of a dataset generation: config + tokenizer + input ledger (path, size), and for a generation
-    that builds on committed ones (incremental), the names of those parents, so that it can never share a name
-    (and a directory) with a full build over the same files."""
-    identity = {"config": config.to_manifest_dict(), "tokenizer": tokenizer_sha256, "inputs": ledger,
+def fingerprint(config: ShardConfig, tokenizer_sha256: str, inputs: list, parents=()) -> str:
+    """Identity of a dataset generation: config + tokenizer + input ledger (`inputs`: (path, size) pairs), and
+    for a generation that builds on committed ones (incremental), the names of those parents, so that it can
+    never share a name (and a directory) with a full build over the same files."""
+    identity = {"config": config.to_manifest_dict(), "tokenizer": tokenizer_sha256, "inputs": inputs,
                 "version": PILEPREP_VERSION}
     if parents:
         identity["parents"] = sorted(parents)

@@ -47,7 +47,7 @@ def shard_write_tasks(units: list, config: ShardConfig) -> list:
 
 def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, generation: str, output_dir: str,
                    split_results: list, unit_results: list, shard_results: list) -> Manifest:
-    files = {path: FileStats() for path, _size in ledger}
+    files = {e.path: FileStats() for e in ledger}
     for r in split_results:
         files[r.input_path].merge(r.stats)
     for u in unit_results:
@@ -81,12 +81,13 @@ def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, ge
     problems = []
     totals = FileStats()
     inputs = []
-    for path, size in ledger:
+    for entry in ledger:
+        path = entry.path
         st = files[path]
         if st.settled() != st.read:
             problems.append(f"{path}: read {st.read} but written+filtered+dead-lettered = {st.settled()}")
         totals.merge(st)
-        inputs.append({"path": path, "bytes": size, **st.to_dict()})
+        inputs.append({"path": path, "bytes": entry.size, **st.to_dict()})
     if problems:
         raise ReconciliationError("record counts do not reconcile:\n  " + "\n  ".join(problems))
 

@@ -21,6 +21,7 @@ from pipeline.job import Build, Decision, NothingToDo
 from pipeline.ops import commit, guards, incremental, input_checks
 from pipeline.ops import generations
 from pipeline.shard import integrity, source_check, split_inputs
+from pipeline.shard.records import LedgerEntry
 from transforms.io import io_utils, memory
 from transforms.tokenize import tokenizer, tokenizer_backends
 
@@ -32,7 +33,7 @@ MODEL_FILE_NAME = "tokenizer.model"
 class JobPlan:
     """Everything decided on the driver before the pipeline starts."""
     config: ShardConfig
-    ledger: list  # [(path, size)] sorted by path
+    ledger: list  # [LedgerEntry] sorted by path; a file's position is its file_idx
     model_bytes: bytes
     contract: DataContract
     generation: str
@@ -83,7 +84,7 @@ class JobPlan:
 
     @property
     def input_bytes(self) -> int:
-        return sum(size for _path, size in self.ledger)
+        return sum(e.size for e in self.ledger)
 
 
 # ------------------------------------------------------------------------------------------------- decision
@@ -130,11 +131,11 @@ def make_plan(config: ShardConfig, incremental_run: bool = False, committed=comm
     if rows:  # a --text-field that no record has would dead-letter everything: say so before any work
         guards.sample_text_field([r["path"] for r in rows], config.text_field, config.max_line_bytes)
         source_check.check_source_weights(config, [r["path"] for r in rows])  # a named source must exist
-    ledger = [(r["path"], r["bytes"]) for r in rows]
+    ledger = [LedgerEntry(r["path"], r["bytes"]) for r in rows]
     adds_to_committed = incremental_run and previous is not None
     generation = generation_name(config, contract, ledger, previous, adds_to_committed, nothing_new=not rows)
     backend = tokenizer_backends.choose_backend(config.tokenizer_backend, model_bytes, sp,
-                                                _parity_sample(config, [path for path, _size in ledger]))
+                                                _parity_sample(config, [e.path for e in ledger]))
     return JobPlan(config, ledger, model_bytes, contract, generation, io_utils.join(config.output, generation),
                    guards.staging_dir_for(config.output, config.staging_dir, generation), input_rows=tuple(rows),
                    previous_json=None if previous is None else previous.to_json(),
@@ -200,17 +201,18 @@ def generation_name(config: ShardConfig, contract: DataContract, ledger: list, p
     """
     live = integrity.referenced_generations(previous)
     sha = contract.tokenizer.model_sha256
-    generation = "gen-" + fingerprint(config, sha, ledger, parents=live if adds_to_committed else ())
+    inputs = [(e.path, e.size) for e in ledger]  # hashed as (path, size) pairs: the names of committed generations
+    generation = "gen-" + fingerprint(config, sha, inputs, parents=live if adds_to_committed else ())
     needs_check = previous is not None and (nothing_new or (not adds_to_committed and live == {generation}))
     damaged = guards.damaged_files(config.output, previous) if needs_check else []
     if nothing_new and damaged:  # "nothing to do" only over a dataset whose files are all there
         raise RunError(f"{config.output}: the committed dataset is damaged ({len(damaged)} file(s): "
                        f"{'; '.join(damaged[:3])}); rebuild it without --incremental")
     if not adds_to_committed and generation in live and (live != {generation} or damaged):
-        generation = "gen-" + fingerprint(config, sha, ledger, parents=live)
+        generation = "gen-" + fingerprint(config, sha, inputs, parents=live)
     elif not adds_to_committed and generation not in live and generation in generations.retained(config.output):
         # a kept previous generation (pipeline/ops/generations.py) may be in use: never rewrite it in place
-        generation = "gen-" + fingerprint(config, sha, ledger, parents=live | {generation})
+        generation = "gen-" + fingerprint(config, sha, inputs, parents=live | {generation})
     return generation
 
 

@@ -1,5 +1,7 @@
 """Records the shard job's driver, stages and commit hand each other (dataclasses, not tuples and tagged dicts).
 
+- `LedgerEntry`: one input file of the job's plan (path, size), in the plan's `ledger` order: the index of a file
+  there is the `file_idx` every stage carries.
 - `InputFile`: one input file as listed (path, bytes, mtime / ETag) and, once the split stage has read it,
   the sha256 of its bytes. Its `to_dict` is the listing row pipeline/ops/incremental.py diffs against the
   ledger (a `model_contract.manifest.LedgerRow` without the generation).
@@ -12,6 +14,13 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from transforms.shard import stages
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """An input file the plan ingests: its path and size as listed (the generation's identity hashes these)."""
+    path: str
+    size: int
 
 
 @dataclass(frozen=True)

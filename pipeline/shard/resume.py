@@ -270,7 +270,7 @@ def check_marker(plan, name: str, hashes: bool = False) -> dict:
         if split_marker_name(file_idx) != name:
             raise Discard("the input file it describes has another index")
         expected = _split_files(file_idx, len(split.result.chunks), split.result.dead_letter_path is not None)
-    if not 0 <= file_idx < len(plan.ledger) or plan.ledger[file_idx][0] != input_path:
+    if not 0 <= file_idx < len(plan.ledger) or plan.ledger[file_idx].path != input_path:
         raise Discard(f"input file #{file_idx} is not {input_path[:200]!r} in this run's ledger")
     rows = marker.get("files")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):

@@ -268,7 +268,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
     shuffle = shuffle or shuffle_for(p, plan)
     LOG.info("shuffle: %s (--shuffle %s, runner %s)", shuffle, plan.config.shuffle, type(p.runner).__name__)
     files = (p
-             | "ListInputs" >> beam.Create([(i, path) for i, (path, _size) in enumerate(plan.ledger)])
+             | "ListInputs" >> beam.Create([(i, e.path) for i, e in enumerate(plan.ledger)])
              | "SpreadFiles" >> Spread(lambda f: f[0]))
     splits = files | "SplitIntoChunks" >> beam.ParDo(SplitInputFile(plan))
     chunks = splits | "Chunks" >> beam.FlatMap(lambda s: s.result.chunks)

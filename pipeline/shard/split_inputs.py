@@ -41,4 +41,4 @@ def held_out_name_warnings(split_of_path: dict) -> list:
 
 def input_splits_for(ledger: list, split_of_path: dict) -> tuple:
     """Per file_idx (position in the ledger) the split its documents go to, for the tokenize stage."""
-    return tuple(split_of_path.get(path, HASHED) for path, _size in ledger)
+    return tuple(split_of_path.get(e.path, HASHED) for e in ledger)

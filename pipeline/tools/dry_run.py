@@ -377,7 +377,7 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
         sp = tokenizer_backends.make_encoder(plan.tokenizer_backend, plan.model_bytes, sp)
     # --val-input / --test-input files go whole to their split: sampled and scaled as a group of their own, so a
     # small official val file is neither skipped by the file pick nor scaled by the train files' size.
-    input_splits = dict(zip((path for path, _size in plan.ledger), plan.input_splits))
+    input_splits = dict(zip((e.path for e in plan.ledger), plan.input_splits))
     groups = ([r for r in rows if input_splits.get(r["path"], HASHED) == HASHED],
               [r for r in rows if input_splits.get(r["path"], HASHED) != HASHED])
     parts = []  # (picked rows, sample, scale)

@@ -17,6 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipeline.config import ShardConfig
 from pipeline.errors import RunError
 from pipeline.shard import cancel, shard_pipeline
+from pipeline.shard.records import LedgerEntry
 
 
 def test_default_runner_uses_threads_on_small_machines_and_processes_on_big_ones():
@@ -29,7 +30,7 @@ def test_default_runner_uses_threads_on_small_machines_and_processes_on_big_ones
 
 
 def _plan_with_files(n: int):
-    return dataclasses.replace(_PLAN, ledger=[(f"/in/{i}.jsonl", 1) for i in range(n)])
+    return dataclasses.replace(_PLAN, ledger=[LedgerEntry(f"/in/{i}.jsonl", 1) for i in range(n)])
 
 
 _PLAN = shard_pipeline.JobPlan(ShardConfig(inputs=("x",), output="/o", tokenizer="t"), [], b"", None, "gen-0",

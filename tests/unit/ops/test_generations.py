@@ -250,11 +250,12 @@ def test_a_rebuild_named_like_a_kept_previous_generation_takes_another_name(tmp_
 
     from pipeline.config import ShardConfig
     from pipeline.shard.plan import generation_name
+    from pipeline.shard.records import LedgerEntry
 
     out = tmp_path / "ds"
     config = ShardConfig(inputs=("in/*.jsonl",), output=str(out), tokenizer="t.model")
     contract = SimpleNamespace(tokenizer=SimpleNamespace(model_sha256="0" * 64))
-    ledger = [("in/a.jsonl", 10)]
+    ledger = [LedgerEntry("in/a.jsonl", 10)]
     fresh = generation_name(config, contract, ledger, None, False)
     _build(out, [GENS[0]])
     live = commit.read_committed(str(out))

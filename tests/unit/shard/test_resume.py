@@ -11,7 +11,7 @@ import numpy as np
 
 from pipeline.ops import guards
 from pipeline.shard import resume
-from pipeline.shard.records import InputFile, SplitOutput
+from pipeline.shard.records import InputFile, LedgerEntry, SplitOutput
 from transforms.io import io_utils
 from transforms.shard import stages
 
@@ -25,14 +25,14 @@ def _plan(tmp_path, generation=GEN, mtime=1.5):
     return SimpleNamespace(
         config=SimpleNamespace(output=output, staging_dir=None), generation=generation,
         staging_dir=guards.staging_dir_for(output, None, generation), data_dir=io_utils.join(output, generation),
-        ledger=[(inp, 10)], input_rows=({"path": inp, "bytes": 10, "mtime": mtime},), previous=None)
+        ledger=[LedgerEntry(inp, 10)], input_rows=({"path": inp, "bytes": 10, "mtime": mtime},), previous=None)
 
 
 def _finished_run(plan, dead_letter=True):
     """What a killed run left: its resume record, one split and one tokenized unit, each with its marker."""
     guards.mark_staging(plan.staging_dir, plan.config.output, plan.generation)
     resume.write_resume_record(plan)
-    inp = plan.ledger[0][0]
+    inp = plan.ledger[0].path
     chunk = io_utils.join(plan.staging_dir, "chunks", f"{UNIT}.rec.zst")
     io_utils.write_bytes(chunk, b"chunk bytes")
     split = SplitOutput(stages.SplitResult(0, inp, [stages.ChunkRef(0, inp, 0, chunk, 3, 11)], stages.FileStats(3),
