@@ -65,32 +65,26 @@ class Manifest:
     # ({path, bytes, generation[, mtime, etag, sha256]}). Validated on load: they decide what a run deletes.
     generation: Optional[str] = None
     generations: list = field(default_factory=list)
-    ledger: Optional[list] = None  # None: a manifest that predates the ledger (synthesized from `inputs`)
+    ledger: Optional[list] = None  # [LedgerRow]; None: a manifest that predates the ledger (synthesized from `inputs`)
     skipped_inputs: list = field(default_factory=list)  # glob matches that were not files: {path, reason}
-    extra: dict = field(default_factory=dict)  # room for later sections (retrieval, ...)
+    # The sections besides the core, each None when absent from the JSON (see `SECTIONS`): what the manifest
+    # commits (pipeline/ops/commit.py), the shard job's integrity sections (pipeline/shard/integrity.py), the
+    # near-dedup band indexes (pipeline/shard/near_dedup_graph.py) and a neighbours sidecar's `retrieval`.
+    kind: Optional[str] = None  # "dataset" | "sidecar"
+    dead_letter_files: Optional[list] = None  # [FileDigest]
+    doc_id_indexes: Optional[list] = None  # [IdIndexRow]
+    duplicates_by_source: Optional[dict] = None  # source of the removed copy -> exact duplicates removed
+    band_indexes: Optional[list] = None  # [BandIndexRow]
+    retrieval: Optional[SidecarInfo] = None
+    # Every other key, kept as its JSON value and written back unchanged: the report's sections (`statistics`,
+    # `mixture`, `near_dedup`, `tokenizer_backend`) and sections this reader does not know.
+    extra: dict = field(default_factory=dict)
 
     def shards_for(self, split: str) -> list:
         return [s for s in self.shards if s.split == split]
 
-    # Typed views of the sections kept as JSON values (the records below; every row was checked on load).
-    def ledger_rows(self) -> list:
-        return [LedgerRow.from_dict(r, f"ledger[{i}]") for i, r in enumerate(self.ledger or [])]
-
     def generation_rows(self) -> list:
         return [GenerationRow.from_dict(g, f"generations[{i}]") for i, g in enumerate(self.generations)]
-
-    def dead_letter_files(self) -> list:
-        return [FileDigest.from_dict(r, f"dead_letter_files[{i}]")
-                for i, r in enumerate(self.extra.get("dead_letter_files", []))]
-
-    def id_indexes(self) -> list:
-        return [IdIndexRow.from_dict(r, f"doc_id_indexes[{i}]")
-                for i, r in enumerate(self.extra.get("doc_id_indexes", []))]
-
-    def sidecar_info(self) -> Optional[SidecarInfo]:
-        """The `retrieval` section of a neighbours sidecar's manifest; None for a shard dataset."""
-        section = self.extra.get("retrieval")
-        return None if section is None else SidecarInfo.from_dict(section)
 
     def to_dict(self) -> dict:
         d = {
@@ -111,9 +105,13 @@ class Manifest:
         if self.generations:
             d["generations"] = self.generations
         if self.ledger is not None:
-            d["ledger"] = self.ledger
+            d["ledger"] = [r.to_dict() for r in self.ledger]
         if self.skipped_inputs:
             d["skipped_inputs"] = self.skipped_inputs
+        for key, attr, _read in SECTIONS:
+            value = getattr(self, attr)
+            if value is not None:
+                d[key] = _section_json(value)
         d.update({k: v for k, v in self.extra.items() if k not in d})
         return d
 
@@ -132,8 +130,10 @@ class Manifest:
             raise ContractError(f"not a pileprep manifest (format={d.get('format')!r})")
         check_manifest_dict(d)
         known = {"format", "pileprep_version", "contract", "shards", "splits", "sources", "padding_fraction",
-                 "records", "inputs", "dead_letters", "config", "generation", "generations", "ledger", "skipped_inputs"}
+                 "records", "inputs", "dead_letters", "config", "generation", "generations", "ledger", "skipped_inputs",
+                 *(key for key, _attr, _read in SECTIONS)}
         shards = [ShardInfo.from_dict(s) for s in d["shards"]]
+        ledger = d.get("ledger")
         return cls(
             contract=DataContract.from_dict(d["contract"]),
             shards=shards,
@@ -147,8 +147,9 @@ class Manifest:
             pileprep_version=d.get("pileprep_version", ""),
             generation=d.get("generation"),
             generations=d.get("generations", []),
-            ledger=d.get("ledger"),
+            ledger=None if ledger is None else [LedgerRow.from_dict(r, f"ledger[{i}]") for i, r in enumerate(ledger)],
             skipped_inputs=d.get("skipped_inputs", []),
+            **{attr: read(d[key], key) for key, attr, read in SECTIONS if key in d},
             extra={k: v for k, v in d.items() if k not in known},
         )
 
@@ -286,10 +287,36 @@ class IdIndexRow:
 
     @classmethod
     def from_dict(cls, d: dict, prefix: str) -> "IdIndexRow":
-        f = Fields(d, prefix)
-        digest = FileDigest.from_dict({k: d.get(k) for k in ("path", "bytes", "sha256")}, prefix)
-        return cls(generation=check_generation_name(d.get("generation"), f.path("generation")), path=digest.path,
-                   documents=f.count("documents"), bytes=digest.bytes, sha256=digest.sha256)
+        f, generation, digest = _generation_file(d, prefix)
+        return cls(generation=generation, path=digest.path, documents=f.count("documents"), bytes=digest.bytes,
+                   sha256=digest.sha256)
+
+
+def _generation_file(d: dict, prefix: str) -> tuple:
+    """(Fields, generation, FileDigest) of a row naming one file of a generation, both checked."""
+    f = Fields(d, prefix)
+    digest = FileDigest.from_dict({k: d.get(k) for k in ("path", "bytes", "sha256")}, prefix)
+    return f, check_generation_name(d.get("generation"), f.path("generation")), digest
+
+
+@dataclass(frozen=True)
+class BandIndexRow:
+    """A `near_dedup_band_indexes` row: one key range of a generation's near-dedup band index
+    (pipeline/shard/near_dedup_graph.py checks it against the dataset before an incremental run reads it)."""
+    generation: str
+    range: int
+    path: str
+    bytes: int
+    sha256: str
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, d: dict, prefix: str) -> "BandIndexRow":
+        f, generation, digest = _generation_file(d, prefix)
+        return cls(generation=generation, range=f.count("range"), path=digest.path, bytes=digest.bytes,
+                   sha256=digest.sha256)
 
 
 @dataclass(frozen=True)
@@ -307,9 +334,39 @@ class SkippedInput:
         return cls(path=f.string("path"), reason=f.string("reason"))
 
 
-# Sections of `extra` written by the shard job (pipeline/shard/integrity.py), checked row by row on load.
-EXTRA_ROWS = {"dead_letter_files": FileDigest, "doc_id_indexes": IdIndexRow}
-EXTRA_OBJECTS = ("statistics", "mixture", "tokenizer_backend", "retrieval")
+def _rows(record):
+    """Reader of a section that is a list of `record` rows, each checked and named by its path."""
+    def read(value, key: str) -> list:
+        return [record.from_dict(row, path) for path, row in Fields({key: value}, "").items(key)]
+    return read
+
+
+def _counts(value, key: str) -> dict:
+    return Fields({key: value}, "").counts(key)
+
+
+def _string(value, key: str) -> str:
+    return Fields({key: value}, "").string(key)
+
+
+def _section_json(value):
+    """A typed section as JSON: a record's or a list of records' `to_dict`; counts and strings as they are."""
+    if isinstance(value, list):
+        return [r.to_dict() for r in value]
+    return value.to_dict() if hasattr(value, "to_dict") else value
+
+
+# The typed sections besides the core: (JSON key, Manifest attribute, reader checking and converting the value).
+SECTIONS = (
+    ("kind", "kind", _string),
+    ("dead_letter_files", "dead_letter_files", _rows(FileDigest)),
+    ("doc_id_indexes", "doc_id_indexes", _rows(IdIndexRow)),
+    ("duplicates_by_source", "duplicates_by_source", _counts),
+    ("near_dedup_band_indexes", "band_indexes", _rows(BandIndexRow)),
+    ("retrieval", "retrieval", lambda value, key: SidecarInfo.from_dict(value, key)),
+)
+# Sections kept as JSON objects in `extra` (the report reads them), checked to be objects on load.
+EXTRA_OBJECTS = ("statistics", "mixture", "tokenizer_backend", "near_dedup")
 
 
 def check_contract_dict(d, prefix: str = "contract") -> None:
@@ -375,16 +432,12 @@ def check_manifest_dict(d) -> None:
             LedgerRow.from_dict(row, path)
     for path, row in f.items("skipped_inputs", required=False):
         SkippedInput.from_dict(row, path)
-    for key, record in EXTRA_ROWS.items():
-        for path, row in f.items(key, required=False):
-            record.from_dict(row, path)
-    if "duplicates_by_source" in d:
-        f.counts("duplicates_by_source")
+    for key, _attr, read in SECTIONS:
+        if key in d:
+            read(d[key], key)
     for key in EXTRA_OBJECTS:
         if key in d:
             f.obj(key)
-    if "retrieval" in d:
-        SidecarInfo.from_dict(d["retrieval"], "retrieval")
 
 
 def _join(base: str, rel: str) -> str:

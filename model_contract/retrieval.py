@@ -95,7 +95,7 @@ def sidecar_tf_feature_spec(contract: DataContract) -> dict:
 def check_sidecar(shards_manifest, sidecar_manifest) -> None:
     """The sidecar must belong to exactly this shard generation, file for file and record for record."""
     problems = []
-    info = sidecar_manifest.sidecar_info()  # None: not a sidecar at all (then nothing below matches)
+    info = sidecar_manifest.retrieval  # None: not a sidecar at all (then nothing below matches)
     built_for = None if info is None else info.dataset_generation
     gen = shards_manifest.generation
     if built_for != gen:

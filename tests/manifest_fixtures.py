@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 from model_contract import DataContract, Manifest, ShardInfo, TokenizerInfo
+from model_contract.manifest import LedgerRow
 from pipeline.config import ShardConfig
 from transforms.shard import stages
 
@@ -47,5 +48,5 @@ def make_shard(gen, name="train-00000-of-00001.tfrecord", size=1):
 
 def valid_manifest_dict():
     m = make_manifest(GEN_A, [make_shard(GEN_A)], dead_letters=[f"{GEN_A}/dead_letter/f000000-read.jsonl"])
-    m.ledger = [{"path": "in/a.jsonl", "bytes": 3, "generation": GEN_A}]
+    m.ledger = [LedgerRow("in/a.jsonl", 3, GEN_A)]
     return json.loads(m.to_json())

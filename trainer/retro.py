@@ -172,9 +172,9 @@ class AlignedSidecar:
         from model_contract import manifest_path, resolve_shard_path  # noqa: PLC0415
 
         mfile = manifest_path(sidecar_dir)
-        info = sidecar_manifest.extra["retrieval"]["aligned"]
+        aligned = sidecar_manifest.retrieval.aligned
         self.contract: DataContract = sidecar_manifest.contract
-        self.paths = {a["shard"]: resolve_shard_path(mfile, a["sidecar"]) for a in info}
+        self.paths = {a.shard: resolve_shard_path(mfile, a.sidecar) for a in aligned}
         self.verify = verify
         self._offsets: dict = {}
         self._files: dict = {}

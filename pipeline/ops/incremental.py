@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from apache_beam.io.filesystems import FileSystems
 
 from model_contract import Manifest
+from model_contract.manifest import LedgerRow
 from model_contract.hashing import sha256_file
 from pipeline.config import ConfigError
 from pipeline.ops.redaction import redact
@@ -83,18 +84,18 @@ def file_sha256(path: str) -> tuple:
 class LedgerDiff:
     new: list = field(default_factory=list)  # current rows not in the ledger
     unchanged: list = field(default_factory=list)
-    changed: list = field(default_factory=list)  # (old row, current row)
-    removed: list = field(default_factory=list)  # old rows no longer listed
+    changed: list = field(default_factory=list)  # (LedgerRow, current row)
+    removed: list = field(default_factory=list)  # LedgerRows no longer listed
     touched: list = field(default_factory=list)  # same bytes, new mtime/etag (not a change)
 
     def problems(self) -> list:
         out = []
         for old, cur in self.changed:
-            what = (f"size {old.get('bytes')} -> {cur['bytes']}" if old.get("bytes") != cur["bytes"]
+            what = (f"size {old.bytes} -> {cur['bytes']}" if old.bytes != cur["bytes"]
                     else "same size, different content (sha256)")
-            out.append(f"changed since generation {old.get('generation', '?')}: {cur['path']} ({what})")
+            out.append(f"changed since generation {old.generation or '?'}: {cur['path']} ({what})")
         for old in self.removed:
-            out.append(f"removed since generation {old.get('generation', '?')}: {old['path']}")
+            out.append(f"removed since generation {old.generation or '?'}: {old.path}")
         return out
 
     def summary(self) -> str:
@@ -102,34 +103,35 @@ class LedgerDiff:
                 f"{len(self.removed)} removed")
 
 
-def _same_version_key(old: dict, cur: dict) -> bool:
-    if "etag" in old and "etag" in cur:
-        return old["etag"] == cur["etag"]
-    return "mtime" in old and old["mtime"] == cur.get("mtime")
+def _same_version_key(old: LedgerRow, cur: dict) -> bool:
+    if old.etag is not None and "etag" in cur:
+        return old.etag == cur["etag"]
+    return old.mtime is not None and old.mtime == cur.get("mtime")
 
 
 def diff_ledger(ledger: list, current: list, hasher=file_sha256) -> LedgerDiff:
-    """Compare the committed ledger with the current listing (see the module doc for the rules)."""
-    held = {row["path"]: row for row in ledger}
+    """Compare the committed ledger ([LedgerRow]) with the current listing rows (see the module doc for the
+    rules)."""
+    held = {row.path: row for row in ledger}
     diff = LedgerDiff()
     for cur in current:
         old = held.pop(cur["path"], None)
         if old is None:
             diff.new.append(cur)
-        elif old.get("bytes") != cur["bytes"]:
+        elif old.bytes != cur["bytes"]:
             diff.changed.append((old, cur))
         elif _same_version_key(old, cur):
             diff.unchanged.append(cur)
-        elif old.get("sha256"):
+        elif old.sha256:
             _size, sha = hasher(cur["path"])
-            if sha == old["sha256"]:
+            if sha == old.sha256:
                 diff.touched.append(cur)
                 diff.unchanged.append(cur)
             else:
                 diff.changed.append((old, cur))
         else:  # a ledger row without a checksum: size is all we can compare, and it matched
             diff.unchanged.append(cur)
-    diff.removed = sorted(held.values(), key=lambda r: r["path"])
+    diff.removed = sorted(held.values(), key=lambda r: r.path)
     return diff
 
 

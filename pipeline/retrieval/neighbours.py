@@ -18,7 +18,7 @@ import numpy as np
 
 from model_contract import Manifest, RetrievalSpec, ShardInfo, decode_example, frame_record
 from model_contract.checked_reader import iter_checked_records
-from model_contract.retrieval import encode_sidecar, sidecar_contract, token_dtype_for
+from model_contract.retrieval import AlignedShard, SidecarInfo, encode_sidecar, sidecar_contract, token_dtype_for
 from pipeline import job
 from pipeline.beam_glue import FilesystemOptions, PlanDoFn, apply_filesystem_options
 from pipeline.config import PILEPREP_VERSION, ConfigError
@@ -217,22 +217,22 @@ def build_sidecar_manifest(plan: NeighboursPlan, results: list) -> Manifest:
     side_bytes = sum(r["bytes"] for r in results)
     shard_bytes = sum(r["shard_bytes"] for r in results)
     totals = {k: sum(r[k] for r in results) for k in ("chunks", "padding_chunks", "neighbours", "missing")}
-    retrieval = {
-        "fingerprint": spec.fingerprint, "dataset_generation": dataset.generation,
-        "db": {"fingerprint": plan.db_manifest["fingerprint"], "generation": plan.db_manifest["generation"],
-               "encoder": plan.db_manifest["encoder"], "index": {k: v for k, v in plan.db_manifest["index"].items()
-                                                                 if k in ("kind", "config", "query_terms")}},
-        "aligned": [{"shard": r["shard"], "examples": r["examples"], "sidecar": r["path"]} for r in results],
-        "counts": totals,
-        "storage": {"sidecar_bytes": side_bytes, "shard_bytes": shard_bytes,
-                    "ratio_to_shards": round(side_bytes / shard_bytes, 4) if shard_bytes else 0.0,
-                    "token_dtype": spec.token_dtype},
-    }
+    retrieval = SidecarInfo(
+        fingerprint=spec.fingerprint, dataset_generation=dataset.generation,
+        db={"fingerprint": plan.db_manifest["fingerprint"], "generation": plan.db_manifest["generation"],
+            "encoder": plan.db_manifest["encoder"], "index": {k: v for k, v in plan.db_manifest["index"].items()
+                                                              if k in ("kind", "config", "query_terms")}},
+        aligned=tuple(AlignedShard(shard=r["shard"], examples=r["examples"], sidecar=r["path"]) for r in results),
+        counts=totals,
+        storage={"sidecar_bytes": side_bytes, "shard_bytes": shard_bytes,
+                 "ratio_to_shards": round(side_bytes / shard_bytes, 4) if shard_bytes else 0.0,
+                 "token_dtype": spec.token_dtype},
+    )
     config = {"num_neighbours": plan.config.num_neighbours, "neighbour_len": plan.config.neighbour_len,
               "nprobe": plan.config.nprobe}
     return Manifest(contract=contract, shards=shards, config=config,
                     pileprep_version=PILEPREP_VERSION,
-                    generation=plan.generation, extra={"retrieval": retrieval, "kind": commit.KIND_SIDECAR})
+                    generation=plan.generation, kind=commit.KIND_SIDECAR, retrieval=retrieval)
 
 
 def commit_sidecar(results: list, plan: NeighboursPlan) -> dict:

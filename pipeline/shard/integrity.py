@@ -18,7 +18,8 @@ import collections
 from typing import Optional
 
 from model_contract import MANIFEST_NAME, Manifest
-from model_contract.manifest import LedgerRow, dataset_relative_path, is_generation_name, resolve_dataset_path
+from model_contract.manifest import (FileDigest, IdIndexRow, LedgerRow, dataset_relative_path, is_generation_name,
+                                     resolve_dataset_path)
 from pipeline.config import ConfigError
 from pipeline.ops.incremental import InputsChangedError, file_sha256
 from pipeline.shard import near_dedup_graph
@@ -26,9 +27,7 @@ from pipeline.shard.records import InputFile
 from transforms.io import io_utils
 from transforms.shard import corpus_stats
 
-DEAD_LETTER_FILES = "dead_letter_files"
-DOC_ID_INDEXES = "doc_id_indexes"
-DUPLICATES_BY_SOURCE = "duplicates_by_source"
+DOC_ID_INDEXES = "doc_id_indexes"  # the JSON key, for error messages naming a row
 
 
 def add_integrity_sections(manifest: Manifest, output_dir: str, generation: str, shard_results: list,
@@ -37,30 +36,29 @@ def add_integrity_sections(manifest: Manifest, output_dir: str, generation: str,
     files = []
     for rel in manifest.dead_letters:
         size, sha = file_sha256(io_utils.join(output_dir, rel))
-        files.append({"path": rel, "bytes": size, "sha256": sha})
+        files.append(FileDigest(rel, size, sha))
     path, documents, size, sha = id_index
     duplicates: collections.Counter = collections.Counter()
     for r in shard_results:
         duplicates.update(r.duplicates_per_source)
-    manifest.extra[DEAD_LETTER_FILES] = files
-    manifest.extra[DOC_ID_INDEXES] = [{"generation": generation, "path": dataset_relative_path(path, output_dir),
-                                       "documents": documents, "bytes": size, "sha256": sha}]
-    manifest.extra[DUPLICATES_BY_SOURCE] = dict(sorted(duplicates.items()))
-    manifest.extra.update(near_dedup_graph.manifest_section(shard_results, output_dir, generation))
+    manifest.dead_letter_files = files
+    manifest.doc_id_indexes = [IdIndexRow(generation, dataset_relative_path(path, output_dir), documents, size, sha)]
+    manifest.duplicates_by_source = dict(sorted(duplicates.items()))
+    summary, manifest.band_indexes = near_dedup_graph.manifest_section(shard_results, output_dir, generation)
+    if summary is not None:
+        manifest.extra["near_dedup"] = summary
     return manifest
 
 
-def merge_integrity_sections(previous: Manifest, new: Manifest) -> dict:
-    """The sections of the dataset after an incremental commit of `new` on top of `previous`."""
-    duplicates: collections.Counter = collections.Counter(previous.extra.get(DUPLICATES_BY_SOURCE, {}))
-    duplicates.update(new.extra.get(DUPLICATES_BY_SOURCE, {}))
-    return {
-        DEAD_LETTER_FILES: sorted(previous.extra.get(DEAD_LETTER_FILES, []) + new.extra.get(DEAD_LETTER_FILES, []),
-                                  key=lambda r: r["path"]),
-        DOC_ID_INDEXES: previous.extra.get(DOC_ID_INDEXES, []) + new.extra.get(DOC_ID_INDEXES, []),
-        DUPLICATES_BY_SOURCE: dict(sorted(duplicates.items())),
-        **near_dedup_graph.merge_band_indexes(previous, new),
-    }
+def merge_integrity_sections(previous: Manifest, new: Manifest, merged: Manifest) -> None:
+    """Give `merged` the sections of the dataset after an incremental commit of `new` on top of `previous`."""
+    duplicates: collections.Counter = collections.Counter(previous.duplicates_by_source or {})
+    duplicates.update(new.duplicates_by_source or {})
+    merged.dead_letter_files = sorted((previous.dead_letter_files or []) + (new.dead_letter_files or []),
+                                      key=lambda r: r.path)
+    merged.doc_id_indexes = (previous.doc_id_indexes or []) + (new.doc_id_indexes or [])
+    merged.duplicates_by_source = dict(sorted(duplicates.items()))
+    merged.band_indexes = near_dedup_graph.merge_band_indexes(previous, new)
 
 
 def committed_id_indexes(previous: Optional[Manifest], output_dir: str) -> tuple:
@@ -70,7 +68,7 @@ def committed_id_indexes(previous: Optional[Manifest], output_dir: str) -> tuple
     incremental dataset must equal a full build: that is a configuration error naming the fix."""
     if previous is None:
         return ()
-    rows = previous.id_indexes()
+    rows = previous.doc_id_indexes or []
     held = {r.generation for r in rows}
     missing = sorted({g["name"] for g in generations_of(previous)} - held)
     if missing:
@@ -89,7 +87,7 @@ def ledger_of(manifest: Optional[Manifest]) -> list:
     if manifest.ledger is not None:
         return list(manifest.ledger)
     gen = manifest.generation or ""
-    return [{"path": i["path"], "bytes": i.get("bytes"), "generation": gen} for i in manifest.inputs]
+    return [LedgerRow(i["path"], i.get("bytes"), gen) for i in manifest.inputs]
 
 
 def generations_of(manifest: Optional[Manifest]) -> list:
@@ -143,8 +141,8 @@ def add_ledger(manifest: Manifest, generation: str, rows: list, digests: dict) -
                                      "read; the file changed during the run. Re-run once it is stable.")
         entry = LedgerRow(listed.path, listed.bytes, generation, listed.mtime, listed.etag,
                           read.sha256 if read is not None and read.sha256 else None)
-        ledger.append(entry.to_dict())
-    manifest.ledger = sorted(ledger, key=lambda r: r["path"])
+        ledger.append(entry)
+    manifest.ledger = sorted(ledger, key=lambda r: r.path)
     manifest.generations = [_generation_row(generation, manifest)]
     return manifest
 
@@ -165,10 +163,9 @@ def merge(previous: Manifest, new: Manifest) -> Manifest:
     padding = sum(s.padding_tokens for s in shards)
     seq_len = new.contract.seq_len
     extra = dict(new.extra)
-    extra.update(merge_integrity_sections(previous, new))  # id indexes, dead-letter sums, duplicates
     if "statistics" in extra:  # the report's distributions cover every generation (transforms/shard/corpus_stats.py)
         extra["statistics"] = corpus_stats.merge_sections(previous.extra.get("statistics"), new.extra["statistics"])
-    return Manifest(
+    merged = Manifest(
         contract=new.contract,
         shards=shards,
         splits=_sorted_nested(splits),
@@ -181,8 +178,12 @@ def merge(previous: Manifest, new: Manifest) -> Manifest:
         pileprep_version=new.pileprep_version,
         generation=new.generation,
         generations=generations_of(previous) + generations_of(new),
-        ledger=sorted(ledger_of(previous) + ledger_of(new), key=lambda r: r["path"]),
+        ledger=sorted(ledger_of(previous) + ledger_of(new), key=lambda r: r.path),
         skipped_inputs=sorted({r["path"]: r for r in previous.skipped_inputs + new.skipped_inputs}.values(),
                               key=lambda r: r["path"]),
+        kind=new.kind,
+        retrieval=new.retrieval,
         extra=extra,
     )
+    merge_integrity_sections(previous, new, merged)  # id indexes, dead-letter files, duplicates, band indexes
+    return merged

@@ -533,23 +533,23 @@ def committed_band_indexes(previous, output_dir: str) -> list:
 
     if previous is None:
         return []
-    rows = list(previous.extra.get(BAND_INDEXES, []))
+    rows = list(previous.band_indexes or [])  # BandIndexRow (model_contract/manifest.py), checked on load
     manifest_file = io_utils.join(output_dir, MANIFEST_NAME)
     out = []
     for i, row in enumerate(rows):
         what = f"{BAND_INDEXES}[{i}]"
-        rel, generation = str(row.get("path", "")), str(row.get("generation", ""))
+        rel, generation = str(row.path), str(row.generation)
         if (not is_generation_name(generation) or rel.split("/", 1)[0] != generation
-                or not isinstance(row.get("range"), int) or not 0 <= row["range"] < BAND_RANGES
-                or not isinstance(row.get("bytes"), int) or not isinstance(row.get("sha256"), str)):
+                or not isinstance(row.range, int) or not 0 <= row.range < BAND_RANGES
+                or not isinstance(row.bytes, int) or not isinstance(row.sha256, str)):
             raise ConfigError(f"--incremental --near-dedup: the committed manifest's {what} is malformed "
                               "(generation, path inside it, range, bytes, sha256); rebuild without --incremental")
         try:
             path = resolve_dataset_path(manifest_file, rel, f"{what}.path")
         except ValueError as e:  # ContractError: a path that leaves the dataset directory
             raise ConfigError(f"--incremental --near-dedup: {e}; rebuild without --incremental") from None
-        out.append({"generation": generation, "rel": rel, "range": row["range"], "bytes": row["bytes"],
-                    "sha256": row["sha256"], "path": path})
+        out.append({"generation": generation, "rel": rel, "range": row.range, "bytes": row.bytes,
+                    "sha256": row.sha256, "path": path})
     held = {e["generation"] for e in out}
     missing = sorted({g["name"] for g in integrity.generations_of(previous)} - held)
     if missing:
@@ -593,13 +593,16 @@ class _GatherAll(beam.PTransform):
         return _gather(pcoll, "")
 
 
-def manifest_section(shard_results: list, output_dir: str, generation: str) -> dict:
-    """The manifest's `near_dedup` section: removed documents per reason and source (every copy the packers
-    filtered), and the stage's summary (cluster sizes, example pairs, sidecar files with their sha256)."""
+def manifest_section(shard_results: list, output_dir: str, generation: str) -> tuple:
+    """(the manifest's `near_dedup` section, its band index rows): removed documents per reason and source (every
+    copy the packers filtered) and the stage's summary (cluster sizes, example pairs, sidecar files with their
+    sha256); [BandIndexRow] of the generation's band index, or None. (None, None) when the stage did not run."""
+    from model_contract.manifest import BandIndexRow  # noqa: PLC0415
+
     data_dir = io_utils.join(output_dir, generation)
     path = io_utils.join(data_dir, SUMMARY_NAME)
     if not io_utils.exists(path):
-        return {}
+        return None, None
     summary = json.loads(io_utils.read_bytes(path))
     by_source: dict = {}
     for s in shard_results:
@@ -608,17 +611,16 @@ def manifest_section(shard_results: list, output_dir: str, generation: str) -> d
                 by_source.setdefault(reason, {})
                 by_source[reason][source] = by_source[reason].get(source, 0) + n
     summary["removed_by_source"] = {r: dict(sorted(v.items())) for r, v in sorted(by_source.items())}
-    section = {"near_dedup": summary}
-    if summary.get("band_index"):
-        section[BAND_INDEXES] = [{"generation": generation, **{k: b[k] for k in ("range", "path", "bytes", "sha256")}}
-                                 for b in summary["band_index"]]
-    return section
+    rows = [BandIndexRow(generation, b["range"], b["path"], b["bytes"], b["sha256"])
+            for b in summary.get("band_index") or []]
+    return summary, rows or None
 
 
-def merge_band_indexes(previous, new) -> dict:
-    """After an incremental commit the dataset lists every generation's band index (the next run reads them)."""
-    rows = list(previous.extra.get(BAND_INDEXES, [])) + list(new.extra.get(BAND_INDEXES, []))
-    return {BAND_INDEXES: rows} if rows else {}
+def merge_band_indexes(previous, new):
+    """After an incremental commit the dataset lists every generation's band index (the next run reads them):
+    [BandIndexRow], or None when no generation has one."""
+    rows = list(previous.band_indexes or []) + list(new.band_indexes or [])
+    return rows or None
 
 
 def _dataset_relative(path: str, base: str) -> str:

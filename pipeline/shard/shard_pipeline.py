@@ -187,7 +187,7 @@ def _commit(grouped, plan: JobPlan):
     previous = plan.previous
     if plan.incremental:
         manifest = integrity.merge(previous, manifest)
-    manifest.extra["kind"] = commit.KIND_DATASET  # checked before any commit into this output (ops/commit.py)
+    manifest.kind = commit.KIND_DATASET  # checked before any commit into this output (ops/commit.py)
     if plan.tokenizer_backend is not None:  # how this generation was tokenized; the only backend-dependent field
         manifest.extra["tokenizer_backend"] = plan.tokenizer_backend.to_manifest(
             stages.spot_check_totals(parts.units))

@@ -88,7 +88,7 @@ def _located(manifest_file: str, rel: str) -> str:
 def _expected_files(manifest: Manifest, report: VerifyReport) -> list:
     """(kind, relative path, bytes, sha256) of every file the manifest names."""
     files = [("shard", s.path, s.bytes, s.sha256) for s in manifest.shards]
-    recorded = {r.path: r for r in manifest.dead_letter_files()}
+    recorded = {r.path: r for r in manifest.dead_letter_files or []}
     for rel in manifest.dead_letters:
         row = recorded.get(rel)
         if row is None:
@@ -97,7 +97,7 @@ def _expected_files(manifest: Manifest, report: VerifyReport) -> list:
             files.append(("dead letter", rel, None, None))
         else:
             files.append(("dead letter", rel, row.bytes, row.sha256))
-    files += [("id index", r.path, r.bytes, r.sha256) for r in manifest.id_indexes()]
+    files += [("id index", r.path, r.bytes, r.sha256) for r in manifest.doc_id_indexes or []]
     return files
 
 

@@ -144,7 +144,7 @@ def test_database_and_bm25_neighbours_byte_identical_across_workers(dataset, db,
 def test_retrieval_contract_mismatches_are_listed(dataset, sidecar):
     side = load_manifest(str(sidecar))
     spec = side.contract.retrieval
-    assert spec.fingerprint == side.extra["retrieval"]["fingerprint"] and spec.token_dtype == "uint16"
+    assert spec.fingerprint == side.retrieval.fingerprint and spec.token_dtype == "uint16"
     want = Expectation(seq_len=SEQ_LEN, vocab_size=1000, required_features=SIDECAR_FEATURES,
                        retrieval=RetrievalSpec(CHUNK, 2, 2 * CHUNK))
     assert check_compatible(side, want).retrieval == spec  # empty expected fingerprint: any
@@ -159,7 +159,7 @@ def test_retrieval_contract_mismatches_are_listed(dataset, sidecar):
     with pytest.raises(ContractMismatchError, match="no retrieval features"):
         check_compatible(load_manifest(str(dataset)), Expectation(SEQ_LEN, 1000, retrieval=spec))
     same = load_manifest(str(dataset))
-    assert same.generation and side.extra["retrieval"]["dataset_generation"] == same.generation
+    assert same.generation and side.retrieval.dataset_generation == same.generation
     check_sidecar(same, side)  # its own generation passes
     other = load_manifest(str(dataset))
     other.generation = "gen-0123456789abcdef"

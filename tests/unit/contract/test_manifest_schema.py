@@ -14,7 +14,7 @@ import re
 import pytest
 
 from model_contract import ContractError, DataContract, Manifest, ShardInfo, TokenizerInfo, load_manifest
-from model_contract.manifest import GenerationRow, LedgerRow, RecordCounts
+from model_contract.manifest import FileDigest, GenerationRow, IdIndexRow, LedgerRow, RecordCounts
 from model_contract.retrieval import SidecarInfo, check_db_manifest
 from model_contract.schema import SchemaError
 from pipeline import cli
@@ -37,12 +37,11 @@ def _valid() -> dict:
         inputs=[{"path": "in/a.jsonl", "bytes": 50, **counts}], dead_letters=[f"{GEN}/dead_letter/a.jsonl"],
         config={"seq_len": 8}, pileprep_version="0.1.0", generation=GEN,
         generations=[{"name": GEN, "inputs": 1, "shards": 2, "examples": 6, "tokens": 40, "documents": 4}],
-        ledger=[{"path": "in/a.jsonl", "bytes": 50, "generation": GEN, "mtime": 1.5, "sha256": SHA}],
+        ledger=[LedgerRow("in/a.jsonl", 50, GEN, mtime=1.5, sha256=SHA)],
         skipped_inputs=[{"path": "in/dir", "reason": "not a regular file"}],
-        extra={"dead_letter_files": [{"path": f"{GEN}/dead_letter/a.jsonl", "bytes": 7, "sha256": SHA}],
-               "doc_id_indexes": [{"generation": GEN, "path": f"{GEN}/doc-ids.idx", "documents": 4, "bytes": 32,
-                                   "sha256": SHA}],
-               "duplicates_by_source": {"Pile-CC": 1}, "statistics": {"length_bins": "log2"}})
+        dead_letter_files=[FileDigest(f"{GEN}/dead_letter/a.jsonl", 7, SHA)],
+        doc_id_indexes=[IdIndexRow(GEN, f"{GEN}/doc-ids.idx", 4, 32, SHA)],
+        duplicates_by_source={"Pile-CC": 1}, extra={"statistics": {"length_bins": "log2"}})
     return json.loads(m.to_json())
 
 
@@ -179,9 +178,9 @@ def test_the_cli_refuses_a_damaged_manifest_in_one_line_exit_2(tmp_path, capsys,
             (field, command, err)
 
 
-def test_typed_views_read_the_sections_as_records():
+def test_the_sections_load_as_records():
     m = Manifest.from_dict(_valid())
-    assert [(r.generation, r.path, r.documents) for r in m.id_indexes()] == [(GEN, f"{GEN}/doc-ids.idx", 4)]
-    assert [(r.path, r.bytes) for r in m.dead_letter_files()] == [(f"{GEN}/dead_letter/a.jsonl", 7)]
-    assert [r.sha256 for r in m.ledger_rows()] == [SHA] and [g.examples for g in m.generation_rows()] == [6]
-    assert m.sidecar_info() is None
+    assert [(r.generation, r.path, r.documents) for r in m.doc_id_indexes] == [(GEN, f"{GEN}/doc-ids.idx", 4)]
+    assert [(r.path, r.bytes) for r in m.dead_letter_files] == [(f"{GEN}/dead_letter/a.jsonl", 7)]
+    assert [r.sha256 for r in m.ledger] == [SHA] and [g.examples for g in m.generation_rows()] == [6]
+    assert m.retrieval is None and m.band_indexes is None and m.kind is None

@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from model_contract import Manifest
+from model_contract.manifest import LedgerRow
 from pipeline.ops import incremental
 from pipeline.shard import shard_pipeline
 from pipeline.cli import main as cli_main
@@ -24,10 +25,13 @@ def _row(path, size=10, mtime=1.0, **kw):
     return {"path": path, "bytes": size, "mtime": mtime, **kw}
 
 
+def _held(path, generation="g1", size=10, mtime=1.0, **kw):
+    return LedgerRow(path, size, generation, mtime, **kw)
+
+
 def test_diff_ledger_classifies_new_unchanged_touched_changed_removed():
-    ledger = [_row("a", sha256="A", generation="g1"), _row("b", sha256="B", generation="g1"),
-              _row("c", sha256="C", generation="g1"), _row("d", sha256="D", generation="g2"),
-              _row("e", generation="g0")]
+    ledger = [_held("a", sha256="A"), _held("b", sha256="B"), _held("c", sha256="C"),
+              _held("d", "g2", sha256="D"), _held("e", "g0")]
     current = [_row("a"), _row("b", mtime=2.0), _row("c", mtime=2.0), _row("d", size=11), _row("e", mtime=9.0),
                _row("f")]
     hashes = {"b": "B", "c": "C-edited"}
@@ -40,11 +44,11 @@ def test_diff_ledger_classifies_new_unchanged_touched_changed_removed():
     assert "c (same size, different content" in problems and "d (size 10 -> 11)" in problems
     assert diff.removed == [] and "1 new, 3 already held, 2 changed, 0 removed" == diff.summary()
     gone = incremental.diff_ledger(ledger, current[:1], hasher=lambda p: (10, "?"))
-    assert [r["path"] for r in gone.removed] == ["b", "c", "d", "e"]
+    assert [r.path for r in gone.removed] == ["b", "c", "d", "e"]
 
 
 def test_etag_decides_for_object_stores():
-    old = [_row("s3://b/k", etag="e1", sha256="S", mtime=1.0)]
+    old = [_held("s3://b/k", etag="e1", sha256="S")]
     same = incremental.diff_ledger(old, [_row("s3://b/k", etag="e1", mtime=5.0)], hasher=None)
     assert [r["path"] for r in same.unchanged] == ["s3://b/k"]  # re-uploaded, same ETag: unchanged, no hash
 

@@ -9,6 +9,7 @@ import types
 import numpy as np
 import pytest
 
+from model_contract.manifest import BandIndexRow
 from pipeline.errors import ConfigError, RunError
 from pipeline.shard import near_dedup_graph as graph
 from transforms.shard import near_dedup as nd
@@ -69,7 +70,8 @@ def test_band_index_round_trip_keeps_one_row_per_key_and_id_sorted_and_refuses_d
 
 
 def _manifest(rows, generations=(GEN,)):
-    return types.SimpleNamespace(extra={graph.BAND_INDEXES: rows}, generations=[{"name": g} for g in generations],
+    return types.SimpleNamespace(band_indexes=[BandIndexRow(**r) for r in rows],
+                                 generations=[{"name": g} for g in generations],
                                  generation=generations[-1])
 
 

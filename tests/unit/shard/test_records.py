@@ -48,8 +48,9 @@ def test_input_file_is_the_listing_row_and_the_ledger_row_adds_generation_and_sh
                  shards=[])
     integrity.add_ledger(m, GEN, [row, {"path": "in/b.jsonl", "bytes": 5, "mtime": 2.0, "etag": "e"}],
                          {"in/a.jsonl": InputFile("in/a.jsonl", 10, sha256=SHA)})
-    assert m.ledger == [dict(row, generation=GEN, sha256=SHA),
-                        {"path": "in/b.jsonl", "bytes": 5, "mtime": 2.0, "etag": "e", "generation": GEN}]
-    assert [LedgerRow.from_dict(r).to_dict() for r in m.ledger] == m.ledger
+    assert [r.to_dict() for r in m.ledger] == [dict(row, generation=GEN, sha256=SHA),
+                                               {"path": "in/b.jsonl", "bytes": 5, "mtime": 2.0, "etag": "e",
+                                                "generation": GEN}]
+    assert [LedgerRow.from_dict(r.to_dict()) for r in m.ledger] == m.ledger
     with pytest.raises(InputsChangedError, match="listed with 10 bytes but 11 bytes were read"):
         integrity.add_ledger(m, GEN, [row], {"in/a.jsonl": InputFile("in/a.jsonl", 11, sha256=SHA)})
