@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     db, n = load_chunks(args)
     if n < args.chunks:
         print(f"note: the database has only {n} chunks (asked for {args.chunks})")
-    cache = os.path.join("out", "retrieval", "bench-cache", f"minilm-{db.manifest['fingerprint']}.npy")
+    cache = os.path.join("out", "retrieval", "bench-cache", f"minilm-{db.manifest.fingerprint}.npy")
     vecs, rate = encode(db, n, args, cache)
     doc_ids = db.doc_ids[:n]
     nlist = 1 << max(4, int(round(np.log2(4 * np.sqrt(n)))))

@@ -113,8 +113,8 @@ def check_sidecar(shards_manifest, sidecar_manifest) -> None:
 
 # ------------------------------------------------------------------------------------------- manifests
 # The sidecar manifest is a pileprep manifest (model_contract/manifest.py) whose `retrieval` section is a
-# SidecarInfo; the chunk database's manifest is its own format, checked by `check_db_manifest`. Both are
-# checked on load, every field, naming its path (model_contract/schema.py).
+# SidecarInfo; the chunk database's manifest is its own format, a DbManifest checked by `check_db_manifest`.
+# Both are checked on load, every field, naming its path (model_contract/schema.py).
 DB_FORMAT = "pileprep.retrieval_db"
 
 
@@ -171,6 +171,67 @@ class SidecarInfo:
         storage.string("token_dtype", required=False)
         return cls(fingerprint=d["fingerprint"], dataset_generation=gen, aligned=aligned, db=db.d, counts=counts,
                    storage=storage.d)
+
+
+@dataclass(frozen=True)
+class DbShard:
+    """A chunk database manifest's `shards` row: one Parquet file of chunks in database order and, for a dense
+    encoder, its embeddings and index part ({path, bytes, sha256, rows | vectors})."""
+    path: str
+    chunks: int
+    documents: int
+    tokens: int
+    bytes: int
+    sha256: str
+    first_id: int  # the database row (the Faiss id) of its first chunk
+    embeddings: Optional[dict] = None
+    index_part: Optional[dict] = None
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DbShard":
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+
+# DbManifest's fields written only when set (None: absent), in the order pipeline/retrieval/build.py sets them.
+_DB_OPTIONAL = ("kind", "pileprep_version", "dataset", "tokenizer", "config", "encoder", "counts", "sources")
+
+
+@dataclass(frozen=True)
+class DbManifest:
+    """A chunk database's manifest (pipeline/retrieval/build.py `build_manifest`); `from_dict` checks every
+    field first (`check_db_manifest`), `to_dict` writes the same JSON back, keys it does not know included."""
+    generation: str
+    fingerprint: str
+    chunk_len: int
+    index: dict  # {kind: bm25, params, files} or {kind: faiss, config, trained}
+    shards: tuple  # (DbShard, ...) in database order
+    kind: Optional[str] = None  # pipeline/ops/commit.py: KIND_RETRIEVAL_DB
+    pileprep_version: Optional[str] = None
+    dataset: Optional[dict] = None  # the shard generation it was built from (build.py: dataset_identity)
+    tokenizer: Optional[dict] = None  # the dataset contract's tokenizer
+    config: Optional[dict] = None
+    encoder: Optional[dict] = None  # {name, ...}: transforms/retrieval/retrieval_encoders.py EncoderInfo
+    counts: Optional[dict] = None  # chunks, documents, tokens
+    sources: Optional[dict] = None  # source -> {documents, chunks, tokens}
+    extra: dict = field(default_factory=dict)  # keys this reader does not know, kept as JSON
+
+    def to_dict(self) -> dict:
+        d = {"format": DB_FORMAT, "generation": self.generation, "fingerprint": self.fingerprint,
+             "chunk_len": self.chunk_len, "index": self.index, "shards": [s.to_dict() for s in self.shards]}
+        d.update({k: getattr(self, k) for k in _DB_OPTIONAL if getattr(self, k) is not None})
+        d.update({k: v for k, v in self.extra.items() if k not in d})
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DbManifest":
+        check_db_manifest(d)
+        known = {"format", "generation", "fingerprint", "chunk_len", "index", "shards", *_DB_OPTIONAL}
+        return cls(generation=d["generation"], fingerprint=d["fingerprint"], chunk_len=d["chunk_len"],
+                   index=d["index"], shards=tuple(DbShard.from_dict(s) for s in d["shards"]),
+                   **{k: d[k] for k in _DB_OPTIONAL if k in d}, extra={k: v for k, v in d.items() if k not in known})
 
 
 def _check_file_entry(f: Fields, key: str, extra_counts=()) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, RunInference
 
 from model_contract import decode_example, load_manifest
+from model_contract.retrieval import DbManifest, DbShard
 from model_contract.contract import TokenizerInfo
 from model_contract.checked_reader import iter_checked_records
 from pipeline.ops.output_names import shard_entry
@@ -286,7 +287,7 @@ def fill_part(element, plan: BuildPlan, trained: dict, shard_results: list):
 
 
 # --------------------------------------------------------------------------------------------- manifest
-def build_manifest(plan: BuildPlan, shard_results: list, embeddings=(), trained=None, parts=()) -> dict:
+def build_manifest(plan: BuildPlan, shard_results: list, embeddings=(), trained=None, parts=()) -> DbManifest:
     shards = sorted(shard_results, key=lambda r: r["shard"])
     emb = dict(embeddings)
     part_of = {p["shard"]: p for p in parts}
@@ -308,39 +309,38 @@ def build_manifest(plan: BuildPlan, shard_results: list, embeddings=(), trained=
     cfg = plan.config
     index = {"kind": "bm25", "params": plan.encoder["params"], **(trained or {})} \
         if cfg.encoder == retrieval_encoders.BM25 else {"kind": "faiss", **(trained or {})}
-    return {
-        "format": store.DB_FORMAT,
-        "kind": commit.KIND_RETRIEVAL_DB,
-        "pileprep_version": PILEPREP_VERSION,
-        "generation": plan.generation,
-        "fingerprint": plan.fingerprint,
-        "dataset": dataset_identity(plan.dataset_manifest),
-        "tokenizer": plan.dataset_manifest["contract"]["tokenizer"],
-        "config": cfg.identity(),
-        "chunk_len": cfg.chunk_len,
-        "encoder": plan.encoder,
-        "index": index,
-        "shards": out_shards,
-        "counts": {"chunks": first, "documents": sum(r["documents"] for r in shards),
-                   "tokens": sum(r["tokens"] for r in shards)},
-        "sources": sources,
-    }
+    return DbManifest(
+        kind=commit.KIND_RETRIEVAL_DB,
+        pileprep_version=PILEPREP_VERSION,
+        generation=plan.generation,
+        fingerprint=plan.fingerprint,
+        dataset=dataset_identity(plan.dataset_manifest),
+        tokenizer=plan.dataset_manifest["contract"]["tokenizer"],
+        config=cfg.identity(),
+        chunk_len=cfg.chunk_len,
+        encoder=plan.encoder,
+        index=index,
+        shards=tuple(DbShard.from_dict(s) for s in out_shards),
+        counts={"chunks": first, "documents": sum(r["documents"] for r in shards),
+                "tokens": sum(r["tokens"] for r in shards)},
+        sources=sources,
+    )
 
 
-def manifest_files(manifest: dict) -> list:
-    files = [s["path"] for s in manifest["shards"]]
-    files += [s["embeddings"]["path"] for s in manifest["shards"] if "embeddings" in s]
-    files += [s["index_part"]["path"] for s in manifest["shards"] if "index_part" in s]
-    if manifest["index"].get("trained"):
-        files.append(manifest["index"]["trained"]["path"])
-    files += [f["path"] for f in manifest["index"].get("files", {}).values()]
+def manifest_files(manifest: DbManifest) -> list:
+    files = [s.path for s in manifest.shards]
+    files += [s.embeddings["path"] for s in manifest.shards if s.embeddings is not None]
+    files += [s.index_part["path"] for s in manifest.shards if s.index_part is not None]
+    if manifest.index.get("trained"):
+        files.append(manifest.index["trained"]["path"])
+    files += [f["path"] for f in manifest.index.get("files", {}).values()]
     return files
 
 
-def commit_db(shard_results, plan: BuildPlan, embeddings=(), trained=None, parts=()) -> dict:
+def commit_db(shard_results, plan: BuildPlan, embeddings=(), trained=None, parts=()) -> DbManifest:
     plan.setup_worker()
     manifest = build_manifest(plan, shard_results, embeddings, trained, parts)
-    commit.commit_store(plan.config.output, commit.KIND_RETRIEVAL_DB, manifest, manifest_files(manifest),
+    commit.commit_store(plan.config.output, commit.KIND_RETRIEVAL_DB, manifest.to_dict(), manifest_files(manifest),
                         plan.previous_generation, plan.staging_dir)
     return manifest
 

@@ -18,7 +18,8 @@ import numpy as np
 
 from model_contract import Manifest, RetrievalSpec, ShardInfo, decode_example, frame_record
 from model_contract.checked_reader import iter_checked_records
-from model_contract.retrieval import AlignedShard, SidecarInfo, encode_sidecar, sidecar_contract, token_dtype_for
+from model_contract.retrieval import (AlignedShard, DbManifest, SidecarInfo, encode_sidecar, sidecar_contract,
+                                      token_dtype_for)
 from pipeline import job
 from pipeline.beam_glue import FilesystemOptions, PlanDoFn, apply_filesystem_options
 from pipeline.config import PILEPREP_VERSION, ConfigError
@@ -39,7 +40,7 @@ QUERY_BATCH = 256
 class NeighboursPlan:
     config: NeighboursConfig
     dataset_json: str
-    db_manifest: dict
+    db_manifest: DbManifest
     spec: RetrievalSpec
     generation: str
     model_bytes: bytes
@@ -60,9 +61,9 @@ class NeighboursPlan:
         apply_filesystem_options(self.filesystem_options)
 
 
-def query_encoder_info(db_manifest: dict) -> EncoderInfo:
+def query_encoder_info(db_manifest: DbManifest) -> EncoderInfo:
     """The encoder this installation would use for queries, to compare with the database's."""
-    return retrieval_encoders.encoder_info(db_manifest["encoder"]["name"])
+    return retrieval_encoders.encoder_info(db_manifest.encoder["name"])
 
 
 def prepare(config: NeighboursConfig) -> NeighboursPlan:
@@ -74,27 +75,27 @@ def prepare(config: NeighboursConfig) -> NeighboursPlan:
     db = store.read_manifest(config.db, store.DB_FORMAT)
     if db is None:
         raise ConfigError(f"--db {config.db}: no chunk database (run `pileprep retrieval build` first)")
-    config.validate(db["chunk_len"])
+    config.validate(db.chunk_len)
     problems = []
-    if db["tokenizer"]["model_sha256"] != dataset.contract.tokenizer.model_sha256:
+    if db.tokenizer["model_sha256"] != dataset.contract.tokenizer.model_sha256:
         problems.append("the chunk database was built with another tokenizer than the dataset's")
-    if dataset.contract.seq_len % db["chunk_len"]:
-        problems.append(f"the database's chunk_len {db['chunk_len']} does not divide seq_len "
+    if dataset.contract.seq_len % db.chunk_len:
+        problems.append(f"the database's chunk_len {db.chunk_len} does not divide seq_len "
                         f"{dataset.contract.seq_len}")
     if problems:
         raise ConfigError("--db: " + "; ".join(problems))
     try:
-        retrieval_encoders.check_encoder(EncoderInfo.from_dict(db["encoder"]), query_encoder_info(db))
+        retrieval_encoders.check_encoder(EncoderInfo.from_dict(db.encoder), query_encoder_info(db))
     except EncoderMismatchError as e:
         raise ConfigError(f"--db {config.db}: {e}") from None
-    identity = {"dataset": build.dataset_identity(dataset.to_dict()), "db": db["fingerprint"],
+    identity = {"dataset": build.dataset_identity(dataset.to_dict()), "db": db.fingerprint,
                 "k": config.num_neighbours, "neighbour_len": config.neighbour_len, "nprobe": config.nprobe,
                 "version": PILEPREP_VERSION}
     fp = store.fingerprint(identity)
-    spec = RetrievalSpec(db["chunk_len"], config.num_neighbours, config.neighbour_len, fingerprint=fp,
+    spec = RetrievalSpec(db.chunk_len, config.num_neighbours, config.neighbour_len, fingerprint=fp,
                          token_dtype=token_dtype_for(dataset.contract.tokenizer.vocab_size))
     model_bytes = b""
-    if db["encoder"]["name"] != retrieval_encoders.BM25:
+    if db.encoder["name"] != retrieval_encoders.BM25:
         model_bytes = tokenizer.read_model_bytes(dataset.config.get("tokenizer", ""))
     return NeighboursPlan(config, dataset.to_json(), db, spec, "gen-" + fp, model_bytes)
 
@@ -103,10 +104,10 @@ def prepare(config: NeighboursConfig) -> NeighboursPlan:
 class Searcher:
     """Database + index + query encoder, loaded once; answers batches of query chunks with exclusions."""
 
-    def __init__(self, db_root: str, db_manifest: dict, device: str = "cpu", batch_size: int = 64,
+    def __init__(self, db_root: str, db_manifest: DbManifest, device: str = "cpu", batch_size: int = 64,
                  nprobe: Optional[int] = None, model_bytes: bytes = b"", tokenizer_info=None):
         self.db = store.ChunkDatabase.load(db_root)
-        index = db_manifest["index"]
+        index = db_manifest.index
         self.kind = index["kind"]
         self.batch_size = batch_size
         if self.kind == "bm25":
@@ -117,8 +118,8 @@ class Searcher:
 
             faiss.omp_set_num_threads(1)
             trained = io_utils.read_bytes(io_utils.join(db_root, store.contained(index["trained"]["path"])))
-            parts = (io_utils.read_bytes(io_utils.join(db_root, store.contained(s["index_part"]["path"])))
-                     for s in db_manifest["shards"] if "index_part" in s)
+            parts = (io_utils.read_bytes(io_utils.join(db_root, store.contained(s.index_part["path"])))
+                     for s in db_manifest.shards if s.index_part is not None)
             self.index = retrieval_index.merge_parts(trained, parts)
             self.nprobe = nprobe or int(index["config"]["nprobe"])
             self.model = retrieval_encoders.load_minilm(device)
@@ -219,9 +220,9 @@ def build_sidecar_manifest(plan: NeighboursPlan, results: list) -> Manifest:
     totals = {k: sum(r[k] for r in results) for k in ("chunks", "padding_chunks", "neighbours", "missing")}
     retrieval = SidecarInfo(
         fingerprint=spec.fingerprint, dataset_generation=dataset.generation,
-        db={"fingerprint": plan.db_manifest["fingerprint"], "generation": plan.db_manifest["generation"],
-            "encoder": plan.db_manifest["encoder"], "index": {k: v for k, v in plan.db_manifest["index"].items()
-                                                              if k in ("kind", "config", "query_terms")}},
+        db={"fingerprint": plan.db_manifest.fingerprint, "generation": plan.db_manifest.generation,
+            "encoder": plan.db_manifest.encoder, "index": {k: v for k, v in plan.db_manifest.index.items()
+                                                           if k in ("kind", "config", "query_terms")}},
         aligned=tuple(AlignedShard(shard=r["shard"], examples=r["examples"], sidecar=r["path"]) for r in results),
         counts=totals,
         storage={"sidecar_bytes": side_bytes, "shard_bytes": shard_bytes,

@@ -22,10 +22,10 @@ def show(dataset: str, db: str, sidecar: str, example: int = 0, chunk=None) -> s
     r = side.retrieval  # SidecarInfo (model_contract/retrieval.py); check_sidecar refused a manifest without it
     spec = side.contract.retrieval
     lines = [
-        f"chunk database {db}: {dbm['counts']['chunks']:,} chunks of {dbm['chunk_len']} tokens from "
-        f"{dbm['counts']['documents']:,} documents ({dbm['counts']['tokens']:,} tokens); encoder "
-        f"{dbm['encoder']['name']}, index {dbm['index'].get('config', {}).get('spec', dbm['index']['kind'])}",
-        "  by source: " + ", ".join(f"{terminal(s)} {v['chunks']:,}" for s, v in sorted(dbm["sources"].items())),
+        f"chunk database {db}: {dbm.counts['chunks']:,} chunks of {dbm.chunk_len} tokens from "
+        f"{dbm.counts['documents']:,} documents ({dbm.counts['tokens']:,} tokens); encoder "
+        f"{dbm.encoder['name']}, index {dbm.index.get('config', {}).get('spec', dbm.index['kind'])}",
+        "  by source: " + ", ".join(f"{terminal(s)} {v['chunks']:,}" for s, v in sorted(dbm.sources.items())),
         f"neighbours {sidecar}: generation {side.generation} for dataset {r.dataset_generation}; "
         f"k={spec.num_neighbours}, neighbour_len={spec.neighbour_len}, fingerprint {spec.fingerprint}",
         f"  query chunks {r.counts['chunks']:,} (padding {r.counts['padding_chunks']:,}), neighbours "

@@ -24,7 +24,7 @@ from typing import Optional
 
 import numpy as np
 
-from model_contract.retrieval import DB_FORMAT, check_db_manifest
+from model_contract.retrieval import DB_FORMAT, DbManifest
 from transforms.io import io_utils
 
 NEIGHBOURS_FORMAT = "pileprep.retrieval_neighbours"
@@ -107,14 +107,16 @@ def read_npy(path: str) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------------ commit
-def read_manifest(output_dir: str, expected_format: str) -> Optional[dict]:
+def read_manifest(output_dir: str, expected_format: str):
+    """The committed manifest of a retrieval store, or None: a DbManifest for a chunk database (every field
+    checked, model_contract/retrieval.py), the JSON object otherwise."""
     path = io_utils.join(output_dir, MANIFEST_NAME)
     if not io_utils.exists(path):
         return None
     d = json.loads(io_utils.read_bytes(path).decode("utf-8"))
     if d.get("format") != expected_format:
         raise ValueError(f"{path}: not a {expected_format} manifest (format={d.get('format')!r})")
-    return check_db_manifest(d) if expected_format == DB_FORMAT else d  # every field (model_contract/retrieval.py)
+    return DbManifest.from_dict(d) if expected_format == DB_FORMAT else d
 
 
 # -------------------------------------------------------------------------------------------- database view
@@ -122,7 +124,7 @@ def read_manifest(output_dir: str, expected_format: str) -> Optional[dict]:
 class ChunkDatabase:
     """A committed chunk database, loaded for queries (tokens, document ranges, token-hash lookup)."""
     root: str
-    manifest: dict
+    manifest: DbManifest
     doc_ids: np.ndarray = field(default=None)  # [N] int64, database order
     chunk_index: np.ndarray = field(default=None)  # [N] int32
     tokens: list = field(default=None)  # [N] int32 arrays
@@ -135,7 +137,7 @@ class ChunkDatabase:
         if manifest is None:
             raise FileNotFoundError(f"no chunk database manifest at {root}: run `pileprep retrieval build` first")
         cols = ["doc_id", "chunk_index", "token_hash", "source"] + (["tokens"] if with_tokens else [])
-        parts = [read_parquet(io_utils.join(root, contained(s["path"])), cols) for s in manifest["shards"]]
+        parts = [read_parquet(io_utils.join(root, contained(s.path)), cols) for s in manifest.shards]
         db = cls(root, manifest)
         db.doc_ids = np.concatenate([p["doc_id"] for p in parts]) if parts else np.zeros(0, np.int64)
         db.chunk_index = np.concatenate([p["chunk_index"] for p in parts]) if parts else np.zeros(0, np.int32)

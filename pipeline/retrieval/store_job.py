@@ -56,14 +56,15 @@ class StoreJob(job.Job):
         return store.read_manifest(self.output, self.manifest_format)
 
     def live_generations(self, committed) -> set:
-        return {committed["generation"]} if committed and committed.get("generation") else set()
+        generation = self.generation_of(committed) if committed else None
+        return {generation} if generation else set()
 
     def plan(self, committed):
         plan = self._prepare(self.config)
         return dataclasses.replace(
             plan, filesystem_options=self.filesystem_options,
             staging_dir=guards.staging_dir_for(self.output, None, plan.generation),
-            previous_generation=committed.get("generation") if committed else None)
+            previous_generation=self.generation_of(committed) if committed else None)
 
     def decide(self, plan) -> job.Decision:
         if plan.previous_generation == plan.generation:

@@ -200,11 +200,11 @@ def test_a_crash_before_the_manifest_leaves_the_previous_database(dataset, db, t
         build.run(BuildConfig(dataset=str(dataset), output=str(out), chunk_len=16, num_db_shards=2), IN_MEMORY)
     assert (out / "manifest.json").read_bytes() == before  # the old database is still the committed one
     reloaded = store.ChunkDatabase.load(str(out))  # and every file it references is intact
-    assert reloaded.manifest["generation"] == old_gen and len(reloaded) > 0
+    assert reloaded.manifest.generation == old_gen and len(reloaded) > 0
     monkeypatch.undo()
     m = build.run(BuildConfig(dataset=str(dataset), output=str(out), chunk_len=16, num_db_shards=2), IN_MEMORY)
     assert m["generation"] != old_gen and not (out / old_gen).exists()  # old generation deleted after the swap
-    assert store.ChunkDatabase.load(str(out)).manifest["chunk_len"] == 16
+    assert store.ChunkDatabase.load(str(out)).manifest.chunk_len == 16
 
 
 def test_cli_bad_configuration_exits_2_with_one_line(dataset, tmp_path):

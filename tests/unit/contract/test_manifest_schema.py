@@ -15,9 +15,10 @@ import pytest
 
 from model_contract import ContractError, DataContract, Manifest, ShardInfo, TokenizerInfo, load_manifest
 from model_contract.manifest import FileDigest, GenerationRow, IdIndexRow, LedgerRow, RecordCounts
-from model_contract.retrieval import SidecarInfo, check_db_manifest
+from model_contract.retrieval import DbManifest, DbShard, SidecarInfo, check_db_manifest
 from model_contract.schema import SchemaError
 from pipeline import cli
+from pipeline.ops.commit import to_canonical_json as canonical_json
 
 GEN = "gen-" + "a" * 16
 SHA = "cd" * 32
@@ -146,6 +147,27 @@ def test_the_sidecar_and_database_manifests_are_checked_too():
         damage(bad)
         with pytest.raises(ContractError, match=re.escape(field)):
             check_db_manifest(bad)
+        with pytest.raises(ContractError, match=re.escape(field)):
+            DbManifest.from_dict(bad)
+
+
+def test_the_database_manifest_round_trips_byte_identically_through_its_record():
+    part = {"path": f"{GEN}/index/part-0.bin", "bytes": 3, "sha256": SHA, "vectors": 2}
+    db = {"format": "pileprep.retrieval_db", "kind": "retrieval-db", "pileprep_version": "0.1.0", "generation": GEN,
+          "fingerprint": "f", "chunk_len": 64, "dataset": {"generation": GEN, "seq_len": 128, "shards": []},
+          "tokenizer": {"kind": "sentencepiece"}, "config": {"chunk_len": 64}, "encoder": {"name": "minilm"},
+          "index": {"kind": "faiss", "config": {"nprobe": 4},
+                    "trained": {"path": f"{GEN}/index/trained.bin", "bytes": 1, "sha256": SHA}},
+          "shards": [{"path": f"{GEN}/chunks-0.parquet", "chunks": 2, "documents": 1, "tokens": 9, "bytes": 5,
+                      "sha256": SHA, "first_id": 0, "index_part": part,
+                      "embeddings": {"path": f"{GEN}/emb-0.npy", "bytes": 4, "sha256": SHA, "rows": 2}},
+                     {"path": f"{GEN}/chunks-1.parquet", "chunks": 1, "documents": 1, "tokens": 3, "bytes": 5,
+                      "sha256": SHA, "first_id": 2}],
+          "counts": {"chunks": 3}, "sources": {"s": {"chunks": 3}}, "later_section": [1]}
+    m = DbManifest.from_dict(copy.deepcopy(db))
+    assert canonical_json(m.to_dict()) == canonical_json(db)
+    assert [type(s) for s in m.shards] == [DbShard, DbShard] and m.shards[1].index_part is None
+    assert (m.generation, m.chunk_len, m.encoder["name"], m.extra) == (GEN, 64, "minilm", {"later_section": [1]})
 
 
 @pytest.fixture
