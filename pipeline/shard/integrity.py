@@ -50,15 +50,18 @@ def add_integrity_sections(manifest: Manifest, output_dir: str, generation: str,
     return manifest
 
 
-def merge_integrity_sections(previous: Manifest, new: Manifest, merged: Manifest) -> None:
-    """Give `merged` the sections of the dataset after an incremental commit of `new` on top of `previous`."""
+def merge_integrity_sections(previous: Manifest, new: Manifest) -> dict:
+    """The sections of the dataset after an incremental commit of `new` on top of `previous`, as `Manifest`
+    fields."""
     duplicates: collections.Counter = collections.Counter(previous.duplicates_by_source or {})
     duplicates.update(new.duplicates_by_source or {})
-    merged.dead_letter_files = sorted((previous.dead_letter_files or []) + (new.dead_letter_files or []),
-                                      key=lambda r: r.path)
-    merged.doc_id_indexes = (previous.doc_id_indexes or []) + (new.doc_id_indexes or [])
-    merged.duplicates_by_source = dict(sorted(duplicates.items()))
-    merged.band_indexes = near_dedup_graph.merge_band_indexes(previous, new)
+    return {
+        "dead_letter_files": sorted((previous.dead_letter_files or []) + (new.dead_letter_files or []),
+                                    key=lambda r: r.path),
+        "doc_id_indexes": (previous.doc_id_indexes or []) + (new.doc_id_indexes or []),
+        "duplicates_by_source": dict(sorted(duplicates.items())),
+        "band_indexes": near_dedup_graph.merge_band_indexes(previous, new),
+    }
 
 
 def committed_id_indexes(previous: Optional[Manifest], output_dir: str) -> tuple:
@@ -165,7 +168,7 @@ def merge(previous: Manifest, new: Manifest) -> Manifest:
     extra = dict(new.extra)
     if "statistics" in extra:  # the report's distributions cover every generation (transforms/shard/corpus_stats.py)
         extra["statistics"] = corpus_stats.merge_sections(previous.extra.get("statistics"), new.extra["statistics"])
-    merged = Manifest(
+    return Manifest(
         contract=new.contract,
         shards=shards,
         splits=_sorted_nested(splits),
@@ -183,7 +186,6 @@ def merge(previous: Manifest, new: Manifest) -> Manifest:
                               key=lambda r: r["path"]),
         kind=new.kind,
         retrieval=new.retrieval,
+        **merge_integrity_sections(previous, new),  # id indexes, dead-letter files, duplicates, band indexes
         extra=extra,
     )
-    merge_integrity_sections(previous, new, merged)  # id indexes, dead-letter files, duplicates, band indexes
-    return merged
