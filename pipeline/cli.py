@@ -217,12 +217,15 @@ def cmd_env(args, _beam_args) -> int:
 def cmd_retrieval(args, beam_args) -> int:
     from pipeline.retrieval import cli as retrieval_cli  # noqa: PLC0415 - Beam/Faiss only for this command
 
+    def run_and_print(_worker_log=None) -> int:
+        print(retrieval_cli.command_output(args, beam_args))
+        return 0
+
     if args.retrieval_command == "show":
-        return retrieval_cli.run(args, beam_args)
+        return run_and_print()
     from pipeline.ops import guards  # noqa: PLC0415
 
-    return _in_worker_log(guards.staging_root(args.output, None), args,
-                          lambda _worker_log: retrieval_cli.run(args, beam_args))
+    return _in_worker_log(guards.staging_root(args.output, None), args, run_and_print)
 
 
 def _in_worker_log(staging_root: str, args, fn):

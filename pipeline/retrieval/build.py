@@ -389,7 +389,7 @@ def job_for(config: BuildConfig, beam_args=None) -> "store_job.StoreJob":
 
 
 def run_outcome(config: BuildConfig, beam_args=None) -> job.JobOutcome:
-    """Build and commit the chunk database; the outcome pipeline/retrieval/cli.py prints."""
+    """Build and commit the chunk database; the outcome pipeline/retrieval/cli.py formats."""
     return job.run_job(job_for(config, beam_args))
 
 

@@ -1,4 +1,5 @@
-"""`pileprep retrieval build | neighbours | show`: argument parsing and printing for the retrieval jobs."""
+"""`pileprep retrieval build | neighbours | show`: argument parsing and the text each prints (pipeline/cli.py
+prints it)."""
 from __future__ import annotations
 
 import json
@@ -43,7 +44,8 @@ def add_parsers(subcommand) -> None:
     s.add_argument("--chunk", type=int, default=None, help="chunk of the example (default: first with neighbours)")
 
 
-def run(args, beam_args) -> int:
+def command_output(args, beam_args) -> str:
+    """Run `retrieval build | neighbours | show`; returns what pipeline/cli.py prints (the only module that does)."""
     if args.retrieval_command == "build":
         from pipeline.retrieval import build  # noqa: PLC0415
 
@@ -53,10 +55,9 @@ def run(args, beam_args) -> int:
                           doc_fraction=args.doc_fraction, device=args.device, batch_size=args.batch_size,
                           sources=args.sources)
         m = build.run_outcome(cfg, beam_args).manifest
-        print(json.dumps({"generation": m["generation"], "counts": m["counts"], "encoder": m["encoder"]["name"],
-                          "index": m["index"].get("config", {"kind": m["index"]["kind"]}),
-                          "sources": m["sources"]}, indent=1, sort_keys=True))
-        return 0
+        return json.dumps({"generation": m["generation"], "counts": m["counts"], "encoder": m["encoder"]["name"],
+                           "index": m["index"].get("config", {"kind": m["index"]["kind"]}),
+                           "sources": m["sources"]}, indent=1, sort_keys=True)
     if args.retrieval_command == "neighbours":
         from pipeline.retrieval import neighbours  # noqa: PLC0415
 
@@ -65,10 +66,8 @@ def run(args, beam_args) -> int:
                                batch_size=args.batch_size, device=args.device, nprobe=args.nprobe)
         m = neighbours.run_outcome(cfg, beam_args).manifest
         r = m["retrieval"]
-        print(json.dumps({"generation": m["generation"], "fingerprint": r["fingerprint"], "counts": r["counts"],
-                          "storage": r["storage"]}, indent=1, sort_keys=True))
-        return 0
+        return json.dumps({"generation": m["generation"], "fingerprint": r["fingerprint"], "counts": r["counts"],
+                           "storage": r["storage"]}, indent=1, sort_keys=True)
     from pipeline.retrieval.show import show  # noqa: PLC0415
 
-    print(show(args.dataset, args.db, args.neighbours, args.example, args.chunk))
-    return 0
+    return show(args.dataset, args.db, args.neighbours, args.example, args.chunk)

@@ -262,7 +262,7 @@ def job_for(config: NeighboursConfig, beam_args=None) -> "store_job.StoreJob":
 
 
 def run_outcome(config: NeighboursConfig, beam_args=None) -> job.JobOutcome:
-    """Compute and commit the neighbour sidecar; the outcome pipeline/retrieval/cli.py prints."""
+    """Compute and commit the neighbour sidecar; the outcome pipeline/retrieval/cli.py formats."""
     return job.run_job(job_for(config, beam_args))
 
 
