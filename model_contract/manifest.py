@@ -165,9 +165,10 @@ class Manifest:
 
 
 # ------------------------------------------------------------------------------------------ typed records
-# The manifest's sections as records. `Manifest` keeps them as plain JSON values (their readers index them
-# by key); each record's `from_dict` checks one row against its schema, naming the field path, and
-# `to_dict` writes the same JSON back (optional fields absent when unset, as the job writes them).
+# The manifest's sections as records: `Manifest` holds the ledger and the sections in `SECTIONS` as these
+# (`inputs`, `generations`, `skipped_inputs` stay JSON rows, checked on load by the same records). Each
+# record's `from_dict` checks one row against its schema, naming the field path, and `to_dict` writes the
+# same JSON back (optional fields absent when unset, as the job writes them).
 @dataclass(frozen=True)
 class RecordCounts:
     """`records` (whole dataset) and each `inputs` row: read = written + filtered + dead-lettered."""
