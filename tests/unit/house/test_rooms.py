@@ -1,0 +1,88 @@
+"""The rooms of docs/DESIGN.md ("Rooms") and what each may import, checked on every import statement of the
+product code (top-level and the lazy ones inside functions alike): a new arrow between rooms fails here by
+file and room."""
+from __future__ import annotations
+
+import ast
+import pathlib
+
+from tests.conftest import REPO
+
+PACKAGES = ("model_contract", "transforms", "pipeline", "trainer")
+TRANSFORMS = {"transforms/io", "transforms/tokenize", "transforms/shard", "transforms/retrieval"}
+# room -> the other rooms it may import (docs/DESIGN.md "Rooms" is the same table in words)
+ALLOWED = {
+    "model_contract": set(),
+    "transforms/io": {"model_contract", "transforms/shard"},
+    "transforms/tokenize": {"model_contract"},
+    "transforms/shard": {"model_contract", "transforms/io", "transforms/tokenize"},
+    "transforms/retrieval": {"model_contract"},
+    "pipeline": {"model_contract", "pipeline/ops", "pipeline/shard", "pipeline/retrieval", "pipeline/tools",
+                 *TRANSFORMS},
+    "pipeline/ops": {"model_contract", "pipeline", "pipeline/shard", *TRANSFORMS},
+    "pipeline/shard": {"model_contract", "pipeline", "pipeline/ops", *TRANSFORMS},
+    "pipeline/retrieval": {"model_contract", "pipeline", "pipeline/ops", "pipeline/shard", *TRANSFORMS},
+    "pipeline/tools": {"model_contract", "pipeline", "pipeline/ops", "pipeline/shard", *TRANSFORMS},
+    "trainer": {"model_contract"},
+}
+# pipeline/ops reaches into the shard room for one module only: the committed dataset's state.
+OPS_INTO_SHARD = {"pipeline.shard.integrity"}
+
+
+def room_of(module: str, root: pathlib.Path) -> str:
+    """`pipeline.shard.plan` -> pipeline/shard; a top-level module of a package is the package's room."""
+    parts = module.split(".")
+    if parts[0] in ("model_contract", "trainer"):
+        return parts[0]
+    if len(parts) > 1 and (root / parts[0] / parts[1]).is_dir():
+        return f"{parts[0]}/{parts[1]}"
+    return parts[0]
+
+
+def imports_of(path: pathlib.Path) -> list:
+    """Every product module or package an import statement in `path` names (`from a.b import c` names a.b
+    and a.b.c: c may be a module)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+    return [n for n in out if n.split(".")[0] in PACKAGES]
+
+
+def arrows(root: pathlib.Path) -> list:
+    """(file, its room, imported module, that module's room) for every import between two rooms."""
+    out = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            rel = path.relative_to(root)
+            src = room_of(".".join(rel.with_suffix("").parts), root) if rel.name != "__init__.py" \
+                else room_of(".".join(rel.parent.parts) + ".x", root)
+            for name in imports_of(path):
+                dst = room_of(name, root)
+                if dst != src and dst in ALLOWED:
+                    out.append((str(rel), src, name, dst))
+    return out
+
+
+def forbidden(found: list) -> list:
+    bad = [a for a in found if a[3] not in ALLOWED.get(a[1], set())]  # a room not in the table may import none
+    bad += [a for a in found if a[1] == "pipeline/ops" and a[3] == "pipeline/shard"
+            and a[2] not in OPS_INTO_SHARD | {"pipeline.shard"}]
+    return bad
+
+
+def test_every_import_between_rooms_is_one_the_table_allows():
+    found = arrows(pathlib.Path(REPO))
+    assert ("pipeline/shard/plan.py", "pipeline/shard", "pipeline.ops.commit", "pipeline/ops") in found
+    assert forbidden(found) == []
+
+
+def test_a_forbidden_arrow_is_caught():
+    """The check itself can fail: transforms/ importing pipeline/, the trainer importing transforms/."""
+    found = [("transforms/shard/x.py", "transforms/shard", "pipeline.config", "pipeline"),
+             ("trainer/x.py", "trainer", "transforms.io.io_utils", "transforms/io"),
+             ("pipeline/ops/x.py", "pipeline/ops", "pipeline.shard.plan", "pipeline/shard"),
+             ("pipeline/ops/y.py", "pipeline/ops", "pipeline.shard.integrity", "pipeline/shard")]
+    assert [a[0] for a in forbidden(found)] == ["transforms/shard/x.py", "trainer/x.py", "pipeline/ops/x.py"]
