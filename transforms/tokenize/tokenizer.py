@@ -33,6 +33,9 @@ def resolve_path(path: str) -> str:
 def read_model_bytes(path: str) -> bytes:
     from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415 - keep this module light to import
 
+    if "://" not in path and os.path.isdir(path) and not os.path.exists(resolve_path(path)):
+        raise TokenizerError(f"--tokenizer {path}: a directory without a {HF_FILE_NAME}; --tokenizer takes "
+                             f"{formats.ACCEPTED}")
     path = resolve_path(path)
     try:
         with FileSystems.open(path, compression_type="uncompressed") as f:

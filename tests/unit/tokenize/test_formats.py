@@ -48,10 +48,16 @@ def test_format_is_read_from_content_and_anything_else_names_the_three(hf_bpe, t
     renamed = tmp_path / "weird.model"
     renamed.write_bytes(path.read_bytes())
     assert references.format_of(_load(renamed)[1]) == formats.HF_JSON
+    # random bytes, a JSON that is no tokenizer, text, bytes whose only "lines" are empty (not a tiktoken file),
+    # and a directory without a tokenizer.json
+    random_bytes = __import__("random").Random(0).randbytes(4096)
+    (tmp_path / "empty-dir").mkdir()
     for name, data in (("x.json", b'{"a": 1}'), ("x.model", b"\x00\x01garbage"), ("x.txt", b"hello world\n"),
-                       ("tokenizer.json", b"{not json")):
+                       ("tokenizer.json", b"{not json"), ("r.bin", random_bytes), ("nl.bin", b"\n\x02\x08\x01"),
+                       ("empty-dir", None)):
         bad = tmp_path / name
-        bad.write_bytes(data)
+        if data is not None:
+            bad.write_bytes(data)
         with pytest.raises(tokenizer.TokenizerError) as e:
             _load(bad)
         message = str(e.value)
