@@ -94,8 +94,8 @@ class ShardConfig:
         "fallback: ~16.5 bytes of peak RSS per byte, measured on 50 MB) stays within ~1.4 GB per worker",
         metavar="MB")
     max_pretoken_mb: float = option(
-        16.0, "a long document is tokenized in exact pieces cut at spaces before words; a stretch longer than "
-        "this without one is dead-lettered (pretoken_too_long)", metavar="MB")
+        16.0, "a long document is tokenized in exact pieces cut at spaces before words; a stretch of more than "
+        "this many MB of UTF-8 without one is dead-lettered (pretoken_too_long)", metavar="MB")
     max_zstd_window_mb: float = option(
         512.0, "largest zstd decompression window read (held in memory while a file is read; `zstd --long=N` "
         "files need 2^N bytes); files that need more are dead-lettered (zstd_window_too_large)", metavar="MB")

@@ -80,7 +80,7 @@ def options_of(config) -> TokenizerOptions:
 def long_document_plan(sp, model_bytes: bytes, config) -> "long_documents.LongDocuments":
     """How a worker encodes long documents: in exact pieces where the format allows (long_documents.py)."""
     mb = getattr(config, "max_pretoken_mb", None)
-    limit = int(mb * (1 << 20)) if mb else long_documents.DEFAULT_MAX_PRETOKEN_CHARS
+    limit = int(mb * (1 << 20)) if mb else long_documents.DEFAULT_MAX_PRETOKEN_BYTES
     return long_documents.plan(sp, model_bytes, limit)
 
 
@@ -153,7 +153,7 @@ def encode_batch(sp, texts: list, long_docs: Optional["long_documents.LongDocume
                 try:
                     out[i] = long_documents.encode_in_pieces(
                         lambda piece: sp.encode([piece], out_type=int, num_threads=1)[0], text,
-                        long_docs.dummy_prefix, long_docs.piece_chars, long_docs.max_pretoken_chars)
+                        long_docs.dummy_prefix, long_docs.piece_chars, long_docs.max_pretoken_bytes)
                 except long_documents.PretokenTooLong:
                     out[i] = None
         return out

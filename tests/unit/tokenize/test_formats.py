@@ -134,6 +134,11 @@ def test_hf_bpe_has_gpt_neox_settings_and_both_kinds_of_added_tokens(hf_bpe):
                                                                                      "<|padding|>": 1}
     _data, hf = _load(path)
     assert hf.encode("a" + " " * 4 + "b")[1] == spec["model"]["vocab"].__len__()  # the run is one added token
+    # gigatoken is given the file minus its special added tokens only: the whitespace runs stay vocabulary
+    given = json.loads(tb.gigatoken_tokenizer_json(path.read_bytes(), formats.HF_JSON))["added_tokens"]
+    assert [t["content"] for t in given] == [text for text, special in added.items() if not special]
+    data, _hf = _load(path)
+    assert list(tb.GigatokenEncoder(data, hf).encode("a" + " " * 4 + "b")) == hf.encode("a" + " " * 4 + "b")
 
 
 def test_contract_records_the_format_and_an_older_reader_still_reads_it(hf_bpe):
@@ -166,6 +171,8 @@ def test_gigatoken_matches_each_reference_on_real_text(hf_bpe):
     texts = _texts()
     data, hf = _load(path)
     assert tb.compare(hf, tb.GigatokenEncoder(data, hf), texts).exact
+    import gigatoken  # the encode caches' bound is the job's, not gigatoken's 512 MiB default
+    assert gigatoken.get_max_cache_bytes() == tb.GIGATOKEN_CACHE_BYTES
     llama = shared_data("tokenizers", "llama2-bpe-32k.model").read_bytes()
     sp = spm.SentencePieceProcessor(model_proto=llama)
     report = tb.compare(sp, tb.GigatokenEncoder(llama, sp), texts + _with_specials(references.special_tokens_of(sp)))

@@ -76,7 +76,7 @@ def test_the_fast_backend_in_pieces_and_the_jobs_encode_batch(hf_bpe, tiny_token
         encoder = ref
         if (("gigatoken", ref.format if hasattr(ref, "format") else "sentencepiece") in tb.SPOT_CHECK_EVERY):
             encoder = tb.GigatokenEncoder(data, ref, spot_check_every=1)  # every piece re-checked
-        plan = ld.plan(encoder, data, max_pretoken_chars=50_000, piece_chars=20_000)
+        plan = ld.plan(encoder, data, max_pretoken_bytes=50_000, piece_chars=20_000)
         token_less = "q" * 60_000  # one stretch over --max-pretoken-mb without a boundary
         out = tokenizer.encode_batch(encoder, ["short one", long_text, token_less, "x" * 30_000], plan)
         assert out[0].tolist() == list(ref.encode("short one"))
@@ -95,6 +95,12 @@ def test_cuts_are_word_starts_within_the_piece_size_and_a_long_run_is_refused():
     with pytest.raises(ld.PretokenTooLong, match="without a piece boundary"):
         ld.cuts(text, 100, 2000)
     assert ld.cuts("short", 100, 200) == []
+    # the limit is in UTF-8 bytes (the encoders' memory follows them): the stretch is the space before the run
+    # and 1,500 astral characters, 1,501 characters and 6,001 bytes
+    astral = "alpha beta " * 20 + "\U0001F600" * 1500 + " end"
+    assert ld.cuts(astral, 100, 6001)
+    with pytest.raises(ld.PretokenTooLong, match="6,001 bytes"):
+        ld.cuts(astral, 100, 6000)
 
 
 def test_a_normalizing_model_is_encoded_whole(tiny_tokenizer):
