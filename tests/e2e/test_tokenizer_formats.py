@@ -12,6 +12,7 @@ from pipeline import cli
 from pipeline.config import ShardConfig
 from pipeline.shard import shard_pipeline
 from pipeline.tools import dry_run
+from pipeline.tools.inspect_dataset import inspect
 from pipeline.tools.report import decoded_examples
 from pipeline.tools.sample_corpus import write_sample_corpus
 from pipeline.tools.verify import verify
@@ -85,9 +86,12 @@ def test_each_format_shards_exactly_and_the_trainer_reads_it(kind, trained, corp
     assert ids.shape == (2, 128) and 0 <= int(ids.min()) and int(ids.max()) < t.vocab_size
     with pytest.raises(ContractMismatchError, match="tokenizer"):
         open_dataset(DataConfig(path=str(out), tokenizer="0" * 64), model)
-    # the report decodes with the same tokenizer and options (a tiktoken file's pattern: the contract's) ...
+    # the report and inspect decode with the same tokenizer and options (a tiktoken file's pattern: the
+    # contract's): the first piece's text, not its ids ...
     shown = decoded_examples(str(out / "manifest.json"), manifest)["train"]
     assert shown["note"] == "" and isinstance(shown["text"], str) and shown["text"].strip(), shown
+    excerpt = inspect(str(out), examples=1).splitlines()[-1]
+    assert excerpt.strip() and not excerpt.startswith("["), excerpt
     # ... and the dry run loads it as the job does
     never = tmp_path / "never"
     est = dry_run.estimate(ShardConfig(**{**cfg.__dict__, "output": str(never)}), FAST_LOCAL, calibrated=False)
