@@ -7,8 +7,17 @@ Cases, each a fresh `pileprep shard` process tree at the default limits (FnApiRu
   ref     the good documents alone (a few MB of real text): the baseline the others are compared with
   bomb    a ~100 KB .jsonl.zst whose one line expands to 3 GiB (then one good line)
   noline  a 300 MB .jsonl of one line without a newline
-  limit   one document exactly at the default --max-line-mb, of digits (the worst case measured for the Llama 2
-          tokenizer: one token per byte, ~57 bytes of SentencePiece memory per byte of text)
+  limit   one document exactly at the default --max-line-mb, of digits (one token per byte, ~57 bytes of
+          SentencePiece memory per byte of text): a token-less run over --max-pretoken-mb, dead-lettered
+Worst-case documents at the default --max-line-mb that are written (tokenized in exact pieces,
+transforms/tokenize/long_documents.py), raw UTF-8 in the JSON line:
+  astral  words of three astral characters (byte fallback: 4 tokens per character) and a space
+  cjk     CJK characters with a space every 64 of them
+  run     one token-less run of astral characters just under --max-pretoken-mb (encoded in one call), then
+          astral words up to the limit
+  digits  one run of digits just under --max-pretoken-mb, then digit words up to the limit
+Each of these four is followed by one short document, which lets `auto` pass its parity sample and pick the fast
+backend (gigatoken for Llama 2); `--backend sentencepiece` measures the reference.
   blanks  4 Mi blank lines (then one good line)
 Two figures per case: the peak of the *sum* of RSS over the whole process tree (sampled every 50 ms with
 psutil) and the largest single process's ru_maxrss (RUSAGE_SELF / RUSAGE_CHILDREN inside the CLI process).
@@ -81,6 +90,22 @@ def write_case(case: str, root: str, max_line_bytes: int) -> None:
         digits = (b"0123456789" * (n // 10 + 1))[:n]
         with open(os.path.join(root, "limit.jsonl"), "wb") as f:
             f.write(head + digits + tail + b"\n")
+    elif case in ("astral", "cjk", "run", "digits"):
+        from pipeline.config import ShardConfig  # noqa: PLC0415 - the checkout's own default
+
+        head, tail = b'{"text": "', b'", "meta": {"pile_set_name": "S"}}'
+        n = max_line_bytes - len(head) - len(tail)
+        astral_word = "\U0001F600\U0001F680\U0001F9E0 ".encode()
+        word = {"astral": astral_word, "run": astral_word, "digits": b"0123456789 ",
+                "cjk": ("\u4e2d\u6587\u6587\u672c" * 16 + " ").encode()}[case]
+        run = b""
+        if case in ("run", "digits"):
+            run_bytes = int(ShardConfig.max_pretoken_mb * MiB) - 64
+            unit = "\U0001F600".encode() if case == "run" else b"0123456789"
+            run = (unit * (run_bytes // len(unit)))
+        body = run + b" " + word * ((n - len(run) - 1) // len(word))
+        with open(os.path.join(root, case + ".jsonl"), "wb") as f:  # + a short document: the parity sample
+            f.write(head + body + tail + b"\n" + after)  # (texts over 1 MiB are not in it), so auto can pick
     elif case == "blanks":
         with open(os.path.join(root, "blanks.jsonl"), "wb") as f:
             f.write(b"\n" * (4 << 20) + after)
@@ -98,12 +123,14 @@ def tree_rss(proc: psutil.Process) -> int:
     return total
 
 
-def run_case(case: str, tmp: str, tokenizer: str, workers: int, code_root: str, max_line_bytes: int) -> dict:
+def run_case(case: str, tmp: str, tokenizer: str, workers: int, code_root: str, max_line_bytes: int,
+             backend: str = "") -> dict:
     inputs = os.path.join(tmp, case)
     write_case(case, inputs, max_line_bytes)
     out = os.path.join(tmp, case + "-out")
     args = [sys.executable, "-c", _CODE, "shard", "--input", os.path.join(inputs, "*"), "--output", out,
             "--tokenizer", tokenizer, "--num-shards", "1", "--val-fraction", "0", "--test-fraction", "0",
+            *(["--tokenizer-backend", backend] if backend else []),
             "--runner=FnApiRunner", f"--direct_num_workers={workers}",
             "--direct_running_mode=" + ("multi_processing" if workers > 1 else "in_memory")]
     env = dict(os.environ, PYTHONPATH=code_root, OMP_WAIT_POLICY="PASSIVE")
@@ -137,6 +164,7 @@ def run_case(case: str, tmp: str, tokenizer: str, workers: int, code_root: str, 
         with open(manifest_path) as f:
             m = json.load(f)
         result["records"] = {k: m["records"][k] for k in ("read", "written", "filtered", "dead_lettered")}
+        result["backend"] = m.get("tokenizer_backend", {}).get("name", "")
     else:
         result["error"] = stderr.strip().splitlines()[-1][:300] if stderr.strip() else ""
     return result
@@ -148,6 +176,7 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--cases", default="ref,bomb,noline,limit,blanks")
     p.add_argument("--code-root", default=REPO, help="checkout whose pileprep runs (default: this one)")
+    p.add_argument("--backend", default="", help="--tokenizer-backend of the runs (default: the CLI's, auto)")
     p.add_argument("--max-line-mb", type=float, default=None,
                    help="size of the 'limit' document (default: this checkout's --max-line-mb default)")
     args = p.parse_args(argv)
@@ -160,7 +189,8 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory(prefix="memory-bench-") as tmp:
         for case in args.cases.split(","):
-            row = run_case(case, tmp, args.tokenizer, args.workers, args.code_root, int(max_line_mb * MiB))
+            row = run_case(case, tmp, args.tokenizer, args.workers, args.code_root, int(max_line_mb * MiB),
+                           args.backend)
             rows.append(row)
             print(json.dumps(row), flush=True)
     ref = next((r for r in rows if r["case"] == "ref"), None)

@@ -10,11 +10,13 @@ paragraphs of them and hand-made edge cases (special tokens written as text amon
 that loads it against the reference on every document, then times the reference per document on 1 thread and
 each backend as the job calls it (`encode` on batches of 64, 1 thread). Ratios are to the reference, same run.
 
-Measured (2-core shared machine, 4,208 documents: ../shared/data and the 24 MB sample corpus; timing on 400,
-best of 2; hf-bpe-8k: `pileprep tokenizer train --kind hf-bpe --vocab-size 8000` on the sample corpus):
-  Llama 2 (32k BPE): sentencepiece 0.85 M tok/s; kitoken 3.58x, splintr 6.61x, gigatoken 31.8x; 0 documents
-  differ for each.
-  hf-bpe-8k tokenizer.json: HF tokenizers `encode` 0.27 M tok/s; gigatoken 54x (wall) / 70x (CPU); 0 differ.
+Measured (2-core shared machine, 4,933 documents: ../shared/data and an 8 MB sample corpus; timing on all,
+best of 3, load 4.4; hf-bpe-8k: `pileprep tokenizer train --kind hf-bpe --vocab-size 8000` on the corpus; the
+table and the spot check's cost are in docs/BENCHMARKS.md):
+  Llama 2 (32k BPE): sentencepiece 0.94 M tok/s; kitoken 2.4x, splintr 4.2x, gigatoken 25.7x (wall; CPU: 3.1x,
+  4.6x, 23.2x); 0 documents differ for each.
+  hf-bpe-8k tokenizer.json: HF tokenizers `encode` 0.29 M tok/s; gigatoken 98x (wall) / 73x (CPU); 0 differ.
+  hf-bpe-8k .tiktoken: tiktoken `encode_ordinary` 1.68 M tok/s (the only backend).
 """
 from __future__ import annotations
 
@@ -115,9 +117,14 @@ def bench_one(path: str, options: TokenizerOptions, texts: list, time_docs: int,
     sub, sub_want = texts[::step][:time_docs or None], want[::step][:time_docs or None]
     tokens = sum(map(len, sub_want))
     runs = {f"{tb.REFERENCE_NAMES[kind]} (reference), per document": lambda ts: [ref.encode(t) for t in ts]}
+    runs_checked = {}
     for name, enc in encoders.items():
         runs[f"{name} (the job's call), batches of 64"] = (
             lambda ts, enc=enc: [enc.encode(ts[i:i + 64]) for i in range(0, len(ts), 64)])
+        every = tb.SPOT_CHECK_EVERY[name, kind]  # the workers' encoder: the same call, spot-checked 1 in N
+        checked = runs_checked[name] = type(enc)(data, ref, spot_check_every=every)
+        runs[f"{name} + spot check 1 in {every}"] = (
+            lambda ts, enc=checked: [enc.encode(ts[i:i + 64]) for i in range(0, len(ts), 64)])
     print(f"  timing on {len(sub):,} documents, {tokens:,} tokens, 1 thread")
     print(f"  {'':48s} {'M tok/s':>8s} {'ratio':>6s} {'M tok/CPU-s':>12s} {'ratio':>6s}")
     base = None
@@ -126,7 +133,16 @@ def bench_one(path: str, options: TokenizerOptions, texts: list, time_docs: int,
         base = base or (wall, cpu)
         print(f"  {label:48s} {wall / 1e6:8.2f} {wall / base[0]:6.2f} {cpu / 1e6:12.2f} {cpu / base[1]:6.2f}")
         name = label.split(" ")[0]
-        if name in result["backends"]:
+        if "spot check" in label:
+            plain = result["backends"][name]["ratio_cpu"]
+            result["backends"][name]["spot_check_cpu_cost"] = round(plain / (cpu / base[1]) - 1, 3)
+            c = runs_checked[name].counts  # summed over the repeats: the shares are the same each time
+            share_docs, share_bytes = c["checked_documents"] / c["documents"], c["checked_bytes"] / c["bytes"]
+            result["backends"][name].update(spot_check_document_share=round(share_docs, 5),
+                                            spot_check_byte_share=round(share_bytes, 5))
+            print(f"  {'':48s} spot check: +{100 * result['backends'][name]['spot_check_cpu_cost']:.1f}% CPU, "
+                  f"{100 * share_docs:.2f}% of documents, {100 * share_bytes:.2f}% of bytes re-encoded")
+        elif name in result["backends"]:
             result["backends"][name].update(ratio_wall=round(wall / base[0], 2), ratio_cpu=round(cpu / base[1], 2))
         else:
             result["reference_tokens_per_s"] = round(wall)

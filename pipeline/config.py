@@ -89,13 +89,14 @@ class ShardConfig:
         "Dolma)", flag="--source-field", metavar="FIELD")
     unit_mb: float = option(32.0, "raw text per tokenization work unit (the parallelism grain)", metavar="MB")
     max_line_mb: float = option(
-        64.0, "longer input lines are dead-lettered (line_too_long); bounds reader and tokenizer memory: long "
-        "documents tokenize in pieces, and a worst-case document at the limit (CJK, astral characters with byte "
-        "fallback: ~16.5 bytes of peak RSS per byte, measured on 50 MB) stays within ~1.4 GB per worker",
+        56.0, "longer input lines are dead-lettered (line_too_long); bounds reader and tokenizer memory: long "
+        "documents tokenize in exact pieces, and a worst-case document at the limit (one token per byte, with a "
+        "token-less run at --max-pretoken-mb) peaked at 1.25 GB in one worker (bench/memory_bench.py; 64 MB: 1.57 "
+        "GB, over the 1.5 GB per-worker bound)",
         metavar="MB")
     max_pretoken_mb: float = option(
-        16.0, "a long document is tokenized in exact pieces cut at spaces before words; a stretch longer than "
-        "this without one is dead-lettered (pretoken_too_long)", metavar="MB")
+        16.0, "a long document is tokenized in exact pieces cut at spaces before words; a stretch of more than "
+        "this many MB of UTF-8 without one is dead-lettered (pretoken_too_long)", metavar="MB")
     max_zstd_window_mb: float = option(
         512.0, "largest zstd decompression window read (held in memory while a file is read; `zstd --long=N` "
         "files need 2^N bytes); files that need more are dead-lettered (zstd_window_too_large)", metavar="MB")

@@ -370,7 +370,7 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
     total_in = sum(r["bytes"] for r in rows)
     if plan.nothing_to_do or not rows:
         return Estimate(0, 0, 0, 0, 0, 0, 0, 0, 0, {}, 0, 0, {}, 0, 0.0, nothing_to_do=True)
-    sp = tokenizer.load_processor(plan.model_bytes, config.tokenizer)
+    sp = tokenizer.load_processor(plan.model_bytes, config.tokenizer, tokenizer.options_of(config))
     if plan.tokenizer_backend is not None:  # the encoder the job's workers would run, so its rate is theirs
         from transforms.tokenize import tokenizer_backends  # noqa: PLC0415
 

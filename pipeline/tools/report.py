@@ -559,12 +559,14 @@ def decoded_examples(manifest_file: str, manifest) -> dict:
 
     sp, note = None, ""
     path = manifest.config.get("tokenizer")
-    try:
-        model = io_utils.read_bytes(path) if isinstance(path, str) and path else None
-        if model is not None and hashlib.sha256(model).hexdigest() == manifest.contract.tokenizer.model_sha256:
-            from transforms.tokenize import tokenizer  # noqa: PLC0415
+    from transforms.tokenize import tokenizer  # noqa: PLC0415
 
-            sp = tokenizer.load_processor(model, path)
+    try:
+        # a directory stands for its tokenizer.json, and the contract holds the options the file does not carry
+        # (a tiktoken file's pattern and special tokens, --eos-token): as inspect and verify load it
+        model = io_utils.read_bytes(tokenizer.resolve_path(path)) if isinstance(path, str) and path else None
+        if model is not None and hashlib.sha256(model).hexdigest() == manifest.contract.tokenizer.model_sha256:
+            sp = tokenizer.load_for_info(model, manifest.contract.tokenizer, path)
         else:
             note = "token ids: the tokenizer file has changed since the run"
     except (OSError, ValueError, RuntimeError) as e:

@@ -11,10 +11,13 @@ from model_contract import ContractMismatchError, Manifest, decode_example, iter
 from pipeline import cli
 from pipeline.config import ShardConfig
 from pipeline.shard import shard_pipeline
+from pipeline.tools import dry_run
+from pipeline.tools.inspect_dataset import inspect
+from pipeline.tools.report import decoded_examples
 from pipeline.tools.sample_corpus import write_sample_corpus
 from pipeline.tools.verify import verify
 from tests.corpus_fixtures import pile_line, write_good_corpus
-from tests.ops_fixtures import FAST_LOCAL, run_cli
+from tests.ops_fixtures import FAST_LOCAL, dataset_files, run_cli
 from trainer.config import DataConfig, model_config
 from trainer.data import ShardLoader, open_dataset
 
@@ -83,6 +86,25 @@ def test_each_format_shards_exactly_and_the_trainer_reads_it(kind, trained, corp
     assert ids.shape == (2, 128) and 0 <= int(ids.min()) and int(ids.max()) < t.vocab_size
     with pytest.raises(ContractMismatchError, match="tokenizer"):
         open_dataset(DataConfig(path=str(out), tokenizer="0" * 64), model)
+    # the report and inspect decode with the same tokenizer and options (a tiktoken file's pattern: the
+    # contract's): the first piece's text, not its ids ...
+    shown = decoded_examples(str(out / "manifest.json"), manifest)["train"]
+    assert shown["note"] == "" and isinstance(shown["text"], str) and shown["text"].strip(), shown
+    excerpt = inspect(str(out), examples=1).splitlines()[-1]
+    assert excerpt.strip() and not excerpt.startswith("["), excerpt
+    # ... and the dry run loads it as the job does
+    never = tmp_path / "never"
+    est = dry_run.estimate(ShardConfig(**{**cfg.__dict__, "output": str(never)}), FAST_LOCAL, calibrated=False)
+    assert est.tokens_per_split["train"] > 0 and not never.exists()
+    if kind == "hf-tokenizer-json":  # two backends read a tokenizer.json: gigatoken (auto's pick) and tokenizers
+        assert manifest.extra["tokenizer_backend"]["name"] == "gigatoken"
+        ref = tmp_path / "reference"
+        shard_pipeline.run(ShardConfig(**{**cfg.__dict__, "output": str(ref), "tokenizer_backend": "reference"}),
+                           FAST_LOCAL, progress_every_s=0)
+        a, b = dataset_files(out), dataset_files(ref)
+        ran = json.loads(b["manifest.json"])["tokenizer_backend"]["name"]
+        assert ran == "tokenizers" and a.keys() == b.keys()
+        assert [k for k in a if "manifest.json" not in k and a[k] != b[k]] == []  # only the manifests name it
 
 
 def test_bad_tokenizer_options_exit_2_with_one_line(trained, corpus, tmp_path, capsys):

@@ -79,7 +79,9 @@ def detect(data: bytes) -> str:
 
 def _looks_tiktoken(data: bytes) -> bool:
     lines = data[:1 << 16].split(b"\n")[:-1] or [data]
-    return all(_TIKTOKEN_LINE.fullmatch(line.rstrip(b"\r")) for line in lines[:200] if line.strip())
+    filled = [line for line in lines[:200] if line.strip()]
+    # at least one rank line: a binary file whose first newline comes first has no filled line at all
+    return bool(filled) and all(_TIKTOKEN_LINE.fullmatch(line.rstrip(b"\r")) for line in filled)
 
 
 def tiktoken_ranks(data: bytes) -> dict:

@@ -12,8 +12,11 @@ encoders can join tokens across it:
   before it), so a pre-token always starts at that space, and the match from there on sees the same characters
   (its lookaheads look forward only; the piece before ends in a non-space, so `\s+$` cannot match at its end).
   BPE never crosses pre-tokens; whitespace-run added tokens cannot span it.
-A stretch of more than `max_pretoken_chars` without such a boundary (one huge token-less run) is the caller's to
-dead-letter (`pretoken_too_long`): its encoding alone would need memory in proportion to its length.
+A stretch of more than `max_pretoken_bytes` of UTF-8 without such a boundary (one huge token-less run) is the
+caller's to dead-letter (`pretoken_too_long`): it is encoded in one call, whose memory grows with its length. Bytes,
+not characters: the encoders' memory follows the bytes (measured with the Llama 2 model on a 16 Mi-character run
+of astral characters, 64 MiB: gigatoken's one call peaked 1.6 GB above its start, sp.encode 0.96 GB; on 16 MiB of
+digits 0.40 and 0.90 GB; bench/memory_bench.py has the whole-run figures).
 Exactness is also measured: tests/unit/tokenize/test_long_documents.py compares with whole-document encoding on
 every document of the sample data cut into tiny pieces.
 """
@@ -28,7 +31,7 @@ import numpy as np
 from transforms.tokenize import formats, references
 
 PIECE_CHARS = 1 << 20  # ~1 MiB pieces: the encoders' memory per call stays that of a 1 MiB text
-DEFAULT_MAX_PRETOKEN_CHARS = 16 << 20
+DEFAULT_MAX_PRETOKEN_BYTES = 16 << 20
 PRETOKEN_TOO_LONG = "pretoken_too_long"
 _CUT = re.compile(r"(?<=\S) (?=\S)")  # a single space between two non-space characters
 _SAFE_HF_NORMALIZERS = (None, "NFC")
@@ -41,14 +44,14 @@ class LongDocuments:
     reason: str = ""
     dummy_prefix: bool = False
     piece_chars: int = PIECE_CHARS
-    max_pretoken_chars: int = DEFAULT_MAX_PRETOKEN_CHARS
+    max_pretoken_bytes: int = DEFAULT_MAX_PRETOKEN_BYTES
 
 
-def plan(sp, model_bytes: Optional[bytes], max_pretoken_chars: int = DEFAULT_MAX_PRETOKEN_CHARS,
+def plan(sp, model_bytes: Optional[bytes], max_pretoken_bytes: int = DEFAULT_MAX_PRETOKEN_BYTES,
          piece_chars: int = PIECE_CHARS) -> LongDocuments:
     reason = piecewise_reason(getattr(sp, "reference", sp), model_bytes)
     return LongDocuments(not reason, reason, dummy_prefix(getattr(sp, "reference", sp), model_bytes),
-                         min(piece_chars, max_pretoken_chars), max_pretoken_chars)
+                         min(piece_chars, max_pretoken_bytes), max_pretoken_bytes)
 
 
 class PretokenTooLong(ValueError):
@@ -93,9 +96,9 @@ def _last_cut(text: str, lo: int, hi: int) -> int:
     return -1
 
 
-def cuts(text: str, piece_chars: int = PIECE_CHARS, max_pretoken_chars: int = DEFAULT_MAX_PRETOKEN_CHARS) -> list:
+def cuts(text: str, piece_chars: int = PIECE_CHARS, max_pretoken_bytes: int = DEFAULT_MAX_PRETOKEN_BYTES) -> list:
     """Start offsets of the pieces after the first: each the last boundary within `piece_chars` of the previous
-    one, or the first one after it; PretokenTooLong when a stretch longer than `max_pretoken_chars` has none."""
+    one, or the first one after it; PretokenTooLong when a stretch longer than `max_pretoken_bytes` has none."""
     out = []
     pos, n = 0, len(text)
     while n - pos > piece_chars:
@@ -103,9 +106,10 @@ def cuts(text: str, piece_chars: int = PIECE_CHARS, max_pretoken_chars: int = DE
         if cut < 0:  # no boundary within a piece: the stretch runs to the next one (or the end)
             m = _CUT.search(text, pos + piece_chars + 1)
             cut = m.start() if m else n
-            if cut - pos > max_pretoken_chars:
-                raise PretokenTooLong(f"{cut - pos:,} characters without a piece boundary (a space between "
-                                      f"words); --max-pretoken-mb allows {max_pretoken_chars:,}")
+            size = _utf8_size(text, pos, cut, max_pretoken_bytes)
+            if size > max_pretoken_bytes:
+                raise PretokenTooLong(f"{size:,} bytes without a piece boundary (a space between words); "
+                                      f"--max-pretoken-mb allows {max_pretoken_bytes:,}")
             if cut == n:
                 break
         out.append(cut)
@@ -113,11 +117,24 @@ def cuts(text: str, piece_chars: int = PIECE_CHARS, max_pretoken_chars: int = DE
     return out
 
 
+def _utf8_size(text: str, a: int, b: int, limit: int) -> int:
+    """The UTF-8 size of text[a:b], counted 1 Mi characters at a time (no copy of a long stretch), or a bound
+    on the same side of `limit` when the length in characters decides it (a character is 1-4 bytes)."""
+    if b - a > limit:
+        return b - a
+    if 4 * (b - a) <= limit:
+        return 4 * (b - a) if b - a else 0
+    size = 0
+    for i in range(a, b, PIECE_CHARS):
+        size += len(text[i:min(b, i + PIECE_CHARS)].encode("utf-8", "surrogatepass"))
+    return size
+
+
 def encode_in_pieces(encode, text: str, dummy_prefix: bool, piece_chars: int = PIECE_CHARS,
-                     max_pretoken_chars: int = DEFAULT_MAX_PRETOKEN_CHARS) -> np.ndarray:
+                     max_pretoken_bytes: int = DEFAULT_MAX_PRETOKEN_BYTES) -> np.ndarray:
     """The ids of `text` as int32, encoded piece by piece with `encode(piece) -> ids`; `dummy_prefix`: the
     encoder prepends `▁` itself (SentencePiece's add_dummy_prefix), so later pieces drop their leading space."""
-    bounds = [0, *cuts(text, piece_chars, max_pretoken_chars), len(text)]
+    bounds = [0, *cuts(text, piece_chars, max_pretoken_bytes), len(text)]
     parts = []
     for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
         piece = text[a + 1 if (i and dummy_prefix) else a:b]

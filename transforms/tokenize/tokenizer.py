@@ -33,6 +33,9 @@ def resolve_path(path: str) -> str:
 def read_model_bytes(path: str) -> bytes:
     from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415 - keep this module light to import
 
+    if "://" not in path and os.path.isdir(path) and not os.path.exists(resolve_path(path)):
+        raise TokenizerError(f"--tokenizer {path}: a directory without a {HF_FILE_NAME}; --tokenizer takes "
+                             f"{formats.ACCEPTED}")
     path = resolve_path(path)
     try:
         with FileSystems.open(path, compression_type="uncompressed") as f:
@@ -77,7 +80,7 @@ def options_of(config) -> TokenizerOptions:
 def long_document_plan(sp, model_bytes: bytes, config) -> "long_documents.LongDocuments":
     """How a worker encodes long documents: in exact pieces where the format allows (long_documents.py)."""
     mb = getattr(config, "max_pretoken_mb", None)
-    limit = int(mb * (1 << 20)) if mb else long_documents.DEFAULT_MAX_PRETOKEN_CHARS
+    limit = int(mb * (1 << 20)) if mb else long_documents.DEFAULT_MAX_PRETOKEN_BYTES
     return long_documents.plan(sp, model_bytes, limit)
 
 
@@ -150,7 +153,7 @@ def encode_batch(sp, texts: list, long_docs: Optional["long_documents.LongDocume
                 try:
                     out[i] = long_documents.encode_in_pieces(
                         lambda piece: sp.encode([piece], out_type=int, num_threads=1)[0], text,
-                        long_docs.dummy_prefix, long_docs.piece_chars, long_docs.max_pretoken_chars)
+                        long_docs.dummy_prefix, long_docs.piece_chars, long_docs.max_pretoken_bytes)
                 except long_documents.PretokenTooLong:
                     out[i] = None
         return out

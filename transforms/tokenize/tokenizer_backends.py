@@ -46,10 +46,14 @@ FAST_BACKENDS = {formats.SENTENCEPIECE: ("gigatoken", "splintr", "kitoken"), for
                  formats.TIKTOKEN: ()}
 REFERENCE_NAMES = {formats.SENTENCEPIECE: "sentencepiece", formats.HF_JSON: "tokenizers", formats.TIKTOKEN: "tiktoken"}
 # Spot check 1 document in N: the check re-encodes ~1/N of the bytes with the reference, which is `speed-up` times
-# slower than the backend, so its cost is ~speed-up/N of the tokenize stage; N >= 20 x the measured speed-up keeps
-# it <= 5%. Measured per thread (bench/tokenizer_backend_bench.py, same run): gigatoken 31.8x sentencepiece on
-# Llama 2 (1 in 1024: ~3.1%) and 54-70x HF tokenizers on a trained byte-level BPE (1 in 2048: ~3.4%); splintr
-# 6.6x (1 in 256: 2.6%), kitoken 3.6x (1 in 128: 2.8%).
+# slower than the backend, so its cost is ~speed-up/N of the encode; N >= 20 x the measured speed-up keeps it
+# <= 5% of the tokenize stage (which is more than the encode: parsing, ids, spill). Measured again with the
+# bench's 4,938 documents (12 alternating runs, load ~3.9): the check's whole cost, picking and re-encoding, was
+# +9.6% (Llama 2) and +7.3% (HF byte-level BPE) of gigatoken's encode CPU, ~0.01 CPU-s per 9.8 MB of text,
+# i.e. ~0.5% of the split + tokenize stage's 5.0 CPU-s on 24 MB (docs/BENCHMARKS.md). Speed-ups per thread
+# (bench/tokenizer_backend_bench.py, same run, CPU): gigatoken 23-32x sentencepiece on Llama 2 (1 in 1024:
+# 2.3-3.1%) and 58-73x HF tokenizers on a trained byte-level BPE (1 in 2048: 2.8-3.6%); splintr 4.6-8.5x (1 in
+# 256: <= 3.3%), kitoken 3.1-3.6x (1 in 128: <= 2.8%).
 SPOT_CHECK_EVERY = {("gigatoken", formats.SENTENCEPIECE): 1024, ("gigatoken", formats.HF_JSON): 2048,
                     ("splintr", formats.SENTENCEPIECE): 256, ("kitoken", formats.SENTENCEPIECE): 128}
 # The driver's parity sample: the run's documents checked against the reference before any worker starts. The
@@ -231,13 +235,32 @@ def _as_list(ids) -> list:
     return ids.tolist() if hasattr(ids, "tolist") else list(ids)
 
 
+SPOT_KEY_CHARS = 256
+
+
+def utf8_size(text: str) -> int:
+    """len(text.encode("utf-8")) without the copy for ASCII text (str.isascii reads a flag of the string)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def spot_check_key(text: str) -> int:
+    """What picks the spot-checked documents: a CRC-32 of the text's first SPOT_KEY_CHARS characters seeded with
+    its length, so the same documents are picked on any worker or bundle. Not of the whole text: beside
+    gigatoken, a UTF-8 copy and CRC of every document cost more than the re-encodes they pick (measured on the
+    1,226 documents of ../shared/data and an 8 MB sample corpus, CPU of the bookkeeping alone against gigatoken's
+    encode: 3.8% -> 0.9% with Llama 2, 5.3% -> 1.4% with an HF byte-level BPE). bench/tokenizer_backend_bench.py
+    times the job's call with and without the check."""
+    return zlib.crc32(text[:SPOT_KEY_CHARS].encode("utf-8", "surrogatepass"), len(text) & 0xFFFFFFFF)
+
+
 class _SpotChecked:
     """SentencePiece-compatible `encode(texts, out_type=int, num_threads=1)` on a fast backend, spot-checked.
 
-    Every `spot_check_every`-th document (by a hash of its text: the same documents whatever the worker or
-    bundle) is re-encoded with the reference and compared; a mismatch raises BackendMismatchError. `reference`
-    is the format's reference encoder: transforms.tokenize.tokenizer.encode_batch sends very long texts to it (the
-    fast backends' memory per byte is higher). `counts` holds documents and bytes seen and spot-checked."""
+    Every `spot_check_every`-th document (by `spot_check_key` of its text: the same documents whatever the
+    worker or bundle) is re-encoded with the reference and compared; a mismatch raises BackendMismatchError.
+    `reference` is the format's reference encoder: transforms.tokenize.tokenizer.encode_batch sends very long
+    texts that cannot be cut into exact pieces to it (the fast backends' memory per byte is higher). `counts`
+    holds documents and bytes seen and spot-checked."""
     name = ""
 
     def __init__(self, sp, spot_check_every: int):
@@ -256,20 +279,27 @@ class _SpotChecked:
         ids = self._encode_all(batch)
         if self.spot_check_every:
             counts = self.counts
-            for text, got in zip(batch, ids):
-                raw = text.encode("utf-8", "surrogatepass")
-                counts["documents"] += 1
-                counts["bytes"] += len(raw)
-                if zlib.crc32(raw) % self.spot_check_every == 0:
-                    self.spot_checked += 1
-                    counts["checked_documents"] += 1
-                    counts["checked_bytes"] += len(raw)
-                    want = _as_list(self._sp.encode(text, out_type=int))
-                    if want != _as_list(got):
-                        raise BackendMismatchError(
-                            f"{self.name} and {REFERENCE_NAMES[references.format_of(self._sp)]} disagree on a "
-                            f"{len(text)}-character document (first ids {_as_list(got[:8])} vs {want[:8]}); rerun "
-                            f"with --tokenizer-backend reference")
+            every = self.spot_check_every
+            size_all = checked = checked_size = 0
+            crc = zlib.crc32
+            for text, got in zip(batch, ids):  # utf8_size and spot_check_key inlined: ~25% less per document
+                size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+                size_all += size
+                if crc(text[:SPOT_KEY_CHARS].encode("utf-8", "surrogatepass"), len(text) & 0xFFFFFFFF) % every:
+                    continue
+                checked += 1
+                checked_size += size
+                want = _as_list(self._sp.encode(text, out_type=int))
+                if want != _as_list(got):
+                    raise BackendMismatchError(
+                        f"{self.name} and {REFERENCE_NAMES[references.format_of(self._sp)]} disagree on a "
+                        f"{len(text)}-character document (first ids {_as_list(got[:8])} vs {want[:8]}); rerun "
+                        f"with --tokenizer-backend reference")
+            self.spot_checked += checked
+            counts["documents"] += len(batch)
+            counts["bytes"] += size_all
+            counts["checked_documents"] += checked
+            counts["checked_bytes"] += checked_size
         return ids[0] if single else ids
 
 

@@ -48,10 +48,16 @@ def test_format_is_read_from_content_and_anything_else_names_the_three(hf_bpe, t
     renamed = tmp_path / "weird.model"
     renamed.write_bytes(path.read_bytes())
     assert references.format_of(_load(renamed)[1]) == formats.HF_JSON
+    # random bytes, a JSON that is no tokenizer, text, bytes whose only "lines" are empty (not a tiktoken file),
+    # and a directory without a tokenizer.json
+    random_bytes = __import__("random").Random(0).randbytes(4096)
+    (tmp_path / "empty-dir").mkdir()
     for name, data in (("x.json", b'{"a": 1}'), ("x.model", b"\x00\x01garbage"), ("x.txt", b"hello world\n"),
-                       ("tokenizer.json", b"{not json")):
+                       ("tokenizer.json", b"{not json"), ("r.bin", random_bytes), ("nl.bin", b"\n\x02\x08\x01"),
+                       ("empty-dir", None)):
         bad = tmp_path / name
-        bad.write_bytes(data)
+        if data is not None:
+            bad.write_bytes(data)
         with pytest.raises(tokenizer.TokenizerError) as e:
             _load(bad)
         message = str(e.value)
@@ -128,6 +134,11 @@ def test_hf_bpe_has_gpt_neox_settings_and_both_kinds_of_added_tokens(hf_bpe):
                                                                                      "<|padding|>": 1}
     _data, hf = _load(path)
     assert hf.encode("a" + " " * 4 + "b")[1] == spec["model"]["vocab"].__len__()  # the run is one added token
+    # gigatoken is given the file minus its special added tokens only: the whitespace runs stay vocabulary
+    given = json.loads(tb.gigatoken_tokenizer_json(path.read_bytes(), formats.HF_JSON))["added_tokens"]
+    assert [t["content"] for t in given] == [text for text, special in added.items() if not special]
+    data, _hf = _load(path)
+    assert list(tb.GigatokenEncoder(data, hf).encode("a" + " " * 4 + "b")) == hf.encode("a" + " " * 4 + "b")
 
 
 def test_contract_records_the_format_and_an_older_reader_still_reads_it(hf_bpe):
@@ -160,6 +171,8 @@ def test_gigatoken_matches_each_reference_on_real_text(hf_bpe):
     texts = _texts()
     data, hf = _load(path)
     assert tb.compare(hf, tb.GigatokenEncoder(data, hf), texts).exact
+    import gigatoken  # the encode caches' bound is the job's, not gigatoken's 512 MiB default
+    assert gigatoken.get_max_cache_bytes() == tb.GIGATOKEN_CACHE_BYTES
     llama = shared_data("tokenizers", "llama2-bpe-32k.model").read_bytes()
     sp = spm.SentencePieceProcessor(model_proto=llama)
     report = tb.compare(sp, tb.GigatokenEncoder(llama, sp), texts + _with_specials(references.special_tokens_of(sp)))

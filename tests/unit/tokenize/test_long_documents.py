@@ -76,7 +76,7 @@ def test_the_fast_backend_in_pieces_and_the_jobs_encode_batch(hf_bpe, tiny_token
         encoder = ref
         if (("gigatoken", ref.format if hasattr(ref, "format") else "sentencepiece") in tb.SPOT_CHECK_EVERY):
             encoder = tb.GigatokenEncoder(data, ref, spot_check_every=1)  # every piece re-checked
-        plan = ld.plan(encoder, data, max_pretoken_chars=50_000, piece_chars=20_000)
+        plan = ld.plan(encoder, data, max_pretoken_bytes=50_000, piece_chars=20_000)
         token_less = "q" * 60_000  # one stretch over --max-pretoken-mb without a boundary
         out = tokenizer.encode_batch(encoder, ["short one", long_text, token_less, "x" * 30_000], plan)
         assert out[0].tolist() == list(ref.encode("short one"))
@@ -95,6 +95,12 @@ def test_cuts_are_word_starts_within_the_piece_size_and_a_long_run_is_refused():
     with pytest.raises(ld.PretokenTooLong, match="without a piece boundary"):
         ld.cuts(text, 100, 2000)
     assert ld.cuts("short", 100, 200) == []
+    # the limit is in UTF-8 bytes (the encoders' memory follows them): the stretch is the space before the run
+    # and 1,500 astral characters, 1,501 characters and 6,001 bytes
+    astral = "alpha beta " * 20 + "\U0001F600" * 1500 + " end"
+    assert ld.cuts(astral, 100, 6001)
+    with pytest.raises(ld.PretokenTooLong, match="6,001 bytes"):
+        ld.cuts(astral, 100, 6000)
 
 
 def test_a_normalizing_model_is_encoded_whole(tiny_tokenizer):
@@ -105,3 +111,22 @@ def test_a_normalizing_model_is_encoded_whole(tiny_tokenizer):
     assert not plan.exact and "normalizes" in plan.reason
     out = tokenizer.encode_batch(ref, ["word " * 300_000], ld.plan(ref, data, piece_chars=1000))
     assert out[0].tolist() == ref.encode("word " * 300_000)
+
+
+def test_the_job_writes_long_documents_and_dead_letters_a_stretch_over_max_pretoken_mb(tmp_path, tiny_tokenizer):
+    from pipeline.config import ShardConfig
+    from pipeline.shard import shard_pipeline
+    from tests.corpus_fixtures import pile_line
+    from tests.ops_fixtures import FAST_LOCAL
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    token_less = "q" * 20_000 + " tail"  # 20 KB without a piece boundary, over --max-pretoken-mb 0.01
+    (inputs / "a.jsonl").write_bytes(pile_line(token_less, "S") + pile_line("word " * 6_000, "S")
+                                     + pile_line("short", "S"))
+    cfg = ShardConfig(inputs=(str(inputs / "*"),), output=str(tmp_path / "out"), tokenizer=tiny_tokenizer,
+                      seq_len=128, num_shards=1, val_fraction=0.0, test_fraction=0.0, max_pretoken_mb=0.01)
+    manifest = shard_pipeline.run(cfg, FAST_LOCAL, progress_every_s=0)
+    # the 30 KB document is written in exact pieces of ~10 KB; the token-less stretch is dead-lettered
+    assert manifest["records"]["written"] == 2
+    assert manifest["records"]["dead_lettered"] == {ld.PRETOKEN_TOO_LONG: 1}
