@@ -10,7 +10,7 @@ SEQ_LEN ?= 2048
 # torch's OpenMP threads spin and slow TF/Beam in the same process; passive waits cost nothing here.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: help setup shard test test-fast bench bench-megatron bench-profile train clean flex-template worker-image env airflow retrieval retrieval-bench
+.PHONY: help setup shard test test-fast bench bench-dry-run bench-megatron bench-profile train clean flex-template worker-image env airflow retrieval retrieval-bench
 
 # `make help` lists targets with a `## text` after their prerequisites, and these:
 ##@ shard: tokenize, pack and shard the embedded sample corpus into out/sample (TOKENIZER=, SEQ_LEN=)
@@ -57,13 +57,18 @@ test-fast: $(STAMP) ## the unit tests only (tests/unit/<room>/, marker unit), a 
 	$(BIN)/python -m pytest -q tests/unit -m unit
 
 # The Llama 2 model from ../shared/data when present (else the sample one); TOKENIZER=, BENCH_ARGS=--quick to override.
+BENCH_SCRIPT ?= bench/shard_bench.py
 bench: $(STAMP) ## shard throughput and peak RSS at 24/96/384 MB vs raw SentencePiece, per backend (~15-20 min)
 ifeq ($(origin TOKENIZER),file)
 	test -f ../shared/data/tokenizers/llama2-bpe-32k.model || $(MAKE) $(SAMPLE_TOKENIZER)
-	$(BIN)/python bench/shard_bench.py $(BENCH_ARGS)
+	$(BIN)/python $(BENCH_SCRIPT) $(BENCH_ARGS)
 else
-	$(BIN)/python bench/shard_bench.py --tokenizer $(TOKENIZER) $(BENCH_ARGS)
+	$(BIN)/python $(BENCH_SCRIPT) --tokenizer $(TOKENIZER) $(BENCH_ARGS)
 endif
+
+# The same corpora and tokenizer choice as `make bench`; BENCH_ARGS='--sizes 96' for the smaller one alone.
+bench-dry-run: $(STAMP) ## `pileprep shard --dry-run` vs the real run at 96/384 MB: core-s and output bytes (~5 min)
+	$(MAKE) bench BENCH_SCRIPT=bench/dry_run_bench.py
 
 # MEGATRON_DIR=<a Megatron-LM checkout, e.g. tag core_v0.16.1>: its preprocess_data.py beside pileprep shard.
 bench-megatron: $(STAMP) ## Megatron-LM's preprocess_data.py vs pileprep shard, same documents, 96/384 MB

@@ -209,8 +209,9 @@ UNIT_MB = 3
 
 
 def run_measured(args: list, env: dict, cwd: str, stdout, stderr) -> dict:
-    """Run a command to its end: exit code, wall (start to exit), peak RSS of the largest process (wait4's
-    ru_maxrss: the process and every child it reaped) and of the whole process tree (sampled every 50 ms)."""
+    """Run a command to its end: exit code, wall (start to exit), CPU seconds (user + system) of the process and
+    every child it reaped (wait4's rusage), peak RSS of the largest process (wait4's ru_maxrss) and of the whole
+    process tree (sampled every 50 ms)."""
     start = time.perf_counter()
     child = subprocess.Popen(args, stdout=stdout, stderr=stderr, env=env, cwd=cwd)
     peak_tree, done = [0], threading.Event()
@@ -230,19 +231,26 @@ def run_measured(args: list, env: dict, cwd: str, stdout, stderr) -> dict:
     child.returncode = os.waitstatus_to_exitcode(status)
     done.set()
     sampler.join()
-    return {"returncode": child.returncode, "wall": wall, "largest_mb": usage.ru_maxrss * 1024 / MiB,
+    return {"returncode": child.returncode, "wall": wall, "cpu_s": usage.ru_utime + usage.ru_stime,
+            "largest_mb": usage.ru_maxrss * 1024 / MiB,
             "tree_mb": peak_tree[0] / MiB}
 
 
-def run_pipeline(root: str, tokenizer: str, out: str, backend: str, seq_len: int, beam_args: list) -> dict:
-    """One `pileprep shard` in a fresh process: wall (process and job), tokens, backend, peak RSS."""
+def shard_args(root: str, tokenizer: str, out: str, backend: str, seq_len: int, beam_args: list) -> list:
+    """The `pileprep shard` command line the bench runs on a corpus (bench/dry_run_bench.py runs it too)."""
     files = corpus_files(root)
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out + "-logs", exist_ok=True)
-    args = [sys.executable, "-m", "pipeline.cli", "shard", "--input", *files["train"],
+    return [sys.executable, "-m", "pipeline.cli", "shard", "--input", *files["train"],
             "--val-input", files["val"], "--test-input", files["test"], "--output", out,
             "--tokenizer", tokenizer, "--seq-len", str(seq_len), "--target-shard-mb", "16",
             "--unit-mb", str(UNIT_MB), "--tokenizer-backend", backend, "--progress-every", "0", *beam_args]
+
+
+def run_pipeline(root: str, tokenizer: str, out: str, backend: str, seq_len: int, beam_args: list) -> dict:
+    """One `pileprep shard` in a fresh process: wall (process and job), CPU, tokens, output bytes, backend,
+    peak RSS."""
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out + "-logs", exist_ok=True)
+    args = shard_args(root, tokenizer, out, backend, seq_len, beam_args)
     with open(os.path.join(out + "-logs", "stdout"), "w+") as so, open(os.path.join(out + "-logs", "stderr"),
                                                                        "w+") as se:
         run = run_measured(args, _env(), REPO, so, se)
@@ -260,7 +268,8 @@ def run_pipeline(root: str, tokenizer: str, out: str, backend: str, seq_len: int
               "tokens": sum(s["tokens"] for s in manifest["splits"].values()),
               "documents": sum(s["documents"] for s in manifest["splits"].values()),
               "backend_ran": chosen.get("name", "sentencepiece" if backend == "sentencepiece" else "?"),
-              "backend_reason": chosen.get("reason", ""),
+              "backend_reason": chosen.get("reason", ""), "cpu_s": run["cpu_s"],
+              "output_bytes": sum(s["bytes"] for s in manifest["shards"]), "shards": len(manifest["shards"]),
               "largest_mb": run["largest_mb"], "tree_mb": run["tree_mb"]}
     shutil.rmtree(out, ignore_errors=True)  # the 16× output is ~0.5 GB; only the figures are kept
     return result

@@ -13,10 +13,12 @@ read+parse per input byte, tokenize per text byte *of each source* (code, prose 
 different rates, so each source's own measured rate is scaled by that source's estimated bytes), pack+encode
 per example. Those stage timings miss what the job adds around them (document ids, statistics, spill writes,
 hashing, the runner's per-element cost), so the dry run also runs the job itself, in this process, on a slice of
-the sample (CALIBRATION_BYTES of raw lines from the sampled files, recompressed as they were) and scales the stage
-model by the ratio of the job's CPU to the model's on that same slice (`Calibration`). The CPU of a run of one
-record is subtracted first: start-up is reported on its own. A machine-dependent estimate, not a promise. Wall time on N workers (`--dry-run-workers`) is the
-driver's measured planning time plus core-hours / N, i.e. perfect scaling: a lower bound.
+the sample (CALIBRATION_BYTES of raw lines from the sampled files, recompressed as they were) and on its half, and
+adds to the stage model what the job's marginal CPU per byte between the two exceeds the model's on that same
+slice, times the input's raw bytes (`Calibration`), and the CPU a run spends above a one-record run; the
+one-record run's own CPU (start-up) is left out: it is the same for any input. A machine-dependent estimate, not
+a promise. Wall time on N workers (`--dry-run-workers`) is the driver's measured planning time plus
+core-hours / N, i.e. perfect scaling: a lower bound.
 
 Not modelled: exact duplicates (removed by the job), and compression ratios that change inside a file beyond
 the sampled prefix.
@@ -43,7 +45,14 @@ MAX_SAMPLE_FILES = 16
 SAMPLE_INPUT_BYTES_PER_FILE = 16 << 20  # compressed bytes read per sampled file, at most
 TOKENIZE_CHARS = 8_000_000  # characters tokenized in all; further documents' tokens are scaled from bytes
 ENCODE_EXAMPLES = 256  # examples packed and encoded to measure output bytes per example
-CALIBRATION_BYTES = 4 << 20  # raw JSON lines (in all) the job itself runs on to calibrate the stage model
+# Raw JSON lines (in all) the job itself runs on to calibrate the stage model. The job's marginal CPU per byte is
+# the difference of two runs (the slice and its half) that each carry ~0.5 CPU-s of fixed cost, so the slice must
+# be large beside that. With the machine at load 5-10 on 2 cores the job/model ratio on the slice came out
+# 1.32-2.00 at 4 MB and 1.06-2.06 at 16 MB with the best of two runs per size (bench/dry_run_bench.py and
+# experiments beside it): still noisy, so the estimate adds the difference rather than multiplying by the ratio
+# (`Calibration.extra_cpu_per_byte`). 16 MB costs a dry run ~3 CPU-s more than 4 MB with a fast tokenizer.
+CALIBRATION_BYTES = 16 << 20
+CALIBRATION_REPEATS = 2  # runs of the slice and of its half; each size's least CPU counts (load only adds)
 
 
 class _CountingReader:
@@ -259,9 +268,21 @@ class Calibration:
 
     @property
     def factor(self) -> float:
+        """The job's CPU per byte over the model's on the slice (shown in the note; the estimate adds the
+        difference, `extra_cpu_per_byte`)."""
         if self.model_cpu_per_byte > 0 and self.job_cpu_per_byte > 0:
             return self.job_cpu_per_byte / self.model_cpu_per_byte
         return 1.0
+
+    @property
+    def extra_cpu_per_byte(self) -> float:
+        """What the job spends per raw byte around the modelled stages (document ids, statistics, spill, hashing,
+        the runner's per-element cost). Added, not multiplied: that work does not depend on how fast the
+        tokenizer is, and the slice (the first lines of each sampled file) tokenizes at another rate than the
+        whole input. Scaling the model by the slice's ratio overestimated a 384 MB run by 1.3-1.6x; adding gave
+        0.91 (96 MB) and 1.02 (384 MB) of the real runs (bench/dry_run_bench.py; repeats in docs/PILE.md). Never below 0: the job runs every stage the
+        model times, so a lower job rate is timing noise."""
+        return max(0.0, self.job_cpu_per_byte - self.model_cpu_per_byte)
 
 
 def _cpu_s() -> float:
@@ -295,8 +316,9 @@ def write_slices(slices: list, directory: str) -> list:
 
 
 def calibrate(config: ShardConfig, slices: list) -> Optional[Calibration]:
-    """Run the job in this process on `slices` and on one record of them, in a temporary directory this
-    function creates and removes; the stage model's estimate for the same slice beside it."""
+    """Run the job in this process on one record of `slices`, then CALIBRATION_REPEATS times on their first
+    halves and on them whole, in a temporary directory this function creates and removes; the stage model's
+    estimate for the same slice beside it."""
     import dataclasses  # noqa: PLC0415
     import shutil  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
@@ -321,11 +343,12 @@ def calibrate(config: ShardConfig, slices: list) -> Optional[Calibration]:
                                    output=os.path.join(root, "half-out"))
         os.mkdir(os.path.join(root, "half"))
         write_slices([(p, lines[:max(1, len(lines) // 2)]) for p, lines in slices], os.path.join(root, "half"))
-        cpu = []
-        for cfg in (one, half, full):
+        cpu = [math.inf] * 3  # the least CPU of each size's runs: contention from other work only adds to it
+        for i, cfg in [(0, one)] + [(1, half), (2, full)] * CALIBRATION_REPEATS:
             c0 = _cpu_s()
             shard_pipeline.run_outcome(cfg, _IN_PROCESS, progress_every_s=0)
-            cpu.append(_cpu_s() - c0)
+            cpu[i] = min(cpu[i], _cpu_s() - c0)
+            shutil.rmtree(cfg.output, ignore_errors=True)  # the next run of this size starts from nothing again
         raw = sum(len(line) + 1 for _p, lines in slices for line in lines)
         raw_half = sum(len(line) + 1 for _p, lines in slices for line in lines[:max(1, len(lines) // 2)])
         model = estimate(dataclasses.replace(full, output=os.path.join(root, "model-never")), _IN_PROCESS,
@@ -447,9 +470,10 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
         notes.append(f"sampled {sampled_bytes / total_in:.1%} of the input bytes")
     calibration = calibrate(config, [sl for _p, smp, _scale in parts for sl in smp.slices]) if calibrated else None
     if calibration is not None:
-        core_s = core_s * calibration.factor + calibration.overhead_cpu_s
+        core_s += calibration.extra_cpu_per_byte * raw_bytes + calibration.overhead_cpu_s
         notes.append(f"core time calibrated by the job itself on {calibration.raw_bytes:,} raw bytes of the sample: "
-                     f"x{calibration.factor:.2f} the stage model per byte, plus {calibration.overhead_cpu_s:,.1f} "
+                     f"the stage model plus {calibration.extra_cpu_per_byte * 1e9:,.1f} CPU-s per GB of raw JSON "
+                     f"(x{calibration.factor:.2f} the model on that slice) and {calibration.overhead_cpu_s:,.1f} "
                      f"CPU-s per run")
     return Estimate(files=len(rows), input_bytes=total_in, sampled_files=sampled_files,
                     sampled_input_bytes=sampled_bytes, raw_bytes=int(raw_bytes),
@@ -478,7 +502,8 @@ def format_estimate(e: Estimate) -> str:
         ("examples", f"{e.examples:,}", "estimated"),
         ("shards", f"{e.shards:,}", " / ".join(f"{k} {v}" for k, v in e.shards_per_split.items())),
         ("output bytes", f"{e.output_bytes:,}", f"{e.output_bytes / 2**30:,.2f} GiB"),
-        ("core-hours", f"{e.core_hours:,.3f}", "CPU time on this machine, scaled from the sample"),
+        ("core-hours", f"{e.core_hours:,.3f}",
+         f"{e.core_hours * 3600:,.1f} core-s: CPU time on this machine, scaled from the sample"),
         (f"wall on {e.workers} workers", _duration(e.wall_s),
          f"planning {e.startup_s:,.1f}s + core-hours / {e.workers} (perfect scaling: a lower bound)"),
     ]

@@ -111,6 +111,11 @@ def test_each_generation_lists_its_band_index_of_kept_documents_with_sha256(buil
     assert plan["a_copy"] not in indexed[first["generation"]]
     assert not indexed[added["generation"]] & (set(plan["of_committed"]) | {plan["of_removed"], plan["b_pair"]})
     assert indexed[added["generation"]] == shard_doc_ids(root / "inc", added) - indexed[first["generation"]]
+    # `pileprep verify` checks the same files (size, sha256, rows sorted and in their range) and passes them
+    from pipeline.tools.verify import verify  # noqa: PLC0415
+
+    report = verify(str(root / "inc"))
+    assert report.ok and report.files_checked >= len(entries) + len(added["shards"]), report.render()
     # the committed manifest's section for the newest generation summarises only that one
     assert json.loads(json.dumps(added["near_dedup"]["removed"])) == {"near_duplicate": 1,
                                                                      "near_duplicate_of_committed": 5}

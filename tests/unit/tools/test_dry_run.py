@@ -137,11 +137,14 @@ def test_output_bytes_within_20_percent_and_core_hours_calibrated_by_the_job(mea
           f"{est.output_bytes / output_bytes:.3f}; sampled {est.sampled_input_bytes:,} of {est.input_bytes:,} bytes")
     assert est.sampled_input_bytes < est.input_bytes  # really scaled up from a sample
     assert _within(est.output_bytes, output_bytes), (est.output_bytes, output_bytes)
-    # Core time: the stage model (read+parse, tokenize with the job's backend, pack+encode) scaled by the job's own
-    # marginal CPU per byte on a slice of the sample, plus its per-run overhead (pipeline/tools/dry_run.py:
-    # calibrate). The stage model alone gave 0.67-0.79 of the real run here; calibrated, 0.92 with the machine at
-    # load 13, but a marginal rate from two small CPU timings is noisy under load (2.2 seen): speed is measured in
-    # bench/, so this asserts only the order of magnitude.
+    # Core time: the stage model (read+parse, tokenize with the job's backend, pack+encode) plus what the job's own
+    # marginal CPU per byte on a slice of the sample exceeds the model's, plus its per-run overhead
+    # (pipeline/tools/dry_run.py: calibrate). The stage model alone gave 0.67-0.79 of the real run here. Two
+    # runs per slice size, each from an empty output (a rerun into a committed dataset would be a no-op and its
+    # ~0 CPU the minimum): the job's marginal rate is then of the order of the model's, never near 0. The ±20%
+    # is measured at 96 and 384 MB by bench/dry_run_bench.py (CPU timings of a few seconds are too noisy under
+    # a shared machine's load for a test), so this asserts only the order of magnitude.
+    assert cal.job_cpu_per_byte >= 0.5 * cal.model_cpu_per_byte, cal
     assert 0.25 * busy_cpu_s <= est.core_hours * 3600 <= 4.0 * busy_cpu_s, (est.core_hours * 3600, busy_cpu_s)
     # Each source is measured at its own rate; the wall estimate is planning + core time over the workers.
     assert set(est.sources) == set(manifest["sources"])

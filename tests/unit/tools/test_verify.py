@@ -231,3 +231,67 @@ def test_inspect_and_verify_refuse_shard_paths_outside_the_dataset(built, tmp_pa
     rc = cli_main(["verify", str(copy)])  # a manifest that fails its schema: one line, exit 2
     err = capsys.readouterr().err
     assert rc == 2 and bad_path in err and len(err.strip().splitlines()) == 1
+
+
+# ------------------------------------------------------------------ near-dedup band index (transforms/shard/
+# near_dedup_band_index.py): the files an --incremental --near-dedup run trusts to keep near-copies out
+def _band_rows(num_perm: int, key_range: int) -> np.ndarray:
+    from transforms.shard.near_dedup_band_index import row_dtype
+
+    rows = np.zeros(3, row_dtype(num_perm))
+    rows["key"] = (key_range << 60) + np.array([1, 2, 2], dtype=np.uint64)  # top 3 bits: the file's range
+    rows["doc_id"], rows["split"] = [7, 3, 9], [0, 1, 2]
+    rows["sig"] = np.arange(num_perm, dtype=np.uint32)
+    return rows
+
+
+def _with_band_index(out: pathlib.Path, tmp_path: pathlib.Path, damage=None) -> tuple:
+    """A copy of the dataset listing two band index files (ranges 0 and 5) as a --near-dedup build does;
+    `damage(rows) -> bytes` rewrites range 5's file and its manifest row to match it (a file damaged before it
+    was listed, or a writer bug: size and sha256 alone cannot catch it)."""
+    copy = damaged_copy(out, tmp_path)
+    m = json.loads((copy / "manifest.json").read_text())
+    from transforms.shard.near_dedup import DEFAULT_BANDS, DEFAULT_ROWS
+
+    m["config"].update(near_dedup=True, near_dedup_bands=DEFAULT_BANDS, near_dedup_rows=DEFAULT_ROWS)
+    num_perm = DEFAULT_BANDS * DEFAULT_ROWS
+    (copy / m["generation"] / "near-dedup").mkdir()
+    listed = []
+    for r in (0, 5):
+        data = _band_rows(num_perm, r).tobytes() if damage is None or r != 5 else damage(_band_rows(num_perm, r))
+        rel = f"{m['generation']}/near-dedup/band-index-r{r:02d}.bin"
+        (copy / rel).write_bytes(data)
+        listed.append({"generation": m["generation"], "range": r, "path": rel, "bytes": len(data),
+                       "sha256": hashlib.sha256(data).hexdigest()})
+    m["near_dedup_band_indexes"] = listed
+    (copy / "manifest.json").write_text(json.dumps(m))
+    return copy, listed[1]["path"]
+
+
+def test_band_index_files_are_checked_and_a_damaged_one_is_named(built, tmp_path, capsys):
+    _root, out, manifest = built
+    good, _ = _with_band_index(out, tmp_path / "good")
+    rc, text = verify_cli(good, capsys=capsys)
+    expected = len(manifest["shards"]) + len(manifest["dead_letters"]) + len(manifest["doc_id_indexes"]) + 2
+    assert rc == 0 and f"{expected} files" in text, text
+
+    copy, rel = _with_band_index(out, tmp_path / "flipped")
+    _flip_byte(copy / rel)
+    rc, text = verify_cli(copy, capsys=capsys)
+    mismatches = [line for line in text.splitlines() if "MISMATCH" in line]
+    assert rc == 1 and len(mismatches) == 1 and f"band index {rel}: sha256" in mismatches[0], text
+
+    def unsorted(rows):
+        return rows[::-1].tobytes()
+
+    def outside(rows):
+        rows["key"][2] = (6 << 60) + 5
+        return rows.tobytes()
+
+    for name, damage, says in (("unsorted", unsorted, "not sorted"), ("outside", outside, "outside range 5"),
+                               ("partial", lambda rows: rows.tobytes()[:-3], "not a whole number")):
+        copy, rel = _with_band_index(out, tmp_path / name, damage)
+        rc, text = verify_cli(copy, capsys=capsys)
+        mismatches = [line for line in text.splitlines() if "MISMATCH" in line]
+        assert rc == 1 and len(mismatches) == 1 and f"band index {rel}: " in mismatches[0], (name, text)
+        assert says in mismatches[0], (name, text)
