@@ -31,7 +31,7 @@ from pipeline.config import PILEPREP_VERSION, ShardConfig
 from pipeline.errors import RunError
 from pipeline.ops import commit, guards, incremental, progress, runlog, runners
 from pipeline.ops import generations
-from pipeline.shard import cancel, integrity, near_dedup_graph, preflight, resume, runner_shuffle
+from pipeline.shard import cancel, integrity, near_dedup_graph, preflight, resume, runner_shuffle, unit_plan
 from pipeline.shard.records import CommitParts, InputFile, SplitOutput
 from pipeline.shard.manifest_builder import build_manifest, plan_shard_tasks
 from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model  # noqa: F401 - the job's public names
@@ -58,7 +58,7 @@ class SplitInputFile(PlanDoFn):
         if output is not None:  # None: the driver cancelled the run (pipeline/shard/cancel.py)
             yield output
 
-    def _split(self, file_idx: int, path: str) -> SplitOutput:
+    def _split(self, file_idx: int, path: str, chunk_bytes: Optional[int] = None) -> SplitOutput:
         cfg = self.plan.config
         output = None
         if resume.split_marker_name(file_idx) in self.plan.resumed_splits:  # an earlier run's (resume.py)
@@ -66,7 +66,7 @@ class SplitInputFile(PlanDoFn):
         if output is None:
             result = stages.split_input_file(file_idx, path, self.plan.staging_dir, self.plan.data_dir,
                                              cfg.unit_bytes, cfg.max_line_bytes, cfg.max_zstd_window_bytes,
-                                             (cfg.text_field, *cfg.source_fields), cancel.check)
+                                             (cfg.text_field, *cfg.source_fields), cancel.check, chunk_bytes)
             size, sha = incremental.file_sha256(path)
             output = SplitOutput(result, InputFile(path, size, sha256=sha))
             resume.mark_split(self.plan, output)
@@ -267,8 +267,10 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
     """
     shuffle = shuffle or shuffle_for(p, plan)
     LOG.info("shuffle: %s (--shuffle %s, runner %s)", shuffle, plan.config.shuffle, type(p.runner).__name__)
+    # Planned once here, on the driver, from the ledger and --unit-mb only (pipeline/shard/unit_plan.py)
+    chunk_bytes = unit_plan.chunk_bytes_for(plan.ledger, plan.config.unit_bytes)
     files = (p
-             | "ListInputs" >> beam.Create([(i, path) for i, (path, _size) in enumerate(plan.ledger)])
+             | "ListInputs" >> beam.Create([(i, path, chunk_bytes) for i, (path, _size) in enumerate(plan.ledger)])
              | "SpreadFiles" >> Spread(lambda f: f[0]))
     splits = files | "SplitIntoChunks" >> beam.ParDo(SplitInputFile(plan))
     chunks = splits | "Chunks" >> beam.FlatMap(lambda s: s.result.chunks)
