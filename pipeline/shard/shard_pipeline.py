@@ -242,17 +242,18 @@ def spread_chunks_needed(plan: JobPlan, options: PipelineOptions) -> bool:
 
     The step lets the chunks of a big file tokenize on many workers, which the Pile's 30 files of ~14 GB need.
     It also makes the split stage a barrier: no worker tokenizes until every file is cut. On the local runner
-    with at least 4 files per worker, whole files already keep every worker busy, so the step is left out and
-    each worker tokenizes a file's chunks as soon as it has cut them (the stage fuses). Remote runners always
-    keep it: their worker count is not known here. Output bytes are the same either way: names and order come
-    from file and chunk indexes, never from placement.
+    with at least 4 files per worker and none much bigger than the rest (pipeline/shard/unit_plan.py
+    whole_files_balance), whole files already keep every worker busy, so the step is left out and each worker
+    tokenizes a file's chunks as soon as it has cut them (the stage fuses). Remote runners always keep it: their
+    worker count is not known here. Output bytes are the same either way: names and order come from file and
+    chunk indexes, never from placement.
     """
     opts = options.get_all_options()
     runner = str(opts.get("runner") or "")
     if runner.rsplit(".", 1)[-1] not in ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner"):
         return True
     workers = int(opts.get("direct_num_workers") or 1)
-    return len(plan.ledger) < 4 * max(1, workers)
+    return not unit_plan.whole_files_balance(plan.ledger, workers)
 
 
 def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,

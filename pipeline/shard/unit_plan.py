@@ -47,3 +47,19 @@ def chunk_bytes_for(ledger, unit_bytes: int) -> int:
     while chunk // 2 >= MIN_CHUNK_BYTES and units_estimate(ledger, chunk) < UNITS_WANTED:
         chunk //= 2
     return chunk
+
+
+def whole_files_balance(ledger, workers: int) -> bool:
+    """Whether whole input files, dealt round robin to `workers` local workers, keep them evenly busy, so that
+    split and tokenize may fuse per file (pipeline/shard/shard_pipeline.py spread_chunks_needed): at least 4
+    files per worker, and with more than one worker no file over half a worker's share of the raw bytes.
+
+    A worker then waits at the stage's end for at most a fraction of a share. One 48 MB file among eight of
+    3 MB, fused, left 2.4 of 4.2 tokenize CPU-s as idle core-s on 2 workers; spreading its chunks, 0.4
+    (docs/BENCHMARKS.md). This decides the graph's shape only, never the units or the bytes."""
+    if len(ledger) < 4 * max(1, workers):
+        return False
+    if workers <= 1:
+        return True
+    raws = [raw_bytes_estimate(path, size) for path, size in ledger]
+    return max(raws) * 2 * workers <= sum(raws)

@@ -45,3 +45,13 @@ def test_the_plan_depends_on_the_ledger_and_unit_mb_only():
     assert list(inspect.signature(chunk_bytes_for).parameters) == ["ledger", "unit_bytes"]
     ledger = [(f"f{i}.jsonl.zst", (i + 1) * MiB) for i in range(5)]
     assert chunk_bytes_for(ledger, UNIT) == chunk_bytes_for(list(reversed(ledger)), UNIT)
+
+
+def test_whole_files_balance_only_when_none_outweighs_half_a_share():
+    even = [(f"f{i}.jsonl.zst", 2 * MiB) for i in range(8)]
+    assert unit_plan.whole_files_balance(even, 2)
+    assert not unit_plan.whole_files_balance(even[:7], 2)  # fewer than 4 files per worker
+    uneven = [("big.jsonl.zst", 10 * MiB)] + [(f"s{i}.jsonl.zst", MiB // 2) for i in range(8)]
+    assert not unit_plan.whole_files_balance(uneven, 2)  # the big file would hold one core alone
+    assert unit_plan.whole_files_balance(uneven, 1)  # one worker: nothing to even out
+    assert not unit_plan.whole_files_balance([], 1)
