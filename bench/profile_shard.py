@@ -22,6 +22,8 @@ Two views of the same run:
   process at the span's edges; the busiest `--cores` of them and the sum of (busiest - each) is what the
   span's barrier leaves idle on a quiet machine (FnApiRunner gives each worker a fixed share of a stage's
   elements up front). A serial span (the driver) shows its whole CPU as skew: one core works, the rest wait.
+  It is a lower bound: threads that take turns on the GIL (equal CPU, never at once) show no skew, so compare
+  the span's busy cores on a quiet machine too (docs/BENCHMARKS.md: gigatoken's per-document encode).
 CPU comes from a sampler thread reading the process tree every SAMPLE_S (psutil: this process, its threads and
 every descendant, alive or seen alive before) and the machine's total CPU (so a neighbour's load is visible:
 `others` = busy cores of the machine outside this run). On a shared machine absolute seconds are noisy;
@@ -191,7 +193,7 @@ def report(spans: Spans, cores: int, process_start_s: float) -> str:
                      f"longest stretch under {cores - 0.5:g} busy {m['gap']:.2f} s; others' load {m['others']:.2f} "
                      f"cores; skew {in_window:.2f} core-s (quiet-machine estimate: busy "
                      f"{m['cpu'] / max(1e-9, (m['cpu'] + in_window) / cores):.2f} of {cores} if every span were "
-                     "CPU-bound)")
+                     "CPU-bound and no thread waited on the GIL)")
     return "\n".join(lines)
 
 
