@@ -456,54 +456,6 @@ def merge_shard_parts(parts: list, buffers: list):
     return rows[order], which[order], buffers
 
 
-class BlockWriter:
-    """Frames, hashes and writes a shard's blocks of examples on its own thread, in the order they are put,
-    while the packer builds the next block: framing (model_contract.frame_examples, C) and sha256 run without
-    the GIL, so a shard packed while the other cores idle (the last shard of the stage, or a run with one big
-    shard per split) uses a second core. One 8.3 M-token shard (docs/BENCHMARKS.md): 0.39 CPU-s on one thread
-    before; now 0.15 on the packer and 0.25 on this thread, ~5% more CPU for ~1.6x less wall when alone.
-
-    At most MAX_PENDING blocks wait (memory: a block is ~3 MiB of arrays at seq_len 2048). A failure on the
-    thread is raised by the next `put` or at the end; the bytes written are those of the loop it replaces."""
-
-    MAX_PENDING = 2
-
-    def __init__(self, out):
-        import queue  # noqa: PLC0415 - only the packer needs it
-        import threading  # noqa: PLC0415
-
-        self._out = out
-        self._queue = queue.Queue(self.MAX_PENDING)
-        self._error: Optional[BaseException] = None
-        self._thread = threading.Thread(target=self._run, name="pack-writer", daemon=True)
-
-    def __enter__(self) -> "BlockWriter":
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while True:
-            block = self._queue.get()
-            if block is None:
-                return
-            if self._error is None:  # after a failure, drain what is queued without writing it
-                try:
-                    self._out.write(frame_examples(block.columns(), block.examples))
-                except BaseException as e:  # noqa: BLE001 - re-raised on the packer's thread
-                    self._error = e
-
-    def put(self, block) -> None:
-        if self._error is not None:
-            raise self._error
-        self._queue.put(block)
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self._queue.put(None)
-        self._thread.join()
-        if exc_type is None and self._error is not None:
-            raise self._error
-
-
 def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: int, data_dir: str,
                dedup: Optional[DedupInputs] = None, staging_dir: Optional[str] = None,
                mixture_weights: Optional[dict] = None, seed: int = 0,
@@ -577,9 +529,9 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
             result.documents += 1
             yield doc_id, tokens
 
-    with io_utils.open_write(result.path) as raw, io_utils.HashingWriter(raw) as out, BlockWriter(out) as writer:
+    with io_utils.open_write(result.path) as raw, io_utils.HashingWriter(raw) as out:
         for block in pack_blocks(documents(), seq_len, pad_id):  # a block of examples: one encode call, no GIL
-            writer.put(block)
+            out.write(frame_examples(block.columns(), block.examples))
             result.examples += block.examples
             result.tokens += block.examples * seq_len - block.padding
             result.padding_tokens += block.padding

@@ -105,31 +105,3 @@ def test_pack_blocks_refuses_a_bad_size():
         list(pack_blocks(docs_of([3]), 0, pad_id=0))
     with pytest.raises(ValueError, match="block_examples"):
         list(pack_blocks(docs_of([3]), 4, pad_id=0, block_examples=0))
-
-
-def test_the_block_writer_thread_writes_what_the_inline_loop_wrote_and_raises_its_failure():
-    """transforms/shard/stages.py BlockWriter: the blocks framed on its thread, in order, are the bytes of
-    `frame_examples` block after block on the packer's own thread; a failure there reaches the packer."""
-    import io
-
-    from model_contract import frame_examples
-    from transforms.shard.packing import pack_blocks
-    from transforms.shard.stages import BlockWriter
-
-    blocks = list(pack_blocks(docs_of([300, 7, 1000, 45, 2, 600] * 20), 64, 0, block_examples=3))
-    assert len(blocks) > 2 * BlockWriter.MAX_PENDING
-    inline = b"".join(frame_examples(b.columns(), b.examples) for b in blocks)
-    out = io.BytesIO()
-    with BlockWriter(out) as writer:
-        for block in blocks:
-            writer.put(block)
-    assert out.getvalue() == inline
-
-    class Broken(io.BytesIO):
-        def write(self, data):
-            raise OSError("disk gone")
-
-    with pytest.raises(OSError, match="disk gone"):
-        with BlockWriter(Broken()) as writer:
-            for block in blocks:
-                writer.put(block)
