@@ -1,6 +1,7 @@
 """pileprep against Megatron-LM's own preprocessing on the same documents, in one run.
 
     python bench/megatron_side_by_side.py --megatron-dir DIR [--sizes 96 384] [--backends sentencepiece auto]
+                                          [--repeat N]
 
 DIR is a checkout of Megatron-LM (the figures in docs/BENCHMARKS.md used tag core_v0.16.1:
 `git clone --branch core_v0.16.1 https://github.com/NVIDIA/Megatron-LM`), run with this Python. For each corpus
@@ -15,8 +16,10 @@ size (built by `pileprep sample --size-mb N`, cached like bench/shard_bench.py's
 
 Every tool runs in a fresh process; wall is start to exit; peak RSS is the largest single process (wait4's
 ru_maxrss over the process and every child it reaped) and the sampled process tree. Ratios as in
-bench/shard_bench.py: raw single-thread seconds ÷ (W × wall). The run order alternates per size so that a slow
-stretch of a shared VM does not always fall on the same tool.
+bench/shard_bench.py: raw single-thread seconds ÷ (W × wall). The run order alternates per size and per
+repeat (A B, B A, ...) so that a slow stretch of a shared VM does not always fall on the same tool; with
+`--repeat N` every tool runs N times per size and the table holds each tool's median run by wall (the lower
+middle one for an even N; use an odd N).
 
 Megatron's `megatron.training` package imports a Triton GPU kernel module at import time (batch-invariant
 matmuls) that preprocessing never calls; without Triton installed (a CPU machine) that import fails, so the
@@ -83,6 +86,11 @@ def run_megatron(megatron_dir: str, jsonl: str, tokenizer: str, out_dir: str, wo
     return result
 
 
+def _load() -> str:
+    """The 1-minute load average: on a shared machine the figures mean little without it."""
+    return f"{os.getloadavg()[0]:.2f}"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--megatron-dir", default=os.environ.get("MEGATRON_DIR"), required="MEGATRON_DIR" not in os.environ,
@@ -94,6 +102,8 @@ def main(argv=None) -> int:
                                                           "one worker per core")
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--cache-dir", default=os.path.join(REPO, "out", "bench"))
+    p.add_argument("--repeat", type=int, default=1, help="runs of every tool per size, alternating; the table "
+                                                         "holds each tool's median run by wall")
     args = p.parse_args(argv)
     script = os.path.join(args.megatron_dir, "tools", "preprocess_data.py")
     if not os.path.exists(script):
@@ -111,26 +121,29 @@ def main(argv=None) -> int:
         raw.measure()
         print(f"{size} MB: {docs:,} documents; raw SentencePiece {raw.rate / 1e6:.2f} M tokens/s/core (pass 1)",
               flush=True)
-        tools = ["megatron", *args.backends]
-        if i % 2:
-            tools.reverse()
-        results = {}
-        for tool in tools:
-            if tool == "megatron":
-                r = run_megatron(args.megatron_dir, jsonl, args.tokenizer,
-                                 os.path.join(args.cache_dir, "run", "megatron"), args.workers)
-            else:
-                r = run_pipeline(root, args.tokenizer, os.path.join(args.cache_dir, "run", f"side-{tool}"), tool,
-                                 args.seq_len, [])
-                tool = f"pileprep {tool} ({r['backend_ran']})"
-            results[tool] = r
-            print(f"  {tool}: {r['tokens']:,} tokens, wall {r['wall']:.1f}s, peak RSS largest "
-                  f"{r['largest_mb']:.0f} MB / tree {r['tree_mb']:.0f} MB", flush=True)
+        runs: dict = {}
+        for rep in range(max(1, args.repeat)):
+            tools = ["megatron", *args.backends]
+            if (i + rep) % 2:
+                tools.reverse()
+            for tool in tools:
+                if tool == "megatron":
+                    r = run_megatron(args.megatron_dir, jsonl, args.tokenizer,
+                                     os.path.join(args.cache_dir, "run", "megatron"), args.workers)
+                else:
+                    r = run_pipeline(root, args.tokenizer, os.path.join(args.cache_dir, "run", f"side-{tool}"),
+                                     tool, args.seq_len, [])
+                    tool = f"pileprep {tool} ({r['backend_ran']})"
+                runs.setdefault(tool, []).append(r)
+                print(f"  {tool} (run {rep + 1}): {r['tokens']:,} tokens, wall {r['wall']:.1f}s, peak RSS largest "
+                      f"{r['largest_mb']:.0f} MB / tree {r['tree_mb']:.0f} MB; load {_load()}", flush=True)
         raw.measure()
+        results = {tool: sorted(rs, key=lambda r: r["wall"])[(len(rs) - 1) // 2] for tool, rs in runs.items()}
         rows.append((size, docs, raw, results))
-    print("\n## Megatron-LM preprocess_data.py vs pileprep shard, same documents, same machine, one run")
+    print("\n## Megatron-LM preprocess_data.py vs pileprep shard, same documents, same machine, one invocation")
     print(f"{args.workers} workers; ratio = raw single-thread s ÷ ({args.workers} × wall); raw = best of 2 passes "
-          "(before / after the tools ran)\n")
+          f"(before / after the tools ran); each tool's median of {max(1, args.repeat)} run(s); load average at "
+          f"the end {_load()}\n")
     print("| corpus | tool | tokens | wall s | ratio | wall ÷ Megatron's | peak RSS largest / tree MB |")
     print("|---|---|---|---|---|---|---|")
     for size, docs, raw, results in rows:

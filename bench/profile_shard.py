@@ -18,6 +18,12 @@ Two views of the same run:
   one per input split and per tokenized unit) during it;
 - the window from the first stage that reads records to the end of the commit stage: busy cores on average
   and idle core-seconds (issue target: >= 1.8 of 2 busy).
+- skew per span, which load barely touches: CPU-seconds of every thread of this process and of every worker
+  process at the span's edges; the busiest `--cores` of them and the sum of (busiest - each) is what the
+  span's barrier leaves idle on a quiet machine (FnApiRunner gives each worker a fixed share of a stage's
+  elements up front). A serial span (the driver) shows its whole CPU as skew: one core works, the rest wait.
+  It is a lower bound: threads that take turns on the GIL (equal CPU, never at once) show no skew, so compare
+  the span's busy cores on a quiet machine too (docs/BENCHMARKS.md: gigatoken's per-document encode).
 CPU comes from a sampler thread reading the process tree every SAMPLE_S (psutil: this process, its threads and
 every descendant, alive or seen alive before) and the machine's total CPU (so a neighbour's load is visible:
 `others` = busy cores of the machine outside this run). On a shared machine absolute seconds are noisy;
@@ -51,6 +57,7 @@ class Sampler:
 
     def __init__(self):
         self.me = psutil.Process()
+        self.cores = len(os.sched_getaffinity(0))  # main() sets --cores
         self.started_wall = time.time()
         self.t0 = time.perf_counter()
         self._seen: dict = {}
@@ -103,18 +110,45 @@ class Sampler:
         return [s for s in self.samples if a - 1e-9 <= s[0] <= b + 1e-9]
 
 
+def worker_cpu() -> dict:
+    """CPU-s so far of every thread of this process and of every child process: the workers are one or the
+    other (multi_threading / multi_processing)."""
+    me = psutil.Process()
+    out = {("thread", t.id): t.user_time + t.system_time for t in me.threads()}
+    for child in me.children(recursive=True):
+        try:
+            out[("process", child.pid)] = sum(child.cpu_times()[:2])
+        except psutil.Error:
+            pass
+    return out
+
+
+def skew(before: dict, after: dict, cores: int) -> float:
+    """Core-seconds the busiest `cores` threads/processes of a span left idle waiting for the busiest one:
+    sum of (max - own CPU) over them. Each worker holds a fixed share of a stage's elements (FnApiRunner
+    partitions them up front), so this is the barrier's idle time on an idle machine, whatever the load now."""
+    deltas = sorted((after[k] - before.get(k, 0.0) for k in after), reverse=True)[:cores]
+    return sum(deltas[0] - d for d in deltas) if deltas else 0.0
+
+
 class Spans:
-    """(label, start, end) in the sampler's clock; the CPU of each comes from the samples."""
+    """(label, start, end) in the sampler's clock; the CPU of each comes from the samples, its skew
+    (idle core-s at the barrier on a quiet machine) from per-thread / per-process CPU at its edges."""
 
     def __init__(self, sampler: Sampler):
         self.sampler = sampler
         self.items: list = []
+        self.skews: list = []
         self._mark = 0.0
+        self._workers = worker_cpu()
 
     def span(self, label: str) -> None:
         now = self.sampler.sample()[0]  # a sample at every edge: spans shorter than SAMPLE_S stay exact
+        workers = worker_cpu()
         self.items.append((label, self._mark, now))
+        self.skews.append(skew(self._workers, workers, self.sampler.cores))
         self._mark = now
+        self._workers = workers
 
 
 def measure(samples: list, cores: int) -> dict:
@@ -138,13 +172,13 @@ def measure(samples: list, cores: int) -> dict:
 
 def report(spans: Spans, cores: int, process_start_s: float) -> str:
     head = (f"{'span':56s} {'start':>6s} {'wall s':>7s} {'CPU s':>7s} {'busy':>5s} {'idle c-s':>8s} "
-            f"{'gap s':>6s} {'others':>6s} {'marks':>5s}")
+            f"{'gap s':>6s} {'others':>6s} {'marks':>5s} {'skew c-s':>8s}")
     lines = [head, f"{'python: interpreter start (before this script)':56s} {-process_start_s:6.2f} "
                    f"{process_start_s:7.2f}"]
-    for label, a, b in spans.items:
+    for (label, a, b), sk in zip(spans.items, spans.skews):
         m = measure(spans.sampler.between(a, b), cores)
         lines.append(f"{label[:56]:56s} {a:6.2f} {m['wall']:7.2f} {m['cpu']:7.2f} {m['busy']:5.2f} {m['idle']:8.2f} "
-                     f"{m['gap']:6.2f} {m['others']:6.2f} {m['markers']:5d}")
+                     f"{m['gap']:6.2f} {m['others']:6.2f} {m['markers']:5d} {sk:8.2f}")
     if spans.items:
         m = measure(spans.sampler.between(0.0, spans.items[-1][2]), cores)
         lines.append(f"{'total (this script)':56s} {'':6s} {m['wall']:7.2f} {m['cpu']:7.2f} {m['busy']:5.2f} "
@@ -153,10 +187,13 @@ def report(spans: Spans, cores: int, process_start_s: float) -> str:
     window = reading_window(spans)
     if window:
         m = measure(spans.sampler.between(*window), cores)
+        in_window = sum(sk for (_l, a, b), sk in zip(spans.items, spans.skews) if window[0] <= a and b <= window[1])
         lines.append(f"first record read -> commit ({window[0]:.2f} .. {window[1]:.2f} s): {m['wall']:.2f} s wall, "
                      f"{m['cpu']:.2f} CPU-s, busy {m['busy']:.2f} of {cores} cores, {m['idle']:.2f} idle core-s, "
                      f"longest stretch under {cores - 0.5:g} busy {m['gap']:.2f} s; others' load {m['others']:.2f} "
-                     f"cores")
+                     f"cores; skew {in_window:.2f} core-s (quiet-machine estimate: busy "
+                     f"{m['cpu'] / max(1e-9, (m['cpu'] + in_window) / cores):.2f} of {cores} if every span were "
+                     "CPU-bound and no thread waited on the GIL)")
     return "\n".join(lines)
 
 
@@ -227,6 +264,7 @@ def main(argv=None) -> int:
     p.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     p.add_argument("--one-mb", action="store_true", help="run on the first 1 MB of the inputs' records")
     args, shard_args = p.parse_known_args(argv)
+    sampler.cores = args.cores
     tmp = None
     if args.one_mb:
         tmp = tempfile.TemporaryDirectory(prefix="profile-1mb-")

@@ -9,8 +9,9 @@ and by the output (pipeline/ops/guards.py: staging_dir_for). Besides the work fi
   done/unit-f000003-c00012.json    written last (temp + rename, transforms/io/io_utils.py open_write): the
                                    stage's result and the size + sha256 of every file it wrote
 
-Units depend only on the inputs and --unit-mb (transforms/shard/stages.py split_input_file), never on the
-worker count, so markers survive a rerun on another runner or worker count. The driver checks every marker
+Units depend only on the inputs and --unit-mb (pipeline/shard/unit_plan.py subdivides --unit-mb for a small
+input from the ledger alone; transforms/shard/stages.py split_input_file cuts), never on the worker count, so
+markers survive a rerun on another runner or worker count. The driver checks every marker
 before the pipeline starts (`reconcile`: names, fingerprint, ledger, sizes); workers reuse only what the plan
 lists, after checking the sha256 of its files (`load_split`, `load_unit`), and mark what they finish
 (`mark_split`, `mark_unit`). Packed shards are not resumed: packing reads every

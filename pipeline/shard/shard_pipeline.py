@@ -31,7 +31,7 @@ from pipeline.config import PILEPREP_VERSION, ShardConfig
 from pipeline.errors import RunError
 from pipeline.ops import commit, guards, incremental, progress, runlog, runners
 from pipeline.ops import generations
-from pipeline.shard import cancel, integrity, near_dedup_graph, preflight, resume, runner_shuffle
+from pipeline.shard import cancel, integrity, near_dedup_graph, preflight, resume, runner_shuffle, unit_plan
 from pipeline.shard.records import CommitParts, InputFile, SplitOutput
 from pipeline.shard.manifest_builder import build_manifest, shard_write_tasks
 from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model  # noqa: F401 - the job's public names
@@ -58,7 +58,7 @@ class SplitInputFile(PlanDoFn):
         if output is not None:  # None: the driver cancelled the run (pipeline/shard/cancel.py)
             yield output
 
-    def _split(self, file_idx: int, path: str) -> SplitOutput:
+    def _split(self, file_idx: int, path: str, chunk_bytes: Optional[int] = None) -> SplitOutput:
         cfg = self.plan.config
         output = None
         if resume.split_marker_name(file_idx) in self.plan.resumed_splits:  # an earlier run's (resume.py)
@@ -66,7 +66,7 @@ class SplitInputFile(PlanDoFn):
         if output is None:
             result = stages.split_input_file(file_idx, path, self.plan.staging_dir, self.plan.data_dir,
                                              cfg.unit_bytes, cfg.max_line_bytes, cfg.max_zstd_window_bytes,
-                                             (cfg.text_field, *cfg.source_fields), cancel.check)
+                                             (cfg.text_field, *cfg.source_fields), cancel.check, chunk_bytes)
             size, sha = incremental.file_sha256(path)
             output = SplitOutput(result, InputFile(path, size, sha256=sha))
             resume.mark_split(self.plan, output)
@@ -242,17 +242,18 @@ def spread_chunks_needed(plan: JobPlan, options: PipelineOptions) -> bool:
 
     The step lets the chunks of a big file tokenize on many workers, which the Pile's 30 files of ~14 GB need.
     It also makes the split stage a barrier: no worker tokenizes until every file is cut. On the local runner
-    with at least 4 files per worker, whole files already keep every worker busy, so the step is left out and
-    each worker tokenizes a file's chunks as soon as it has cut them (the stage fuses). Remote runners always
-    keep it: their worker count is not known here. Output bytes are the same either way: names and order come
-    from file and chunk indexes, never from placement.
+    with at least 4 files per worker and none much bigger than the rest (pipeline/shard/unit_plan.py
+    whole_files_balance), whole files already keep every worker busy, so the step is left out and each worker
+    tokenizes a file's chunks as soon as it has cut them (the stage fuses). Remote runners always keep it: their
+    worker count is not known here. Output bytes are the same either way: names and order come from file and
+    chunk indexes, never from placement.
     """
     opts = options.get_all_options()
     runner = str(opts.get("runner") or "")
     if runner.rsplit(".", 1)[-1] not in ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner"):
         return True
     workers = int(opts.get("direct_num_workers") or 1)
-    return len(plan.ledger) < 4 * max(1, workers)
+    return not unit_plan.whole_files_balance(plan.ledger, workers)
 
 
 def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
@@ -267,8 +268,10 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
     """
     shuffle = shuffle or shuffle_for(p, plan)
     LOG.info("shuffle: %s (--shuffle %s, runner %s)", shuffle, plan.config.shuffle, type(p.runner).__name__)
+    # Planned once here, on the driver, from the ledger and --unit-mb only (pipeline/shard/unit_plan.py)
+    chunk_bytes = unit_plan.chunk_bytes_for(plan.ledger, plan.config.unit_bytes)
     files = (p
-             | "ListInputs" >> beam.Create([(i, e.path) for i, e in enumerate(plan.ledger)])
+             | "ListInputs" >> beam.Create([(i, e.path, chunk_bytes) for i, e in enumerate(plan.ledger)])
              | "SpreadFiles" >> Spread(lambda f: f[0]))
     splits = files | "SplitIntoChunks" >> beam.ParDo(SplitInputFile(plan))
     chunks = splits | "Chunks" >> beam.FlatMap(lambda s: s.result.chunks)

@@ -29,8 +29,10 @@ def test_default_runner_uses_threads_on_small_machines_and_processes_on_big_ones
     assert given["runner"] == "DirectRunner" and not given.get("direct_running_mode", "").startswith("multi_thr")
 
 
-def _plan_with_files(n: int):
-    return dataclasses.replace(_PLAN, ledger=[LedgerEntry(f"/in/{i}.jsonl", 1) for i in range(n)])
+def _plan_with_files(files):
+    """`files`: a count of equal files, or the list of their sizes."""
+    sizes = [1] * files if isinstance(files, int) else files
+    return dataclasses.replace(_PLAN, ledger=[LedgerEntry(f"/in/{i}.jsonl", size) for i, size in enumerate(sizes)])
 
 
 _PLAN = shard_pipeline.JobPlan(ShardConfig(inputs=("x",), output="/o", tokenizer="t"), [], b"", None, "gen-0",
@@ -40,6 +42,9 @@ _PLAN = shard_pipeline.JobPlan(ShardConfig(inputs=("x",), output="/o", tokenizer
 @pytest.mark.parametrize("files,args,spread", [
     (8, ["--runner=FnApiRunner", "--direct_num_workers=2"], False),  # 4 files per worker: fuse
     (7, ["--runner=FnApiRunner", "--direct_num_workers=2"], True),
+    ([16] + [1] * 8, ["--runner=FnApiRunner", "--direct_num_workers=2"], True),  # one file > half a share
+    ([2] + [1] * 8, ["--runner=FnApiRunner", "--direct_num_workers=2"], False),  # 2 <= half a share (10 / 2 / 2): fuse
+    ([16] + [1] * 8, ["--runner=FnApiRunner", "--direct_num_workers=1"], False),  # one worker: nothing to even out
     (1, ["--runner=FnApiRunner", "--direct_num_workers=1"], True),  # one big file: its chunks must spread
     (4, ["--runner=DirectRunner"], False),
     (500, ["--runner=DataflowRunner"], True),  # remote: worker count unknown here, always spread

@@ -14,7 +14,7 @@ import pytest
 import sentencepiece as spm
 
 from model_contract import Expectation, check_compatible, decode_example, load_manifest, read_records
-from pipeline.shard import shard_pipeline
+from pipeline.shard import shard_pipeline, unit_plan
 from pipeline.config import ConfigError, ShardConfig
 from tests.corpus_fixtures import write_bad_inputs, write_good_corpus
 from tests.measured_cli import CHILD_CODE, peak_mb
@@ -26,10 +26,10 @@ TWO_PROCESSES = ["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_run
 DIRECT_TWO = ["--runner=DirectRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
 
-def shard(corpus: pathlib.Path, out: pathlib.Path, tokenizer: str, beam_args, **overrides) -> dict:
+def shard(corpus: pathlib.Path, out: pathlib.Path, tokenizer: str, beam_args, run_log=None, **overrides) -> dict:
     config = ShardConfig(inputs=(str(corpus / "*"),), output=str(out), tokenizer=tokenizer, seq_len=SEQ_LEN,
-                         num_shards=3, val_fraction=0.1, test_fraction=0.1, unit_mb=0.25, **overrides)
-    return shard_pipeline.run(config, beam_args)
+                         **{**dict(num_shards=3, val_fraction=0.1, test_fraction=0.1, unit_mb=0.25), **overrides})
+    return shard_pipeline.run(config, beam_args, run_log=None if run_log is None else str(run_log))
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +181,46 @@ def test_byte_identical_across_workers_and_runners(corpus, dataset, tiny_tokeniz
     for name, args in (("one", IN_MEMORY), ("direct", DIRECT_TWO), ("threads", threads)):
         shard(root, tmp_path / name, tiny_tokenizer, args)
         _same_tree(reference, tmp_path / name)
+
+
+def _units_tokenized(run_log: pathlib.Path) -> int:
+    summary = [e for e in map(json.loads, run_log.read_text().splitlines()) if e.get("event") == "summary"]
+    return summary[-1]["counters"]["units_tokenized"]
+
+
+def _same_shards(a: pathlib.Path, manifest_a: dict, b: pathlib.Path, manifest_b: dict) -> None:
+    """Same shard and id-index bytes under each run's own generation directory (its name is the fingerprint,
+    which holds --unit-mb; dead-letter files are per unit, so they are compared by content, not by name)."""
+    names = [(s["split"], pathlib.PurePath(s["path"]).name, s["sha256"]) for s in manifest_a["shards"]]
+    assert names == [(s["split"], pathlib.PurePath(s["path"]).name, s["sha256"]) for s in manifest_b["shards"]]
+    for sa, sb in zip(manifest_a["shards"], manifest_b["shards"]):
+        assert (a / sa["path"]).read_bytes() == (b / sb["path"]).read_bytes(), sa["path"]
+    ga, gb = a / manifest_a["generation"], b / manifest_b["generation"]
+    assert (ga / "doc-ids.idx").read_bytes() == (gb / "doc-ids.idx").read_bytes()
+    assert manifest_a["records"] == manifest_b["records"]
+
+    def dead_rows(root):
+        return sorted(line for f in root.glob("dead_letter/*.jsonl") for line in f.read_text().splitlines())
+    assert dead_rows(ga) == dead_rows(gb)
+
+
+@pytest.mark.timeout(300)
+def test_shards_identical_across_unit_plans(corpus, dataset, tiny_tokenizer, tmp_path, monkeypatch):
+    """Whole files as units (--unit-mb 8) and the same --unit-mb subdivided for the workers
+    (pipeline/shard/unit_plan.py), on one worker and on two threads: the reference's shards (0.25 MiB units,
+    two worker processes), byte for byte."""
+    root, _, _ = corpus
+    reference, manifest = dataset
+    two_threads = ["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_threading"]
+    monkeypatch.setattr(unit_plan, "MIN_CHUNK_BYTES", 1 << 40)  # no subdivision: one unit per input file
+    whole = shard(root, tmp_path / "whole", tiny_tokenizer, IN_MEMORY, tmp_path / "whole.log", unit_mb=8.0)
+    monkeypatch.setattr(unit_plan, "MIN_CHUNK_BYTES", 32 << 10)  # this corpus is ~1.5 MB: subdivide it
+    cut = shard(root, tmp_path / "cut", tiny_tokenizer, two_threads, tmp_path / "cut.log", unit_mb=8.0)
+    n_whole, n_cut = _units_tokenized(tmp_path / "whole.log"), _units_tokenized(tmp_path / "cut.log")
+    assert n_whole <= sum(1 for p in root.glob("*") if p.is_file())  # (a file of damage alone gives none)
+    assert n_cut >= 4 * 2 and n_cut > n_whole  # at least 4 units per worker, from the same --unit-mb
+    _same_shards(reference, manifest, tmp_path / "whole", whole)
+    _same_shards(reference, manifest, tmp_path / "cut", cut)
 
 
 def test_rerun_with_other_seed_reorders_but_keeps_counts(corpus, dataset, tiny_tokenizer, tmp_path):

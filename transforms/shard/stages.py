@@ -112,8 +112,12 @@ class SplitResult:
 def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir: str, unit_bytes: int,
                      max_line_bytes: int, max_zstd_window_bytes: int = DEFAULT_MAX_ZSTD_WINDOW_BYTES,
                      fields: tuple = ("text", "meta.pile_set_name"),
-                     check_cancelled: Callable[[], None] = _never) -> SplitResult:
+                     check_cancelled: Callable[[], None] = _never,
+                     chunk_bytes: Optional[int] = None) -> SplitResult:
     """Stream one input file into chunks of about `unit_bytes` of raw lines; damage becomes dead letters.
+
+    `chunk_bytes` (at most `unit_bytes`): cut chunks that small instead, to give the workers more units
+    (pipeline/shard/unit_plan.py); `unit_bytes` still bounds a Parquet row group.
 
     Parquet files (transforms/io/read_parquet.py) give one record per row holding `fields` (text, source fields);
     a row group may hold up to 4 * unit_bytes of those columns (at least max_line_bytes). `check_cancelled` is
@@ -121,6 +125,7 @@ def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir:
     chunks: list = []
     damages: list = []
     stats = FileStats()
+    cut_at = unit_bytes if chunk_bytes is None else min(chunk_bytes, unit_bytes)
     writer: Optional[ChunkWriter] = None
     stream = None
 
@@ -153,7 +158,7 @@ def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir:
                 writer = ChunkWriter(stream)
                 chunks.append(ChunkRef(file_idx, input_path, idx, path, 0, 0))
             writer.add(item.line, item.data)
-            if writer.raw_bytes + writer.records * RECORD_OVERHEAD_BYTES >= unit_bytes:
+            if writer.raw_bytes + writer.records * RECORD_OVERHEAD_BYTES >= cut_at:
                 close_chunk()
     close_chunk()
     dl_path = None
