@@ -30,8 +30,38 @@ def default_beam_args(cores: Optional[int] = None) -> list:
     return ["--runner=FnApiRunner", f"--direct_num_workers={cores}", f"--direct_running_mode={mode}"]
 
 
+def size_flushed_data_plane() -> None:
+    """Turn off Beam's time-based flushing of data-plane output buffers in this process (idempotent).
+
+    With FnApiRunner's multi_threading workers (the default above) and on the runner's own side of the data plane,
+    Beam 2.77 buffers each bundle's outputs in a TimeBasedBufferingClosableOutputStream
+    (apache_beam/runners/worker/data_plane.py): a PeriodicThread flushes it every 1000 ms
+    (fn_api_runner/worker_handlers.py: DATA_BUFFER_TIME_LIMIT_MS) with `get()` then `_clear()`, holding a lock
+    the bundle's thread never takes when it writes elements into that buffer. Elements written between the two
+    calls are dropped without an error; on a loaded machine the flusher is descheduled in that window and a run
+    of elements vanishes (a chunk database lost 9 documents of one shard file between ReadPieces and the join
+    in pipeline/retrieval/build.py). The timed flush only lowers latency for streaming; batch jobs need only the
+    size-based flush, which the writing thread does itself between elements. So every output stream is created
+    size-based. Worker subprocesses (multi_processing) already default to 0 (sdk_worker_main.py).
+    tests/e2e/test_threaded_data_plane.py forces the window open.
+    """
+    from apache_beam.runners.worker import data_plane  # noqa: PLC0415
+
+    create = data_plane.ClosableOutputStream.create
+    if getattr(create, "_pileprep_size_flushed", False):
+        return
+
+    def size_flushed(close_callback, flush_callback, data_buffer_time_limit_ms):  # noqa: ARG001 - ignored on purpose
+        return create(close_callback, flush_callback, 0)
+
+    size_flushed._pileprep_size_flushed = True  # noqa: SLF001
+    data_plane.ClosableOutputStream.create = staticmethod(size_flushed)
+
+
 def pipeline_options(beam_args) -> PipelineOptions:
-    """The job's Beam options: pileprep's runner short names resolved, and the local runner by default."""
+    """The job's Beam options: pileprep's runner short names resolved, and the local runner by default. Also
+    makes this process's data plane safe for in-process workers (size_flushed_data_plane)."""
+    size_flushed_data_plane()
     args = runners.normalise_beam_args(beam_args or [])
     if not any(a.startswith("--runner") for a in args):
         args = default_beam_args() + args

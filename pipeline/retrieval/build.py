@@ -93,19 +93,56 @@ def prepare(config: BuildConfig) -> BuildPlan:
 
 
 # --------------------------------------------------------------------------------------------- read stages
+READ_TOTALS = "read_totals"
+
+
+class ReconciliationError(RuntimeError):
+    """The database does not hold what the shards gave: elements were lost (or doubled) between stages."""
+
+
 class ReadPieces(PlanDoFn):
-    """One shard file → (doc_id, (offset, tokens)) for every document piece in it."""
+    """One shard file → (doc_id, (offset, tokens)) for every document piece in it, and on the READ_TOTALS
+    output one {"path", "pieces", "tokens", "documents"} for the file: what the database must account for
+    (reconcile). A document's piece at offset 0 counts it once."""
 
     def process(self, path):
         fraction = self.plan.config.doc_fraction
         limit = int(fraction * retrieval_chunks.DOC_ID_SPACE)
+        pieces = tokens = documents = 0
         with io_utils.open_read(path) as f:
             for record in iter_checked_records(f, shard_entry(self.plan.dataset_manifest, self.plan.config.dataset,
                                                               path)):
                 for piece in retrieval_chunks.pieces_of_example(decode_example(record)):
                     if fraction < 1.0 and piece.doc_id >= limit:
                         continue
+                    pieces += 1
+                    tokens += len(piece.tokens)
+                    documents += int(piece.offset == 0)
                     yield piece.doc_id, (piece.offset, piece.tokens.astype(np.int32))
+        yield beam.pvalue.TaggedOutput(READ_TOTALS, {"path": path, "pieces": pieces, "tokens": tokens,
+                                                     "documents": documents})
+
+
+def reconcile(plan: BuildPlan, shard_results: list, read_totals: list) -> None:
+    """Refuse to commit a database that does not account for every piece read: each shard file read exactly
+    once, every database shard written exactly once, and the documents and tokens read equal to those written.
+    A stage that silently drops or repeats elements (tests/e2e/test_threaded_data_plane.py has one) then fails
+    the run instead of committing a smaller database."""
+    problems = []
+    paths = sorted(t["path"] for t in read_totals)
+    if paths != sorted(plan.shard_paths):
+        problems.append(f"shard files read {len(paths)} (distinct {len(set(paths))}), "
+                        f"expected {len(plan.shard_paths)}")
+    shards = sorted(r["shard"] for r in shard_results)
+    if shards != list(range(plan.config.num_db_shards)):
+        problems.append(f"database shards written {shards}, expected 0..{plan.config.num_db_shards - 1} once each")
+    for key in ("documents", "tokens"):
+        read = sum(t[key] for t in read_totals)
+        written = sum(r[key] for r in shard_results)
+        if read != written:
+            problems.append(f"{key}: read {read} from the shards, {written} in the database")
+    if problems:
+        raise ReconciliationError("chunk database does not match its dataset, not committed: " + "; ".join(problems))
 
 
 class ReadSources(PlanDoFn):
@@ -337,8 +374,10 @@ def manifest_files(manifest: DbManifest) -> list:
     return files
 
 
-def commit_db(shard_results, plan: BuildPlan, embeddings=(), trained=None, parts=()) -> DbManifest:
+def commit_db(shard_results, plan: BuildPlan, embeddings=(), trained=None, parts=(), read_totals=None) -> DbManifest:
     plan.setup_worker()
+    if read_totals is not None:
+        reconcile(plan, shard_results, read_totals)
     manifest = build_manifest(plan, shard_results, embeddings, trained, parts)
     commit.commit_store(plan.config.output, commit.KIND_RETRIEVAL_DB, manifest.to_dict(), manifest_files(manifest),
                         plan.previous_generation, plan.staging_dir)
@@ -347,8 +386,10 @@ def commit_db(shard_results, plan: BuildPlan, embeddings=(), trained=None, parts
 
 def build_pipeline(p: beam.Pipeline, plan: BuildPlan):
     cfg = plan.config
-    pieces = (p | "ListShards" >> beam.Create(list(plan.shard_paths)) | "SpreadShards" >> beam.Reshuffle()
-              | "ReadPieces" >> beam.ParDo(ReadPieces(plan)))
+    read = (p | "ListShards" >> beam.Create(list(plan.shard_paths)) | "SpreadShards" >> beam.Reshuffle()
+            | "ReadPieces" >> beam.ParDo(ReadPieces(plan)).with_outputs(READ_TOTALS, main="pieces"))
+    pieces = read.pieces
+    read_totals = beam.pvalue.AsList(read[READ_TOTALS])
     sources = (p | "ListInputs" >> beam.Create(list(plan.input_paths)) | "SpreadInputs" >> beam.Reshuffle()
                | "ReadSources" >> beam.ParDo(ReadSources(plan)))
     documents = ({"pieces": pieces, "sources": sources} | "JoinByDocument" >> beam.CoGroupByKey()
@@ -364,7 +405,8 @@ def build_pipeline(p: beam.Pipeline, plan: BuildPlan):
                    | "CollectAllShards" >> beam.combiners.ToList())
     if cfg.encoder == retrieval_encoders.BM25:
         bm25 = all_results | "BuildBM25" >> beam.Map(build_bm25, plan)
-        return all_results | "Commit" >> beam.Map(commit_db, plan, trained=beam.pvalue.AsSingleton(bm25))
+        return all_results | "Commit" >> beam.Map(commit_db, plan, trained=beam.pvalue.AsSingleton(bm25),
+                                                  read_totals=read_totals)
     handler = KeyedModelHandler(MiniLMHandler(cfg.device, cfg.batch_size))
     embeddings = ((written, empties) | "ShardsToEncode" >> beam.Flatten()
                   | "ChunkTexts" >> beam.ParDo(ChunkTexts(plan))
@@ -379,7 +421,8 @@ def build_pipeline(p: beam.Pipeline, plan: BuildPlan):
                                                        beam.pvalue.AsSingleton(all_results))
              | "CollectParts" >> beam.combiners.ToList())
     return all_results | "Commit" >> beam.Map(commit_db, plan, beam.pvalue.AsSingleton(emb_list),
-                                              beam.pvalue.AsSingleton(trained), beam.pvalue.AsSingleton(parts))
+                                              beam.pvalue.AsSingleton(trained), beam.pvalue.AsSingleton(parts),
+                                              read_totals=read_totals)
 
 
 def job_for(config: BuildConfig, beam_args=None) -> "store_job.StoreJob":

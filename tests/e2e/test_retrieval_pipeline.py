@@ -207,6 +207,25 @@ def test_a_crash_before_the_manifest_leaves_the_previous_database(dataset, db, t
     assert store.ChunkDatabase.load(str(out)).manifest.chunk_len == 16
 
 
+def test_a_document_lost_between_stages_fails_the_build_and_commits_nothing(dataset, tmp_path, monkeypatch):
+    # a stage that silently loses elements (tests/e2e/test_threaded_data_plane.py: Beam's timed flush) is
+    # simulated by losing the first document after the join; the build must refuse to commit
+    original = build.assemble
+    state = {"dropped": 0}
+
+    def lossy(element):
+        if not state["dropped"] and element[1]["pieces"]:
+            state["dropped"] += 1
+            return
+        yield from original(element)
+
+    monkeypatch.setattr(build, "assemble", lossy)
+    out = tmp_path / "db"
+    with pytest.raises(Exception, match="does not match its dataset.*documents: read"):
+        build.run(BuildConfig(dataset=str(dataset), output=str(out), chunk_len=CHUNK, num_db_shards=3), IN_MEMORY)
+    assert not (out / "manifest.json").exists()
+
+
 def test_cli_bad_configuration_exits_2_with_one_line(dataset, tmp_path):
     cmd = [sys.executable, "-m", "pipeline.cli", "retrieval", "build", "--dataset", str(dataset), "--output",
            str(tmp_path / "x"), "--index", "IVF64,PQ8"]
