@@ -73,9 +73,9 @@ def test_chunks_are_exactly_the_shards_tokens(dataset, db):
     docs = shard_documents(dataset)
     database = store.ChunkDatabase.load(str(db))
     manifest = database.manifest
-    assert manifest["counts"]["documents"] == len(docs)
-    assert manifest["counts"]["tokens"] == sum(len(t) for t in docs.values())
-    assert len(database) == manifest["counts"]["chunks"] > 500
+    assert manifest.counts["documents"] == len(docs)
+    assert manifest.counts["tokens"] == sum(len(t) for t in docs.values())
+    assert len(database) == manifest.counts["chunks"] > 500
     assert list(database.doc_ids) == sorted(database.doc_ids)  # document order: each document contiguous
     by_doc = collections.defaultdict(list)
     for i in range(len(database)):
@@ -85,8 +85,8 @@ def test_chunks_are_exactly_the_shards_tokens(dataset, db):
         assert [c for c, _ in chunks] == list(range(len(chunks)))
         assert all(len(t) == CHUNK for _, t in chunks[:-1]) and 0 < len(chunks[-1][1]) <= CHUNK
         assert np.concatenate([t for _, t in chunks]).tolist() == docs[doc_id].tolist()
-    assert set(manifest["sources"]) == {"StdlibCode", "Docs", "Pile-CC"}  # joined from the input files
-    assert sum(s["chunks"] for s in manifest["sources"].values()) == len(database)
+    assert set(manifest.sources) == {"StdlibCode", "Docs", "Pile-CC"}  # joined from the input files
+    assert sum(s["chunks"] for s in manifest.sources.values()) == len(database)
 
 
 def test_neighbours_never_come_from_the_query_documents(dataset, db, sidecar):
