@@ -163,9 +163,9 @@ class SignUnit(beam.DoFn):
         batch: list = []
         chars = 0
         shingle_file = None
-        written = 0
         if cfg.near_dedup and cfg.near_dedup_verify:
             shingle_file = io_utils.open_write(shingle_path(self.plan.staging_dir, unit.name)).__enter__()
+        staged = [shingle_file, 0]  # the unit's shingle file and the shingles written to it so far
         try:
             for line, doc_id, split, source, text in _unit_documents(self.plan, unit):
                 if self.eval_set is not None and split in self.checked_splits:
@@ -176,29 +176,33 @@ class SignUnit(beam.DoFn):
                         continue
                 if not cfg.near_dedup:
                     continue
-                sh = near_dedup.shingles(text, self.params.shingle_words)
-                loc = (unit.name, line)
-                if shingle_file is not None:
-                    shingle_file.write(sh.astype("<u8").tobytes())
-                    loc = (unit.name, line, written, int(sh.size))
-                    written += int(sh.size)
-                batch.append((doc_id, split, source, loc, sh))
+                batch.append((doc_id, split, source, line, text))
                 chars += len(text)
                 if chars >= SIGN_BATCH_CHARS:
-                    yield from self._sign(batch)
+                    yield from self._sign(unit, batch, staged)
                     batch, chars = [], 0
-            yield from self._sign(batch)
+            yield from self._sign(unit, batch, staged)
         finally:
             if shingle_file is not None:
                 shingle_file.__exit__(None, None, None)
 
-    def _sign(self, batch):
-        """('signed', [(doc_id, split, source, loc)], signatures, band keys) of one batch of documents."""
+    def _sign(self, unit, batch, staged):
+        """('signed', [(doc_id, split, source, loc)], signatures, band keys) of one batch of documents; their
+        shingles are computed together (near_dedup.shingles_batch) and, for --near-dedup-verify, staged."""
         if not batch:
             return
-        sigs = near_dedup.signatures([b[4] for b in batch], self.params, self.coefficients)
+        sets = near_dedup.shingles_batch([b[4] for b in batch], self.params.shingle_words)
+        docs = []
+        for (doc_id, split, source, line, _text), sh in zip(batch, sets):
+            loc = (unit.name, line)
+            if staged[0] is not None:
+                staged[0].write(sh.astype("<u8").tobytes())
+                loc = (unit.name, line, staged[1], int(sh.size))
+                staged[1] += int(sh.size)
+            docs.append((doc_id, split, source, loc))
+        sigs = near_dedup.signatures(sets, self.params, self.coefficients)
         keys = near_dedup.band_keys(sigs, self.params) >> np.uint64(1)  # 63 bits: Beam's int coder is signed
-        yield ("signed", [b[:4] for b in batch], sigs, keys)
+        yield ("signed", docs, sigs, keys)
 
 
 BAND_RANGES = 8  # files shuffle: band keys are cut into this many ranges (top bits), one task each

@@ -145,3 +145,17 @@ def test_ascii_shingles_from_bytes_equal_the_regex_path():
     for text in texts:
         got, want = nd.shingles(text), regex_path(text)
         assert got.dtype == want.dtype and np.array_equal(got, want), text
+
+
+def test_shingles_of_a_batch_equal_each_text_alone():
+    """The shard job shingles a batch of documents together (near_dedup.shingles_batch): every text gets the
+    array `shingles` gives it alone, short, empty, word-less and non-ASCII texts included, in any mix."""
+    rng = random.Random(5)
+    pool = ["", " ", "...", "one", "two words", "a b c d", "a b c d e", TEXT, "Grüße aus Köln, ÄÖÜ straße eins zwei",
+            "z" * 1100 + " Tail end of it"]
+    pool += ["".join(rng.choice("aZ_9 .\n-qQé") for _ in range(rng.randint(0, 60))) for _ in range(200)]
+    for _ in range(100):
+        batch = rng.sample(pool, rng.randint(0, 30))
+        for n in (5, 2):
+            for text, got in zip(batch, nd.shingles_batch(batch, n)):
+                assert np.array_equal(got, nd.shingles(text, n)), text
