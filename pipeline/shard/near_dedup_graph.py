@@ -131,18 +131,31 @@ class SignUnit(beam.DoFn):
         self.checked_splits = contaminated_splits(cfg)
 
     def process(self, unit):
-        # files: the band rows go to a staged file and only the unit's name travels on (FnApiRunner holds a
+        # files: the band rows go to staged files and only the unit's name travels on (FnApiRunner holds a
         # stage's whole output in memory, and with worker threads or processes failed to decode a bundle's
         # output above ~10 MB: "Invalid PaneInfoEncoding", measured on 1,925 documents). Both shuffles stage
-        # the file: the generation's band index is written from it once the removals are known.
-        rows, others = [], []
+        # them: the generation's band index is written from them once the removals are known. The rows stay
+        # numpy arrays (one per unit, not ten Python elements per document): pickling a Node per band row
+        # and sorting them in Python was most of the stage's cost on distinct text (docs/NEAR_DEDUP.md "Cost").
+        docs, sigs, keys, others = [], [], [], []
         for e in self._process(unit):
-            (rows if e[0] == "band" else others).append(e)
+            if e[0] == "signed":
+                docs += e[1]
+                sigs.append(e[2])
+                keys.append(e[3])
+            else:
+                others.append(e)
         if self.plan.config.near_dedup:
-            write_band_file(self.plan.staging_dir, unit.name, [(k, node) for _tag, k, node in rows])
+            num_perm, bands = self.params.num_perm, self.params.bands
+            sigs = np.concatenate(sigs) if sigs else np.zeros((0, num_perm), dtype=near_dedup.SIGNATURE_DTYPE)
+            keys = np.concatenate(keys) if keys else np.zeros((0, bands), dtype=np.uint64)
+            write_band_files(self.plan.staging_dir, unit.name, docs, sigs, keys)
             yield ("bands", unit.name, None)
-        if self.shuffle != "files":
-            yield from rows
+            if self.shuffle != "files":
+                for (doc_id, split, source, loc), sig, ks in zip(docs, sigs, keys):
+                    node = near_dedup.Node(near_dedup.rank(split, doc_id), doc_id, split, sig.tobytes(), source, loc)
+                    for k in ks.tolist():
+                        yield ("band", k, node)
         yield from others
 
     def _process(self, unit):
@@ -150,9 +163,9 @@ class SignUnit(beam.DoFn):
         batch: list = []
         chars = 0
         shingle_file = None
-        written = 0
         if cfg.near_dedup and cfg.near_dedup_verify:
             shingle_file = io_utils.open_write(shingle_path(self.plan.staging_dir, unit.name)).__enter__()
+        staged = [shingle_file, 0]  # the unit's shingle file and the shingles written to it so far
         try:
             for line, doc_id, split, source, text in _unit_documents(self.plan, unit):
                 if self.eval_set is not None and split in self.checked_splits:
@@ -163,49 +176,71 @@ class SignUnit(beam.DoFn):
                         continue
                 if not cfg.near_dedup:
                     continue
-                sh = near_dedup.shingles(text, self.params.shingle_words)
-                loc = (unit.name, line)
-                if shingle_file is not None:
-                    shingle_file.write(sh.astype("<u8").tobytes())
-                    loc = (unit.name, line, written, int(sh.size))
-                    written += int(sh.size)
-                batch.append((doc_id, split, source, loc, sh))
+                batch.append((doc_id, split, source, line, text))
                 chars += len(text)
                 if chars >= SIGN_BATCH_CHARS:
-                    yield from self._sign(batch)
+                    yield from self._sign(unit, batch, staged)
                     batch, chars = [], 0
-            yield from self._sign(batch)
+            yield from self._sign(unit, batch, staged)
         finally:
             if shingle_file is not None:
                 shingle_file.__exit__(None, None, None)
 
-    def _sign(self, batch):
+    def _sign(self, unit, batch, staged):
+        """('signed', [(doc_id, split, source, loc)], signatures, band keys) of one batch of documents; their
+        shingles are computed together (near_dedup.shingles_batch) and, for --near-dedup-verify, staged."""
         if not batch:
             return
-        sigs = near_dedup.signatures([b[4] for b in batch], self.params, self.coefficients)
+        sets = near_dedup.shingles_batch([b[4] for b in batch], self.params.shingle_words)
+        docs = []
+        for (doc_id, split, source, line, _text), sh in zip(batch, sets):
+            loc = (unit.name, line)
+            if staged[0] is not None:
+                staged[0].write(sh.astype("<u8").tobytes())
+                loc = (unit.name, line, staged[1], int(sh.size))
+                staged[1] += int(sh.size)
+            docs.append((doc_id, split, source, loc))
+        sigs = near_dedup.signatures(sets, self.params, self.coefficients)
         keys = near_dedup.band_keys(sigs, self.params) >> np.uint64(1)  # 63 bits: Beam's int coder is signed
-        for (doc_id, split, source, loc, _sh), sig, ks in zip(batch, sigs, keys):
-            node = near_dedup.Node(near_dedup.rank(split, doc_id), doc_id, split, sig.tobytes(), source, loc)
-            for k in ks.tolist():
-                yield ("band", k, node)
+        yield ("signed", docs, sigs, keys)
 
 
 BAND_RANGES = 8  # files shuffle: band keys are cut into this many ranges (top bits), one task each
+# A staged band row: the key, the document's id and split, and its row in the unit's staged signatures.
+BAND_ROW = np.dtype([("key", "<u8"), ("doc_id", "<u8"), ("split", "u1"), ("doc", "<u4")])
 
 
 def band_file_path(staging_dir: str, unit_name: str, r: int) -> str:
-    return io_utils.join(staging_dir, "near-dedup", "bands", f"{unit_name}-r{r:02d}.pickle")
+    return io_utils.join(staging_dir, "near-dedup", "bands", f"{unit_name}-r{r:02d}.rows")
 
 
-def write_band_file(staging_dir: str, unit_name: str, rows: list) -> None:
-    """A unit's (band key, Node) rows, one file per key range, sorted by key (a retried bundle rewrites the
-    same bytes). Per range, so that each key-range task unpickles only its own rows (one file per unit
-    cost every task every unit's rows: the edges and the band index read them 2 x BAND_RANGES times)."""
-    per_range: list = [[] for _ in range(BAND_RANGES)]
-    for kn in sorted(rows, key=lambda kn: (kn[0], kn[1])):
-        per_range[band_range(kn[0])].append(kn)
-    for r, part in enumerate(per_range):
-        io_utils.write_bytes(band_file_path(staging_dir, unit_name, r), pickle.dumps(part, protocol=4))
+def unit_sigs_path(staging_dir: str, unit_name: str) -> str:
+    return io_utils.join(staging_dir, "near-dedup", "bands", f"{unit_name}.sigs")
+
+
+def unit_docs_path(staging_dir: str, unit_name: str) -> str:
+    return io_utils.join(staging_dir, "near-dedup", "bands", f"{unit_name}.docs.pickle")
+
+
+def write_band_files(staging_dir: str, unit_name: str, docs: list, sigs: np.ndarray, keys: np.ndarray) -> None:
+    """A unit's band rows, one file per key range, each sorted by (key, row), plus the unit's signatures (once
+    per document, not once per band row) and its documents' (source, location), read only for documents that
+    share a bucket. A retried bundle rewrites the same bytes. Per range, so that each key-range task reads only
+    its own rows (the edges and the band index read them 2 x BAND_RANGES times)."""
+    n, bands = keys.shape[0], keys.shape[1] if keys.ndim == 2 else 0
+    rows = np.zeros(n * bands, dtype=BAND_ROW)
+    rows["key"] = keys.reshape(-1)
+    rows["doc"] = np.repeat(np.arange(n, dtype=np.uint32), bands)
+    rows["doc_id"] = np.repeat(np.array([d[0] for d in docs], dtype=np.uint64), bands)
+    rows["split"] = np.repeat(np.array([d[1] for d in docs], dtype=np.uint8), bands)
+    rows = rows[np.lexsort((rows["doc"], rows["key"]))]
+    ranges = (rows["key"] >> np.uint64(63 - (BAND_RANGES.bit_length() - 1))).astype(np.int64)  # band_range
+    cuts = np.searchsorted(ranges, np.arange(BAND_RANGES + 1))
+    io_utils.write_bytes(unit_sigs_path(staging_dir, unit_name), np.ascontiguousarray(sigs, "<u4").tobytes())
+    io_utils.write_bytes(unit_docs_path(staging_dir, unit_name),
+                         pickle.dumps([(source, loc) for _i, _s, source, loc in docs], protocol=4))
+    for r in range(BAND_RANGES):
+        io_utils.write_bytes(band_file_path(staging_dir, unit_name, r), rows[cuts[r]:cuts[r + 1]].tobytes())
 
 
 def band_range(key: int) -> int:
@@ -213,11 +248,21 @@ def band_range(key: int) -> int:
 
 
 def _range_rows(plan, r: int, unit_names) -> list:
-    """(band key, Node) of one key range from every unit's staged band file."""
-    rows = []
-    for name in sorted(unit_names):
-        rows += pickle.loads(io_utils.read_bytes(band_file_path(plan.staging_dir, name, r)))
-    return rows
+    """[(unit name, staged band rows of key range r)] of every unit, in name order."""
+    return [(name, np.frombuffer(io_utils.read_bytes(band_file_path(plan.staging_dir, name, r)), dtype=BAND_ROW))
+            for name in sorted(unit_names)]
+
+
+def _unit_sigs(plan, name: str) -> np.ndarray:
+    num_perm = params_of(plan.config).num_perm
+    return np.frombuffer(io_utils.read_bytes(unit_sigs_path(plan.staging_dir, name)),
+                         dtype=near_dedup.SIGNATURE_DTYPE).reshape(-1, num_perm)
+
+
+def _repeated(keys: np.ndarray) -> np.ndarray:
+    """The keys that occur more than once, sorted unique."""
+    s = np.sort(keys)
+    return np.unique(s[1:][s[1:] == s[:-1]])
 
 
 def committed_range_rows(entry: dict, num_perm: int) -> list:
@@ -238,23 +283,40 @@ def committed_range_rows(entry: dict, num_perm: int) -> list:
 def range_edges(task, plan, committed: tuple = ()):
     """Files shuffle: the buckets of one key range, read from every unit's band file (and, incrementally, the
     committed generations' band index files of that range); the same edges as the runner's GroupByKey gives
-    (bucket_edges sorts the members, so arrival order does not matter)."""
+    (bucket_edges sorts the members, so arrival order does not matter). Only buckets with more than one row
+    become Nodes (numpy finds them): on distinct text nearly none."""
     r, unit_names = task
-    rows = _range_rows(plan, r, unit_names)
+    parts = _range_rows(plan, r, unit_names)
     num_perm = params_of(plan.config).num_perm
+    committed_rows = []
     for entry in committed:
         if entry["range"] == r:
-            rows += committed_range_rows(entry, num_perm)
-    rows.sort(key=lambda kn: kn[0])
+            committed_rows += committed_range_rows(entry, num_perm)
+    all_keys = np.concatenate([a["key"] for _n, a in parts]
+                              + [np.array([k for k, _n in committed_rows], dtype=np.uint64)])
+    shared = _repeated(all_keys)
+    if not shared.size:
+        return
+    buckets: dict = {}
+    for name, a in parts:
+        hit = a[np.isin(a["key"], shared)]
+        if not hit.size:
+            continue
+        sigs = _unit_sigs(plan, name)
+        meta = pickle.loads(io_utils.read_bytes(unit_docs_path(plan.staging_dir, name)))
+        for key, doc_id, split, doc in zip(hit["key"].tolist(), hit["doc_id"].tolist(), hit["split"].tolist(),
+                                           hit["doc"].tolist()):
+            source, loc = meta[doc]
+            buckets.setdefault(key, []).append(near_dedup.Node(near_dedup.rank(split, doc_id), doc_id, split,
+                                                               sigs[doc].tobytes(), source, loc))
+    shared_set = set(shared.tolist())
+    for k, node in committed_rows:
+        if k in shared_set:
+            buckets.setdefault(k, []).append(node)
     threshold = plan.config.near_dedup_threshold
-    i = 0
-    while i < len(rows):
-        j = i
-        while j < len(rows) and rows[j][0] == rows[i][0]:
-            j += 1
-        if j - i > 1:
-            yield from near_dedup.bucket_edges([n for _k, n in rows[i:j]], threshold)
-        i = j
+    for key in sorted(buckets):
+        if len(buckets[key]) > 1:
+            yield from near_dedup.bucket_edges(buckets[key], threshold)
 
 
 def contaminated_splits(config) -> list:
@@ -569,18 +631,22 @@ def band_index_tasks(gathered):
 def write_band_index_range(task, plan) -> dict:
     """One range of the generation's band index: the staged band rows of that range, less every removed id."""
     r, names, indexes = task
-    rows = _range_rows(plan, r, names)
-    ids = np.array([n.doc_id for _k, n in rows], dtype=doc_ids.ID_DTYPE)
-    removed = np.zeros(ids.size, dtype=bool)
+    num_perm = params_of(plan.config).num_perm
+    parts = [(name, a) for name, a in _range_rows(plan, r, names) if a.size]
+    rows = np.concatenate([a for _n, a in parts]) if parts else np.zeros(0, dtype=BAND_ROW)
+    sigs = (np.concatenate([_unit_sigs(plan, name)[a["doc"].astype(np.int64)] for name, a in parts]) if parts
+            else np.zeros((0, num_perm), dtype=near_dedup.SIGNATURE_DTYPE))
+    removed = np.zeros(rows.size, dtype=bool)
     for _reason, path in indexes:
-        if ids.size:
-            removed |= doc_ids.IdIndex(path).contains(ids)
-    kept = [kn for kn, gone in zip(rows, removed.tolist()) if not gone]
-    data = band_index.encode(kept, params_of(plan.config).num_perm)
+        if rows.size:
+            removed |= doc_ids.IdIndex(path).contains(rows["doc_id"].astype(doc_ids.ID_DTYPE))
+    kept = ~removed
+    data = band_index.encode_arrays(rows["key"][kept], rows["doc_id"][kept], rows["split"][kept], sigs[kept],
+                                    num_perm)
     path = io_utils.join(plan.data_dir, band_index.FILE_PATTERN.format(r))
     io_utils.write_bytes(path, data)
-    return {"range": r, "path": path, "rows": len(data) // band_index.row_dtype(
-        params_of(plan.config).num_perm).itemsize, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    return {"range": r, "path": path, "rows": len(data) // band_index.row_dtype(num_perm).itemsize,
+            "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
 
 def _finish_and_release(grouped, plan):

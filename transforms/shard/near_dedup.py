@@ -110,11 +110,84 @@ def _window_hashes(w: np.ndarray, n: int) -> np.ndarray:
     return h
 
 
+# ASCII bytes: which are `\w` (for ASCII characters exactly [0-9A-Za-z_]) and each one's lower case
+_ASCII_WORD = np.zeros(256, dtype=bool)
+for _c in b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ_":
+    _ASCII_WORD[_c] = True
+_ASCII_LOWER = np.arange(256, dtype=np.uint64)
+_ASCII_LOWER[ord("A"):ord("Z") + 1] += np.uint64(32)
+
+
+def _ascii_word_hashes(text: str) -> np.ndarray:
+    """`_joined_word_hashes` of an ASCII text's normalised words, straight from its bytes: `str.lower()` and the
+    `\\W+` substitution were half the cost of shingling (docs/NEAR_DEDUP.md "Cost"); for ASCII text they are a
+    byte table lookup, so the words' bytes, positions and lengths come from one mask."""
+    return _ascii_words(text)[0]
+
+
+def _ascii_words(text: str) -> tuple:
+    """(word hashes, word start offsets in the text) of an ASCII text."""
+    buf = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+    word = np.take(_ASCII_WORD, buf)
+    if not word.any():
+        return np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], word, [False])).view(np.int8)))
+    starts, ends = edges[0::2], edges[1::2]  # word runs [start, end) in the text
+    lengths = ends - starts
+    cstarts = np.concatenate(([0], np.cumsum(lengths)[:-1]))  # the runs' starts among the word bytes only
+    pos = np.arange(int(lengths.sum()), dtype=np.int32) - np.repeat(cstarts.astype(np.int32), lengths)
+    if int(lengths.max()) > _POWERS.size:
+        pos = np.minimum(pos, _POWERS.size - 1)
+    with np.errstate(over="ignore"):
+        terms = np.take(_ASCII_LOWER_PLUS_1, buf[word]) * np.take(_POWERS, pos)
+        h = np.add.reduceat(terms, cstarts)
+        return _mix(h ^ (lengths.astype(np.uint64) << np.uint64(48))), starts
+
+
+_ASCII_LOWER_PLUS_1 = _ASCII_LOWER + np.uint64(1)
+
+
+def _sorted_unique(h: np.ndarray) -> np.ndarray:
+    h = np.sort(h)
+    return h[np.concatenate(([True], h[1:] != h[:-1]))] if h.size else h  # np.unique's hash path: 8x slower
+
+
+def shingles_batch(texts: list, n: int = SHINGLE_WORDS) -> list:
+    """`shingles` of each text, the same arrays, computed together: the ASCII texts joined by a space (a
+    non-word, so no word spans two texts) get their word hashes and window hashes in one pass each, and each
+    text's windows are the slice that lies inside it; per-text numpy calls (five mixes per window position)
+    were a third of shingling on ~5 kB documents (docs/NEAR_DEDUP.md "Cost")."""
+    out: list = [None] * len(texts)
+    ascii_at = [i for i, t in enumerate(texts) if t.isascii()]
+    for i, t in enumerate(texts):
+        if not t.isascii():
+            out[i] = shingles(t, n)
+    if not ascii_at:
+        return out
+    joined = " ".join(texts[i] for i in ascii_at)
+    w, starts = _ascii_words(joined)
+    lengths = np.array([len(texts[i]) for i in ascii_at], dtype=np.int64)
+    text_ends = np.cumsum(lengths + 1) - 1  # offset just past each text in `joined`
+    word_ends = np.searchsorted(starts, text_ends)  # words of text k: [word_ends[k-1], word_ends[k])
+    word_starts = np.concatenate(([0], word_ends[:-1]))
+    count = w.size - n + 1
+    windows = _window_hashes(w, n) if count > 0 else np.zeros(0, dtype=np.uint64)
+    for k, i in enumerate(ascii_at):
+        lo, hi = int(word_starts[k]), int(word_ends[k])
+        if hi - lo >= n:
+            out[i] = _sorted_unique(windows[lo:hi - n + 1])
+        else:  # shorter than n words: one shingle of all of them (or none)
+            out[i] = _sorted_unique(_window_hashes(w[lo:hi], n))
+    return out
+
+
 def shingles(text: str, n: int = SHINGLE_WORDS) -> np.ndarray:
     """Sorted unique 64-bit shingle hashes of a text (empty for a text without words). The same values as
-    `ngram_hashes(normalised_words(text), n)`, without building the word list: non-word runs become one space."""
-    h = np.sort(_window_hashes(_joined_word_hashes(_NON_WORD.sub(" ", text.lower()).strip(" ")), n))
-    return h[np.concatenate(([True], h[1:] != h[:-1]))] if h.size else h  # np.unique's hash path: 8x slower
+    `ngram_hashes(normalised_words(text), n)`, without building the word list: non-word runs become one space
+    (ASCII text: straight from its bytes, `_ascii_word_hashes`)."""
+    words = (_ascii_word_hashes(text) if text.isascii()
+             else _joined_word_hashes(_NON_WORD.sub(" ", text.lower()).strip(" ")))
+    return _sorted_unique(_window_hashes(words, n))
 
 
 @dataclass(frozen=True)

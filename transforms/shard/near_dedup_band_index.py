@@ -40,6 +40,18 @@ def encode(rows: list, num_perm: int) -> bytes:
     return out.tobytes()
 
 
+def encode_arrays(keys: np.ndarray, ids: np.ndarray, splits: np.ndarray, sigs: np.ndarray, num_perm: int) -> bytes:
+    """`encode` of rows given as arrays (the shard job's staged band rows): the same bytes. Copies of one id
+    (several units) share their text, hence signature; the row keeps the highest split (exact dedup's copy)."""
+    order = np.lexsort((-splits.astype(np.int16), ids, keys))
+    keys, ids, splits, sigs = keys[order], ids[order], splits[order], sigs[order]
+    first = np.ones(keys.size, dtype=bool)
+    first[1:] = (keys[1:] != keys[:-1]) | (ids[1:] != ids[:-1])
+    out = np.zeros(int(first.sum()), dtype=row_dtype(num_perm))
+    out["key"], out["doc_id"], out["split"], out["sig"] = keys[first], ids[first], splits[first], sigs[first]
+    return out.tobytes()
+
+
 def decode(data: bytes, num_perm: int, what: str) -> np.ndarray:
     dtype = row_dtype(num_perm)
     if len(data) % dtype.itemsize:

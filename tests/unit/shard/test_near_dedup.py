@@ -130,3 +130,32 @@ def test_shingles_of_a_text_equal_the_ngram_hashes_of_its_word_list_and_tell_wor
     assert w[0] == w[5] and len(set(w.tolist())) == 7
     vocab = [f"w{i}x{i % 7}" for i in range(20000)]
     assert len(set(nd._word_hashes(vocab).tolist())) == len(vocab)
+
+
+def test_ascii_shingles_from_bytes_equal_the_regex_path():
+    """shingles() reads ASCII text straight from its bytes; the values must be those of the lower()/`\\W+` path
+    (non-ASCII text still takes it), words longer than the power table included."""
+    def regex_path(text):
+        h = np.sort(nd._window_hashes(nd._joined_word_hashes(nd._NON_WORD.sub(" ", text.lower()).strip(" ")), 5))
+        return h[np.concatenate(([True], h[1:] != h[:-1]))] if h.size else h
+
+    rng = random.Random(3)
+    texts = ["", "  \t ", "?!", "x", "A_b c9 D__ e\tf\ng", "z" * 1500 + " Tail", TEXT, "Grüße aus Köln, ÄÖÜ straße"]
+    texts += ["".join(rng.choice("aZ_9 .\n-qQ") for _ in range(rng.randint(0, 120))) for _ in range(500)]
+    for text in texts:
+        got, want = nd.shingles(text), regex_path(text)
+        assert got.dtype == want.dtype and np.array_equal(got, want), text
+
+
+def test_shingles_of_a_batch_equal_each_text_alone():
+    """The shard job shingles a batch of documents together (near_dedup.shingles_batch): every text gets the
+    array `shingles` gives it alone, short, empty, word-less and non-ASCII texts included, in any mix."""
+    rng = random.Random(5)
+    pool = ["", " ", "...", "one", "two words", "a b c d", "a b c d e", TEXT, "Grüße aus Köln, ÄÖÜ straße eins zwei",
+            "z" * 1100 + " Tail end of it"]
+    pool += ["".join(rng.choice("aZ_9 .\n-qQé") for _ in range(rng.randint(0, 60))) for _ in range(200)]
+    for _ in range(100):
+        batch = rng.sample(pool, rng.randint(0, 30))
+        for n in (5, 2):
+            for text, got in zip(batch, nd.shingles_batch(batch, n)):
+                assert np.array_equal(got, nd.shingles(text, n)), text

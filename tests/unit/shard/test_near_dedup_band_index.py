@@ -105,3 +105,23 @@ def test_a_committed_band_index_that_does_not_match_its_manifest_row_fails_the_r
     path.write_bytes(data[:-4] + b"\0\0\0\0")
     with pytest.raises(RunError, match="unusable.*sha256"):
         graph.committed_range_rows(entry, PARAMS.num_perm)
+
+
+def test_band_index_from_arrays_is_the_same_bytes_as_from_nodes():
+    """The shard job encodes its staged band rows as arrays (pipeline/shard/near_dedup_graph.py
+    write_band_index_range): the bytes must equal `encode` of the same rows as Nodes, copies of one id in two
+    units and splits included (the highest split is the row kept)."""
+    texts = [f"document {i} " + " ".join(f"w{(i * 7 + j) % 50}" for j in range(60)) for i in range(6)]
+    sigs = nd.signatures([nd.shingles(t) for t in texts], PARAMS)
+    keys = nd.band_keys(sigs, PARAMS) >> np.uint64(1)
+    docs = [(100 + i, i % 3, i) for i in range(6)] + [(100, 2, 0), (103, 0, 3)]  # (id, split, text) copies
+    nodes, cols = [], ([], [], [], [])
+    for n, (doc_id, split, t) in enumerate(docs):
+        node = nd.Node(nd.rank(split, doc_id), doc_id, split, sigs[t].tobytes(), "s", ("u", n))
+        for k in keys[t].tolist():
+            nodes.append((k, node))
+            for col, v in zip(cols, (k, doc_id, split, sigs[t])):
+                col.append(v)
+    arrays = bi.encode_arrays(np.array(cols[0], dtype=np.uint64), np.array(cols[1], dtype=np.uint64),
+                              np.array(cols[2], dtype=np.uint8), np.array(cols[3]), PARAMS.num_perm)
+    assert arrays == bi.encode(nodes, PARAMS.num_perm)
