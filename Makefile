@@ -51,7 +51,7 @@ airflow: .venv-airflow/.installed ## real Airflow in .venv-airflow (tests/e2e/te
 	touch $@
 
 test: $(STAMP) ## run the whole test suite (tests/unit and tests/e2e; what CI runs)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=40 tests
 
 test-fast: $(STAMP) ## the unit tests only (tests/unit/<room>/, marker unit), a few minutes
 	$(BIN)/python -m pytest -q tests/unit -m unit
