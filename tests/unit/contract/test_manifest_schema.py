@@ -149,6 +149,22 @@ def test_the_sidecar_and_database_manifests_are_checked_too():
             check_db_manifest(bad)
 
 
+def test_a_rerun_of_retrieval_neighbours_reads_the_committed_sidecar_checked(tmp_path):
+    """pipeline/retrieval/store.py `read_manifest`, which the sidecar job's rerun plans from, checked only the
+    database's fields: a hand-edited sidecar manifest was silently planned from and replaced (exit 0)."""
+    from model_contract.manifest import MANIFEST_FORMAT
+    from pipeline.retrieval import store
+
+    (tmp_path / "manifest.json").write_text(json.dumps(_valid()))
+    assert store.read_manifest(str(tmp_path), MANIFEST_FORMAT) == _valid()
+    for damage, field in CLI_CASES:
+        d = _valid()
+        damage(d)
+        (tmp_path / "manifest.json").write_text(json.dumps(d))
+        with pytest.raises(ContractError, match=re.escape(f"manifest {field}:")):
+            store.read_manifest(str(tmp_path), MANIFEST_FORMAT)
+
+
 @pytest.fixture
 def restore_logging():
     root = logging.getLogger()
