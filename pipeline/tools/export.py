@@ -50,7 +50,9 @@ def check_export_output(output: str) -> None:
         raise ConfigError(f"--output {output}: it holds a {found} (manifest.json); an export is never written into "
                           f"another kind of output: choose another --output")
     if io_utils.is_local(output) and os.path.isdir(output) and not os.path.exists(os.path.join(output, "export.json")):
-        entries = sorted(os.listdir(output))
+        from pipeline.ops.lock import LOCK_NAME  # noqa: PLC0415
+
+        entries = sorted(e for e in os.listdir(output) if e != LOCK_NAME)  # a live or crashed export's lock
         if entries:
             shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
             raise ConfigError(f"--output {output}: it holds files pileprep did not create ({shown}); an export is "
@@ -116,6 +118,19 @@ def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: i
 
     output = output or io_utils.join(dataset, "parquet")
     check_export_output(output)  # before the ref: a refused export leaves nothing in the dataset either
+    if not io_utils.is_local(output):  # object stores: whole-object PUTs; a lock there needs the store's options
+        return _export(dataset, output, rows_per_group, splits)
+    from pipeline.ops import lock  # noqa: PLC0415
+
+    # One writer per output (pipeline/ops/lock.py): two exports into one directory wrote the same temp files.
+    with lock.OutputLock(output).held():
+        return _export(dataset, output, rows_per_group, splits)
+
+
+def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tuple]) -> dict:
+    from pipeline.ops import commit  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
+
     manifest = register_export(dataset, output)
     manifest_file = commit.manifest_location(dataset)
     files = []

@@ -229,6 +229,13 @@ def test_export_and_report_never_write_into_another_output_or_over_the_users_fil
         assert len(err.splitlines()) == 1 and f"--output {args[-1]}: " in err and why in err, (args, err)
     assert dataset_files(out) == before and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
     assert (mine / "notes.txt").read_text() == "my notes"
+    from pipeline.ops import lock
+
+    held = tmp_path / "held"
+    with lock.OutputLock(str(held)).held():  # another export writing there (this process, alive)
+        assert cli.main(["export", str(out), "--output", str(held)]) == 2
+    err = capsys.readouterr().err
+    assert "output is locked by" in err and len(err.splitlines()) == 1 and not list(held.rglob("*.parquet"))
     page = tmp_path / "r.html"
     for _ in range(2):  # a report replaces its own earlier page
         assert cli.main(["report", str(out), "--output", str(page)]) == 0, capsys.readouterr().err
