@@ -31,7 +31,9 @@ def _checked_record(root: str, shard, index: int) -> bytes:
 
 
 def show(dataset: str, db: str, sidecar: str, example: int = 0, chunk=None) -> str:
-    data = load_manifest(dataset)
+    from pipeline.ops import commit  # noqa: PLC0415
+
+    data = commit.require_dataset(load_manifest(dataset), f"--dataset {dataset}")
     side = load_manifest(sidecar)
     check_sidecar(data, side)
     dbm = store.read_manifest(db, store.DB_FORMAT)

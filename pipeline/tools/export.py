@@ -171,7 +171,7 @@ def register_export(dataset: str, output: str):
         if manifest is None:
             raise FileNotFoundError(f"no manifest at {commit.manifest_location(dataset)}: the dataset is missing or "
                                     f"was never committed")
-        return manifest
+        return commit.require_dataset(manifest, dataset)
 
     if not io_utils.exists(commit.manifest_location(dataset)):
         return committed()  # before taking a lock, which would create the directory

@@ -620,7 +620,7 @@ def write_report(dataset: str, output: Optional[str] = None, metrics_path: Optio
     if manifest is None:
         raise FileNotFoundError(f"no manifest at {commit.manifest_location(dataset)}: the dataset is missing or "
                                 f"was never committed")
-    d = manifest.to_dict()
+    d = commit.require_dataset(manifest, dataset).to_dict()
     page = render_report(d, read_dead_letter_rows(dataset, d), read_metrics(metrics_path) if metrics_path else None,
                          title=dataset.rstrip("/").rsplit("/", 1)[-1],
                          examples=decoded_examples(commit.manifest_location(dataset), manifest),

@@ -95,3 +95,25 @@ def test_retrieval_show_reads_checked_records_and_refuses_an_example_out_of_rang
         show(str(copy), str(db), str(nb))
     with pytest.raises(ConfigError, match=rf"--example {manifest['shards'][0]['examples']}: {name} holds"):
         show(str(out), str(db), str(nb), example=manifest["shards"][0]["examples"])
+
+
+def test_every_dataset_reader_refuses_a_sidecar_in_one_line(two_generations, sidecar, tmp_path, capsys):
+    """A sidecar's manifest has the dataset format and passes its schema: inspect, report, export and the
+    retrieval jobs given one failed on a missing feature (KeyError, exit 1; export left a ref and a directory).
+    pipeline/ops/commit.py `require_dataset` refuses it by kind."""
+    from pipeline import cli
+    from tests.ops_fixtures import dataset_files
+
+    _out, _manifest, db = two_generations
+    nb, _side = sidecar
+    before = dataset_files(nb)
+    for args in (["inspect", str(nb)], ["report", str(nb), "--output", str(tmp_path / "r.html")],
+                 ["export", str(nb), "--output", str(tmp_path / "x")],
+                 ["retrieval", "build", "--dataset", str(nb), "--output", str(tmp_path / "db"), *IN_MEMORY],
+                 ["retrieval", "neighbours", "--dataset", str(nb), "--db", str(db), "--output", str(tmp_path / "n"),
+                  *IN_MEMORY],
+                 ["retrieval", "show", "--dataset", str(nb), "--db", str(db), "--neighbours", str(nb)]):
+        assert cli.main(args) == 2, args
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and "it holds a sidecar, not a dataset" in err, (args, err)
+    assert dataset_files(nb) == before and not any((tmp_path / name).exists() for name in ("x", "db", "n"))
