@@ -21,6 +21,7 @@ import io
 import json
 import math
 import os
+import stat
 from typing import Optional
 
 from transforms.shard import mixture as mixture_weights
@@ -601,6 +602,8 @@ def check_report_output(output: str) -> None:
         return
     if io_utils.is_local(output) and os.path.isdir(output):
         raise ConfigError(f"--output {output}: it is a directory; the report is one file: name the file")
+    if io_utils.is_local(output) and not stat.S_ISREG(os.stat(output).st_mode):  # a FIFO's read would block
+        raise ConfigError(f"--output {output}: it is not a regular file: choose another --output")
     with io_utils.open_read(output) as f:
         head = f.read(4096)
     if not (head.startswith(_PAGE_START) and _PAGE_TITLE in head):

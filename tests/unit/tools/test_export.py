@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -222,7 +223,9 @@ def test_export_and_report_never_write_into_another_output_or_over_the_users_fil
                (["export", str(out), "--output", str(mine)], "files pileprep did not create (notes.txt)"),
                (["export", str(out), "--output", str(mine / "notes.txt")], "it is a file"),
                (["report", str(out), "--output", str(out / "manifest.json")], "is not a pileprep report"),
-               (["report", str(out), "--output", str(mine / "notes.txt")], "is not a pileprep report")]
+               (["report", str(out), "--output", str(mine / "notes.txt")], "is not a pileprep report"),
+               (["report", str(out), "--output", str(tmp_path / "fifo")], "not a regular file")]
+    os.mkfifo(tmp_path / "fifo")  # reading it to see whether it is a report would block
     for args, why in refused:
         assert cli.main(args) == 2, args
         err = capsys.readouterr().err
