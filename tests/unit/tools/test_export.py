@@ -159,7 +159,7 @@ def test_export_refuses_a_swapped_shard_by_name(two_generations, tmp_path, capsy
     assert not list((tmp_path / "pq").rglob("*.parquet"))  # nothing of the refused shard under a final name
 
 
-def test_inspect_refuses_a_swapped_shard_by_name(two_generations, tmp_path, capsys):
+def test_inspect_and_report_refuse_a_swapped_shard_by_name(two_generations, tmp_path, capsys):
     import shutil
 
     from pipeline import cli
@@ -173,6 +173,12 @@ def test_inspect_refuses_a_swapped_shard_by_name(two_generations, tmp_path, caps
     err = capsys.readouterr().err
     assert f"shard {manifest['shards'][0]['path']}: " in err and "the manifest says" in err
     assert cli.main(["inspect", str(out), "--examples", "1"]) == 0  # the intact dataset still inspects
+    capsys.readouterr()
+    # report decodes one example per split through the same checked reader (pipeline/tools/report.py)
+    assert cli.main(["report", str(copy), "--output", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert f"shard {manifest['shards'][0]['path']}: " in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r.html").exists()
 
 
 def test_trainer_readers_on_two_generations(two_generations, tmp_path):
