@@ -429,12 +429,16 @@ def main(argv=None) -> int:
     verbose = 0
     args = None
     _configure_logging()
+    restore = _terminate_in_one_line()
     try:
         args, beam_args = parse(argv)
         verbose = getattr(args, "verbose", 0) or 0
         _configure_logging(args)
         return args.func(args, beam_args)
     except RunInterrupted as e:  # the shard run removed its partial generation (pipeline/shard/shard_pipeline.py)
+        if getattr(e, "outside_job", False):
+            print("pileprep: interrupted", file=sys.stderr, flush=True)
+            return e.exit_code
         noun = getattr(e, "output_noun", "dataset")  # set by the job runner (pipeline/job.py)
         print(f"pileprep: interrupted; previous {noun} intact", file=sys.stderr, flush=True)
         return e.exit_code
@@ -456,6 +460,27 @@ def main(argv=None) -> int:
             return 2
         _report_failure(e if isinstance(e, RunFailed) else RunFailed(e, [], None), verbose)
         return 1
+    finally:
+        restore()
+
+
+def _terminate_in_one_line():
+    """SIGTERM before a job's own handler (pipeline/job.py `_signals_interrupt`) is installed - while a command
+    imports Beam and plans, or in a command that is not a job (export, report, verify) - ends in the one line
+    `pileprep: interrupted`, exit 143, instead of a silent death. Returns what restores the previous handler."""
+    import signal  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def interrupt(signum, _frame):
+        e = RunInterrupted(signum)
+        e.outside_job = True
+        raise e
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    return lambda: signal.signal(signal.SIGTERM, previous)
 
 
 def _report_failure(e: RunFailed, verbose: int) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from model_contract import MANIFEST_NAME
 from trainer import checkpoint as ckpt
 from trainer.config import (ConfigError, TrainConfig, build_parser, from_namespace, resolve_grad_reduce,
                             resolve_layout, resolve_model)
@@ -66,6 +67,7 @@ def parse_args(argv: Optional[Sequence[str]] = None, world: Optional[int] = None
     here, checked now (ConfigError / ContractMismatchError) — not after the processes have met."""
     ns = _parser().parse_args(argv)
     model_args, cfg = from_namespace(ns)
+    check_checkpoint_dir(cfg.checkpoint_dir)
     contract, generation = None, None
     if os.path.exists(cfg.data.path):
         generation = _resumed_generation(cfg)  # a resume sizes the model from its own generation's contract
@@ -145,6 +147,16 @@ def retro_config(cfg: TrainConfig, manifest) -> Optional[RetroSpec]:
 
 
 # ---------------------------------------------------------------------------------------------- training
+def check_checkpoint_dir(checkpoint_dir: Optional[str]) -> None:
+    """ConfigError (exit 2) when --checkpoint-dir holds a pileprep output (its manifest.json): checkpoints,
+    `latest` and the offsets cache written among a dataset's, a chunk database's or a sidecar's files, the rule
+    every pipeline command keeps (pipeline/ops/commit.py `check_output_kind`)."""
+    if checkpoint_dir and os.path.isfile(os.path.join(checkpoint_dir, MANIFEST_NAME)):
+        raise ConfigError(f"--checkpoint-dir {checkpoint_dir}: it holds a pileprep output (manifest.json); "
+                          f"checkpoints are never written into a dataset, database or sidecar: choose another "
+                          f"--checkpoint-dir")
+
+
 class Trainer:
     """build() once, then train(); train_step() and forward_backward_step() are the per-step pieces
     (torchtitan's shape). Subclasses may extend the hooks (tests do, in tests/trainer_entry.py)."""
@@ -160,6 +172,7 @@ class Trainer:
     # ------------------------------------------------------------------ build
     def build(self) -> "Trainer":
         cfg = self.cfg
+        check_checkpoint_dir(cfg.checkpoint_dir)
         latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
         meta = ckpt.read_meta(latest) if latest else None
         # read once, pinned for the run's life: a commit landing meanwhile does not move it (trainer/data.py)

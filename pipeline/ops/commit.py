@@ -44,6 +44,16 @@ def read_committed(output_dir: str) -> Optional[Manifest]:
     return Manifest.from_json(io_utils.read_bytes(path).decode("utf-8"))
 
 
+def require_dataset(manifest: Manifest, where: str) -> Manifest:
+    """`manifest`, when it is a shard dataset's; else ConfigError (exit 2) naming what `where` holds. A sidecar's
+    manifest has the dataset's format and passes its schema, so a command reading datasets (inspect, report,
+    export, the retrieval jobs) given a sidecar failed on a missing feature with a KeyError traceback."""
+    kind = kind_of(manifest.to_dict())
+    if kind != KIND_DATASET:
+        raise ConfigError(f"{where}: it holds a {kind}, not a dataset: pass a shard dataset's directory")
+    return manifest
+
+
 def publish_manifest(output_dir: str, manifest_json: str) -> str:
     path = manifest_location(output_dir)
     data = manifest_json.encode("utf-8")

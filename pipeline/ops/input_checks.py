@@ -49,7 +49,7 @@ def screen_inputs(rows: list, output: str, staging_root: str) -> tuple:
     return kept, skipped
 
 
-def check_compression(rows: list) -> None:
+def check_compression(rows: list, flag: str = "--input") -> None:
     """ConfigError naming the first inputs whose leading bytes contradict the compression their name selects."""
     problems = []
     for row in rows:
@@ -63,7 +63,7 @@ def check_compression(rows: list) -> None:
             problems.append(problem)
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise ConfigError(f"--input {problems[0]}{more}: recompress it as .jsonl.zst or .jsonl.gz, or name it for "
+        raise ConfigError(f"{flag} {problems[0]}{more}: recompress it as .jsonl.zst or .jsonl.gz, or name it for "
                           f"what it is")
 
 
@@ -78,3 +78,24 @@ def screen_listed(rows: list, skipped: list, output: str, staging_root: str) -> 
         raise ConfigError(f"--input: no regular input file is left ({len(screened)} skipped, e.g. {first['path']}: "
                           f"{first['reason']})")
     return kept, [merged[p] for p in sorted(merged)]
+
+
+def readable_inputs(paths: list, flag: str, what: str) -> list:
+    """The paths a command other than the shard job (`tokenizer train --input`, `verify --inputs`) may read:
+    the same screening as the shard job's listing (regular files only, compression by the first bytes), so a FIFO
+    or a link to /dev/zero never blocks it and a .bz2 is not read as text. The skipped ones are logged by name;
+    ConfigError when none is left."""
+    import logging  # noqa: PLC0415
+
+    kept, skipped = screen_inputs([{"path": p} for p in paths], "", "")
+    if skipped:
+        shown = ", ".join(f"{r['path']} ({r['reason']})" for r in skipped[:3])
+        more = f" and {len(skipped) - 3} more" if len(skipped) > 3 else ""
+        logging.getLogger("pileprep.inputs").warning("%s: skipped %d match(es) that are not regular files: %s%s",
+                                                     flag, len(skipped), shown, more)
+    if paths and not kept:
+        raise ConfigError(f"{flag}: no regular input file is left for {what} ({len(skipped)} skipped, e.g. "
+                          f"{skipped[0]['path']}: {skipped[0]['reason']})")
+    check_compression(kept, flag)
+    return [r["path"] for r in kept]
+

@@ -17,7 +17,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.ml.inference.base import KeyedModelHandler, ModelHandler, RunInference
 
-from model_contract import decode_example, load_manifest
+from model_contract import decode_example
 from model_contract.retrieval import DbManifest, DbShard
 from model_contract.contract import TokenizerInfo
 from model_contract.checked_reader import iter_checked_records
@@ -72,8 +72,8 @@ def prepare(config: BuildConfig) -> BuildPlan:
     manifest_file = io_utils.join(config.dataset, "manifest.json")
     if not io_utils.exists(manifest_file):
         raise ConfigError(f"--dataset {config.dataset}: no manifest.json (run `pileprep shard` first)")
-    manifest = load_manifest(config.dataset).to_dict() if io_utils.is_local(config.dataset) else \
-        __import__("json").loads(io_utils.read_bytes(manifest_file))
+    # Every field checked on load, local or not (it was plain JSON on object stores), and a dataset's.
+    manifest = commit.require_dataset(commit.read_committed(config.dataset), f"--dataset {config.dataset}").to_dict()
     if manifest["contract"]["seq_len"] % config.chunk_len:
         raise ConfigError(f"--chunk-len {config.chunk_len} does not divide the dataset's seq_len "
                           f"{manifest['contract']['seq_len']}")

@@ -71,7 +71,8 @@ def prepare(config: NeighboursConfig) -> NeighboursPlan:
     manifest_file = io_utils.join(config.dataset, "manifest.json")
     if not io_utils.exists(manifest_file):
         raise ConfigError(f"--dataset {config.dataset}: no manifest.json (run `pileprep shard` first)")
-    dataset = Manifest.from_json(io_utils.read_bytes(manifest_file).decode("utf-8"))
+    dataset = commit.require_dataset(Manifest.from_json(io_utils.read_bytes(manifest_file).decode("utf-8")),
+                                     f"--dataset {config.dataset}")
     db = store.read_manifest(config.db, store.DB_FORMAT)
     if db is None:
         raise ConfigError(f"--db {config.db}: no chunk database (run `pileprep retrieval build` first)")

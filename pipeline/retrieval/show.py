@@ -1,8 +1,10 @@
 """A human summary of a chunk database + neighbour sidecar, with one decoded chunk and its neighbours."""
 from __future__ import annotations
 
-from model_contract import decode_example, load_manifest, read_records
+from model_contract import decode_example, load_manifest, resolve_shard_path
+from model_contract.checked_reader import iter_checked_records
 from model_contract.retrieval import check_sidecar, decode_sidecar
+from pipeline.errors import ConfigError
 from pipeline.ops.safe_text import terminal
 from pipeline.retrieval import store
 from transforms.retrieval import retrieval_chunks
@@ -14,8 +16,24 @@ def _clip(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + " …"
 
 
+def _checked_record(root: str, shard, index: int) -> bytes:
+    """Record `index` of a shard of `root`, through the checked reader every reader uses
+    (model_contract/checked_reader.py): a file swapped on disk is refused by its manifest path, not shown as if it
+    were the record the sidecar's neighbours belong to."""
+    from pipeline.ops import commit  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    with io_utils.open_read(resolve_shard_path(commit.manifest_location(root), shard)) as stream:
+        for i, record in enumerate(iter_checked_records(stream, shard)):
+            if i == index:
+                return record
+    raise AssertionError("unreachable: the checked reader refuses a shard with fewer records than its entry")
+
+
 def show(dataset: str, db: str, sidecar: str, example: int = 0, chunk=None) -> str:
-    data = load_manifest(dataset)
+    from pipeline.ops import commit  # noqa: PLC0415
+
+    data = commit.require_dataset(load_manifest(dataset), f"--dataset {dataset}")
     side = load_manifest(sidecar)
     check_sidecar(data, side)
     dbm = store.read_manifest(db, store.DB_FORMAT)
@@ -35,9 +53,10 @@ def show(dataset: str, db: str, sidecar: str, example: int = 0, chunk=None) -> s
     ]
     sp = tokenizer.load_for_info(tokenizer.read_model_bytes(data.config["tokenizer"]), data.contract.tokenizer)
     shard, side_shard = data.shards[0], side.shards[0]
-    base_d, base_s = dataset.rstrip("/"), sidecar.rstrip("/")
-    rec = next(x for i, x in enumerate(read_records(f"{base_d}/{shard.path}")) if i == example)
-    srec = next(x for i, x in enumerate(read_records(f"{base_s}/{side_shard.path}")) if i == example)
+    if not 0 <= example < min(shard.examples, side_shard.examples):
+        raise ConfigError(f"--example {example}: {shard.path} holds examples 0 to {shard.examples - 1}")
+    rec = _checked_record(dataset, shard, example)
+    srec = _checked_record(sidecar, side_shard, example)
     ex, nb = decode_example(rec), decode_sidecar(srec, side.contract)
     chunks = retrieval_chunks.query_chunks(ex, spec.chunk_len)
     if chunk is None:

@@ -349,7 +349,7 @@ class ShardJob(job.Job):
     def plan(self, committed) -> JobPlan:
         plan = shard_plan.make_plan(self.config, self.incremental_run, committed, self.checked.filesystem_options)
         for row in plan.skipped_inputs:
-            LOG.warning("--input matched %s, a %s; skipped", row["path"], row["reason"].replace("_", " "))
+            LOG.warning("--input matched %s: %s; skipped", row["path"], row["reason"].replace("_", " "))
             self.log.event("warning", skipped_input=row["path"], reason=row["reason"])
         self.log.event("plan", generation=plan.generation, files=len(plan.ledger), input_bytes=plan.input_bytes,
                        incremental=plan.incremental)

@@ -33,6 +33,33 @@ ROWS_PER_GROUP = 1024
 TOKEN_COLUMNS = (INPUT_IDS, SEGMENT_IDS, POSITIONS)
 PIECE_COLUMNS = (PIECE_DOC_IDS, PIECE_OFFSETS)
 FORMATS = ("parquet",)
+EXPORT_KIND = "export"  # export.json's `kind`, as a committed manifest's (pipeline/ops/commit.py KINDS)
+
+
+def check_export_output(output: str) -> None:
+    """ConfigError (exit 2) unless `output` is new, empty or an earlier export (it holds export.json): an export
+    written into a dataset, a retrieval store or a sidecar would put its files among theirs (and its export.json
+    beside their manifest), and one written into a directory of the user's files would replace any of the same
+    name. The rule of pipeline/ops/commit.py `check_output_kind`, for a command that writes no manifest."""
+    from pipeline.errors import ConfigError  # noqa: PLC0415
+    from pipeline.ops import commit  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    found = commit.committed_kind(output)
+    if found is not None:
+        raise ConfigError(f"--output {output}: it holds a {found} (manifest.json); an export is never written into "
+                          f"another kind of output: choose another --output")
+    if io_utils.is_local(output) and os.path.isdir(output) and not os.path.exists(os.path.join(output, "export.json")):
+        from pipeline.ops.lock import LOCK_NAME  # noqa: PLC0415
+
+        entries = sorted(e for e in os.listdir(output) if e != LOCK_NAME)  # a live or crashed export's lock
+        if entries:
+            shown = ", ".join(entries[:3]) + (f" and {len(entries) - 3} more" if len(entries) > 3 else "")
+            raise ConfigError(f"--output {output}: it holds files pileprep did not create ({shown}); an export is "
+                              f"written only into a new or empty directory or over an earlier export: choose "
+                              f"another --output")
+    elif io_utils.is_local(output) and os.path.exists(output) and not os.path.isdir(output):
+        raise ConfigError(f"--output {output}: it is a file, not a directory: choose another --output")
 
 
 def parquet_schema():
@@ -90,6 +117,20 @@ def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: i
     from transforms.io import io_utils  # noqa: PLC0415
 
     output = output or io_utils.join(dataset, "parquet")
+    check_export_output(output)  # before the ref: a refused export leaves nothing in the dataset either
+    if not io_utils.is_local(output):  # object stores: whole-object PUTs; a lock there needs the store's options
+        return _export(dataset, output, rows_per_group, splits)
+    from pipeline.ops import lock  # noqa: PLC0415
+
+    # One writer per output (pipeline/ops/lock.py): two exports into one directory wrote the same temp files.
+    with lock.OutputLock(output).held():
+        return _export(dataset, output, rows_per_group, splits)
+
+
+def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tuple]) -> dict:
+    from pipeline.ops import commit  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
+
     manifest = register_export(dataset, output)
     manifest_file = commit.manifest_location(dataset)
     files = []
@@ -107,7 +148,7 @@ def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: i
         if local:
             os.replace(tmp, target)
         files.append({"path": name, "split": shard.split, "rows": rows, "source_shard": shard.path})
-    summary = {"format": "parquet", "generation": manifest.generation, "files": files,
+    summary = {"kind": EXPORT_KIND, "format": "parquet", "generation": manifest.generation, "files": files,
                "columns": [f.name for f in parquet_schema()]}
     io_utils.write_bytes(io_utils.join(output, "export.json"),
                          (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode("utf-8"))
@@ -130,7 +171,7 @@ def register_export(dataset: str, output: str):
         if manifest is None:
             raise FileNotFoundError(f"no manifest at {commit.manifest_location(dataset)}: the dataset is missing or "
                                     f"was never committed")
-        return manifest
+        return commit.require_dataset(manifest, dataset)
 
     if not io_utils.exists(commit.manifest_location(dataset)):
         return committed()  # before taking a lock, which would create the directory

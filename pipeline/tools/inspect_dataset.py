@@ -45,16 +45,18 @@ def summary_table(manifest: dict) -> str:
 
 def _load(dataset: str):
     """(manifest, manifest file) from a local directory or manifest.json, or any Beam filesystem (s3://)."""
-    if "://" not in dataset:
-        return load_manifest(dataset), (dataset if dataset.endswith(".json") else os.path.join(dataset, MANIFEST_NAME))
     from pipeline.ops import commit  # noqa: PLC0415
+
+    if "://" not in dataset:
+        return (commit.require_dataset(load_manifest(dataset), dataset),
+                dataset if dataset.endswith(".json") else os.path.join(dataset, MANIFEST_NAME))
 
     directory = dataset.rsplit("/", 1)[0] if dataset.endswith(".json") else dataset
     manifest = commit.read_committed(directory)
     if manifest is None:
         raise FileNotFoundError(f"no manifest at {commit.manifest_location(directory)}: the dataset is missing or "
                                 f"was never committed")
-    return manifest, commit.manifest_location(directory)
+    return commit.require_dataset(manifest, dataset), commit.manifest_location(directory)
 
 
 def _records(manifest_file: str, shard):

@@ -20,6 +20,8 @@ import html
 import io
 import json
 import math
+import os
+import stat
 from typing import Optional
 
 from transforms.shard import mixture as mixture_weights
@@ -588,22 +590,46 @@ def decoded_examples(manifest_file: str, manifest) -> dict:
     return out
 
 
+_PAGE_START = b"<!DOCTYPE html>\n<html lang=\"en\"><head>"
+_PAGE_TITLE = b"<title>pileprep report "
+
+
+def check_report_output(output: str) -> None:
+    """ConfigError (exit 2) when `output` exists and is not a page this command wrote: `--output` naming a
+    dataset's manifest.json, a shard or any file of the user's would otherwise be replaced by the page."""
+    from pipeline.errors import ConfigError  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    if not io_utils.exists(output):
+        return
+    if io_utils.is_local(output) and os.path.isdir(output):
+        raise ConfigError(f"--output {output}: it is a directory; the report is one file: name the file")
+    if io_utils.is_local(output) and not stat.S_ISREG(os.stat(output).st_mode):  # a FIFO's read would block
+        raise ConfigError(f"--output {output}: it is not a regular file: choose another --output")
+    with io_utils.open_read(output) as f:
+        head = f.read(4096)
+    if not (head.startswith(_PAGE_START) and _PAGE_TITLE in head):
+        raise ConfigError(f"--output {output}: it exists and is not a pileprep report; a report replaces only an "
+                          f"earlier report: choose another --output")
+
+
 def write_report(dataset: str, output: Optional[str] = None, metrics_path: Optional[str] = None,
                  run_log: Optional[str] = None) -> str:
     """Render DIR's committed manifest to `output` (default DIR/report.html); returns where it was written."""
     from pipeline.ops import commit  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
 
+    output = output or io_utils.join(dataset, REPORT_NAME)
+    check_report_output(output)  # before any work
     manifest = commit.read_committed(dataset)
     if manifest is None:
         raise FileNotFoundError(f"no manifest at {commit.manifest_location(dataset)}: the dataset is missing or "
                                 f"was never committed")
-    d = manifest.to_dict()
+    d = commit.require_dataset(manifest, dataset).to_dict()
     page = render_report(d, read_dead_letter_rows(dataset, d), read_metrics(metrics_path) if metrics_path else None,
                          title=dataset.rstrip("/").rsplit("/", 1)[-1],
                          examples=decoded_examples(commit.manifest_location(dataset), manifest),
                          wall_s=read_wall_time(run_log) if run_log else None)
-    output = output or io_utils.join(dataset, REPORT_NAME)
     data = page.encode("utf-8")
     io_utils.publish_bytes(output, data)
     return output

@@ -32,6 +32,7 @@ import time
 from dataclasses import dataclass, field
 
 from pipeline.errors import ConfigError
+from pipeline.ops.input_checks import readable_inputs
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 MIN_VOCAB_SIZE = 4 + 256 + 1  # specials + the 256 byte pieces + at least one learned piece
@@ -58,7 +59,8 @@ def _list_inputs(input_globs: list[str]) -> list[str]:
         if not found:
             raise ConfigError(f"input glob {pattern!r} matched no files")
         paths.update(found)
-    return sorted(paths)
+    # pipeline/ops/input_checks.py: a FIFO or a link to /dev/zero blocked the sample's first read forever
+    return readable_inputs(sorted(paths), "--input", "the tokenizer's training sample")
 
 
 def _pieces(text: str, max_chars: int):

@@ -36,6 +36,7 @@ from model_contract import (MANIFEST_NAME, ContractError, Manifest, TFRecordCorr
                             iter_records, resolve_shard_path)
 from model_contract.hashing import sha256_file
 from model_contract.manifest import resolve_dataset_path
+from pipeline.ops.input_checks import readable_inputs
 from transforms.io import io_utils
 
 
@@ -402,6 +403,7 @@ def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sam
     sp = tokenizer.load_for_info(model, manifest.contract.tokenizer, model_path)  # the format's reference library
     eos = manifest.contract.tokenizer.eos_id
     paths = sorted({m.path for g in input_globs for m in FileSystems.match([g])[0].metadata_list})
+    paths = readable_inputs(paths, "--inputs", "the audit")  # never a FIFO, /dev/zero or a misnamed .bz2
     held = {row["path"] for row in manifest.inputs}
     records = sample_records(paths, sample, seed)
     audit.sampled = len(records)

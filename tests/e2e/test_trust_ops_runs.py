@@ -204,8 +204,8 @@ def test_too_many_dead_letters_fail_the_run_without_committing(tmp_path):
 
 def test_glob_matches_that_are_not_files_are_warned_about_and_recorded(committed):
     corpus = committed["corpus"]
-    assert "subdir.jsonl, a directory; skipped" in committed["stderr"]
-    assert "dangling.jsonl, a dangling symlink; skipped" in committed["stderr"]
+    assert "subdir.jsonl: directory; skipped" in committed["stderr"]
+    assert "dangling.jsonl: dangling symlink; skipped" in committed["stderr"]
     manifest = load_manifest(str(committed["out"]))
     assert manifest.skipped_inputs == [{"path": str(corpus / "dangling.jsonl"), "reason": "dangling_symlink"},
                                        {"path": str(corpus / "subdir.jsonl"), "reason": "directory"}]

@@ -170,6 +170,22 @@ def test_the_database_manifest_round_trips_byte_identically_through_its_record()
     assert (m.generation, m.chunk_len, m.encoder["name"], m.extra) == (GEN, 64, "minilm", {"later_section": [1]})
 
 
+def test_a_rerun_of_retrieval_neighbours_reads_the_committed_sidecar_checked(tmp_path):
+    """pipeline/retrieval/store.py `read_manifest`, which the sidecar job's rerun plans from, checked only the
+    database's fields: a hand-edited sidecar manifest was silently planned from and replaced (exit 0)."""
+    from model_contract.manifest import MANIFEST_FORMAT
+    from pipeline.retrieval import store
+
+    (tmp_path / "manifest.json").write_text(json.dumps(_valid()))
+    assert store.read_manifest(str(tmp_path), MANIFEST_FORMAT) == _valid()
+    for damage, field in CLI_CASES:
+        d = _valid()
+        damage(d)
+        (tmp_path / "manifest.json").write_text(json.dumps(d))
+        with pytest.raises(ContractError, match=re.escape(f"manifest {field}:")):
+            store.read_manifest(str(tmp_path), MANIFEST_FORMAT)
+
+
 @pytest.fixture
 def restore_logging():
     root = logging.getLogger()

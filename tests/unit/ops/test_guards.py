@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -72,3 +73,25 @@ def test_local_output_that_cannot_be_written_is_a_config_error(tmp_path):
     (tmp_path / "fine").mkdir()
     guards.check_local_writable(str(tmp_path / "fine"), "--output")
     assert list((tmp_path / "fine").iterdir()) == []  # the probe is gone
+
+
+def test_tokenizer_train_reads_only_regular_files_with_the_compression_they_claim(tmp_path):
+    """`tokenizer train --input` listed its glob unscreened: a FIFO or a link to /dev/zero blocked its sample's
+    first read forever, a .bz2 was read as text. It screens as the shard job does (pipeline/ops/input_checks.py
+    `readable_inputs`); `verify --inputs` too (tests/unit/tools/test_verify.py)."""
+    import bz2
+    import gzip
+
+    from pipeline.tools.tokenizer_train import _list_inputs
+
+    good = tmp_path / "a.jsonl"
+    good.write_text('{"text": "hello"}\n')
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    os.symlink("/dev/zero", tmp_path / "zero.jsonl")
+    assert _list_inputs([str(tmp_path / "*")]) == [str(good)]
+    with pytest.raises(ConfigError, match="no regular input file is left"):
+        _list_inputs([str(tmp_path / "fifo.jsonl"), str(tmp_path / "zero.jsonl")])
+    for name, data in [("b.jsonl", bz2.compress(b'{"text": "x"}\n')), ("c.jsonl.zst", gzip.compress(b"{}\n"))]:
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(ConfigError, match=rf"--input {tmp_path / name}: .*(bzip2|gzip)"):
+            _list_inputs([str(tmp_path / name)])

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -158,7 +159,7 @@ def test_export_refuses_a_swapped_shard_by_name(two_generations, tmp_path, capsy
     assert not list((tmp_path / "pq").rglob("*.parquet"))  # nothing of the refused shard under a final name
 
 
-def test_inspect_refuses_a_swapped_shard_by_name(two_generations, tmp_path, capsys):
+def test_inspect_and_report_refuse_a_swapped_shard_by_name(two_generations, tmp_path, capsys):
     import shutil
 
     from pipeline import cli
@@ -172,6 +173,12 @@ def test_inspect_refuses_a_swapped_shard_by_name(two_generations, tmp_path, caps
     err = capsys.readouterr().err
     assert f"shard {manifest['shards'][0]['path']}: " in err and "the manifest says" in err
     assert cli.main(["inspect", str(out), "--examples", "1"]) == 0  # the intact dataset still inspects
+    capsys.readouterr()
+    # report decodes one example per split through the same checked reader (pipeline/tools/report.py)
+    assert cli.main(["report", str(copy), "--output", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert f"shard {manifest['shards'][0]['path']}: " in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r.html").exists()
 
 
 def test_trainer_readers_on_two_generations(two_generations, tmp_path):
@@ -204,3 +211,41 @@ def test_iterable_dataset_refuses_a_swapped_shard_by_name(two_generations, tmp_p
     shutil.copy(second, first)
     with pytest.raises(ShardMismatchError, match=f"shard {manifest['shards'][0]['path']}: "):
         list(ShardIterableDataset(str(copy), "train", batch_size=1))
+
+
+def test_export_and_report_never_write_into_another_output_or_over_the_users_files(dataset, tmp_path, capsys):
+    """`export --output` onto a dataset put its Parquet files and export.json among the dataset's, and `report
+    --output DATASET/manifest.json` replaced the manifest with the page (exit 0): neither writes into another
+    kind of output or over a file it did not write (pipeline/tools/export.py, pipeline/tools/report.py)."""
+    from pipeline import cli
+    from tests.ops_fixtures import dataset_files
+
+    out, _manifest = dataset
+    before = dataset_files(out)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    refused = [(["export", str(out), "--output", str(out)], "it holds a dataset (manifest.json)"),
+               (["export", str(out), "--output", str(mine)], "files pileprep did not create (notes.txt)"),
+               (["export", str(out), "--output", str(mine / "notes.txt")], "it is a file"),
+               (["report", str(out), "--output", str(out / "manifest.json")], "is not a pileprep report"),
+               (["report", str(out), "--output", str(mine / "notes.txt")], "is not a pileprep report"),
+               (["report", str(out), "--output", str(tmp_path / "fifo")], "not a regular file")]
+    os.mkfifo(tmp_path / "fifo")  # reading it to see whether it is a report would block
+    for args, why in refused:
+        assert cli.main(args) == 2, args
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and f"--output {args[-1]}: " in err and why in err, (args, err)
+    assert dataset_files(out) == before and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    assert (mine / "notes.txt").read_text() == "my notes"
+    from pipeline.ops import lock
+
+    held = tmp_path / "held"
+    with lock.OutputLock(str(held)).held():  # another export writing there (this process, alive)
+        assert cli.main(["export", str(out), "--output", str(held)]) == 2
+    err = capsys.readouterr().err
+    assert "output is locked by" in err and len(err.splitlines()) == 1 and not list(held.rglob("*.parquet"))
+    page = tmp_path / "r.html"
+    for _ in range(2):  # a report replaces its own earlier page
+        assert cli.main(["report", str(out), "--output", str(page)]) == 0, capsys.readouterr().err
+    assert json.loads((out / "manifest.json").read_text())["kind"] == "dataset"

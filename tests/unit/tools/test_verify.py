@@ -122,6 +122,27 @@ def test_audit_finds_every_sampled_document_once_and_token_exact(built, tiny_tok
     assert a.dead_lettered == 2 and a.filtered == 1 and a.documents > 50
 
 
+def test_audit_skips_a_fifo_and_a_link_to_dev_zero_among_its_inputs(built, tmp_path):
+    """`verify --inputs` listed its globs unscreened: a FIFO or a link to /dev/zero matched blocked the audit's
+    sample forever (pipeline/ops/input_checks.py `readable_inputs` now screens them as the shard job does)."""
+    import os
+    import threading
+
+    root, out, _manifest = built
+    os.mkfifo(tmp_path / "fifo.jsonl")
+    os.symlink("/dev/zero", tmp_path / "zero.jsonl")
+    done = []
+    # In a daemon thread: a regression blocks in open() or reads /dev/zero forever; the test fails, not hangs.
+    worker = threading.Thread(target=lambda: done.append(
+        verify(str(out), inputs=[str(root / "*"), str(tmp_path / "*")], sample=20, seed=1)), daemon=True)
+    worker.start()
+    worker.join(120)
+    if worker.is_alive():
+        os.close(os.open(tmp_path / "fifo.jsonl", os.O_WRONLY | os.O_NONBLOCK))  # unblock a reader of the FIFO
+    assert done, "the audit blocked on a FIFO or /dev/zero"
+    assert done[0].ok and done[0].audit.sampled == 20, done[0].render()
+
+
 def test_audit_sample_is_seeded_and_sized(built):
     root, _out, _manifest = built
     paths = sorted(str(p) for p in root.iterdir())

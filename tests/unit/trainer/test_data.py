@@ -169,3 +169,16 @@ def test_checked_reader_refuses_size_and_count_by_shard_name(dataset, sized):
     other = dataclasses.replace(info, bytes=info.bytes + 1)  # count right, size off by one
     with pytest.raises(ShardMismatchError, match=f"shard {SHARD1}: {info.bytes} bytes, the manifest says"):
         list(iter_checked_records(stream(data), other))
+
+
+def test_trainer_refuses_a_checkpoint_dir_holding_a_pileprep_output(dataset, capfd):
+    """--checkpoint-dir naming the dataset wrote step_*/, latest and the offsets cache among its files (exit 0);
+    trainer/train.py `check_checkpoint_dir` refuses any directory with a manifest.json, before any work."""
+    from trainer.train import main
+
+    before = sorted(os.listdir(dataset))
+    assert main(["--data", dataset, "--model", "tiny", "--steps", "1", "--global-batch", "4", "--device", "cpu",
+                 "--checkpoint-dir", dataset]) == 2
+    err = capfd.readouterr().err
+    assert f"--checkpoint-dir {dataset}: it holds a pileprep output" in err and len(err.strip().splitlines()) == 1
+    assert sorted(os.listdir(dataset)) == before
