@@ -26,12 +26,14 @@ manifest records which backend ran and its parity sample, the only fields that m
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.metadata
 import logging
 import os
 import struct
+import threading
 import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -415,20 +417,87 @@ def gigatoken_tokenizer_json(model_bytes: bytes, kind: str) -> str:
     return json.dumps(spec, ensure_ascii=False)
 
 
+# Where the tokenizer.json given to gigatoken is kept between processes: a `.model`'s conversion
+# (`sentencepiece_to_tokenizer_json`) and the JSON round trip of `gigatoken_tokenizer_json` cost ~0.4 CPU-s of a
+# 32k model in every process that builds the encoder (docs/BENCHMARKS.md: the driver of every run, and each worker
+# process of a multi-process runner). "off" disables it.
+TOKENIZER_CACHE_ENV = "PILEPREP_TOKENIZER_CACHE"
+# Bumped when gigatoken_tokenizer_json's output changes for the same input (the key holds gigatoken's version too).
+_TOKENIZER_JSON_FORMAT = 1
+
+
+def tokenizer_cache_dir() -> str:
+    """$PILEPREP_TOKENIZER_CACHE, else $XDG_CACHE_HOME/pileprep/tokenizers (~/.cache/...); "" when off."""
+    configured = os.environ.get(TOKENIZER_CACHE_ENV)
+    if configured is not None:
+        return "" if configured.strip().lower() in ("", "off", "0", "no") else configured
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "pileprep", "tokenizers")
+
+
+def cached_gigatoken_tokenizer_json(model_bytes: bytes, kind: str) -> str:
+    """gigatoken_tokenizer_json, read from the local cache when an earlier process wrote it. The key is everything
+    the text depends on: the file's sha256, its format, gigatoken's version (its converter) and this module's
+    _TOKENIZER_JSON_FORMAT. Written under a temporary name and renamed, so a reader sees a whole file or none; a
+    cache that cannot be read or written is skipped (the conversion runs). What it holds is only ever used
+    through the same parity check and spot checks as a fresh conversion."""
+    folder = tokenizer_cache_dir()
+    if not folder:
+        return gigatoken_tokenizer_json(model_bytes, kind)
+    key = f"{hashlib.sha256(model_bytes).hexdigest()}-{kind}-gigatoken-{_version('gigatoken-cachefix')}" \
+          f"-{_TOKENIZER_JSON_FORMAT}"
+    path = os.path.join(folder, f"{key}.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError):
+        pass
+    text = gigatoken_tokenizer_json(model_bytes, kind)
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        LOG.info("tokenizer cache %s not written (%s)", folder, e)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return text
+
+
 @functools.lru_cache(maxsize=2)
 def _gigatoken_tokenizer(model_bytes: bytes, kind: str):
-    """One gigatoken tokenizer per file and process (in-process workers share it, as splintr's above); its
-    encode caches are bounded before it is built (gigatoken applies the bound to tokenizers built afterwards)."""
+    """One gigatoken tokenizer per file and process (in-process workers share it, as splintr's above), and the
+    lock its callers hold around `encode` (GigatokenEncoder); its encode caches are bounded before it is built
+    (gigatoken applies the bound to tokenizers built afterwards)."""
     import gigatoken  # noqa: PLC0415 - optional dependency, imported only when chosen
 
     gigatoken.set_max_cache_bytes(GIGATOKEN_CACHE_BYTES)
-    return gigatoken.Tokenizer.from_json(gigatoken_tokenizer_json(model_bytes, kind))
+    text = cached_gigatoken_tokenizer_json(model_bytes, kind)
+    try:
+        tok = gigatoken.Tokenizer.from_json(text)
+    except Exception:  # noqa: BLE001 - a damaged cache entry: convert again, as if there were none
+        tok = gigatoken.Tokenizer.from_json(gigatoken_tokenizer_json(model_bytes, kind))
+    return tok, threading.Lock()
 
 
 class GigatokenEncoder(_SpotChecked):
     """gigatoken over a SentencePiece BPE (byte fallback) model or an HF byte-level BPE tokenizer.json. One
     document per `encode` call on the calling thread (no thread pool: Beam's workers are the parallelism); its
-    uint32 ids are read as int32 without a copy (ids < 2**31)."""
+    uint32 ids are read as int32 without a copy (ids < 2**31).
+
+    The tokenizer is shared by the process's threads (Beam's multi_threading workers), and while a fresh
+    tokenizer's first `encode` runs, another thread's calls fail with RuntimeError("Already borrowed"): that call
+    holds the object's borrow while its thread gives up the GIL (two threads on a fresh tokenizer: all 60 calls of
+    one failed, 0 of 120 once it had encoded anything; docs/BENCHMARKS.md). So calls take the tokenizer's lock,
+    which costs no parallelism: `encode` holds the GIL. (In the default runner the driver's parity check makes the
+    first call; worker threads that build and first use the tokenizer together, as Dask's may, could race.)
+
+    Its batch call, `encode_batch(texts, parallel=False)`, releases the GIL but starts every call with a cold
+    pretoken cache where `encode` keeps one per tokenizer: on the 24 MB bench corpus it took 1.2-1.5x `encode`'s
+    CPU from a cold start in the stage's batches (64 documents / 1 MiB) and 3-4x once `encode`'s cache was warm,
+    more than a second core gives back (docs/BENCHMARKS.md), so it is not used."""
     name = "gigatoken"
 
     def __init__(self, model_bytes: bytes, sp, spot_check_every: int = 0):
@@ -438,13 +507,21 @@ class GigatokenEncoder(_SpotChecked):
         if kind == formats.TIKTOKEN:
             raise ValueError("gigatoken is not used for tiktoken files here (tiktoken is the reference)")
         super().__init__(sp, spot_check_every)
-        self._tok = _gigatoken_tokenizer(model_bytes, kind)
+        self._tok, self._lock = _gigatoken_tokenizer(model_bytes, kind)
 
     def _encode_all(self, batch: list) -> list:
         import numpy as np  # noqa: PLC0415
 
         empty = np.zeros(0, dtype=np.int32)
-        return [self._tok.encode(t).view(np.int32) if t else empty for t in batch]
+        encode, lock = self._tok.encode, self._lock
+        out = []
+        for t in batch:
+            if not t:
+                out.append(empty)
+                continue
+            with lock:
+                out.append(encode(t).view(np.int32))
+        return out
 
 
 _ENCODERS = {"kitoken": (KitokenEncoder, "kitoken"), "splintr": (SplintrEncoder, "splintr-rs"),

@@ -16,3 +16,10 @@ def hf_bpe(tmp_path_factory):
     summary = train_hf_bpe([f"{corpus}/train/*.jsonl.zst"], str(out), 700, max_sentences=600,
                            max_sentence_chars=1024)
     return out, summary
+
+
+@pytest.fixture(autouse=True)
+def _tokenizer_cache(tmp_path_factory, monkeypatch):
+    """The converted-tokenizer cache (transforms/tokenize/tokenizer_backends.py) in a folder of this session, not
+    the user's ~/.cache."""
+    monkeypatch.setenv("PILEPREP_TOKENIZER_CACHE", str(tmp_path_factory.getbasetemp() / "tokenizer-cache"))

@@ -2,6 +2,7 @@
 SentencePiece's ids."""
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -76,26 +77,66 @@ def test_splintr_matches_sentencepiece_on_every_piece_and_repeated_runs():
     assert report.documents == len(texts) and report.exact, [texts[i] for i in report.mismatches[:10]]
 
 
-def test_one_splintr_encoder_from_two_threads_gives_sentencepiece_ids():
-    """Beam's multi_threading mode shares a process: the encoder's call releases the GIL and must stay exact."""
+@pytest.mark.parametrize("encoder_class", [tb.SplintrEncoder, tb.GigatokenEncoder])
+def test_one_encoder_from_two_threads_gives_sentencepiece_ids(encoder_class):
+    """Beam's multi_threading mode shares a process: splintr's call releases the GIL, and gigatoken's tokenizer is
+    one per model and process (`_gigatoken_tokenizer`): while a fresh one's first `encode` runs, a second thread's
+    calls failed with "Already borrowed" before the encoder's lock (a narrow window: this test caught it in 2 of
+    ~20 runs without the lock, docs/BENCHMARKS.md has the direct measurement). Both stay exact, spot checks
+    included."""
     import threading
 
     model = shared_data(*LLAMA2)
     sp = _sp(model)
-    encoder = tb.SplintrEncoder(model.read_bytes(), sp, spot_check_every=1)
-    texts = [t for _, t in stdlib_texts(600_000)]
+    tb._gigatoken_tokenizer.cache_clear()  # a fresh tokenizer, first used by the two threads at once
+    encoder = encoder_class(model.read_bytes(), sp, spot_check_every=1)
+    texts = [f"x{i} = f({i})" for i in range(2000)] + [t for _, t in stdlib_texts(600_000)]
     got: dict = {}
 
-    def work(part):
-        for i in range(part, len(texts), 2):
-            got[i] = encoder.encode([texts[i]])[0].tolist()
+    def work(part):  # one call with the thread's list, as tokenize_chunk calls it: encodes back to back
+        mine = list(range(part, len(texts), 2))
+        for i, ids in zip(mine, encoder.encode([texts[i] for i in mine])):
+            got[i] = ids.tolist()
     threads = [threading.Thread(target=work, args=(part,)) for part in (0, 1)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert [got[i] for i in range(len(texts))] == sp.encode(texts, out_type=int)
+    assert [got.get(i) for i in range(len(texts))] == sp.encode(texts, out_type=int)
     assert encoder.spot_checked > 0  # every document was also checked against SentencePiece, on its thread
+
+
+def test_the_converted_tokenizer_json_is_cached_between_processes(tmp_path, monkeypatch):
+    """gigatoken's tokenizer.json for a `.model` is written once (atomically) under a key of the model's sha256, format
+    and gigatoken's version, then read instead of converting again; a cache that is off or unwritable only costs
+    the conversion."""
+    import os
+
+    model_bytes = shared_data(*LLAMA2).read_bytes()
+    fresh = tb.gigatoken_tokenizer_json(model_bytes, "sentencepiece")
+    monkeypatch.setenv(tb.TOKENIZER_CACHE_ENV, str(tmp_path / "cache"))
+    assert tb.cached_gigatoken_tokenizer_json(model_bytes, "sentencepiece") == fresh
+    [name] = os.listdir(tmp_path / "cache")  # no temporary file left beside it
+    assert name.startswith(hashlib.sha256(model_bytes).hexdigest() + "-sentencepiece-gigatoken-")
+    assert name.endswith(".json")
+
+    def no_conversion(*_args):
+        raise AssertionError("converted again")
+    monkeypatch.setattr(tb, "gigatoken_tokenizer_json", no_conversion)
+    assert tb.cached_gigatoken_tokenizer_json(model_bytes, "sentencepiece") == fresh  # read back, not converted
+    monkeypatch.undo()
+    monkeypatch.setattr(tb, "gigatoken_tokenizer_json", lambda *_a: "converted")
+    for setting in ("off", str(tmp_path / "a-file" / "cache")):
+        (tmp_path / "a-file").write_text("")  # a cache folder that cannot be created
+        monkeypatch.setenv(tb.TOKENIZER_CACHE_ENV, setting)
+        assert tb.cached_gigatoken_tokenizer_json(model_bytes, "sentencepiece") == "converted"
+    sp = _sp(shared_data(*LLAMA2))  # the encoder built from the cached text is the one parity-checked
+    monkeypatch.undo()
+    monkeypatch.setenv(tb.TOKENIZER_CACHE_ENV, str(tmp_path / "cache"))
+    tb._gigatoken_tokenizer.cache_clear()
+    encoder = tb.GigatokenEncoder(model_bytes, sp, spot_check_every=1)
+    texts = _real_texts()
+    assert [ids.tolist() for ids in encoder.encode(texts)] == sp.encode(texts, out_type=int)
 
 
 def _with_normalizer_flag(model_bytes: bytes, field: int, value: int) -> bytes:
