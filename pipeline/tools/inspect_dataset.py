@@ -86,12 +86,11 @@ def inspect(dataset: str, examples: int = 2, tokenizer_path: str | None = None) 
     out = [summary_table(manifest.to_dict())]
     if examples <= 0 or not manifest.shards:
         return "\n".join(out)
-    sp = None
-    path = tokenizer_path or manifest.config.get("tokenizer")
-    if path and os.path.exists(path):
-        from transforms.tokenize import tokenizer  # noqa: PLC0415
+    from pipeline.tools.report import contract_tokenizer  # noqa: PLC0415 - the report's sha256 check, shared
 
-        sp = tokenizer.load_for_info(tokenizer.read_model_bytes(path), manifest.contract.tokenizer, path)
+    sp, note = contract_tokenizer(tokenizer_path or manifest.config.get("tokenizer"), manifest.contract.tokenizer)
+    if note:
+        out.append(terminal(note))
     shard = manifest.shards[0]
     for i, record in enumerate(_records(manifest_file, shard)):
         if i >= examples:

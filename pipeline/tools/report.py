@@ -551,28 +551,36 @@ def read_wall_time(run_log: str) -> Optional[float]:
     return wall
 
 
-def decoded_examples(manifest_file: str, manifest) -> dict:
-    """{split: {shard, text | ids, note}}: the first document piece of each split's first non-empty shard, decoded
-    with the run's tokenizer when the file at the manifest's `config.tokenizer` still has the contract's sha256
-    (token ids otherwise). Reads one record per split."""
-    from model_contract import decode_example  # noqa: PLC0415
-    from pipeline.tools.inspect_dataset import _records  # noqa: PLC0415
+def contract_tokenizer(path, info) -> tuple:
+    """(the tokenizer at `path`, "") when the file has the contract's sha256, else (None, a one-line note: token
+    ids are shown instead). Decoding with another file would show text the data does not hold; the report and
+    `pileprep inspect` (pipeline/tools/inspect_dataset.py) both decode only through this check."""
     from transforms.io import io_utils  # noqa: PLC0415
-
-    sp, note = None, ""
-    path = manifest.config.get("tokenizer")
     from transforms.tokenize import tokenizer  # noqa: PLC0415
 
     try:
         # a directory stands for its tokenizer.json, and the contract holds the options the file does not carry
         # (a tiktoken file's pattern and special tokens, --eos-token): as inspect and verify load it
         model = io_utils.read_bytes(tokenizer.resolve_path(path)) if isinstance(path, str) and path else None
-        if model is not None and hashlib.sha256(model).hexdigest() == manifest.contract.tokenizer.model_sha256:
-            sp = tokenizer.load_for_info(model, manifest.contract.tokenizer, path)
-        else:
-            note = "token ids: the tokenizer file has changed since the run"
+        if model is None:
+            return None, "token ids: no tokenizer file recorded or given"
+        got = hashlib.sha256(model).hexdigest()
+        if got != info.model_sha256:
+            return None, (f"token ids: the tokenizer file's sha256 {got[:12]}… is not the contract's "
+                          f"{str(info.model_sha256)[:12]}… (changed since the run, or another tokenizer)")
+        return tokenizer.load_for_info(model, info, path), ""
     except (OSError, ValueError, RuntimeError) as e:
-        note = f"token ids: the tokenizer file cannot be read ({type(e).__name__})"
+        return None, f"token ids: the tokenizer file cannot be read ({type(e).__name__})"
+
+
+def decoded_examples(manifest_file: str, manifest) -> dict:
+    """{split: {shard, text | ids, note}}: the first document piece of each split's first non-empty shard, decoded
+    with the run's tokenizer when the file at the manifest's `config.tokenizer` still has the contract's sha256
+    (token ids otherwise). Reads one record per split."""
+    from model_contract import decode_example  # noqa: PLC0415
+    from pipeline.tools.inspect_dataset import _records  # noqa: PLC0415
+
+    sp, note = contract_tokenizer(manifest.config.get("tokenizer"), manifest.contract.tokenizer)
     out = {}
     for split in SPLITS:
         shard = next((s for s in manifest.shards_for(split) if s.examples), None)

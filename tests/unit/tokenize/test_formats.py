@@ -166,6 +166,40 @@ def test_contract_records_the_format_and_an_older_reader_still_reads_it(hf_bpe):
     assert again.eos_id() == tinfo.eos_id == 0
 
 
+@pytest.mark.parametrize("kind", [formats.SENTENCEPIECE, formats.HF_JSON, formats.TIKTOKEN])
+def test_the_trainer_pins_each_format_by_its_files_sha256(kind, hf_bpe, tiny_tokenizer):
+    """`--tokenizer SHA256` (trainer/data.py tokenizer_pin, checked by model_contract's check_compatible) against
+    the contract the job writes (tokenizer.describe): the sha256 a user computes of the file on disk (`sha256sum`;
+    the tokenizer.json inside a directory) is accepted, in either case; a wrong one is refused in one line
+    naming both. A unit check of the pin, where tests/e2e/test_tokenizer_formats.py pins by path only."""
+    import hashlib
+
+    from model_contract import ContractMismatchError, Expectation, check_compatible
+    from trainer.data import tokenizer_pin
+
+    path, summary = hf_bpe
+    file, given, options = {formats.SENTENCEPIECE: (tiny_tokenizer, tiny_tokenizer, TokenizerOptions()),
+                            formats.HF_JSON: (str(path), str(path.parent), TokenizerOptions()),
+                            formats.TIKTOKEN: (tiktoken_path_for(str(path)), tiktoken_path_for(str(path)),
+                                               _tiktoken_options(summary))}[kind]
+    data, proc = _load(given, options)
+    contract = DataContract.for_tokens(128, tokenizer.describe(proc, data, options))
+    assert contract.tokenizer.kind == kind
+    with open(file, "rb") as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+
+    def pinned(pin: str) -> Expectation:
+        return Expectation(128, contract.tokenizer.vocab_size, tokenizer_sha256=tokenizer_pin(pin))
+
+    for pin in (sha, sha.upper(), given):
+        check_compatible(contract, pinned(pin))
+    wrong = hashlib.sha256(b"another tokenizer").hexdigest()
+    with pytest.raises(ContractMismatchError) as e:
+        check_compatible(contract, pinned(wrong))
+    assert len(e.value.mismatches) == 1 and "\n" not in e.value.mismatches[0]
+    assert sha[:12] in e.value.mismatches[0] and wrong[:12] in e.value.mismatches[0], e.value.mismatches
+
+
 def test_gigatoken_matches_each_reference_on_real_text(hf_bpe):
     path, _summary = hf_bpe
     texts = _texts()

@@ -19,3 +19,40 @@ def test_inspect_refuses_a_shard_path_outside_the_dataset(tmp_path, capsys):
     (tmp_path / "ds" / "manifest.json").write_text(json.dumps(d))
     assert cli_main(["inspect", str(tmp_path / "ds")]) == 2
     assert "shards[0].path '../secret.tfrecord'" in capsys.readouterr().err
+
+
+def test_inspect_decodes_only_with_the_contracts_tokenizer(tmp_path, tiny_tokenizer, capsys):
+    """A --tokenizer (or the recorded config.tokenizer) whose sha256 is not the contract's is not used to decode:
+    one line says so, naming both sha256s, and the examples are shown as ids (the report's check,
+    pipeline/tools/report.py contract_tokenizer)."""
+    import dataclasses
+    import hashlib
+
+    from model_contract import load_manifest
+    from pipeline.cli import main as cli_main
+    from pipeline.tools.inspect_dataset import inspect
+    from tests.trainer_fixtures import write_dataset
+    from transforms.tokenize import tokenizer
+
+    ds = write_dataset(str(tmp_path / "ds"), n_docs=20, n_shards=1)
+    m = load_manifest(ds)
+    model = tokenizer.read_model_bytes(tiny_tokenizer)
+    info = tokenizer.describe(tokenizer.load_processor(model, tiny_tokenizer), model)
+    other = tmp_path / "other.model"
+    other.write_bytes(model + b"\xc0\x3e\x01")  # an unknown protobuf field 1000: another file that still loads
+    totals = {k: sum(getattr(s, k) for s in m.shards) for k in ("examples", "documents", "tokens", "padding_tokens")}
+    m = dataclasses.replace(m, contract=dataclasses.replace(m.contract, tokenizer=info),
+                            config={**m.config, "tokenizer": str(other)},
+                            splits={"train": {**totals, "shards": len(m.shards)}},
+                            records={"read": 20, "written": 20, "filtered": {}, "dead_lettered": {}})
+    (tmp_path / "ds" / "manifest.json").write_text(m.to_json())
+    right = inspect(ds, examples=1, tokenizer_path=tiny_tokenizer).splitlines()
+    assert not any("token ids" in line for line in right) and not right[-1].startswith("["), right
+    other_sha = hashlib.sha256(other.read_bytes()).hexdigest()
+    for args in (["--tokenizer", str(other)], []):  # given, and recorded in the manifest
+        capsys.readouterr()
+        assert cli_main(["inspect", ds, "--examples", "1", *args]) == 0
+        lines = capsys.readouterr().out.splitlines()
+        notes = [line for line in lines if "token ids" in line]
+        assert len(notes) == 1 and other_sha[:12] in notes[0] and info.model_sha256[:12] in notes[0], lines
+        assert lines[-1].startswith("["), lines  # ids, not another tokenizer's text
