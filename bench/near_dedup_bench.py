@@ -8,7 +8,9 @@
    Ground truth: the exact Jaccard of the shingle sets (transforms/shard/near_dedup.py `shingles`) of every
    pair, computed here as a sparse product (documents x shingles). The job's sidecar says what it removed:
    recall = pairs at J >= 0.9 of which at least one document was removed; precision = removed documents whose
-   best partner has J >= 0.7 (a removal with no partner that close is a false positive);
+   best partner has J >= 0.7 (a removal with no partner that close is a false positive). With `--shingles
+   tokens` the job runs with --near-dedup-shingles tokens and is scored against the word truth above (the
+   targets' truth: near-duplicate text as a reader means it) and, beside it, the Jaccard of token n-grams;
 2. cost: seeded random-word documents (distinct text: no near-copies, so the near-dedup stage pays its full
    price and removes nothing), `--distinct-mb` (1x) and 4x; the shard job's CPU seconds (user + sys of the
    whole process) without and with --near-dedup at 1x and 4x (the marginal share: what grows with the input),
@@ -170,11 +172,27 @@ def removed_by_job(output: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ ground truth
-def all_pairs_jaccard(texts: list, floor: float = 0.5) -> tuple:
-    """(pairs [(i, j, J)] with J >= floor, best partner J per document) over every pair, exactly."""
+def token_ids(texts: list, tokenizer_path: str) -> list:
+    """Each text's token ids by the format's reference encoder (the ids every exact backend gives the job)."""
+    from transforms.tokenize import tokenizer  # noqa: PLC0415
+
+    sp = tokenizer.load_processor(tokenizer.read_model_bytes(tokenizer_path), tokenizer_path)
+    return tokenizer.encode_batch(sp, texts)
+
+
+def shingle_sets(texts: list, kind: str, ids: list = None) -> list:
+    """Sorted unique shingles of each text as the job computes them for --near-dedup-shingles `kind`."""
+    if kind == "tokens":
+        return near_dedup.token_shingles_batch(ids, near_dedup.SHINGLE_TOKENS)
+    return [near_dedup.shingles(t) for t in texts]
+
+
+def all_pairs_jaccard(texts: list, floor: float = 0.5, sets: list = None) -> tuple:
+    """(pairs [(i, j, J)] with J >= floor, best partner J per document) over every pair, exactly; J of the word
+    shingles unless `sets` (another kind's shingles of the same texts) is given."""
     from scipy import sparse  # noqa: PLC0415
 
-    sets = [near_dedup.shingles(t) for t in texts]
+    sets = sets if sets is not None else [near_dedup.shingles(t) for t in texts]
     flat = np.concatenate(sets)
     uniq, inverse = np.unique(flat, return_inverse=True)
     rows = np.repeat(np.arange(len(sets)), [s.size for s in sets])
@@ -248,6 +266,10 @@ def main() -> None:
     ap.add_argument("--skip-cost", action="store_true")
     ap.add_argument("--skip-job-quality", action="store_true", help="no CLI quality run (the sketches still run)")
     ap.add_argument("--sketches", action="store_true", help="score both sketches in this process, same truth")
+    ap.add_argument("--shingles", choices=near_dedup.SHINGLE_KINDS, default=near_dedup.DEFAULT_SHINGLES,
+                    help="the job's --near-dedup-shingles; with tokens the removals are scored against both "
+                    "ground truths: Jaccard of word 5-grams (what a reader calls near-duplicate text, the targets' "
+                    "truth) and of token n-grams (what the option measures)")
     args = ap.parse_args()
     if args.docs > 5000:
         raise SystemExit("--docs: at most 5000 (every pair is compared exactly)")
@@ -271,6 +293,14 @@ def main() -> None:
         print(json.dumps(results["sketches"], indent=1), flush=True)
     if not args.skip_job_quality:
         job_quality(args, work, docs, planted, base, ids, pairs, best, results)
+        if args.shingles == "tokens":
+            t_pairs, t_best = all_pairs_jaccard([t for t, _ in docs], sets=shingle_sets(
+                [], "tokens", token_ids([t for t, _ in docs], args.tokenizer)))
+            removed = removed_by_job(os.path.join(work, "quality-out"))
+            results["quality_token_truth"] = {
+                "pairs_j_ge_0.9": sum(1 for p in t_pairs if p[2] >= 0.9),
+                **score(np.array([i in removed for i in ids]), t_pairs, t_best)}
+            print(json.dumps(results["quality_token_truth"], indent=1), flush=True)
     if not args.skip_cost:
         cost_run(args, work, results)
     print_table(args, results)
@@ -278,7 +308,8 @@ def main() -> None:
 
 def job_quality(args, work, docs, planted, base, ids, pairs, best, results) -> None:
     q = run_shard(os.path.join(work, "quality", "*"), os.path.join(work, "quality-out"), args.tokenizer,
-                  "--near-dedup", "--val-fraction", "0", "--test-fraction", "0", *QUALITY_RUNNER)
+                  "--near-dedup", "--near-dedup-shingles", args.shingles, "--val-fraction", "0", "--test-fraction",
+                  "0", *QUALITY_RUNNER)
     removed = removed_by_job(os.path.join(work, "quality-out"))
     gone = np.array([i in removed for i in ids])
     high = [(i, j) for i, j, v in pairs if v >= 0.9]
@@ -307,11 +338,11 @@ def cost_run(args, work, results) -> None:
     cost["1x_plain"] = run_shard(os.path.join(work, "distinct-1x", "*"), os.path.join(work, "o1p"),
                                  args.tokenizer)
     cost["1x_near_dedup"] = run_shard(os.path.join(work, "distinct-1x", "*"), os.path.join(work, "o1n"),
-                                      args.tokenizer, "--near-dedup")
+                                      args.tokenizer, "--near-dedup", "--near-dedup-shingles", args.shingles)
     cost["4x_plain"] = run_shard(os.path.join(work, "distinct-4x", "*"), os.path.join(work, "o4p"),
                                  args.tokenizer)
     cost["4x_near_dedup"] = run_shard(os.path.join(work, "distinct-4x", "*"), os.path.join(work, "o4n"),
-                                      args.tokenizer, "--near-dedup")
+                                      args.tokenizer, "--near-dedup", "--near-dedup-shingles", args.shingles)
     extra = cost["1x_near_dedup"]["cpu_s"] / cost["1x_plain"]["cpu_s"] - 1
     results["cost"] = {k: {m: round(x, 2) for m, x in v.items()} for k, v in cost.items()}
     results["cost"]["extra_cpu_share_1x"] = round(extra, 3)

@@ -114,8 +114,9 @@ class ShardConfig:
         "(transforms/shard/mixture.py)", metavar="SPEC")
     # Near-duplicates and decontamination (docs/NEAR_DEDUP.md, pipeline/shard/near_dedup_graph.py); off by default.
     near_dedup: bool = option(
-        False, "remove near-duplicate documents: MinHash LSH over word 5-grams, one keeper per cluster (test over "
-        "val over train, then the smallest id), removed ones filtered near_duplicate with their keeper recorded",
+        False, "remove near-duplicate documents: MinHash LSH over word 5-grams (or token n-grams: "
+        "--near-dedup-shingles), one keeper per cluster (test over val over train, then the smallest id), removed "
+        "ones filtered near_duplicate with their keeper recorded",
         group=_NEAR)
     near_dedup_bands: int = option(near_dedup_mod.DEFAULT_BANDS, "LSH bands (permutations = bands x rows); with the "
                                    "default rows: " + near_dedup_mod.s_curve_text(near_dedup_mod.DEFAULT_BANDS,
@@ -127,6 +128,12 @@ class ShardConfig:
         "similarity (exact with --near-dedup-verify) reaches this", group=_NEAR, metavar="J")
     near_dedup_verify: bool = option(False, "check each candidate pair by the exact Jaccard of its shingles",
                                      group=_NEAR)
+    near_dedup_shingles: Literal["words", "tokens"] = option(
+        near_dedup_mod.DEFAULT_SHINGLES, "what near-dedup's Jaccard is over: words = word 5-grams of the lower-cased "
+        "text (case, spacing and punctuation ignored); tokens = token " + str(near_dedup_mod.SHINGLE_TOKENS) +
+        "-grams of the tokenizer's ids (no second read of the text; copies that differ in case or "
+        "spacing tokenize differently and are missed, docs/NEAR_DEDUP.md); an incremental run must use the "
+        "committed dataset's", group=_NEAR)
     near_dedup_rounds: int = option(near_dedup_mod.DEFAULT_ROUNDS, "union-find (label propagation) rounds in the "
                                     "graph; a cluster farther than this from its keeper fails the run (exit 1)",
                                     group=_NEAR, metavar="N")
@@ -265,6 +272,8 @@ class ShardConfig:
                     d[key] = list(d[key]) if isinstance(d[key], tuple) else d[key]
                 else:
                     d.pop(key)
+        if d.get("near_dedup_shingles") == near_dedup_mod.DEFAULT_SHINGLES:  # absent at its default, so datasets
+            d.pop("near_dedup_shingles")  # built before the option keep their names (generation = fingerprint)
         if not self.source_weights:  # absent when unused, so datasets built before the option keep their names
             d.pop("source_weights")
         else:

@@ -48,7 +48,8 @@ def enabled(config) -> bool:
 
 
 def params_of(config) -> near_dedup.MinHashParams:
-    return near_dedup.MinHashParams(config.near_dedup_bands, config.near_dedup_rows, config.seed)
+    return near_dedup.MinHashParams(config.near_dedup_bands, config.near_dedup_rows, config.seed,
+                                    shingles=getattr(config, "near_dedup_shingles", near_dedup.DEFAULT_SHINGLES))
 
 
 def eval_files(config) -> list:
@@ -86,9 +87,11 @@ def shingle_path(staging_dir: str, unit_name: str) -> str:
     return io_utils.join(staging_dir, "near-dedup", "shingles", unit_name + ".u64")
 
 
-def _unit_documents(plan, unit):
-    """(line, doc_id, split, source, text) of each distinct document of a unit, in line order; the copy in
-    the highest split stands for an id (exact dedup keeps that one)."""
+def _unit_documents(plan, unit, text: bool = True):
+    """(line, doc_id, split, source, text or token ids) of each distinct document of a unit, in line order; the
+    copy in the highest split stands for an id (exact dedup keeps that one). `text=False`: the document's token
+    ids from the tokenize stage's spill (transforms/shard/spill.py layout), not its text: no second read and
+    parse of the unit's chunk (--near-dedup-shingles tokens; --decontaminate still reads the text)."""
     if unit.n_docs == 0:
         return []
     with io_utils.open_read(unit.index_path) as f:
@@ -97,8 +100,18 @@ def _unit_documents(plan, unit):
     for path in getattr(plan, "committed_id_indexes", ()):  # exact copies of committed documents: the packers
         held |= doc_ids.IdIndex(path).contains(rows["doc_id"])  # drop them as duplicates, so they take no part
     rows = rows[~held]
-    by_line = {int(r["line"]): (int(r["doc_id"]), int(r["key"] >> np.uint64(SPLIT_SHIFT))) for r in rows}
     best: dict = {}
+    if not text:
+        tokens = np.frombuffer(io_utils.read_bytes(unit.tokens_path), dtype=np.dtype(unit.token_dtype))
+        for r in rows[np.argsort(rows["line"], kind="stable")]:
+            doc_id, split, line = int(r["doc_id"]), int(r["key"] >> np.uint64(SPLIT_SHIFT)), int(r["line"])
+            cur = best.get(doc_id)
+            if cur is None or split > cur[2]:
+                start = int(r["token_start"])
+                best[doc_id] = (line, doc_id, split, unit.sources[int(r["source_idx"])],
+                                tokens[start:start + int(r["n_tokens"])])
+        return sorted(best.values(), key=lambda d: d[0])
+    by_line = {int(r["line"]): (int(r["doc_id"]), int(r["key"] >> np.uint64(SPLIT_SHIFT))) for r in rows}
     cfg = plan.config
     with io_utils.open_read(chunk_path(plan.staging_dir, unit.name)) as f:
         for line, data in iter_chunk(f):
@@ -167,7 +180,11 @@ class SignUnit(beam.DoFn):
             shingle_file = io_utils.open_write(shingle_path(self.plan.staging_dir, unit.name)).__enter__()
         staged = [shingle_file, 0]  # the unit's shingle file and the shingles written to it so far
         try:
-            for line, doc_id, split, source, text in _unit_documents(self.plan, unit):
+            tokens = cfg.near_dedup and self.params.shingles == "tokens"
+            # token shingles need no text; decontamination still does (word n-grams of the text)
+            text_docs = _unit_documents(self.plan, unit) if self.eval_set is not None or not tokens else None
+            id_docs = _unit_documents(self.plan, unit, text=False) if tokens else None
+            for k, (line, doc_id, split, source, text) in enumerate(text_docs or id_docs):
                 if self.eval_set is not None and split in self.checked_splits:
                     hit = decontaminate.find(text, self.eval_set)
                     if hit is not None:
@@ -176,8 +193,9 @@ class SignUnit(beam.DoFn):
                         continue
                 if not cfg.near_dedup:
                     continue
-                batch.append((doc_id, split, source, line, text))
-                chars += len(text)
+                content = id_docs[k][4] if tokens else text  # the same documents in the same order either way
+                batch.append((doc_id, split, source, line, content))
+                chars += len(content) * (4 if tokens else 1)  # batches of ~ the same text either way
                 if chars >= SIGN_BATCH_CHARS:
                     yield from self._sign(unit, batch, staged)
                     batch, chars = [], 0
@@ -191,7 +209,11 @@ class SignUnit(beam.DoFn):
         shingles are computed together (near_dedup.shingles_batch) and, for --near-dedup-verify, staged."""
         if not batch:
             return
-        sets = near_dedup.shingles_batch([b[4] for b in batch], self.params.shingle_words)
+        if self.params.shingles == "tokens":  # unsorted windows suffice for signatures (near_dedup.py)
+            sets = near_dedup.token_shingles_batch([b[4] for b in batch], near_dedup.SHINGLE_TOKENS,
+                                                   unique=staged[0] is not None)
+        else:
+            sets = near_dedup.shingles_batch([b[4] for b in batch], self.params.shingle_words)
         docs = []
         for (doc_id, split, source, line, _text), sh in zip(batch, sets):
             loc = (unit.name, line)
@@ -472,6 +494,8 @@ def _finish(grouped, plan):
                               "threshold": cfg.near_dedup_threshold, "verify": cfg.near_dedup_verify,
                               "shingle_words": near_dedup.SHINGLE_WORDS, "sketch": params_of(cfg).sketch,
                               "s_curve": near_dedup.s_curve_text(cfg.near_dedup_bands, cfg.near_dedup_rows)}
+        if params_of(cfg).shingles != near_dedup.DEFAULT_SHINGLES:  # absent at the default: sections as before
+            summary["minhash"].update(shingles=params_of(cfg).shingles, shingle_tokens=near_dedup.SHINGLE_TOKENS)
     for e in summary["contaminated_examples"]:
         e["eval_file"] = _name(e["eval_file"])
     io_utils.write_bytes(io_utils.join(plan.data_dir, SUMMARY_NAME),
@@ -506,7 +530,8 @@ class NearDedup(beam.PTransform):
         self.shuffle = shuffle  # 'runner' (GroupByKey on band keys) or 'files' (staged band files, key ranges)
         self.eval_paths = tuple(eval_files(plan.config)) if plan.config.decontaminate else ()
         # --incremental: new documents meet the committed generations' kept documents in the band buckets
-        self.committed = (tuple(committed_band_indexes(plan.previous, plan.config.output))
+        self.committed = (tuple(committed_band_indexes(plan.previous, plan.config.output,
+                                                       params_of(plan.config).shingles))
                           if plan.incremental and plan.config.near_dedup else ())
 
     def expand(self, units):
@@ -585,16 +610,29 @@ class NearDedup(beam.PTransform):
                 | "NDFinishAndRelease" >> beam.FlatMap(_finish_and_release, plan))
 
 
-def committed_band_indexes(previous, output_dir: str) -> list:
+def committed_shingles(previous) -> str:
+    """The shingle kind the committed dataset's band index was built with: its config's `near_dedup_shingles`,
+    absent at the default (pipeline/config.py to_manifest_dict drops it, as in datasets built before it)."""
+    return str(dict(previous.config).get("near_dedup_shingles", near_dedup.DEFAULT_SHINGLES))
+
+
+def committed_band_indexes(previous, output_dir: str, shingles: str = near_dedup.DEFAULT_SHINGLES) -> list:
     """Every committed generation's band index files, paths validated: [{generation, rel, path, range, bytes,
     sha256}]. A generation without one (built before band indexes were written) cannot be checked, and
-    skipping it would keep near-copies of its documents: a configuration error naming the fix."""
+    skipping it would keep near-copies of its documents: a configuration error naming the fix. Signatures of
+    word and token shingles never agree, so new documents signed with another kind than the committed band
+    index would match none of its documents: refused, naming the option."""
     from model_contract import MANIFEST_NAME  # noqa: PLC0415
     from model_contract.manifest import is_generation_name, resolve_dataset_path  # noqa: PLC0415
     from pipeline.shard import integrity  # noqa: PLC0415 - integrity imports this module
 
     if previous is None:
         return []
+    if committed_shingles(previous) != shingles:
+        raise ConfigError(f"--incremental --near-dedup: --near-dedup-shingles {shingles} differs from the committed "
+                          f"dataset's ({committed_shingles(previous)}) in {output_dir}: its band index could not match "
+                          f"new documents; run with --near-dedup-shingles {committed_shingles(previous)} or rebuild "
+                          "without --incremental")
     rows = list(previous.band_indexes or [])  # BandIndexRow (model_contract/manifest.py), checked on load
     manifest_file = io_utils.join(output_dir, MANIFEST_NAME)
     out = []

@@ -32,7 +32,7 @@ def near_copy(text: str) -> str:
     return "Mirrored from an archive.\n" + text.upper()
 
 
-def write_corpus(root: pathlib.Path) -> dict:
+def write_corpus(root: pathlib.Path, near_copy=near_copy) -> dict:
     """Files in root/in (train), root/val.jsonl (one held-out near-copy), root/eval.jsonl; returns the plan."""
     docs = good_documents(360_000)
     docs = [(t, s) for t, s in docs if len(near_dedup.normalised_words(t)) >= 60][:60]
@@ -172,3 +172,24 @@ def test_portable_runner_through_its_own_group_by_key_writes_the_same_bytes(buil
     assert res.returncode == 0, res.stderr[-3000:] + portable_services["logs"][1].read_text()[-2000:]
     assert_same_files(root / "one", tmp_path / "portable")
 
+
+
+def test_token_shingles_remove_verbatim_near_copies_from_the_token_ids(tmp_path, tiny_tokenizer):
+    """--near-dedup-shingles tokens: shingles from the tokenize stage's ids (no second read of the text; the
+    text is still read for --decontaminate). A copy with a header is found; an upper-cased one would not be
+    (it tokenizes differently: docs/NEAR_DEDUP.md), so this corpus keeps the copies' case. One in-memory run:
+    the runners' byte identity is the words runs' above (same graph after signing)."""
+    plan = write_corpus(tmp_path, lambda text: "Mirrored from an archive.\n" + text)
+    out = tmp_path / "tokens"
+    manifest = shard_pipeline.run(config(tmp_path, out, tiny_tokenizer, near_dedup_shingles="tokens"), IN_MEMORY,
+                                  progress_every_s=0)
+    rows = {r["id"]: r for r in sidecar_rows(out, manifest)}
+    near = {i: r for i, r in rows.items() if r["reason"] == "near_duplicate"}
+    for original, copy in zip(plan["originals"][1:], plan["copies"]):
+        assert near[copy]["keeper"] == original if original < copy else near[original]["keeper"] == copy
+    assert near[plan["originals"][0]]["keeper"] == plan["held_out"]
+    assert len(near) == PLANTED and rows[plan["contaminated"]]["reason"] == "contaminated"
+    assert manifest["near_dedup"]["minhash"]["shingles"] == "tokens"
+    assert manifest["config"]["near_dedup_shingles"] == "tokens"
+    r = manifest["records"]
+    assert r["read"] == r["written"] + sum(r["filtered"].values()) + sum(r["dead_lettered"].values())

@@ -159,3 +159,52 @@ def test_shingles_of_a_batch_equal_each_text_alone():
         for n in (5, 2):
             for text, got in zip(batch, nd.shingles_batch(batch, n)):
                 assert np.array_equal(got, nd.shingles(text, n)), text
+
+
+def _naive_token_shingles(ids, n):
+    """The reference: each window's ids hashed one by one in Python (start at n, then per id h = h * golden +
+    mix(id ^ salt), 64-bit wrapping, mix at the end), sorted unique; fewer than n ids: one window of all."""
+    m = (1 << 64) - 1
+
+    def mix(x):
+        x ^= x >> 30
+        x = (x * 0xBF58476D1CE4E5B9) & m
+        x ^= x >> 27
+        x = (x * 0x94D049BB133111EB) & m
+        return x ^ (x >> 31)
+
+    ids = [int(i) for i in ids]
+    if not ids:
+        return np.zeros(0, dtype=np.uint64)
+    k = min(n, len(ids))
+    out = set()
+    for lo in range(len(ids) - k + 1):
+        h = k
+        for t in ids[lo:lo + k]:
+            h = (h * 0x9E3779B97F4A7C15 + mix(t ^ 0x746F6B656E736869)) & m
+        out.add(mix(h))
+    return np.array(sorted(out), dtype=np.uint64)
+
+
+def test_token_shingles_of_a_batch_equal_a_naive_reference_per_document():
+    """--near-dedup-shingles tokens (near_dedup.token_shingles_batch): every document of a batch gets the
+    windows that lie inside it, short and empty ones included, whatever the id dtype the spill holds;
+    unique=False holds the same values (repeated, in text order) and gives the same signatures."""
+    rng = np.random.default_rng(3)
+    docs = [np.zeros(0, np.int32), np.array([7], np.int32), np.array([1, 2, 3, 4], np.uint16),
+            np.array([5, 5, 5, 5, 5, 5, 5], np.uint16)]
+    docs += [rng.integers(0, 300, rng.integers(0, 40)).astype(rng.choice([np.int32, np.uint16, np.uint32]))
+             for _ in range(60)]
+    for n in (5, 3, 1):
+        got = nd.token_shingles_batch(docs, n)
+        loose = nd.token_shingles_batch(docs, n, unique=False)
+        for ids, g, l in zip(docs, got, loose):
+            ref = _naive_token_shingles(ids, n)
+            assert np.array_equal(g, ref), (n, ids)
+            assert np.array_equal(np.unique(l), ref)
+        params = nd.MinHashParams()
+        assert np.array_equal(nd.signatures(got, params), nd.signatures(loose, params))
+    assert np.array_equal(nd.token_shingles(docs[5]), nd.token_shingles_batch(docs, 5)[5])
+    # order matters: a swap changes windows
+    assert not np.array_equal(nd.token_shingles([1, 2, 3, 4, 5]), nd.token_shingles([2, 1, 3, 4, 5]))
+    assert nd.token_shingles_batch([], 5) == []

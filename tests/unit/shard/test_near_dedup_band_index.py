@@ -69,10 +69,10 @@ def test_band_index_round_trip_keeps_one_row_per_key_and_id_sorted_and_refuses_d
         bi.checked_bytes(data, len(data), hashlib.sha256(data[1:]).hexdigest(), "x")
 
 
-def _manifest(rows, generations=(GEN,)):
+def _manifest(rows, generations=(GEN,), config=None):
     return types.SimpleNamespace(band_indexes=[BandIndexRow(**r) for r in rows],
                                  generations=[{"name": g} for g in generations],
-                                 generation=generations[-1])
+                                 generation=generations[-1], config=dict(config or {}))
 
 
 def _row(**kw):
@@ -89,6 +89,35 @@ def test_committed_band_index_rows_are_validated_before_use(tmp_path):
             graph.committed_band_indexes(_manifest([bad]), str(tmp_path))
     with pytest.raises(ConfigError, match="gen-00000000000000bb .*no band index"):
         graph.committed_band_indexes(_manifest([_row()], (GEN, "gen-00000000000000bb")), str(tmp_path))
+
+
+def test_an_incremental_run_with_other_shingles_than_the_committed_band_index_is_refused_by_name(tmp_path):
+    """Word and token shingle signatures never agree: a new document signed with the other kind would match no
+    committed one, so its near-copies of committed documents would stay. A config without the key is `words`
+    (pipeline/config.py drops it at the default, as datasets built before the option have it)."""
+    words, tokens = _manifest([_row()]), _manifest([_row()], config={"near_dedup_shingles": "tokens"})
+    assert graph.committed_band_indexes(words, str(tmp_path), "words")
+    assert graph.committed_band_indexes(tokens, str(tmp_path), "tokens")
+    with pytest.raises(ConfigError, match="--near-dedup-shingles tokens differs from the committed dataset's "
+                                          r"\(words\)"):
+        graph.committed_band_indexes(words, str(tmp_path), "tokens")
+    with pytest.raises(ConfigError, match=r"--near-dedup-shingles words differs .*\(tokens\)"):
+        graph.committed_band_indexes(tokens, str(tmp_path), "words")
+
+
+def test_the_shingle_kind_is_in_the_fingerprint_only_when_it_is_not_the_default():
+    """Generation names of datasets built before --near-dedup-shingles stay; tokens is another dataset, and
+    --incremental refuses it against a words dataset by the config key (pipeline/ops/incremental.py)."""
+    from pipeline.config import ShardConfig
+    from pipeline.ops import incremental
+
+    base = dict(inputs=("x.jsonl",), output="out", tokenizer="t.model", near_dedup=True)
+    words, tokens = ShardConfig(**base).to_manifest_dict(), ShardConfig(**base, near_dedup_shingles="tokens")
+    assert "near_dedup_shingles" not in words
+    assert tokens.to_manifest_dict()["near_dedup_shingles"] == "tokens"
+    committed = types.SimpleNamespace(contract=types.SimpleNamespace(to_dict=dict), config=words)
+    with pytest.raises(incremental.IncompatibleGenerationError, match="config.near_dedup_shingles"):
+        incremental.check_compatible(committed, {}, tokens.to_manifest_dict())
 
 
 def test_a_committed_band_index_that_does_not_match_its_manifest_row_fails_the_run(tmp_path):
