@@ -49,8 +49,11 @@ def section(manifest: dict) -> str:
                      "removed share"], rows)]
     minhash = nd.get("minhash")
     if minhash:
-        parts.append(f"<p>MinHash: {_e(minhash.get('bands'))} bands x {_e(minhash.get('rows'))} rows over word "
-                     f"{_e(minhash.get('shingle_words'))}-grams, threshold {_e(minhash.get('threshold'))}"
+        # A `--near-dedup-shingles tokens` run records shingles/shingle_tokens (pipeline/shard/near_dedup_graph.py)
+        grams = (f"token {_e(minhash.get('shingle_tokens'))}-grams" if minhash.get("shingles") == "tokens"
+                 else f"word {_e(minhash.get('shingle_words'))}-grams")
+        parts.append(f"<p>MinHash: {_e(minhash.get('bands'))} bands x {_e(minhash.get('rows'))} rows over {grams}, "
+                     f"threshold {_e(minhash.get('threshold'))}"
                      f"{' (verified by exact Jaccard)' if minhash.get('verify') else ''}; "
                      f"{_e(minhash.get('s_curve', ''))}</p>")
     sizes = nd.get("cluster_sizes", {})

@@ -28,6 +28,14 @@ def test_section_shows_shares_histogram_and_pairs_with_every_text_escaped():
     assert "3.85%" in page  # Github: 2 of 50 + 2
     assert "kept text" in page and "0.91" in page and "mmlu.jsonl" in page
     assert "3-4" in page and "verified by exact Jaccard" in page
+    assert "over word 5-grams" in page
+
+
+def test_section_names_token_shingles_when_the_run_used_them():
+    m = manifest()
+    m["near_dedup"]["minhash"].update(shingles="tokens", shingle_tokens=5)
+    page = report_near_dedup.section(m)
+    assert "over token 5-grams" in page and "word" not in page.split("MinHash")[1].split("</p>")[0]
 
 
 def test_section_is_absent_without_near_dedup_and_the_report_includes_it():
