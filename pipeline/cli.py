@@ -440,13 +440,13 @@ def main(argv=None) -> int:
             print("pileprep: interrupted", file=sys.stderr, flush=True)
             return e.exit_code
         noun = getattr(e, "output_noun", "dataset")  # set by the job runner (pipeline/job.py)
-        print(f"pileprep: interrupted; previous {noun} intact", file=sys.stderr, flush=True)
+        print(f"pileprep: interrupted; previous {noun} intact{_kept(e)}", file=sys.stderr, flush=True)
         return e.exit_code
     except KeyboardInterrupt:
         print("pileprep: interrupted", file=sys.stderr)
         return 130
     except RunError as e:
-        print(f"pileprep: failed: {terminal(redact_userinfo(one_line(e)))}", file=sys.stderr)
+        print(f"pileprep: failed: {terminal(redact_userinfo(one_line(e)))}{_kept(e)}", file=sys.stderr)
         return 1
     except BrokenPipeError:  # `pileprep inspect DIR | head`: the reader left; say nothing, like other tools
         try:
@@ -497,8 +497,15 @@ def _report_failure(e: RunFailed, verbose: int) -> None:
     message = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
     if len(message) > 500:
         message = message[:497] + "..."
-    print(f"pileprep: failed: {type(cause).__name__}: {terminal(redact_userinfo(message))}"
+    print(f"pileprep: failed: {type(cause).__name__}: {terminal(redact_userinfo(message))}{_kept(cause)}"
           + ("" if verbose > 1 else " (-vv for the traceback)"), file=sys.stderr)
+
+
+def _kept(e: BaseException) -> str:
+    """'; N finished units kept in staging …' when the failed run kept work for the next one (pipeline/job.py
+    _with_kept), on the same one line."""
+    kept = getattr(e, "kept_for_resume", "")
+    return f"; {kept}" if kept else ""
 
 
 if __name__ == "__main__":

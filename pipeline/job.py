@@ -4,7 +4,8 @@
 
 `run_job(job)` does those steps in that order, and the same way for every job: one writer per output (the
 lock, pipeline/ops/lock.py), what a crashed run left removed under that lock, one exit when there is nothing
-to do, the partial generation and staging removed after a failure or a signal, and the commit checked to be
+to do, the partial generation and staging removed after a failure or a signal (a job that resumes keeps its
+finished units in staging: `Job.discard_scratch`), and the commit checked to be
 the one this run made. A job supplies its own steps (the `Job` methods); it never prints: the returned
 `JobOutcome` is what pipeline/cli.py prints.
 """
@@ -105,6 +106,14 @@ class Job(abc.ABC):
         """What a failed run removes besides its partial generation: its staging (and the job's siblings)."""
         return [plan.staging_dir]
 
+    def discard_scratch(self, plan) -> str:
+        """After a failure or a signal, once the partial generation is gone: remove `scratch_dirs`. A job that
+        resumes keeps its finished work instead and returns what it kept, for the CLI's one line ('' for
+        nothing kept)."""
+        for path in self.scratch_dirs(plan):
+            io_utils.delete_tree(path)
+        return ""
+
     def stop_workers(self) -> None:
         """Stop in-process workers before anything they write is removed (a failure or a signal)."""
 
@@ -163,15 +172,15 @@ def _run(job: Job) -> JobOutcome:
             committed = _verify_commit(job, plan)
         except BaseException as e:
             job.stop_workers()  # before anything is removed: in-process workers write into staging
-            _abandon(job, plan)
+            kept = _abandon(job, plan)
             if isinstance(e, KeyboardInterrupt):
-                raise RunInterrupted(signal.SIGINT) from None
+                raise _with_kept(RunInterrupted(signal.SIGINT), kept) from None
             if isinstance(e, RunInterrupted):
-                raise
+                raise _with_kept(e, kept)
             failure = job.known_failure(e, plan)
             if failure is None:
-                raise
-            raise failure from None
+                raise _with_kept(e, kept)
+            raise _with_kept(failure, kept) from None
         summary = job.on_committed(plan, committed, result)
         return JobOutcome(job.committed_dict(committed), plan.generation, True, summary=summary)
 
@@ -184,16 +193,28 @@ def _verify_commit(job: Job, plan):
     return committed
 
 
-def _abandon(job: Job, plan) -> None:
+def _abandon(job: Job, plan) -> str:
     """After a failure or an interrupt: remove this run's partial generation (unless it was committed after
-    all) and its staging; the previous output is untouched."""
+    all), then its staging (`Job.discard_scratch`: a resuming job keeps its finished units); the previous
+    output is untouched. Returns what was kept for the next run ('' for nothing)."""
     try:
         if plan.generation not in job.live_generations(job.read_committed()):
             io_utils.delete_tree(plan.data_dir)
-        for path in job.scratch_dirs(plan):
-            io_utils.delete_tree(path)
+        return job.discard_scratch(plan)
     except Exception as e:  # noqa: BLE001 - the next run removes what is left (staging marker, lock held)
         LOG.warning("could not remove the partial generation %s: %s", plan.data_dir, type(e).__name__)
+        return ""
+
+
+def _with_kept(error: BaseException, kept: str) -> BaseException:
+    """`error` carrying `kept_for_resume` (what staging keeps for the next run), which pipeline/cli.py adds to
+    its one line."""
+    if kept:
+        try:
+            error.kept_for_resume = kept
+        except (AttributeError, TypeError):  # an exception type without a __dict__: the line just omits it
+            pass
+    return error
 
 
 @contextlib.contextmanager

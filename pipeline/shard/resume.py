@@ -424,6 +424,55 @@ def reconcile(plan, enabled: bool = True, live=frozenset()) -> Resumed:
     return resumed
 
 
+def keep_finished(plan) -> tuple:
+    """After a failure the driver sees itself (a worker exception, ENOSPC, SIGINT / SIGTERM), its workers stopped
+    and its partial generation removed: keep in staging only the finished work the next run can reuse, as a
+    SIGKILL would have, but with nothing half-written beside it. Returns (units, splits) kept.
+
+    Kept: `resume.json`, the staging marker (pipeline/ops/guards.py cleanup_abandoned finds the staging by it)
+    and each completion marker that still checks (`check_marker`, sizes) with the staging files it names. A
+    marker naming a dead letter in the removed generation no longer checks and goes (that unit is redone).
+    Removed: everything else (in-progress units and chunks, temp files, the staged model, the progress marker
+    dir). When no marker is left the staging goes entirely. The next run judges what is kept like a killed run's
+    staging (`reconcile`), so another config or a changed input ledger still discards it with a note."""
+    staging = plan.staging_dir
+    io_utils.delete_tree(progress.marker_dir(staging))
+    try:
+        found = FileSystems.match([io_utils.join(staging, DONE_DIR, "*.json")])[0].metadata_list
+    except Exception:  # noqa: BLE001 - nothing marked
+        found = []
+    names = [n[: -len(".json")] for n in sorted(m.path.rsplit("/", 1)[-1] for m in found) if _MARKER_NAME.fullmatch(n)]
+    keep = {io_utils.join(staging, RESUME_FILE), io_utils.join(staging, guards.STAGING_MARKER)}
+    units = splits = 0
+    for name in names:
+        try:
+            marker = check_marker(plan, name)
+        except Discard:
+            continue
+        keep.add(marker_path(staging, name))
+        keep.update(io_utils.join(staging, r["path"]) for r in marker["files"] if r["root"] == STAGING)
+        units += name.startswith("unit-")
+        splits += name.startswith("split-")
+    if not units and not splits:
+        io_utils.delete_tree(staging)
+        return 0, 0
+    for path in _staging_files(staging):
+        if path not in keep:
+            _delete_file(path)
+    return units, splits
+
+
+def _staging_files(staging_dir: str) -> list:
+    """Every file under `staging_dir`, as io_utils.join names them."""
+    if io_utils.is_local(staging_dir):
+        return [io_utils.join(staging_dir, os.path.relpath(os.path.join(d, n), staging_dir).replace(os.sep, "/"))
+                for d, _dirs, files in os.walk(staging_dir) for n in files]
+    try:
+        return [m.path for m in FileSystems.match([io_utils.join(staging_dir, "**")])[0].metadata_list]
+    except Exception:  # noqa: BLE001 - an object store shows no part-written object: what is not listed stays
+        return []
+
+
 def _delete_file(path: str) -> None:
     if io_utils.is_local(path):
         try:

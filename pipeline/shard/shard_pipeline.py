@@ -372,6 +372,18 @@ class ShardJob(job.Job):
     def scratch_dirs(self, plan: JobPlan) -> list:
         return [plan.staging_dir, progress.marker_dir(plan.staging_dir)]
 
+    def discard_scratch(self, plan: JobPlan) -> str:
+        """A failed or interrupted run keeps its finished units for the next run, as a killed one does
+        (pipeline/shard/resume.py keep_finished); with --no-resume its staging goes, as before."""
+        if self.config.no_resume:
+            return super().discard_scratch(plan)
+        units, splits = resume.keep_finished(plan)
+        if not units and not splits:
+            return ""
+        what = f"{units} finished unit{'s' * (units != 1)}" if units else \
+            f"{splits} split input file{'s' * (splits != 1)}"
+        return f"{what} kept in staging for the next run (--no-resume discards them)"
+
     def stop_workers(self) -> None:
         """Worker threads of this process stop before the driver removes what they write (cancel.py)."""
         if not cancel.cancel_and_wait():
@@ -431,7 +443,7 @@ class Executed:
 
 def _execute(plan: JobPlan, options, log, progress_every_s) -> Executed:
     """Build and run the pipeline (its last step commits). On a failure the job runner stops in-process
-    workers first and then removes the staging (markers included)."""
+    workers first and then removes the staging, but for the finished units (ShardJob.discard_scratch)."""
     config = plan.config
     started = time.time()
     cancel.reset()

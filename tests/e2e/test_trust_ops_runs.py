@@ -106,14 +106,70 @@ def test_an_incremental_run_over_a_damaged_dataset_says_so(committed, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------- §6
-def test_enospc_mid_run_is_one_line_and_the_previous_dataset_is_intact(committed, tmp_path):
+def _finished_units_left(out) -> int:
+    """What a failed or interrupted run may leave in staging (docs/OPERATIONS.md "Failures and interrupts"): at
+    most its one staging directory, holding only the resume record, the staging marker, completion markers and
+    the staging files they name (no in-progress unit, temp file or progress dir). Returns its unit markers."""
+    stagings = sorted((out / "_staging").glob("gen-*"))
+    if not stagings:
+        return 0
+    assert len(stagings) == 1 and not stagings[0].name.endswith(".progress"), stagings
+    staging = stagings[0]
+    named = {".pileprep-staging.json", "resume.json"}
+    for marker in (staging / "done").glob("*.json"):
+        named.add(f"done/{marker.name}")
+        named.update(r["path"] for r in json.loads(marker.read_text())["files"] if r["root"] == "staging")
+    assert {str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file()} == named
+    units = len(list((staging / "done").glob("unit-*.json")))
+    assert units > 0  # a staging without a finished unit is not kept
+    return units
+
+
+def _kept_line(units: int) -> str:
+    if not units:
+        return ""
+    return f"; {units} finished unit{'s' * (units != 1)} kept in staging for the next run (--no-resume discards them)"
+
+
+def _run_log_events(log, kind):
+    return [e for e in map(json.loads, log.read_text().splitlines()) if e.get("event") == kind]
+
+
+def test_a_failed_run_keeps_its_finished_units_and_the_rerun_writes_the_uninterrupted_bytes(committed, tmp_path):
+    inputs, args = _more_inputs(committed, tmp_path), MORE_ARGS
+    twin = tmp_path / "twin"
+    shutil.copytree(committed["out"], twin)
+    res = _shard(inputs, twin, *args)  # the same run, never failing
+    assert res.returncode == 0, res.stderr[-3000:]
+
+    out, log = _copy(committed, tmp_path), tmp_path / "run.jsonl"
+    env = subprocess_env(PYTHONPATH=str(REPO), PILEPREP_FAULT_ENOSPC_AFTER_BYTES=str(1_300_000))
+    res = _shard(inputs, out, *args, "--run-log", str(log), env=env)
+    line = _one_line(res.stderr)
+    units = _finished_units_left(out)
+    assert res.returncode == 1 and "no space left on device" in line and "previous dataset is intact" in line
+    assert units > 0 and line.endswith(_kept_line(units)), line
+    assert dataset_files(out) == committed["files"]  # no partial generation, nothing else changed
+
+    res = _shard(inputs, out, *args, "--run-log", str(log))  # the same command, with space again
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _run_log_events(log, "resume")[-1]["units_reusable"] == units
+    counters = _run_log_events(log, "summary")[-1]["counters"]
+    assert counters["units_reused"] == units and counters["units_tokenized"] > 0  # a real midpoint
+    got, want = dataset_files(out), dataset_files(twin)
+    assert got.keys() == want.keys() and [k for k in got if got[k] != want[k]] == []
+    assert not any((out / "_staging").glob("gen-*"))
+
+
+def test_enospc_mid_run_with_no_resume_is_one_line_and_leaves_nothing(committed, tmp_path):
     out = _copy(committed, tmp_path)
     extra = real_corpus(tmp_path / "more", names=("other/arxiv.jsonl",))
-    env = subprocess_env(PYTHONPATH=str(REPO), PILEPREP_FAULT_ENOSPC_AFTER_BYTES=str(200_000))
-    res = _shard([str(committed["corpus"] / "*"), str(extra / "*")], out, "--incremental", "--unit-mb", "0.1",
-                 env=env)
+    env = subprocess_env(PYTHONPATH=str(REPO), PILEPREP_FAULT_ENOSPC_AFTER_BYTES=str(1_300_000))
+    res = _shard([str(committed["corpus"] / "*"), str(extra / "*")], out, "--incremental", "--unit-mb", "0.05",
+                 "--no-resume", env=env)
     line = _one_line(res.stderr)
     assert res.returncode == 1 and "no space left on device" in line and "previous dataset is intact" in line
+    assert "kept in staging" not in line
     assert dataset_files(out) == committed["files"]  # partial generation removed, nothing else changed
     assert not any((out / "_staging").glob("gen-*"))
 
@@ -135,15 +191,15 @@ def _wait_for(proc, predicate, timeout_s=120.0) -> bool:
     return False
 
 
-def _signal_mid_run(committed, tmp_path, send, beam_args=tuple(FAST_LOCAL)):
+def _signal_mid_run(committed, tmp_path, send, beam_args=tuple(FAST_LOCAL), extra=()):
     """Start an incremental run that adds a bigger file to a copy of the committed dataset; `send(proc)` once
-    its first tokenized unit is in staging. Returns (output dir, return code, stderr)."""
+    its first tokenized unit is finished (its completion marker in staging). Returns (output dir, return code,
+    stderr)."""
     out = _copy(committed, tmp_path)
-    extra = real_corpus(tmp_path / "more", names=("other/arxiv.jsonl",))
-    proc = _start(shard_args([str(committed["corpus"] / "*"), str(extra / "*")], out, "--incremental",
-                             "--unit-mb", "0.05"), beam_args)
+    proc = _start(shard_args(_more_inputs(committed, tmp_path), out, *MORE_ARGS, *extra), beam_args)
     try:
-        assert _wait_for(proc, lambda: any((out / "_staging").rglob("units/*"))), "finished before the signal"
+        assert _wait_for(proc, lambda: any((out / "_staging").glob("gen-*/done/unit-*.json"))), \
+            "finished before the signal"
         send(proc)
         _out, err = proc.communicate(timeout=60)
     finally:
@@ -151,12 +207,28 @@ def _signal_mid_run(committed, tmp_path, send, beam_args=tuple(FAST_LOCAL)):
     return out, proc.returncode, err.decode(errors="replace")
 
 
+MORE_ARGS = ("--incremental", "--unit-mb", "0.05")  # about 14 units in the added file
+
+
+def _more_inputs(committed, tmp_path) -> list:
+    extra = tmp_path / "more"
+    if not extra.exists():
+        real_corpus(extra, names=("other/arxiv.jsonl",))
+    return [str(committed["corpus"] / "*"), str(extra / "*")]
+
+
 def test_sigterm_ends_in_one_line_with_the_previous_dataset_intact(committed, tmp_path):
     # The driver only, as a scheduler's TERM reaches it (SIGINT takes the same path, exit 130: unit test).
-    out, code, err = _signal_mid_run(committed, tmp_path, lambda proc: os.kill(proc.pid, signal.SIGTERM))
-    assert code == 143 and _one_line(err) == "pileprep: interrupted; previous dataset intact", err
-    assert dataset_files(out) == committed["files"]
-    assert not any((out / "_staging").glob("gen-*"))
+    log = tmp_path / "run.jsonl"
+    out, code, err = _signal_mid_run(committed, tmp_path, lambda proc: os.kill(proc.pid, signal.SIGTERM),
+                                     extra=("--run-log", str(log)))
+    units = _finished_units_left(out)
+    assert code == 143 and _one_line(err) == "pileprep: interrupted; previous dataset intact" + _kept_line(units)
+    assert units > 0 and dataset_files(out) == committed["files"]  # no partial generation
+    # the same command again: the kept units are reused (the bytes: the ENOSPC case above, against a twin)
+    res = _shard(_more_inputs(committed, tmp_path), out, *MORE_ARGS, "--run-log", str(log))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _run_log_events(log, "summary")[-1]["counters"]["units_reused"] == units
 
 
 def test_sigterm_stops_the_default_in_process_workers_before_cleaning_up(committed, tmp_path):
@@ -164,9 +236,10 @@ def test_sigterm_stops_the_default_in_process_workers_before_cleaning_up(committ
     # (shard_pipeline.default_beam_args). Those threads must stop before the staging is removed, and none may be
     # inside native tokenizer code at exit (that aborted with exit 134, seen before pipeline/shard/cancel.py).
     out, code, err = _signal_mid_run(committed, tmp_path, lambda proc: os.kill(proc.pid, signal.SIGTERM), ())
-    assert code == 143 and _one_line(err) == "pileprep: interrupted; previous dataset intact", err
-    assert dataset_files(out) == committed["files"]
-    assert not any((out / "_staging").glob("gen-*"))
+    line = _one_line(err)
+    assert code == 143 and line == "pileprep: interrupted; previous dataset intact" + _kept_line(
+        _finished_units_left(out)), err
+    assert dataset_files(out) == committed["files"]  # no partial generation; staging: finished units only
 
 
 def test_a_killed_runs_staging_and_partial_generation_are_removed_by_the_next_run(committed, tmp_path):
