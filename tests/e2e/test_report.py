@@ -274,6 +274,9 @@ def test_shard_balance_is_one_labelled_panel_per_split_and_plot_text_is_inert(da
 
 # ------------------------------------------------------------------------------ data is never code
 MARKUP = '<script>document.body.setAttribute("data-pwned","{i}")</script><img src=x onerror="pwn{i}()">"\'&</p>'
+# ...and control characters: a terminal escape, a carriage return, NUL, C1 NEL, a bidi override, a line separator.
+CONTROLS = "\x1b[2J\r\x00\x85\u202e\u2028"
+RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def _hostile(value, counter):
@@ -285,7 +288,7 @@ def _hostile(value, counter):
         return [_hostile(v, counter) for v in value]
     if isinstance(value, str):
         counter[0] += 1
-        return MARKUP.format(i=counter[0])
+        return MARKUP.format(i=counter[0]) + CONTROLS
     return value
 
 
@@ -324,13 +327,19 @@ def _page_without_own_script(page):
 def test_every_string_field_of_the_manifest_is_escaped_on_the_page(dataset):
     _out, manifest = dataset
     bad = hostile_manifest(manifest)
-    rows = [{"reason": MARKUP.format(i="dl"), "file": MARKUP.format(i="f"), "line": 3, "excerpt": MARKUP.format(i="x")}]
-    examples = {"train": {"shard": MARKUP.format(i="s"), "text": MARKUP.format(i="t"), "ids": [], "note": ""}}
-    page = report.render_report(bad, rows, title=MARKUP.format(i="title"), examples=examples)
+    rows = [{"reason": MARKUP.format(i="dl") + CONTROLS, "file": MARKUP.format(i="f") + CONTROLS, "line": 3,
+             "excerpt": MARKUP.format(i="x") + CONTROLS}]
+    examples = {"train": {"shard": MARKUP.format(i="s") + CONTROLS, "text": "line 1\nline 2" + MARKUP.format(i="t")
+                          + CONTROLS, "ids": [], "note": CONTROLS}}
+    page = report.render_report(bad, rows, title=MARKUP.format(i="title") + CONTROLS, examples=examples)
     rest = _page_without_own_script(page)
     assert "<script" not in rest.lower() and "<img src=x" not in rest and "onerror=\"" not in rest
     assert page.count("&lt;script&gt;") > 20 and "&lt;script&gt;/*" in page
     assert rest.count("<img ") == rest.count('<img class="plot"')
+    # Control characters from the data reach the page as their visible escapes (pipeline/ops/safe_text.py), never
+    # raw; a decoded example keeps its own newlines.
+    assert not RAW_CONTROL.search(page), repr(RAW_CONTROL.search(page).group(0))
+    assert page.count("\\x1b[2J\\r\\x00\\x85\\u202e\\u2028") > 20 and "line 1\nline 2" in page
 
 
 def test_the_page_allows_only_its_own_script_by_hash():
