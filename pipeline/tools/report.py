@@ -8,9 +8,9 @@ plots are PNGs (matplotlib's Agg canvas, no pyplot global state) embedded as bas
 `render_report` is pure (manifest dict in, HTML out); `write_report` does the I/O, local or s3:// alike.
 
 Data is never code: every value from the manifest, the dead letters or the data (source names, paths, hashes,
-excerpts, decoded text) is made inert by pipeline/ops/safe_text.py and HTML-escaped where it enters the page and stripped of plot markup where it enters a
-plot; the page's Content-Security-Policy allows no network, no inline handlers and only its own script and style
-by hash, so a value that escaped anyway could still not run.
+excerpts, decoded text) is made inert by pipeline/ops/safe_text.py and HTML-escaped where it enters the page
+and stripped of plot markup where it enters a plot; the page's Content-Security-Policy allows no network, no
+inline handlers and only its own script and style by hash, so a value that escaped anyway could still not run.
 """
 from __future__ import annotations
 
