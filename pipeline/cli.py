@@ -182,17 +182,25 @@ def cmd_export(args, beam_args) -> int:
     from pipeline.tools.export import export_parquet  # noqa: PLC0415
 
     _filesystem_args(beam_args)
-    print(json.dumps(export_parquet(args.dataset, args.output), indent=1, sort_keys=True))
+    # The store's options for the output lock on an s3:// --output (pipeline/ops/lock.py), as `gc` passes them.
+    print(json.dumps(export_parquet(args.dataset, args.output, s3_options=_s3_options(beam_args)), indent=1,
+                     sort_keys=True))
     return 0
 
 
-def cmd_gc(args, beam_args) -> int:
+def _s3_options(beam_args) -> dict:
+    """Beam's s3_* options after the command, for a lock on an s3:// output (pipeline/ops/lock.py)."""
     from pipeline.beam_glue import FilesystemOptions, s3_options_of  # noqa: PLC0415
-    from pipeline.tools.gc import gc  # noqa: PLC0415
     from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
 
+    return s3_options_of(FilesystemOptions.from_pipeline_options(PipelineOptions(beam_args))) if beam_args else {}
+
+
+def cmd_gc(args, beam_args) -> int:
+    from pipeline.tools.gc import gc  # noqa: PLC0415
+
     _filesystem_args(beam_args)
-    s3 = s3_options_of(FilesystemOptions.from_pipeline_options(PipelineOptions(beam_args))) if beam_args else {}
+    s3 = _s3_options(beam_args)
     print(gc(args.dataset, args.keep_generations, args.yes, s3_options=s3, break_lock=args.break_lock).render())
     return 0
 

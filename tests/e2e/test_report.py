@@ -184,6 +184,37 @@ def test_inspect_report_and_export_read_s3_datasets(dataset, tmp_path, s3_server
     assert res.returncode == 2 and "no manifest at s3://reports/none/manifest.json" in res.stderr
 
 
+def test_export_to_s3_takes_the_outputs_lock(dataset, tmp_path, s3_server, s3_env):
+    """Export on an object-store output took no lock (two exports into one prefix raced): it takes the output's
+    lock object, a conditional PUT (pipeline/ops/lock.py), with the store's options from the command line."""
+    from pipeline.ops import lock
+    from tests.ops_fixtures import dataset_files
+
+    out, manifest = dataset
+    client = s3_server.client()
+    client.create_bucket(Bucket="exports")
+    options = {"s3_endpoint_url": s3_server.endpoint, "s3_region_name": "us-east-1",
+               "s3_access_key_id": "testing", "s3_secret_access_key": "testing"}
+    before = dataset_files(out)
+
+    def keys():
+        listed = client.list_objects_v2(Bucket="exports", Prefix="pq/").get("Contents", [])
+        return sorted(o["Key"] for o in listed)
+
+    with lock.OutputLock("s3://exports/pq", options).held():  # another export writing there
+        res = run_cli(["export", str(out), "--output", "s3://exports/pq", *s3_server.beam_args()], timeout_s=120,
+                      env=s3_env)
+        assert keys() == ["pq/" + lock.LOCK_NAME]
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1 and "output is locked by" in lines[0], res.stderr[-2000:]
+    assert dataset_files(out) == before  # refused before its ref was registered
+    res = run_cli(["export", str(out), "--output", "s3://exports/pq", *s3_server.beam_args()], timeout_s=120,
+                  env=s3_env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len([k for k in keys() if k.endswith(".parquet")]) == len(manifest["shards"])
+    assert "pq/export.json" in keys() and "pq/" + lock.LOCK_NAME not in keys()  # released
+
+
 # ------------------------------------------------------------------------------ readable by others
 def test_every_file_the_run_and_the_report_publish_has_the_umask_mode(dataset):
     out, _manifest = dataset
