@@ -433,6 +433,7 @@ def _configure_logging(args=None) -> None:
 
 
 def main(argv=None) -> int:
+    argv_is_the_process = argv is None  # `pileprep ...` / `python -m pipeline.cli ...`, not a caller in-process
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = 0
     args = None
@@ -449,6 +450,8 @@ def main(argv=None) -> int:
             return e.exit_code
         noun = getattr(e, "output_noun", "dataset")  # set by the job runner (pipeline/job.py)
         print(f"pileprep: interrupted; previous {noun} intact", file=sys.stderr, flush=True)
+        if argv_is_the_process and getattr(e, "exit_without_teardown", False):
+            _exit_after_interrupt(e.exit_code)
         return e.exit_code
     except KeyboardInterrupt:
         print("pileprep: interrupted", file=sys.stderr)
@@ -470,6 +473,24 @@ def main(argv=None) -> int:
         return 1
     finally:
         restore()
+
+
+def _exit_after_interrupt(code: int) -> None:
+    """End an interrupted job's process now, its cleanup done and its line printed, without interpreter teardown
+    (jobs whose `exit_without_teardown` says so, pipeline/job.py). The retrieval stages cannot be cancelled
+    (pipeline/retrieval/store_job.py `stop_workers`): a worker thread still in native code when the interpreter
+    tore down aborted the process after the one line (SIGABRT, "terminate called without an active exception"),
+    about one `retrieval neighbours` SIGTERM in six (tests/e2e/test_job_runner.py). The lock, staging and run log
+    are already released by the job runner."""
+    import logging  # noqa: PLC0415
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()
+    os._exit(code)
 
 
 def _terminate_in_one_line():

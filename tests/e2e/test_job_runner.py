@@ -222,7 +222,7 @@ def test_sigterm_during_retrieval_neighbours_is_one_line_and_the_next_run_cleans
     returncode, err = _sigterm_once_staging(["retrieval", "neighbours", "--dataset", str(dataset), "--db", str(db),
                                              "--output", str(out), "--neighbour-len", str(CHUNK)], out)
     assert returncode == 143 and _one_line(err) == "pileprep: interrupted; previous sidecar intact", err
-    assert (out / "manifest.json").read_bytes() == before["manifest.json"]
+    assert (out / "manifest.json").read_bytes() == before["manifest.json"] and not (out / lock.LOCK_NAME).exists()
     # Whatever the interrupted run (or a crashed one) left, the next run on this output removes under the lock.
     _plant_a_crashed_runs_leftovers(out, "x.tfrecord")
     neighbours.run(NeighboursConfig(dataset=str(dataset), db=str(db), output=str(out), neighbour_len=2 * CHUNK),
