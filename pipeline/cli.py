@@ -182,17 +182,25 @@ def cmd_export(args, beam_args) -> int:
     from pipeline.tools.export import export_parquet  # noqa: PLC0415
 
     _filesystem_args(beam_args)
-    print(json.dumps(export_parquet(args.dataset, args.output), indent=1, sort_keys=True))
+    # The store's options for the output lock on an s3:// --output (pipeline/ops/lock.py), as `gc` passes them.
+    print(json.dumps(export_parquet(args.dataset, args.output, s3_options=_s3_options(beam_args)), indent=1,
+                     sort_keys=True))
     return 0
 
 
-def cmd_gc(args, beam_args) -> int:
+def _s3_options(beam_args) -> dict:
+    """Beam's s3_* options after the command, for a lock on an s3:// output (pipeline/ops/lock.py)."""
     from pipeline.beam_glue import FilesystemOptions, s3_options_of  # noqa: PLC0415
-    from pipeline.tools.gc import gc  # noqa: PLC0415
     from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
 
+    return s3_options_of(FilesystemOptions.from_pipeline_options(PipelineOptions(beam_args))) if beam_args else {}
+
+
+def cmd_gc(args, beam_args) -> int:
+    from pipeline.tools.gc import gc  # noqa: PLC0415
+
     _filesystem_args(beam_args)
-    s3 = s3_options_of(FilesystemOptions.from_pipeline_options(PipelineOptions(beam_args))) if beam_args else {}
+    s3 = _s3_options(beam_args)
     print(gc(args.dataset, args.keep_generations, args.yes, s3_options=s3, break_lock=args.break_lock).render())
     return 0
 
@@ -425,6 +433,7 @@ def _configure_logging(args=None) -> None:
 
 
 def main(argv=None) -> int:
+    argv_is_the_process = argv is None  # `pileprep ...` / `python -m pipeline.cli ...`, not a caller in-process
     argv = list(sys.argv[1:] if argv is None else argv)
     verbose = 0
     args = None
@@ -441,6 +450,8 @@ def main(argv=None) -> int:
             return e.exit_code
         noun = getattr(e, "output_noun", "dataset")  # set by the job runner (pipeline/job.py)
         print(f"pileprep: interrupted; previous {noun} intact{_kept(e)}", file=sys.stderr, flush=True)
+        if argv_is_the_process and getattr(e, "exit_without_teardown", False):
+            _exit_after_interrupt(e.exit_code)
         return e.exit_code
     except KeyboardInterrupt:
         print("pileprep: interrupted", file=sys.stderr)
@@ -462,6 +473,24 @@ def main(argv=None) -> int:
         return 1
     finally:
         restore()
+
+
+def _exit_after_interrupt(code: int) -> None:
+    """End an interrupted job's process now, its cleanup done and its line printed, without interpreter teardown
+    (jobs whose `exit_without_teardown` says so, pipeline/job.py). The retrieval stages cannot be cancelled
+    (pipeline/retrieval/store_job.py `stop_workers`): a worker thread still in native code when the interpreter
+    tore down aborted the process after the one line (SIGABRT, "terminate called without an active exception"),
+    about one `retrieval neighbours` SIGTERM in six (tests/e2e/test_job_runner.py). The lock, staging and run log
+    are already released by the job runner."""
+    import logging  # noqa: PLC0415
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()
+    os._exit(code)
 
 
 def _terminate_in_one_line():

@@ -62,6 +62,9 @@ class Job(abc.ABC):
     output: str
     break_lock: bool = False
     log: runlog.RunLog
+    # Its in-process workers cannot be cancelled (stop_workers only silences them): an interrupted run's process
+    # ends without interpreter teardown once its line is printed (pipeline/cli.py `_exit_after_interrupt`).
+    exit_without_teardown: bool = False
 
     def describe(self) -> dict:
         """Fields of the run log's start event."""
@@ -141,6 +144,7 @@ def run_job(job: Job) -> JobOutcome:
     except RunInterrupted as e:
         job.log.event("interrupted", signal=e.signum)
         e.output_noun = job.noun  # the CLI's one line: "interrupted; previous <noun> intact"
+        e.exit_without_teardown = job.exit_without_teardown
         raise
     except Exception as e:
         job.log.event("error", type=type(e).__name__, message=redaction.redact(str(e)))

@@ -41,7 +41,22 @@ def read_committed(output_dir: str) -> Optional[Manifest]:
     path = manifest_location(output_dir)
     if not io_utils.exists(path):
         return None
-    return Manifest.from_json(io_utils.read_bytes(path).decode("utf-8"))
+    return parse_manifest(io_utils.read_bytes(path).decode("utf-8"), output_dir)
+
+
+def parse_manifest(text: str, where: str) -> Manifest:
+    """A dataset's (or sidecar's) manifest from its JSON text. A chunk database's manifest has its own format
+    (pipeline/retrieval/store.py): parsed as a dataset's it failed as "not a pileprep manifest
+    (format='pileprep.retrieval_db')", which named neither the output nor what it is; it is refused by kind
+    instead (ConfigError, exit 2)."""
+    try:
+        d = json.loads(text)
+    except ValueError:
+        d = None  # Manifest.from_json reports it
+    if isinstance(d, dict) and kind_of(d) == KIND_RETRIEVAL_DB:
+        raise ConfigError(f"{where} is a retrieval chunk database, not a dataset: pass a shard dataset's "
+                          f"directory")
+    return Manifest.from_json(text)
 
 
 def require_dataset(manifest: Manifest, where: str) -> Manifest:

@@ -26,6 +26,8 @@ LOG = logging.getLogger("pileprep.retrieval")
 class StoreJob(job.Job):
     """A Beam job whose output is one retrieval store (kind, manifest format, prepare and graph given)."""
 
+    exit_without_teardown = True  # its stages are not cancellable: see stop_workers
+
     def __init__(self, config, beam_args, kind: str, noun: str, manifest_format: str,
                  prepare: Callable, build_pipeline: Callable):
         self.config = config

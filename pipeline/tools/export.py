@@ -12,14 +12,18 @@ Shards are read through model_contract's checked reader (checksums verified; a f
 not its manifest entry's is refused by name before its Parquet file is renamed into place) and written in row groups of
 `rows_per_group` examples, so memory stays at one row group whatever the shard size. Files are written under a
 temporary name and renamed (local) or put whole (object stores); an `export.json` beside them lists the files
-and the manifest generation they came from. Before reading, the export registers a ref to that generation in
+and the manifest generation they came from. An export holds its output's lock (pipeline/ops/lock.py; an object
+store's too) and first removes the temporaries an interrupted export left there. Before reading, the export registers a ref to that generation in
 the dataset (`.refs/export-….json`, pipeline/ops/generations.py), so no later commit or gc removes the files it
 was made from while the export exists.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import uuid
 from typing import Optional
 
 import numpy as np
@@ -34,6 +38,38 @@ TOKEN_COLUMNS = (INPUT_IDS, SEGMENT_IDS, POSITIONS)
 PIECE_COLUMNS = (PIECE_DOC_IDS, PIECE_OFFSETS)
 FORMATS = ("parquet",)
 EXPORT_KIND = "export"  # export.json's `kind`, as a committed manifest's (pipeline/ops/commit.py KINDS)
+SUMMARY_NAME = "export.json"
+# Written before the first Parquet file of an export into an output that has no export.json yet, removed once
+# export.json is written: an export killed before its export.json leaves an output the next export recognises as
+# its own (check_export_output), not as "files pileprep did not create".
+IN_PROGRESS_MARKER = ".pileprep-export-in-progress"
+# The temporary form of a Parquet file being written: `.<name>.parquet.<12 hex>.tmp` beside its final name (unique
+# per writer, hidden, as transforms/io/io_utils.py `replace_atomically` names its own). An export killed mid-write
+# leaves one; the next export removes exactly these (and the fixed `<split>-NNNNN-of-NNNNN.parquet.tmp` that
+# exports before this naming used), never another file: `remove_abandoned_temporaries`.
+_TEMP_PARQUET = re.compile(r"\.[^/]+\.parquet\.[0-9a-f]{12}\.tmp|[a-z]+-[0-9]{5}-of-[0-9]{5}\.parquet\.tmp")
+
+
+def temporary_name(target: str) -> str:
+    head, base = os.path.split(target)
+    return os.path.join(head, f".{base}.{uuid.uuid4().hex[:12]}.tmp")
+
+
+def remove_abandoned_temporaries(output: str) -> list:
+    """Remove the Parquet temporaries an interrupted export left under local `output` (regular files whose names
+    have the export's temporary form, at any depth: the files sit at their shards' relative paths). Call only while
+    holding the output's lock (pipeline/ops/lock.py), as pipeline/ops/guards.py `cleanup_abandoned` removes a
+    crashed shard run's leftovers: no other export is writing then. Returns the removed paths."""
+    removed = []
+    for directory, dirs, names in os.walk(output):  # never follows a symlinked directory
+        dirs.sort()
+        for name in sorted(names):
+            path = os.path.join(directory, name)
+            if _TEMP_PARQUET.fullmatch(name) and os.path.isfile(path) and not os.path.islink(path):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+                removed.append(path)
+    return removed
 
 
 def check_export_output(output: str) -> None:
@@ -49,7 +85,8 @@ def check_export_output(output: str) -> None:
     if found is not None:
         raise ConfigError(f"--output {output}: it holds a {found} (manifest.json); an export is never written into "
                           f"another kind of output: choose another --output")
-    if io_utils.is_local(output) and os.path.isdir(output) and not os.path.exists(os.path.join(output, "export.json")):
+    if (io_utils.is_local(output) and os.path.isdir(output)
+            and not any(os.path.exists(os.path.join(output, name)) for name in (SUMMARY_NAME, IN_PROGRESS_MARKER))):
         from pipeline.ops.lock import LOCK_NAME  # noqa: PLC0415
 
         entries = sorted(e for e in os.listdir(output) if e != LOCK_NAME)  # a live or crashed export's lock
@@ -111,19 +148,20 @@ def _export_shard(stream, out_stream, shard, rows_per_group: int) -> int:
 
 
 def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: int = ROWS_PER_GROUP,
-                   splits: Optional[tuple] = None) -> dict:
-    """Write every shard of DIR's committed manifest as Parquet under `output` (default DIR/parquet)."""
-    from pipeline.ops import commit  # noqa: PLC0415
+                   splits: Optional[tuple] = None, s3_options: Optional[dict] = None) -> dict:
+    """Write every shard of DIR's committed manifest as Parquet under `output` (default DIR/parquet).
+    `s3_options`: Beam's s3_* options (pipeline/beam_glue.py `s3_options_of`) for the lock on an s3:// output."""
+    from pipeline.ops import lock  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
 
     output = output or io_utils.join(dataset, "parquet")
     check_export_output(output)  # before the ref: a refused export leaves nothing in the dataset either
-    if not io_utils.is_local(output):  # object stores: whole-object PUTs; a lock there needs the store's options
-        return _export(dataset, output, rows_per_group, splits)
-    from pipeline.ops import lock  # noqa: PLC0415
-
-    # One writer per output (pipeline/ops/lock.py): two exports into one directory wrote the same temp files.
-    with lock.OutputLock(output).held():
+    # One writer per output (pipeline/ops/lock.py), local or object store alike (the lock object is a conditional
+    # PUT there, as the shard job's): two exports into one output wrote the same files, and export.json named one
+    # run's files over the other's.
+    with lock.OutputLock(output, s3_options).held():
+        if io_utils.is_local(output):
+            remove_abandoned_temporaries(output)  # an interrupted export's, under the lock
         return _export(dataset, output, rows_per_group, splits)
 
 
@@ -137,21 +175,35 @@ def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tup
     chosen = [s for s in manifest.shards if not splits or s.split in splits]
     names = [derived_path(s.path, suffix=".parquet") for s in chosen]
     check_unique(zip((s.path for s in chosen), names))  # before writing anything
+    summary_path = io_utils.join(output, SUMMARY_NAME)
+    marker = os.path.join(output, IN_PROGRESS_MARKER) if io_utils.is_local(output) else None
+    if marker is not None and not os.path.exists(summary_path):
+        io_utils.write_bytes(marker, b"")
     for shard, name in zip(chosen, names):
         target = io_utils.join(output, name)
         local = io_utils.is_local(target)
-        tmp = target + ".tmp" if local else target
+        tmp = temporary_name(target) if local else target
         if local:
             os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-        with io_utils.open_read(resolve_shard_path(manifest_file, shard)) as src, io_utils.open_write(tmp) as dst:
-            rows = _export_shard(src, dst, shard, rows_per_group)  # raises before the rename on a mismatch
+        try:
+            with io_utils.open_read(resolve_shard_path(manifest_file, shard)) as src, io_utils.open_write(tmp) as dst:
+                rows = _export_shard(src, dst, shard, rows_per_group)  # raises before the rename on a mismatch
+        except BaseException:
+            if local:  # this run's own temporary; one a kill leaves is removed by the next export
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            raise
         if local:
             os.replace(tmp, target)
         files.append({"path": name, "split": shard.split, "rows": rows, "source_shard": shard.path})
     summary = {"kind": EXPORT_KIND, "format": "parquet", "generation": manifest.generation, "files": files,
                "columns": [f.name for f in parquet_schema()]}
-    io_utils.write_bytes(io_utils.join(output, "export.json"),
-                         (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+    # Published whole (an atomic replace locally, one PUT on object stores): a kill while writing it leaves the
+    # earlier export.json or none, never a part.
+    io_utils.publish_bytes(summary_path, (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+    if marker is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(marker)
     return {"output": output, **summary}
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from model_contract import decode_example, load_manifest, resolve_shard_path
+from model_contract import decode_example, resolve_shard_path
 from model_contract.checked_reader import iter_checked_records
 from model_contract.manifest import MANIFEST_NAME
 from pipeline.ops.safe_text import terminal
@@ -48,8 +48,11 @@ def _load(dataset: str):
     from pipeline.ops import commit  # noqa: PLC0415
 
     if "://" not in dataset:
-        return (commit.require_dataset(load_manifest(dataset), dataset),
-                dataset if dataset.endswith(".json") else os.path.join(dataset, MANIFEST_NAME))
+        manifest_file = dataset if dataset.endswith(".json") else os.path.join(dataset, MANIFEST_NAME)
+        if not os.path.exists(manifest_file):
+            raise FileNotFoundError(f"no manifest at {manifest_file}: the dataset is missing or was never committed")
+        with open(manifest_file, encoding="utf-8") as f:
+            return commit.require_dataset(commit.parse_manifest(f.read(), dataset), dataset), manifest_file
 
     directory = dataset.rsplit("/", 1)[0] if dataset.endswith(".json") else dataset
     manifest = commit.read_committed(directory)

@@ -8,9 +8,9 @@ plots are PNGs (matplotlib's Agg canvas, no pyplot global state) embedded as bas
 `render_report` is pure (manifest dict in, HTML out); `write_report` does the I/O, local or s3:// alike.
 
 Data is never code: every value from the manifest, the dead letters or the data (source names, paths, hashes,
-excerpts, decoded text) is HTML-escaped where it enters the page and stripped of plot markup where it enters a
-plot; the page's Content-Security-Policy allows no network, no inline handlers and only its own script and style
-by hash, so a value that escaped anyway could still not run.
+excerpts, decoded text) is made inert by pipeline/ops/safe_text.py and HTML-escaped where it enters the page
+and stripped of plot markup where it enters a plot; the page's Content-Security-Policy allows no network, no
+inline handlers and only its own script and style by hash, so a value that escaped anyway could still not run.
 """
 from __future__ import annotations
 
@@ -62,7 +62,7 @@ def _png(fig, adjust: bool = True) -> str:
 
 def _img(plot_id: str, fig, alt: str, adjust: bool = True) -> str:
     w, h = (int(round(v * fig.dpi)) for v in fig.get_size_inches())
-    return (f'<img class="plot" id="plot-{html.escape(plot_id)}" alt="{html.escape(alt)}" width="{w}" '
+    return (f'<img class="plot" id="plot-{_e(plot_id)}" alt="{_e(alt)}" width="{w}" '
             f'height="{h}" src="data:image/png;base64,{_png(fig, adjust)}">')
 
 
@@ -221,7 +221,7 @@ def plot_training(metrics: list) -> str:
 
 # ------------------------------------------------------------------------------------------------ tables
 def _table(headers: list, rows: list, cls: str = "") -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in headers)
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in rows)
     return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
@@ -231,12 +231,12 @@ def _cell(v) -> str:
         return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
     if isinstance(v, int):
         return f"{v:,}"
-    return html.escape(str(v))
+    return _e(v)
 
 
 def _section(title: str, *parts: str) -> str:
     anchor = "".join(c if c.isalnum() else "-" for c in title.lower())
-    return f'<section id="{anchor}"><h2>{html.escape(title)}</h2>{"".join(parts)}</section>'
+    return f'<section id="{anchor}"><h2>{_e(title)}</h2>{"".join(parts)}</section>'
 
 
 def _pct(a: float, b: float) -> str:
@@ -278,7 +278,16 @@ def _num(v) -> float:
 
 
 def _e(v) -> str:
-    return html.escape(str(v), quote=True)
+    """Every data string enters the page here (or through `_cell`): made inert by the one sanitizer
+    (pipeline/ops/safe_text.py: control characters, escape sequences, line separators and bidi overrides written
+    as visible escapes, as the terminal sinks write them), then HTML-escaped. html.escape alone left them as raw
+    bytes inside the escaped text."""
+    return html.escape(safe_text.terminal(v), quote=True)
+
+
+def _e_lines(v) -> str:
+    """`_e` for a multi-line block (a decoded example in <pre>): the same, keeping its newlines."""
+    return html.escape(safe_text.log_text(v), quote=True)
 
 
 def _bytes(n: float) -> str:
@@ -379,7 +388,7 @@ def render_report(manifest: dict, dead_letter_rows: Optional[list] = None, metri
             body = ex.get("text") if ex.get("text") is not None else " ".join(map(str, ex.get("ids", [])[:64]))
             ex_parts.append(f"<h3>{_e(split)} <span class=\"meta\">{_e(ex.get('shard', ''))}, example 0, first "
                             f"document piece{(' — ' + _e(ex['note'])) if ex.get('note') else ''}</span></h3>"
-                            f'<pre class="example">{_e(body)}</pre>')
+                            f'<pre class="example">{_e_lines(body)}</pre>')
         parts.append(_section("One example per split, decoded", *ex_parts))
 
     shares = split_shares(manifest)

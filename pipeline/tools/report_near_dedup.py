@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import html
 
+from pipeline.ops import safe_text
+
 REASONS = ("near_duplicate", "near_duplicate_of_committed", "contaminated")
 BAR_WIDTH = 40  # characters
 
 
 def _e(v) -> str:
-    return html.escape(str(v), quote=True)
+    """Inert (pipeline/ops/safe_text.py), then escaped, as pipeline/tools/report.py `_e` writes a data string."""
+    return html.escape(safe_text.terminal(v), quote=True)
 
 
 def _table(headers: list, rows: list, cls: str = "") -> str:

@@ -15,8 +15,8 @@ import pytest
 
 from pipeline.config import ShardConfig
 from pipeline.ops import guards, lock
-from pipeline.retrieval import build
-from pipeline.retrieval.config import BuildConfig
+from pipeline.retrieval import build, neighbours
+from pipeline.retrieval.config import BuildConfig, NeighboursConfig
 from pipeline.shard import shard_pipeline
 from tests.conftest import REPO
 from tests.corpus_fixtures import write_good_corpus
@@ -109,18 +109,19 @@ def _generation_dirs(root) -> list:
     return sorted(p.name for p in root.glob("gen-*"))
 
 
-def test_sigterm_during_retrieval_build_is_one_line_and_the_next_run_cleans_up(dataset, db, tmp_path):
-    import shutil
+def _plant_a_crashed_runs_leftovers(out, name: str) -> None:
+    """A partial generation holding `name` and its marked staging directory, as a crashed run leaves them."""
+    (out / "gen-0123456789abcdef").mkdir(parents=True, exist_ok=True)
+    (out / "gen-0123456789abcdef" / name).write_bytes(b"partial")
+    guards.mark_staging(str(out / "_staging" / "gen-0123456789abcdef"), str(out), "gen-0123456789abcdef")
 
-    out = tmp_path / "db"
-    shutil.copytree(db, out)
-    committed = json.loads((out / "manifest.json").read_text())["generation"]
-    before = dataset_files(out)
-    # The default local runner (worker threads in the driver), a build of another generation (--chunk-len 16).
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "retrieval", "build", "--dataset", str(dataset),
-                             "--output", str(out), "--chunk-len", "16", "--num-db-shards", "2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env(PYTHONPATH=str(REPO)),
-                            cwd=str(REPO), start_new_session=True)
+
+def _sigterm_once_staging(args: list, out) -> tuple:
+    """`pileprep ARGS` (the default local runner) sent SIGTERM a second after its staging appears under `out`:
+    (exit status, stderr)."""
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=subprocess_env(PYTHONPATH=str(REPO)), cwd=str(REPO),
+                            start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline and not any((out / "_staging").glob("gen-*")):
@@ -131,14 +132,23 @@ def test_sigterm_during_retrieval_build_is_one_line_and_the_next_run_cleans_up(d
         _out, err = proc.communicate(timeout=60)
     finally:
         kill_group(proc)
-    err = err.decode(errors="replace")
-    assert proc.returncode == 143 and _one_line(err) == "pileprep: interrupted; previous chunk database intact", err
+    return proc.returncode, err.decode(errors="replace")
+
+
+def test_sigterm_during_retrieval_build_is_one_line_and_the_next_run_cleans_up(dataset, db, tmp_path):
+    import shutil
+
+    out = tmp_path / "db"
+    shutil.copytree(db, out)
+    committed = json.loads((out / "manifest.json").read_text())["generation"]
+    before = dataset_files(out)
+    # The default local runner (worker threads in the driver), a build of another generation (--chunk-len 16).
+    returncode, err = _sigterm_once_staging(["retrieval", "build", "--dataset", str(dataset), "--output", str(out),
+                                             "--chunk-len", "16", "--num-db-shards", "2"], out)
+    assert returncode == 143 and _one_line(err) == "pileprep: interrupted; previous chunk database intact", err
     assert (out / "manifest.json").read_bytes() == before["manifest.json"]
     # Whatever the interrupted run (or a crashed one) left, the next run on this output removes under the lock.
-    partial = out / "gen-0123456789abcdef"
-    (partial / "x.parquet").parent.mkdir(parents=True, exist_ok=True)
-    (partial / "x.parquet").write_bytes(b"partial")
-    guards.mark_staging(str(out / "_staging" / "gen-0123456789abcdef"), str(out), "gen-0123456789abcdef")
+    _plant_a_crashed_runs_leftovers(out, "x.parquet")
     res = run_cli(["retrieval", "build", "--dataset", str(dataset), "--output", str(out), "--chunk-len", str(CHUNK),
                    "--num-db-shards", "2", *IN_MEMORY], timeout_s=120)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -172,6 +182,53 @@ def test_a_sigkill_at_the_shard_commit_leaves_a_temp_manifest_the_next_run_remov
     assert res.returncode == 0, res.stderr[-3000:]
     assert not [p for p in out.iterdir() if p.name.startswith(".manifest.json.")]
     assert (out / "manifest.json").exists() and not (out / lock.LOCK_NAME).exists()
+
+
+def test_a_sigkill_at_the_retrieval_build_commit_leaves_a_temp_manifest_the_next_run_removes(dataset, tmp_path):
+    """The retrieval build commits by the shard job's protocol (pipeline/job.py): killed at its manifest's rename,
+    it leaves the temporary manifest and its lock; the next run on the output removes both, under the lock."""
+    out = tmp_path / "db"
+    args = ["retrieval", "build", "--dataset", str(dataset), "--output", str(out), "--chunk-len", str(CHUNK),
+            "--num-db-shards", "2", *IN_MEMORY]
+    killed = subprocess.run([sys.executable, "-c", KILL_AT_MANIFEST_REPLACE, *args], capture_output=True,
+                            env=subprocess_env(PYTHONPATH=str(REPO)), cwd=str(REPO), timeout=300)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    temps = [p.name for p in out.iterdir() if p.name.startswith(".manifest.json.")]
+    assert len(temps) == 1 and not (out / "manifest.json").exists() and (out / lock.LOCK_NAME).exists()
+    # The next run in this process (the dead holder's lock is stale at once on this host): seconds, not a new
+    # interpreter's imports.
+    build.run(BuildConfig(dataset=str(dataset), output=str(out), chunk_len=CHUNK, num_db_shards=2), IN_MEMORY)
+    assert not [p for p in out.iterdir() if p.name.startswith(".manifest.json.")]
+    assert json.loads((out / "manifest.json").read_text())["kind"] == "retrieval-db"
+    assert not (out / lock.LOCK_NAME).exists()
+
+
+@pytest.fixture(scope="module")
+def sidecar(dataset, db, tmp_path_factory):
+    out = tmp_path_factory.mktemp("jnb") / "nb"
+    neighbours.run(NeighboursConfig(dataset=str(dataset), db=str(db), output=str(out), neighbour_len=2 * CHUNK),
+                   IN_MEMORY)
+    return out
+
+
+def test_sigterm_during_retrieval_neighbours_is_one_line_and_the_next_run_cleans_up(dataset, db, sidecar, tmp_path):
+    import shutil
+
+    out = tmp_path / "nb"
+    shutil.copytree(sidecar, out)
+    committed = json.loads((out / "manifest.json").read_text())["generation"]
+    before = dataset_files(out)
+    # The default local runner, neighbours of another generation (--neighbour-len CHUNK).
+    returncode, err = _sigterm_once_staging(["retrieval", "neighbours", "--dataset", str(dataset), "--db", str(db),
+                                             "--output", str(out), "--neighbour-len", str(CHUNK)], out)
+    assert returncode == 143 and _one_line(err) == "pileprep: interrupted; previous sidecar intact", err
+    assert (out / "manifest.json").read_bytes() == before["manifest.json"] and not (out / lock.LOCK_NAME).exists()
+    # Whatever the interrupted run (or a crashed one) left, the next run on this output removes under the lock.
+    _plant_a_crashed_runs_leftovers(out, "x.tfrecord")
+    neighbours.run(NeighboursConfig(dataset=str(dataset), db=str(db), output=str(out), neighbour_len=2 * CHUNK),
+                   IN_MEMORY)
+    assert _generation_dirs(out) == [committed] and not any((out / "_staging").glob("gen-*"))
+    assert dataset_files(out) == before  # the same sidecar again (nothing to do), nothing else left
 
 
 # ------------------------------------------------------------------------------------------ staging

@@ -184,6 +184,37 @@ def test_inspect_report_and_export_read_s3_datasets(dataset, tmp_path, s3_server
     assert res.returncode == 2 and "no manifest at s3://reports/none/manifest.json" in res.stderr
 
 
+def test_export_to_s3_takes_the_outputs_lock(dataset, tmp_path, s3_server, s3_env):
+    """Export on an object-store output took no lock (two exports into one prefix raced): it takes the output's
+    lock object, a conditional PUT (pipeline/ops/lock.py), with the store's options from the command line."""
+    from pipeline.ops import lock
+    from tests.ops_fixtures import dataset_files
+
+    out, manifest = dataset
+    client = s3_server.client()
+    client.create_bucket(Bucket="exports")
+    options = {"s3_endpoint_url": s3_server.endpoint, "s3_region_name": "us-east-1",
+               "s3_access_key_id": "testing", "s3_secret_access_key": "testing"}
+    before = dataset_files(out)
+
+    def keys():
+        listed = client.list_objects_v2(Bucket="exports", Prefix="pq/").get("Contents", [])
+        return sorted(o["Key"] for o in listed)
+
+    with lock.OutputLock("s3://exports/pq", options).held():  # another export writing there
+        res = run_cli(["export", str(out), "--output", "s3://exports/pq", *s3_server.beam_args()], timeout_s=120,
+                      env=s3_env)
+        assert keys() == ["pq/" + lock.LOCK_NAME]
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert res.returncode == 2 and len(lines) == 1 and "output is locked by" in lines[0], res.stderr[-2000:]
+    assert dataset_files(out) == before  # refused before its ref was registered
+    res = run_cli(["export", str(out), "--output", "s3://exports/pq", *s3_server.beam_args()], timeout_s=120,
+                  env=s3_env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert len([k for k in keys() if k.endswith(".parquet")]) == len(manifest["shards"])
+    assert "pq/export.json" in keys() and "pq/" + lock.LOCK_NAME not in keys()  # released
+
+
 # ------------------------------------------------------------------------------ readable by others
 def test_every_file_the_run_and_the_report_publish_has_the_umask_mode(dataset):
     out, _manifest = dataset
@@ -274,6 +305,9 @@ def test_shard_balance_is_one_labelled_panel_per_split_and_plot_text_is_inert(da
 
 # ------------------------------------------------------------------------------ data is never code
 MARKUP = '<script>document.body.setAttribute("data-pwned","{i}")</script><img src=x onerror="pwn{i}()">"\'&</p>'
+# ...and control characters: a terminal escape, a carriage return, NUL, C1 NEL, a bidi override, a line separator.
+CONTROLS = "\x1b[2J\r\x00\x85\u202e\u2028"
+RAW_CONTROL = re.compile("[\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def _hostile(value, counter):
@@ -285,7 +319,7 @@ def _hostile(value, counter):
         return [_hostile(v, counter) for v in value]
     if isinstance(value, str):
         counter[0] += 1
-        return MARKUP.format(i=counter[0])
+        return MARKUP.format(i=counter[0]) + CONTROLS
     return value
 
 
@@ -324,13 +358,19 @@ def _page_without_own_script(page):
 def test_every_string_field_of_the_manifest_is_escaped_on_the_page(dataset):
     _out, manifest = dataset
     bad = hostile_manifest(manifest)
-    rows = [{"reason": MARKUP.format(i="dl"), "file": MARKUP.format(i="f"), "line": 3, "excerpt": MARKUP.format(i="x")}]
-    examples = {"train": {"shard": MARKUP.format(i="s"), "text": MARKUP.format(i="t"), "ids": [], "note": ""}}
-    page = report.render_report(bad, rows, title=MARKUP.format(i="title"), examples=examples)
+    rows = [{"reason": MARKUP.format(i="dl") + CONTROLS, "file": MARKUP.format(i="f") + CONTROLS, "line": 3,
+             "excerpt": MARKUP.format(i="x") + CONTROLS}]
+    examples = {"train": {"shard": MARKUP.format(i="s") + CONTROLS, "text": "line 1\nline 2" + MARKUP.format(i="t")
+                          + CONTROLS, "ids": [], "note": CONTROLS}}
+    page = report.render_report(bad, rows, title=MARKUP.format(i="title") + CONTROLS, examples=examples)
     rest = _page_without_own_script(page)
     assert "<script" not in rest.lower() and "<img src=x" not in rest and "onerror=\"" not in rest
     assert page.count("&lt;script&gt;") > 20 and "&lt;script&gt;/*" in page
     assert rest.count("<img ") == rest.count('<img class="plot"')
+    # Control characters from the data reach the page as their visible escapes (pipeline/ops/safe_text.py), never
+    # raw; a decoded example keeps its own newlines.
+    assert not RAW_CONTROL.search(page), repr(RAW_CONTROL.search(page).group(0))
+    assert page.count("\\x1b[2J\\r\\x00\\x85\\u202e\\u2028") > 20 and "line 1\nline 2" in page
 
 
 def test_the_page_allows_only_its_own_script_by_hash():

@@ -268,6 +268,22 @@ def test_database_and_sidecar_on_s3_are_the_local_bytes(dataset, db, sidecar, s3
             assert body == (local / key.split("/", 1)[1]).read_bytes(), key
 
 
+def test_retrieval_build_checks_an_s3_datasets_manifest_by_field(dataset, s3_server, s3_env, tmp_path):
+    """On an object store the dataset's manifest was read as plain JSON (only local ones were checked): a
+    hand-damaged one is refused in one line, exit 2, naming the field (pipeline/retrieval/build.py `prepare`)."""
+    client = s3_server.client()
+    client.create_bucket(Bucket="damaged")
+    manifest = json.loads((dataset / "manifest.json").read_text())
+    manifest["shards"][0]["sha256"] = 12
+    client.put_object(Bucket="damaged", Key="ds/manifest.json", Body=json.dumps(manifest).encode())
+    proc = subprocess.run([sys.executable, "-m", "pipeline.cli", "retrieval", "build", "--dataset", "s3://damaged/ds",
+                           "--output", str(tmp_path / "db"), "--chunk-len", str(CHUNK), *IN_MEMORY,
+                           *s3_server.beam_args()], capture_output=True, text=True, env=s3_env, timeout=120)
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and "shards[0].sha256" in lines[0], proc.stderr[-3000:]
+    assert not (tmp_path / "db").exists()
+
+
 @pytest.mark.skipif(not os.environ.get("PILEPREP_RETRIEVAL_DENSE"),
                     reason="MiniLM over ~5,600 query chunks takes minutes of CPU; set PILEPREP_RETRIEVAL_DENSE=1")
 def test_dense_minilm_database_index_and_neighbours(dataset, tmp_path):

@@ -117,3 +117,20 @@ def test_every_dataset_reader_refuses_a_sidecar_in_one_line(two_generations, sid
         err = capsys.readouterr().err
         assert len(err.splitlines()) == 1 and "it holds a sidecar, not a dataset" in err, (args, err)
     assert dataset_files(nb) == before and not any((tmp_path / name).exists() for name in ("x", "db", "n"))
+
+
+def test_verify_inspect_and_report_given_a_chunk_database_say_what_it_is(two_generations, tmp_path, capsys):
+    """A chunk database's manifest has its own format: parsed as a dataset's it was refused as "not a pileprep
+    manifest (format='pileprep.retrieval_db')". pipeline/ops/commit.py `parse_manifest` says what it is."""
+    from pipeline import cli
+    from tests.ops_fixtures import dataset_files
+
+    _out, _manifest, db = two_generations
+    before = dataset_files(db)
+    for args in (["verify", str(db)], ["verify", str(db / "manifest.json")], ["inspect", str(db)],
+                 ["report", str(db), "--output", str(tmp_path / "r.html")],
+                 ["export", str(db), "--output", str(tmp_path / "x")]):
+        assert cli.main(args) == 2, args
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and "is a retrieval chunk database, not a dataset" in err, (args, err)
+    assert dataset_files(db) == before and not any((tmp_path / name).exists() for name in ("r.html", "x"))

@@ -249,3 +249,58 @@ def test_export_and_report_never_write_into_another_output_or_over_the_users_fil
     for _ in range(2):  # a report replaces its own earlier page
         assert cli.main(["report", str(out), "--output", str(page)]) == 0, capsys.readouterr().err
     assert json.loads((out / "manifest.json").read_text())["kind"] == "dataset"
+
+
+KILL_AT_SECOND_PARQUET_RENAME = """
+import os, signal, sys
+real_replace = os.replace
+renames = []
+def replace(src, dst, *a, **k):
+    if str(dst).endswith(".parquet"):
+        renames.append(dst)
+        if len(renames) == 2:  # the first shard's file is in place, the second's is written under its temp name
+            os.kill(os.getpid(), signal.SIGKILL)
+    return real_replace(src, dst, *a, **k)
+os.replace = replace
+from pipeline.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_killed_exports_temporaries_are_removed_by_the_next_export_and_nothing_else(dataset, tmp_path):
+    """An export SIGKILLed mid-way left its `.parquet` temporaries in the output for good (and, killed before its
+    export.json, an output the next export refused as "files pileprep did not create"). The next export, under the
+    output's lock, removes exactly the temporaries an export writes (pipeline/tools/export.py
+    `remove_abandoned_temporaries`): files of other names stay."""
+    import signal
+    import subprocess
+    import sys
+
+    from pipeline.ops import lock
+    from tests.conftest import REPO
+    from tests.ops_fixtures import run_cli, subprocess_env
+
+    out, manifest = dataset
+    pq_out = tmp_path / "pq"
+    args = ["export", str(out), "--output", str(pq_out)]
+    killed = subprocess.run([sys.executable, "-c", KILL_AT_SECOND_PARQUET_RENAME, *args], capture_output=True,
+                            env=subprocess_env(PYTHONPATH=str(REPO)), cwd=str(REPO), timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    temps = [p for p in pq_out.rglob("*") if p.name.endswith(".tmp")]
+    assert len(temps) == 1 and temps[0].name.startswith(".") and not (pq_out / "export.json").exists()
+    assert (pq_out / lock.LOCK_NAME).exists()  # a dead holder's: stale at once on this host
+    # An export before the hidden temporary names left `<shard>.parquet.tmp`; files of other names are not its.
+    legacy = temps[0].parent / "val-00000-of-00001.parquet.tmp"
+    legacy.write_bytes(b"partial")
+    others = [temps[0].parent / name for name in ("notes.parquet.tmp", "train-00000-of-00003.parquet.tmp.keep",
+                                                  ".notes.parquet.tmp")]
+    for p in others:
+        p.write_bytes(b"mine")
+    res = run_cli(args, timeout_s=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert not temps[0].exists() and not legacy.exists() and all(p.read_bytes() == b"mine" for p in others)
+    listed = json.loads((pq_out / "export.json").read_text())["files"]
+    assert [f["rows"] for f in listed] == [s["examples"] for s in manifest["shards"]]
+    left = sorted(str(p.relative_to(pq_out)) for p in pq_out.rglob("*") if p.is_file())
+    assert left == sorted([f["path"] for f in listed] + ["export.json"]
+                          + [str(p.relative_to(pq_out)) for p in others])  # no lock, no in-progress marker
