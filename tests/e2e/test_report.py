@@ -190,7 +190,10 @@ def test_export_to_s3_takes_the_outputs_lock(dataset, tmp_path, s3_server, s3_en
     from pipeline.ops import lock
     from tests.ops_fixtures import dataset_files
 
-    out, manifest = dataset
+    # A copy: the export registers a ref in the dataset it reads, and the module's dataset fixture is shared (the
+    # umask test below checks the mode of every file in it).
+    out, manifest = tmp_path / "dataset", dataset[1]
+    shutil.copytree(dataset[0], out)
     client = s3_server.client()
     client.create_bucket(Bucket="exports")
     options = {"s3_endpoint_url": s3_server.endpoint, "s3_region_name": "us-east-1",
