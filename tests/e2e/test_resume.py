@@ -70,19 +70,8 @@ def test_a_run_killed_at_70_percent_of_its_units_resumes_and_gives_the_uninterru
     # The run to kill: the CLI in its own session; SIGKILL to its process group (driver and workers) once 70%
     # of the units have their completion marker.
     out, log = tmp_path / "out", tmp_path / "run.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *_args(inputs, out, log, WORKER_PROCESSES)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(REPO),
-                            env=subprocess_env(PYTHONPATH=str(REPO)), start_new_session=True)
     target = math.ceil(0.7 * units)
-    try:
-        deadline = time.monotonic() + 150
-        while proc.poll() is None and _done_units(out) < target and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert proc.poll() is None, "the run finished before the kill point"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        kill_group(proc)
+    proc = _kill_when(_args(inputs, out, log, WORKER_PROCESSES), out, target)
     finished = _done_units(out)
     assert target <= finished < units and not (out / "manifest.json").exists()
     assert _group_gone(proc.pid), "a process of the killed run is still running"
@@ -106,21 +95,28 @@ def test_no_resume_starts_afresh_with_a_note(tmp_path):
     corpus = _corpus(tmp_path / "corpus", 400_000, 1)
     inputs = [str(corpus / "*")]
     out, log = tmp_path / "out", tmp_path / "run.jsonl"
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *_args(inputs, out, log, FAST_LOCAL)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=str(REPO),
-                            env=subprocess_env(PYTHONPATH=str(REPO)), start_new_session=True)
-    try:
-        deadline = time.monotonic() + 150
-        while proc.poll() is None and _done_units(out) < 3 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert proc.poll() is None, "the run finished before the kill point"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
-    finally:
-        kill_group(proc)
+    _kill_when(_args(inputs, out, log, FAST_LOCAL), out, 3)
     res = run_cli(_args(inputs, out, log, (*FAST_LOCAL, "--no-resume")), timeout_s=150)
     assert res.returncode == 0, res.stderr[-3000:]
     notes = [line for line in res.stderr.splitlines() if "resume: discarded" in line]
     assert len(notes) == 1 and "--no-resume" in notes[0]
     counters = _events(log, "summary")[-1]["counters"]
     assert counters.get("units_reused", 0) == 0 and counters["units_tokenized"] > 0
+
+
+def _kill_when(args: list, out, n_units: int) -> subprocess.Popen:
+    """`pileprep ARGS` in its own session, SIGKILLed with its whole process group (driver and worker processes)
+    once `n_units` units have their completion marker; the run must still be going then."""
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, cwd=str(REPO), env=subprocess_env(PYTHONPATH=str(REPO)),
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        while proc.poll() is None and _done_units(out) < n_units and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert proc.poll() is None, "the run finished before the kill point"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        kill_group(proc)
+    return proc

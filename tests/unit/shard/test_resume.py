@@ -8,6 +8,7 @@ import logging
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from pipeline.ops import guards
 from pipeline.shard import resume
@@ -101,26 +102,26 @@ def test_a_missing_dead_letter_file_in_the_generation_directory_discards_the_uni
     assert any("missing" in n for n in _notes(caplog))
 
 
-def test_a_marker_naming_files_its_unit_does_not_write_is_discarded(tmp_path, caplog):
-    plan = _plan(tmp_path)
-    _finished_run(plan)
-    path = resume.marker_path(plan.staging_dir, "unit-" + UNIT)
-    marker = json.loads(io_utils.read_bytes(path))
+def _point_elsewhere(marker: dict) -> None:
     marker["files"][0]["path"] = "../../../elsewhere/secret"
-    io_utils.write_bytes(path, json.dumps(marker).encode())
-    assert resume.reconcile(plan).units == set()
-    assert any("not the ones its unit writes" in n for n in _notes(caplog))
 
 
-def test_a_marker_of_another_fingerprint_is_discarded(tmp_path, caplog):
+def _other_fingerprint(marker: dict) -> None:
+    marker["fingerprint"] = OTHER_GEN  # copied in from another run's staging
+
+
+@pytest.mark.parametrize("damage, note_has", [(_point_elsewhere, ("not the ones its unit writes",)),
+                                              (_other_fingerprint, ("fingerprint", OTHER_GEN))],
+                         ids=["files-its-unit-does-not-write", "another-fingerprint"])
+def test_a_damaged_marker_is_discarded_with_a_note(tmp_path, caplog, damage, note_has):
     plan = _plan(tmp_path)
     _finished_run(plan)
     path = resume.marker_path(plan.staging_dir, "unit-" + UNIT)
     marker = json.loads(io_utils.read_bytes(path))
-    marker["fingerprint"] = OTHER_GEN  # copied in from another run's staging
+    damage(marker)
     io_utils.write_bytes(path, json.dumps(marker).encode())
     assert resume.reconcile(plan).units == set()
-    assert any("fingerprint" in n and OTHER_GEN in n for n in _notes(caplog))
+    assert any(all(part in n for part in note_has) for n in _notes(caplog))
 
 
 def test_the_staging_of_another_fingerprint_is_removed_with_its_partial_generation(tmp_path, caplog):
