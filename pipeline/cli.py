@@ -444,7 +444,7 @@ def main(argv=None) -> int:
         verbose = getattr(args, "verbose", 0) or 0
         _configure_logging(args)
         return args.func(args, beam_args)
-    except RunInterrupted as e:  # the shard run removed its partial generation (pipeline/shard/shard_pipeline.py)
+    except RunInterrupted as e:  # the run committed nothing (pipeline/job.py _abandon)
         if getattr(e, "outside_job", False):
             print("pileprep: interrupted", file=sys.stderr, flush=True)
             return e.exit_code
@@ -531,7 +531,7 @@ def _report_failure(e: RunFailed, verbose: int) -> None:
 
 
 def _kept(e: BaseException) -> str:
-    """'; N finished units kept in staging …' when the failed run kept work for the next one (pipeline/job.py
+    """'; N finished units and M packed shards kept for the next run …' when the failed run kept work for the next one (pipeline/job.py
     _with_kept), on the same one line."""
     kept = getattr(e, "kept_for_resume", "")
     return f"; {kept}" if kept else ""

@@ -30,12 +30,14 @@ class UsageError(UserError):
 
 
 class RunError(RuntimeError):
-    """A failed run with a known cause (exit 1, one line, no worker-log tail): it committed nothing, removed its
-    partial generation, and the message says why (no space left, too many dead letters, a damaged dataset)."""
+    """A failed run with a known cause (exit 1, one line, no worker-log tail): it committed nothing, kept of its
+    partial generation only the finished work a rerun reuses (pipeline/job.py Job.abandon), and the message says
+    why (no space left, too many dead letters, a damaged dataset)."""
 
 
 class RunInterrupted(BaseException):
-    """SIGINT / SIGTERM: the run stopped, removed its partial generation and committed nothing (exit 130/143)."""
+    """SIGINT / SIGTERM: the run stopped and committed nothing, keeping only its finished
+    work for a rerun (exit 130/143)."""
 
     def __init__(self, signum):
         # Beam re-raises a failed bundle's exception as the same type with its message augmented, so the

@@ -5,7 +5,7 @@
 `run_job(job)` does those steps in that order, and the same way for every job: one writer per output (the
 lock, pipeline/ops/lock.py), what a crashed run left removed under that lock, one exit when there is nothing
 to do, the partial generation and staging removed after a failure or a signal (a job that resumes keeps its
-finished units in staging: `Job.discard_scratch`), and the commit checked to be
+finished work: `Job.abandon`), and the commit checked to be
 the one this run made. A job supplies its own steps (the `Job` methods); it never prints: the returned
 `JobOutcome` is what pipeline/cli.py prints.
 """
@@ -109,10 +109,12 @@ class Job(abc.ABC):
         """What a failed run removes besides its partial generation: its staging (and the job's siblings)."""
         return [plan.staging_dir]
 
-    def discard_scratch(self, plan) -> str:
-        """After a failure or a signal, once the partial generation is gone: remove `scratch_dirs`. A job that
-        resumes keeps its finished work instead and returns what it kept, for the CLI's one line ('' for
-        nothing kept)."""
+    def abandon(self, plan, committed: bool) -> str:
+        """After a failure or a signal, its workers stopped: remove the partial generation (unless the run
+        committed it after all) and `scratch_dirs`. A job that resumes keeps its finished work instead and
+        returns what it kept, for the CLI's one line ('' for nothing kept)."""
+        if not committed:
+            io_utils.delete_tree(plan.data_dir)
         for path in self.scratch_dirs(plan):
             io_utils.delete_tree(path)
         return ""
@@ -199,12 +201,10 @@ def _verify_commit(job: Job, plan):
 
 def _abandon(job: Job, plan) -> str:
     """After a failure or an interrupt: remove this run's partial generation (unless it was committed after
-    all), then its staging (`Job.discard_scratch`: a resuming job keeps its finished units); the previous
-    output is untouched. Returns what was kept for the next run ('' for nothing)."""
+    all) and its staging (`Job.abandon`: a resuming job keeps its finished work); the previous output is
+    untouched. Returns what was kept for the next run ('' for nothing)."""
     try:
-        if plan.generation not in job.live_generations(job.read_committed()):
-            io_utils.delete_tree(plan.data_dir)
-        return job.discard_scratch(plan)
+        return job.abandon(plan, plan.generation in job.live_generations(job.read_committed()))
     except Exception as e:  # noqa: BLE001 - the next run removes what is left (staging marker, lock held)
         LOG.warning("could not remove the partial generation %s: %s", plan.data_dir, type(e).__name__)
         return ""

@@ -28,7 +28,8 @@ from transforms.io import io_utils
 LOG = logging.getLogger("pileprep.progress")
 NAMESPACE = "pileprep"
 COUNTERS = ("input_files", "input_bytes", "records", "documents", "tokens", "raw_bytes", "examples", "dead_letters",
-            "units_tokenized", "units_reused")  # the last two: a resumed run's own work (pipeline/shard/resume.py)
+            "units_tokenized", "units_reused", "shards_packed", "shards_reused")  # the last four: a resumed run's own
+# work (pipeline/shard/resume.py)
 
 
 # ------------------------------------------------------------------------------------------ marker files

@@ -60,6 +60,7 @@ class JobPlan:
     # the driver checked; workers reuse those splits and units instead of redoing them.
     resumed_splits: frozenset = frozenset()
     resumed_units: frozenset = frozenset()
+    resumed_packs: frozenset = frozenset()  # and the packed shards (pack-<split>-<shard>-of-<n>)
 
     def tokenizer_model(self) -> bytes:
         """The model bytes: from the plan, or from the staged copy, checked against the contract's sha256."""

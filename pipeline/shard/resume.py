@@ -5,17 +5,22 @@ and by the output (pipeline/ops/guards.py: staging_dir_for). Besides the work fi
 
   resume.json                      {output, generation, inputs}: whose staging it is, over which ledger rows
                                    (path, bytes, mtime / ETag), written before any work
-  done/split-f000003.json          one completion marker per split input file and per tokenized unit,
-  done/unit-f000003-c00012.json    written last (temp + rename, transforms/io/io_utils.py open_write): the
-                                   stage's result and the size + sha256 of every file it wrote
+  done/split-f000003.json          one completion marker per split input file, per tokenized unit and per
+  done/unit-f000003-c00012.json    packed shard, written last (temp + rename, transforms/io/io_utils.py
+  done/pack-train-00003-of-00013.json  open_write): the stage's result and the size + sha256 of every file it
+                                   wrote (a packed shard lives in the run's partial generation, which no
+                                   manifest names until the commit; its kept-ids file in staging)
 
 Units depend only on the inputs and --unit-mb (pipeline/shard/unit_plan.py subdivides --unit-mb for a small
 input from the ledger alone; transforms/shard/stages.py split_input_file cuts), never on the worker count, so
 markers survive a rerun on another runner or worker count. The driver checks every marker
 before the pipeline starts (`reconcile`: names, fingerprint, ledger, sizes); workers reuse only what the plan
 lists, after checking the sha256 of its files (`load_split`, `load_unit`), and mark what they finish
-(`mark_split`, `mark_unit`). Packed shards are not resumed: packing reads every
-unit and is a few percent of a run, so it is simply redone (same bytes).
+(`mark_split`, `mark_unit`, `mark_pack`). A packed shard is reused the same way (`load_pack`): its
+marker's fingerprint names the config, the tokenizer, the input ledger and, for an incremental run, the
+committed generation it adds to, so the shard it describes is the one this run would write (same bytes).
+After a failure the driver itself sees, `keep_finished` keeps exactly the marked work, in staging and in the
+partial generation, and removes everything else.
 
 Markers and results are JSON, never pickles: a marker is data read back from a directory another process
 wrote, so every field is type-checked and every file it names must be the one its unit would write.
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics import Metrics
 
 from model_contract.hashing import sha256_file
 from pipeline.ops import guards, progress
@@ -43,7 +49,9 @@ RESUME_FILE = guards.RESUME_RECORD
 DONE_DIR = "done"
 STAGING, DATA = "staging", "data"  # the two roots a marker's files live under
 _UNIT_NAME = re.compile(r"f[0-9]{6}-c[0-9]{5}")
-_MARKER_NAME = re.compile(r"(split-f[0-9]{6}|unit-f[0-9]{6}-c[0-9]{5})\.json")
+_PACK_NAME = re.compile(r"pack-(train|val|test)-[0-9]{5}-of-[0-9]{5}")
+_MARKER_NAME = re.compile(r"(split-f[0-9]{6}|unit-f[0-9]{6}-c[0-9]{5}|pack-(train|val|test)-[0-9]{5}-of-[0-9]{5})"
+                          r"\.json")
 # What a killed writer leaves (transforms/io/io_utils.py: _LocalAtomicWriter's and replace_atomically's names)
 _TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.(part|tmp)")
 CHECK_THREADS = 8  # one stat per file: on an object store the driver waits on round trips, not on a core
@@ -56,13 +64,16 @@ class Discard(ValueError):
 
 @dataclass(frozen=True)
 class Resumed:
-    """What the driver found reusable: marker names (`split-f…`, `unit-f…`) and the one-line notes it logged."""
+    """What the driver found reusable: marker names (`split-f…`, `unit-f…`, `pack-…`) and the one-line notes it
+    logged."""
     splits: frozenset = frozenset()
     units: frozenset = frozenset()
     notes: tuple = ()
+    packs: frozenset = frozenset()
 
     def to_event(self) -> dict:
-        return {"splits_reusable": len(self.splits), "units_reusable": len(self.units), "notes": list(self.notes)}
+        return {"splits_reusable": len(self.splits), "units_reusable": len(self.units),
+                "shards_reusable": len(self.packs), "notes": list(self.notes)}
 
 
 # ------------------------------------------------------------------------------------------- names, files
@@ -72,6 +83,10 @@ def split_marker_name(file_idx: int) -> str:
 
 def unit_marker_name(unit_name: str) -> str:
     return "unit-" + unit_name
+
+
+def pack_marker_name(task: "stages.ShardTask") -> str:
+    return "pack-" + task.file_name[: -len(".tfrecord")]
 
 
 def marker_path(staging_dir: str, name: str) -> str:
@@ -92,6 +107,12 @@ def _split_files(file_idx: int, chunks: int, dead_letter: bool) -> list:
     """(root, relative path) of every file split_input_file writes for input file `file_idx`."""
     files = [(STAGING, f"chunks/f{file_idx:06d}-c{i:05d}.rec.zst") for i in range(chunks)]
     return files + ([(DATA, f"dead_letter/f{file_idx:06d}-read.jsonl")] if dead_letter else [])
+
+
+def _pack_files(file_name: str) -> list:
+    """(root, relative path) of every file pack_shard writes for shard `file_name` (transforms/shard/stages.py):
+    the shard in the partial generation, the ids it kept in staging."""
+    return [(DATA, file_name), (STAGING, f"ids/{file_name}.ids")]
 
 
 # ---------------------------------------------------------------------------------- results as records
@@ -182,6 +203,42 @@ def split_from_record(rec: dict, staging_dir: str, data_dir: str) -> SplitOutput
     return SplitOutput(result, input_file)
 
 
+_SHARD_INTS = ("examples", "tokens", "padding_tokens", "documents", "bytes", "ids_count")
+_SHARD_COUNT_TABLES = ("written_per_file", "duplicates_per_file", "duplicates_per_source", "dropped_per_file")
+_SHARD_NESTED_TABLES = ("filtered_per_file", "filtered_per_source")  # {name: {name: int}}
+
+
+def shard_record(result: "stages.ShardResult") -> dict:
+    """A packed shard's result without its paths (those follow from its task: `shard_from_record`)."""
+    t = result.task
+    return {"split": t.split, "shard": t.shard, "num_shards": t.num_shards, "sha256": result.sha256,
+            "sources": result.sources, "source_stats": result.source_stats,
+            **{k: getattr(result, k) for k in _SHARD_INTS + _SHARD_COUNT_TABLES + _SHARD_NESTED_TABLES}}
+
+
+def shard_from_record(rec: dict, staging_dir: str, data_dir: str) -> "stages.ShardResult":
+    """The ShardResult a pack marker describes, its paths made here from the task (never read from the marker)."""
+    task = stages.ShardTask(_need(rec, "split", int), _need(rec, "shard", int), _need(rec, "num_shards", int))
+    if not (0 <= task.split < len(stages.SPLITS) and 0 <= task.shard < task.num_shards <= 99999):
+        raise Discard("split / shard / num_shards out of range")
+    sources = _need(rec, "sources", dict)
+    if not all(isinstance(v, dict) for v in sources.values()):
+        raise Discard("sources is not {source: {documents, tokens}}")
+    sha = _need(rec, "sha256", str)
+    if not re.fullmatch(r"[0-9a-f]{64}", sha):
+        raise Discard("sha256 is not a hex digest")
+    nested = {}
+    for key in _SHARD_NESTED_TABLES:
+        table = _need(rec, key, dict)
+        nested[key] = {str(k): _counts(v) for k, v in table.items()}
+    return stages.ShardResult(
+        task, io_utils.join(data_dir, task.file_name), *(_need(rec, k, int) for k in _SHARD_INTS[:5]), sha,
+        sources={k: _counts(v) for k, v in sources.items()},
+        **{k: _counts(rec.get(k)) for k in _SHARD_COUNT_TABLES},
+        ids_path=io_utils.join(staging_dir, "ids", task.file_name + ".ids"), ids_count=_need(rec, "ids_count", int),
+        source_stats=_json_tree(rec.get("source_stats", {})), **nested)
+
+
 # ------------------------------------------------------------------------------------------ the markers
 def _file_rows(files: list, staging_dir: str, data_dir: str) -> list:
     rows = []
@@ -209,6 +266,12 @@ def mark_split(plan, out: SplitOutput) -> None:
                   _split_files(r.file_idx, len(r.chunks), r.dead_letter_path is not None))
 
 
+def mark_pack(plan, result: "stages.ShardResult") -> None:
+    """After the shard and its kept-ids file are written: its completion marker, last."""
+    _write_marker(plan.staging_dir, plan.data_dir, plan.generation, pack_marker_name(result.task),
+                  shard_record(result), _pack_files(result.task.file_name))
+
+
 def _read_marker(plan, name: str) -> dict:
     try:
         marker = json.loads(io_utils.read_bytes(marker_path(plan.staging_dir, name)))
@@ -227,6 +290,44 @@ def load_unit(plan, unit_name: str) -> Optional["stages.UnitResult"]:
     """A reusable unit's result, its files' sha256 checked here; None (with the note) when one does not match."""
     marker = _checked_on_worker(plan, unit_marker_name(unit_name))
     return None if marker is None else unit_from_record(marker["result"], plan.staging_dir, plan.data_dir)
+
+
+def load_pack(plan, task: "stages.ShardTask") -> Optional["stages.ShardResult"]:
+    """A reusable packed shard's result (its files' sha256 checked here); None when it is not reusable."""
+    marker = _checked_on_worker(plan, pack_marker_name(task))
+    if marker is None:
+        return None
+    result = shard_from_record(marker["result"], plan.staging_dir, plan.data_dir)
+    if result.task != task:
+        LOG.warning("resume: discarded the finished %s (it describes another shard); it is redone",
+                    pack_marker_name(task))
+        return None
+    return result
+
+
+def pack_once(plan, task: "stages.ShardTask", pack) -> Optional["stages.ShardResult"]:
+    """An earlier run's shard when the driver found its marker and its files still check, else `pack()` (None
+    when the driver cancelled the run), marked once written; counted either way. The packers of both shuffles
+    (pipeline/shard/shard_pipeline.py PackShard, pipeline/shard/runner_shuffle.py PackGroupedShard) call this."""
+    reused = None
+    if pack_marker_name(task) in plan.resumed_packs:
+        reused = load_pack(plan, task)
+    result = reused if reused is not None else pack()
+    if result is None:
+        return None
+    if reused is None:
+        mark_pack(plan, result)
+    count_packed(plan, result, reused is not None)
+    return result
+
+
+def count_packed(plan, result: "stages.ShardResult", reused: bool) -> None:
+    """A packed shard's counters: Beam's (examples, shards packed or reused) and a progress marker (runners
+    without live metrics; pipeline/ops/progress.py)."""
+    what = "shards_reused" if reused else "shards_packed"
+    Metrics.counter(progress.NAMESPACE, "examples").inc(result.examples)
+    Metrics.counter(progress.NAMESPACE, what).inc()
+    progress.write_marker(plan.staging_dir, pack_marker_name(result.task), {what: 1})
 
 
 def load_split(plan, file_idx: int) -> Optional[SplitOutput]:
@@ -259,6 +360,11 @@ def check_marker(plan, name: str, hashes: bool = False) -> dict:
     names is missing or not of its recorded size (with `hashes`, sha256 too): then Discard with the reason."""
     marker = _read_marker(plan, name)
     rec = marker["result"]
+    if name.startswith("pack-"):
+        shard = shard_from_record(rec, plan.staging_dir, plan.data_dir)
+        if pack_marker_name(shard.task) != name:
+            raise Discard("the shard it describes has another name")
+        return _check_files(plan, marker, _pack_files(shard.task.file_name), hashes)
     if name.startswith("unit-"):
         unit = unit_from_record(rec, plan.staging_dir, plan.data_dir)
         if unit_marker_name(unit.name) != name:
@@ -273,6 +379,12 @@ def check_marker(plan, name: str, hashes: bool = False) -> dict:
         expected = _split_files(file_idx, len(split.result.chunks), split.result.dead_letter_path is not None)
     if not 0 <= file_idx < len(plan.ledger) or plan.ledger[file_idx].path != input_path:
         raise Discard(f"input file #{file_idx} is not {input_path[:200]!r} in this run's ledger")
+    return _check_files(plan, marker, expected, hashes)
+
+
+def _check_files(plan, marker: dict, expected: list, hashes: bool) -> dict:
+    """`marker`, when it lists exactly the `expected` files and each has its recorded size (sha256 too with
+    `hashes`); else Discard naming the first that does not."""
     rows = marker.get("files")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise Discard("no file list")
@@ -416,26 +528,47 @@ def reconcile(plan, enabled: bool = True, live=frozenset()) -> Resumed:
         notes.append(f"resume: discarded {len(bad) - NOTES_SHOWN} more finished units; they are redone")
     good = [n for n, why in results if why is None]
     resumed = Resumed(frozenset(n for n in good if n.startswith("split-")),
-                      frozenset(n for n in good if n.startswith("unit-")), tuple(notes))
+                      frozenset(n for n in good if n.startswith("unit-")), tuple(notes),
+                      frozenset(n for n in good if n.startswith("pack-")))
     for note in notes:
         LOG.warning("%s", note)
-    LOG.info("resume: %d split input file(s) and %d tokenized unit(s) of an earlier run are reused",
-             len(resumed.splits), len(resumed.units))
+    LOG.info("resume: %d split input file(s), %d tokenized unit(s) and %d packed shard(s) of an earlier run are "
+             "reused", len(resumed.splits), len(resumed.units), len(resumed.packs))
     return resumed
 
 
-def keep_finished(plan) -> tuple:
-    """After a failure the driver sees itself (a worker exception, ENOSPC, SIGINT / SIGTERM), its workers stopped
-    and its partial generation removed: keep in staging only the finished work the next run can reuse, as a
-    SIGKILL would have, but with nothing half-written beside it. Returns (units, splits) kept.
+@dataclass(frozen=True)
+class Kept:
+    """What a failed run kept for the next one (`keep_finished`)."""
+    units: int = 0
+    splits: int = 0
+    shards: int = 0
 
-    Kept: `resume.json`, the staging marker (pipeline/ops/guards.py cleanup_abandoned finds the staging by it)
-    and each completion marker that still checks (`check_marker`, sizes) with the staging files it names. A
-    marker naming a dead letter in the removed generation no longer checks and goes (that unit is redone).
-    Removed: everything else (in-progress units and chunks, temp files, the staged model, the progress marker
-    dir). When no marker is left the staging goes entirely. The next run judges what is kept like a killed run's
-    staging (`reconcile`), so another config or a changed input ledger still discards it with a note."""
-    staging = plan.staging_dir
+    def __bool__(self) -> bool:
+        return bool(self.units or self.splits or self.shards)
+
+    def describe(self) -> str:
+        """'3 finished units and 2 packed shards', for the CLI's one line ('' for nothing)."""
+        parts = [f"{n} {what}{'s' * (n != 1)}" for n, what in ((self.units, "finished unit"),
+                                                                 (self.shards, "packed shard")) if n]
+        if not parts and self.splits:
+            parts = [f"{self.splits} split input file{'s' * (self.splits != 1)}"]
+        return " and ".join(parts)
+
+
+def keep_finished(plan) -> Kept:
+    """After a failure the driver sees itself (a worker exception, ENOSPC, SIGINT / SIGTERM), its workers
+    stopped: keep only the finished work the next run can reuse, as a SIGKILL would have, but with nothing
+    half-written beside it.
+
+    Kept: `resume.json`, the staging marker (pipeline/ops/guards.py cleanup_abandoned finds the staging by it,
+    and keeps the partial generation beside a resumable staging) and each completion marker that still checks
+    (`check_marker`, sizes) with the files it names: in staging, and in the partial generation (a packed shard,
+    a unit's dead letters). Removed: everything else in both (in-progress units and chunks, temp files, the
+    staged model, shards without a marker, the progress marker dir). When no marker is left, the staging and the
+    partial generation go entirely. The next run judges what is kept like a killed run's staging (`reconcile`),
+    so another config or a changed input ledger still discards it with a note."""
+    staging, data = plan.staging_dir, plan.data_dir
     io_utils.delete_tree(progress.marker_dir(staging))
     try:
         found = FileSystems.match([io_utils.join(staging, DONE_DIR, "*.json")])[0].metadata_list
@@ -443,27 +576,28 @@ def keep_finished(plan) -> tuple:
         found = []
     names = [n[: -len(".json")] for n in sorted(m.path.rsplit("/", 1)[-1] for m in found) if _MARKER_NAME.fullmatch(n)]
     keep = {io_utils.join(staging, RESUME_FILE), io_utils.join(staging, guards.STAGING_MARKER)}
-    units = splits = 0
+    counts = {"unit-": 0, "split-": 0, "pack-": 0}
     for name in names:
         try:
             marker = check_marker(plan, name)
         except Discard:
             continue
         keep.add(marker_path(staging, name))
-        keep.update(io_utils.join(staging, r["path"]) for r in marker["files"] if r["root"] == STAGING)
-        units += name.startswith("unit-")
-        splits += name.startswith("split-")
-    if not units and not splits:
+        keep.update(_root_path(r["root"], staging, data, r["path"]) for r in marker["files"])
+        counts[name[: name.index("-") + 1]] += 1
+    kept = Kept(counts["unit-"], counts["split-"], counts["pack-"])
+    if not kept:
         io_utils.delete_tree(staging)
-        return 0, 0
-    for path in _staging_files(staging):
+        io_utils.delete_tree(data)
+        return kept
+    for path in _staging_files(staging) + _staging_files(data):
         if path not in keep:
             _delete_file(path)
-    return units, splits
+    return kept
 
 
 def _staging_files(staging_dir: str) -> list:
-    """Every file under `staging_dir`, as io_utils.join names them."""
+    """Every file under `staging_dir` (or a partial generation), as io_utils.join names them."""
     if io_utils.is_local(staging_dir):
         return [io_utils.join(staging_dir, os.path.relpath(os.path.join(d, n), staging_dir).replace(os.sep, "/"))
                 for d, _dirs, files in os.walk(staging_dir) for n in files]

@@ -13,7 +13,7 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from pipeline.beam_glue import PlanDoFn
-from pipeline.shard import cancel
+from pipeline.shard import cancel, resume
 from transforms.shard import shard_shuffle, stages
 
 
@@ -54,18 +54,13 @@ class EmitPieces(PlanDoFn):
 class PackGroupedShard(PlanDoFn):
     """One shard from its grouped pieces: the file spill's packer (stages.pack_shard) given the merged rows."""
 
-    def __init__(self, plan):
-        super().__init__(plan)
-        self.examples = Metrics.counter("pileprep", "examples")
-
     def process(self, key_and_values):
         key, values = key_and_values
         task, dedup, pieces, gathered = shard_shuffle.gather_pieces(key, values)
         t = self.plan.contract.tokenizer
         cfg = self.plan.config
-        result = cancel.call(stages.pack_shard, task, pieces, cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir,
-                             dedup, self.plan.staging_dir, cfg.mixture_weights, cfg.seed, gathered)
-        if result is None:  # the driver cancelled the run
-            return
-        self.examples.inc(result.examples)
-        yield result
+        result = cancel.call(resume.pack_once, self.plan, task, lambda: stages.pack_shard(
+            task, pieces, cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir, dedup, self.plan.staging_dir,
+            cfg.mixture_weights, cfg.seed, gathered))
+        if result is not None:  # None: the driver cancelled the run (pipeline/shard/cancel.py)
+            yield result

@@ -137,10 +137,6 @@ class TokenizeChunk(PlanDoFn):
 
 
 class PackShard(PlanDoFn):
-    def __init__(self, plan: JobPlan):
-        super().__init__(plan)
-        self.examples = Metrics.counter("pileprep", "examples")
-
     def _units(self, path: str) -> list:
         if getattr(self, "_units_path", None) != path:
             self._units_list = pickle.loads(io_utils.read_bytes(path))
@@ -149,15 +145,13 @@ class PackShard(PlanDoFn):
 
     def process(self, task_and_units_path):
         task, units_path, dedup = task_and_units_path
-        units = self._units(units_path)
         t = self.plan.contract.tokenizer
         cfg = self.plan.config
-        result = cancel.call(stages.pack_shard, task, units, cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir,
-                             dedup, self.plan.staging_dir, cfg.mixture_weights, cfg.seed)
-        if result is None:
-            return
-        self.examples.inc(result.examples)
-        yield result
+        result = cancel.call(resume.pack_once, self.plan, task, lambda: stages.pack_shard(
+            task, self._units(units_path), cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir, dedup,
+            self.plan.staging_dir, cfg.mixture_weights, cfg.seed))
+        if result is not None:  # None: the driver cancelled the run (cancel.py)
+            yield result
 
 
 def _sorted_units(units):
@@ -357,7 +351,8 @@ class ShardJob(job.Job):
         # when there is nothing to do (pipeline/shard/resume.py)
         found = resume.reconcile(plan, not self.config.no_resume, self.live_generations(committed))
         self.log.event("resume", **found.to_event())
-        return dataclasses.replace(plan, resumed_splits=found.splits, resumed_units=found.units)
+        return dataclasses.replace(plan, resumed_splits=found.splits, resumed_units=found.units,
+                                   resumed_packs=found.packs)
 
     def decide(self, plan: JobPlan) -> job.Decision:
         return shard_plan.decide(plan)
@@ -372,17 +367,14 @@ class ShardJob(job.Job):
     def scratch_dirs(self, plan: JobPlan) -> list:
         return [plan.staging_dir, progress.marker_dir(plan.staging_dir)]
 
-    def discard_scratch(self, plan: JobPlan) -> str:
-        """A failed or interrupted run keeps its finished units for the next run, as a killed one does
-        (pipeline/shard/resume.py keep_finished); with --no-resume its staging goes, as before."""
-        if self.config.no_resume:
-            return super().discard_scratch(plan)
-        units, splits = resume.keep_finished(plan)
-        if not units and not splits:
-            return ""
-        what = f"{units} finished unit{'s' * (units != 1)}" if units else \
-            f"{splits} split input file{'s' * (splits != 1)}"
-        return f"{what} kept in staging for the next run (--no-resume discards them)"
+    def abandon(self, plan: JobPlan, committed: bool) -> str:
+        """A failed or interrupted run keeps its finished units and packed shards for the next run, as a killed
+        one does (pipeline/shard/resume.py keep_finished); with --no-resume (or once committed after all) its
+        partial generation and staging go, as before."""
+        if committed or self.config.no_resume:
+            return super().abandon(plan, committed)
+        kept = resume.keep_finished(plan)
+        return f"{kept.describe()} kept for the next run (--no-resume discards them)" if kept else ""
 
     def stop_workers(self) -> None:
         """Worker threads of this process stop before the driver removes what they write (cancel.py)."""
@@ -395,8 +387,8 @@ class ShardJob(job.Job):
         if isinstance(error, RunError):
             return error
         if (isinstance(error, OSError) and error.errno == errno.ENOSPC) or "No space left on device" in text:
-            return RunError(f"no space left on device while writing {plan.data_dir} or {plan.staging_dir}; the "
-                            "partial generation was removed and the previous dataset is intact. Free space (or "
+            return RunError(f"no space left on device while writing {plan.data_dir} or {plan.staging_dir}; "
+                            "nothing was committed and the previous dataset is intact. Free space (or "
                             "choose another --output / --staging-dir) and run again")
         found = re.search(r"RunError: ([^\n]+)", text)
         return RunError(found.group(1).strip()) if found else None
@@ -443,7 +435,7 @@ class Executed:
 
 def _execute(plan: JobPlan, options, log, progress_every_s) -> Executed:
     """Build and run the pipeline (its last step commits). On a failure the job runner stops in-process
-    workers first and then removes the staging, but for the finished units (ShardJob.discard_scratch)."""
+    workers first and then removes the staging, but for the finished work (ShardJob.abandon)."""
     config = plan.config
     started = time.time()
     cancel.reset()

@@ -41,7 +41,7 @@ class GcResult:
             lines.append(f"keep {gen}: {terminal(why)}")
         for gen in self.plan.uncommitted:
             lines.append(f"left alone {gen}: never committed (no generations/{gen}.manifest.json); the next shard "
-                         f"run on this output removes it")
+                         f"run on this output resumes from it or removes it")
         for entry in self.plan.stale_refs:
             lines.append(f"{verb if entry in self._dropped else 'stale (kept)'} ref .refs/{terminal(entry.file)}: "
                          f"its holder {terminal(entry.ref.holder)} no longer exists")

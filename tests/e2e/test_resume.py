@@ -1,5 +1,6 @@
-"""A shard run killed with SIGKILL (driver and every worker process) resumes: the rerun tokenizes only what
-the killed run had not finished and writes the same bytes as a run that was never interrupted."""
+"""A shard run killed with SIGKILL (driver and every worker process) or stopped by SIGTERM resumes: the rerun
+tokenizes and packs only what the stopped run had not finished and writes the same bytes as a run that was
+never interrupted."""
 from __future__ import annotations
 
 import json
@@ -52,8 +53,13 @@ def _group_gone(pgid, timeout_s=10.0) -> bool:
     return False
 
 
+def _done(out, kind: str = "unit") -> int:
+    """Completion markers of `kind` (unit, pack) in the output's staging (pipeline/shard/resume.py)."""
+    return sum(1 for _ in (out / "_staging").glob(f"gen-*/done/{kind}-*.json"))
+
+
 def _done_units(out) -> int:
-    return sum(1 for _ in (out / "_staging").glob("gen-*/done/unit-*.json"))
+    return _done(out, "unit")
 
 
 def test_a_run_killed_at_70_percent_of_its_units_resumes_and_gives_the_uninterrupted_bytes(tmp_path):
@@ -104,19 +110,72 @@ def test_no_resume_starts_afresh_with_a_note(tmp_path):
     assert counters.get("units_reused", 0) == 0 and counters["units_tokenized"] > 0
 
 
-def _kill_when(args: list, out, n_units: int) -> subprocess.Popen:
+def _kill_when(args: list, out, n_done: int, kind: str = "unit", send=None) -> subprocess.Popen:
     """`pileprep ARGS` in its own session, SIGKILLed with its whole process group (driver and worker processes)
-    once `n_units` units have their completion marker; the run must still be going then."""
+    once `n_done` completion markers of `kind` exist; the run must still be going then. `send(proc)` instead of
+    the SIGKILL: another way to stop it (the process is then waited for)."""
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, cwd=str(REPO), env=subprocess_env(PYTHONPATH=str(REPO)),
+                            stderr=subprocess.PIPE, cwd=str(REPO), env=subprocess_env(PYTHONPATH=str(REPO)),
                             start_new_session=True)
     try:
         deadline = time.monotonic() + 150
-        while proc.poll() is None and _done_units(out) < n_units and time.monotonic() < deadline:
+        while proc.poll() is None and _done(out, kind) < n_done and time.monotonic() < deadline:
             time.sleep(0.005)
         assert proc.poll() is None, "the run finished before the kill point"
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(10)
+        (send or (lambda p: os.killpg(p.pid, signal.SIGKILL)))(proc)
+        proc.stderr_text = proc.communicate(timeout=60)[1].decode(errors="replace")
     finally:
         kill_group(proc)
     return proc
+
+
+# ------------------------------------------------------------------------------------------ packed shards
+PACK_SHARDS = ("--num-shards", "120")  # many small shards: packing takes long enough to stop it midway
+
+
+@pytest.fixture(scope="module")
+def many_shards(tmp_path_factory):
+    """The uninterrupted run of a corpus packed into many shards: (inputs, its output, train+val+test shards)."""
+    root = tmp_path_factory.mktemp("packs")
+    corpus = _corpus(root / "corpus", 800_000, 2)
+    inputs = [str(corpus / "*")]
+    twin, log = root / "twin", root / "twin.jsonl"
+    res = run_cli([*_args(inputs, twin, log, FAST_LOCAL), *PACK_SHARDS], timeout_s=150)
+    assert res.returncode == 0, res.stderr[-3000:]
+    shards = len(json.loads((twin / "manifest.json").read_text())["shards"])
+    assert shards >= 120
+    return inputs, twin, shards
+
+
+@pytest.mark.parametrize("stop", ["sigkill", "sigterm"])
+def test_a_run_stopped_while_packing_reuses_its_packed_shards_and_gives_the_uninterrupted_bytes(
+        many_shards, tmp_path, stop):
+    # SIGKILL of every process (worker processes), or SIGTERM to the driver (in-process workers): the driver
+    # then keeps the finished work itself (pipeline/shard/resume.py keep_finished) and says so in its line.
+    inputs, twin, shards = many_shards
+    out, log = tmp_path / "out", tmp_path / "run.jsonl"
+    args = [*_args(inputs, out, log, WORKER_PROCESSES if stop == "sigkill" else FAST_LOCAL), *PACK_SHARDS]
+    proc = _kill_when(args, out, shards // 2, "pack",
+                      None if stop == "sigkill" else lambda p: os.kill(p.pid, signal.SIGTERM))
+    packed, units = _done(out, "pack"), _done(out, "unit")
+    assert shards // 2 <= packed < shards and not (out / "manifest.json").exists()
+    assert _group_gone(proc.pid), "a process of the stopped run is still running"
+    if stop == "sigterm":
+        line = proc.stderr_text.strip().splitlines()[-1]
+        assert proc.returncode == 143 and line.endswith(
+            f"; {units} finished units and {packed} packed shards kept for the next run (--no-resume discards "
+            "them)"), line
+    generation = next((out / "_staging").glob("gen-*/resume.json")).parent.name.split(".")[0]
+    left = len(list((out / generation).glob("*.tfrecord")))
+    # SIGKILL may land between a shard and its marker (one per worker); after SIGTERM only marked shards are left
+    assert packed <= left <= packed + 2 if stop == "sigkill" else left == packed
+
+    res = run_cli([*_args(inputs, out, log, FAST_LOCAL), *PACK_SHARDS], timeout_s=150)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _events(log, "resume")[-1]["shards_reusable"] == packed
+    counters = _events(log, "summary")[-1]["counters"]
+    assert counters["shards_reused"] == packed and counters["shards_packed"] == shards - packed
+    assert counters["units_reused"] == units and counters.get("units_tokenized", 0) == 0
+    got, want = dataset_files(out), dataset_files(twin)
+    assert got.keys() == want.keys()
+    assert [k for k in got if got[k] != want[k]] == []  # every shard, the id index and the manifest: same bytes

@@ -184,3 +184,72 @@ def test_a_relative_output_resumes_its_own_staging(tmp_path, monkeypatch, caplog
     plan.data_dir = io_utils.join(output, GEN)
     _finished_run(plan)
     assert resume.reconcile(plan).units == {"unit-" + UNIT} and _notes(caplog) == []
+
+
+# ------------------------------------------------------------------------------------------ packed shards
+TASK = stages.ShardTask(0, 3, 8)
+PACK = "pack-train-00003-of-00008"
+
+
+def _packed_shard(plan) -> "stages.ShardResult":
+    """A packed shard as pack_shard leaves it (its shard in the partial generation, its kept ids in staging),
+    with its marker."""
+    result = stages.ShardResult(
+        TASK, io_utils.join(plan.data_dir, TASK.file_name), 5, 1200, 80, 7, 0, "",
+        sources={"arXiv": {"documents": 7, "tokens": 1207}}, written_per_file={"in.jsonl": 7},
+        duplicates_per_file={"in.jsonl": 1}, duplicates_per_source={"arXiv": 1},
+        ids_path=io_utils.join(plan.staging_dir, "ids", TASK.file_name + ".ids"), ids_count=7,
+        source_stats={"arXiv": {"tokens": 1200, "lengths": [3, 4.5]}},
+        filtered_per_file={"in.jsonl": {"near_duplicate": 2}}, filtered_per_source={"near_duplicate": {"arXiv": 2}})
+    io_utils.write_bytes(result.path, b"shard bytes")
+    io_utils.write_bytes(result.ids_path, b"ids")
+    result.bytes, result.sha256 = 11, "c" * 64
+    resume.mark_pack(plan, result)
+    return result
+
+
+def test_a_packed_shard_is_reused_as_it_was_and_its_paths_come_from_its_task(tmp_path, caplog):
+    plan = _plan(tmp_path)
+    _finished_run(plan)
+    shard = _packed_shard(plan)
+    path = resume.marker_path(plan.staging_dir, PACK)
+    marker = json.loads(io_utils.read_bytes(path))
+    marker["result"]["path"] = "/etc/passwd"  # a field the record never reads
+    io_utils.write_bytes(path, json.dumps(marker).encode())
+    found = resume.reconcile(plan)
+    assert found.packs == {PACK} and _notes(caplog) == []
+    plan = SimpleNamespace(**vars(plan), resumed_packs=found.packs)
+    assert resume.load_pack(plan, TASK) == shard  # every field, the paths made from the task
+    assert resume.pack_once(plan, TASK, lambda: pytest.fail("packed again")) == shard
+
+
+@pytest.mark.parametrize("field, value, note_has", [
+    ("num_shards", 2, "out of range"), ("sha256", "../x", "hex digest"), ("split", 1, "another name"),
+    ("sources", {"arXiv": 3}, "sources")])
+def test_a_hostile_pack_marker_is_discarded_and_the_shard_packed_again(tmp_path, caplog, field, value, note_has):
+    plan = _plan(tmp_path)
+    _finished_run(plan)
+    _packed_shard(plan)
+    path = resume.marker_path(plan.staging_dir, PACK)
+    marker = json.loads(io_utils.read_bytes(path))
+    marker["result"][field] = value
+    io_utils.write_bytes(path, json.dumps(marker).encode())
+    assert resume.reconcile(plan).packs == set()
+    assert any(PACK in n and note_has in n for n in _notes(caplog))
+    assert not io_utils.exists(path)  # gone: no later run reuses it either
+
+
+def test_a_failed_run_keeps_only_marked_work_in_staging_and_in_its_partial_generation(tmp_path):
+    plan = _plan(tmp_path)
+    _finished_run(plan)
+    shard = _packed_shard(plan)
+    unmarked = io_utils.join(plan.data_dir, "train-00004-of-00008.tfrecord")  # written, its marker never was
+    io_utils.write_bytes(unmarked, b"half a run")
+    io_utils.write_bytes(io_utils.join(plan.staging_dir, "units", "f000000-c00001.tokens"), b"in progress")
+    kept = resume.keep_finished(plan)
+    assert (kept.units, kept.splits, kept.shards) == (1, 1, 1)
+    assert kept.describe() == "1 finished unit and 1 packed shard"
+    assert io_utils.exists(shard.path) and io_utils.exists(shard.ids_path)
+    assert io_utils.exists(io_utils.join(plan.data_dir, "dead_letter", UNIT + ".jsonl"))  # a kept unit's
+    assert not io_utils.exists(unmarked)
+    assert not io_utils.exists(io_utils.join(plan.staging_dir, "units", "f000000-c00001.tokens"))
