@@ -103,8 +103,10 @@ def cmd_shard(args, beam_args) -> int:
     if run.dry_run:
         from pipeline.tools import dry_run  # noqa: PLC0415
 
+        # This process is as fresh as a real run's driver: its CPU so far (interpreter, imports) is start-up.
         print(dry_run.format_estimate(dry_run.estimate(config, beam_args, incremental_run=run.incremental,
-                                                       workers=run.dry_run_workers)))
+                                                       workers=run.dry_run_workers,
+                                                       process_startup_cpu_s=dry_run.process_cpu_s())))
         return 0
     from pipeline.ops import guards  # noqa: PLC0415
 

@@ -1,6 +1,8 @@
 """`pileprep shard --dry-run`: estimates within ±20% of the real run, and nothing written."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from pipeline.config import ShardConfig
@@ -57,6 +59,11 @@ def test_cli_dry_run_prints_the_estimate_and_writes_nothing(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     for row in ("input files", "tokens", "examples", "shards", "output bytes", "core-hours"):
         assert row in res.stdout
+    # Start-up (this fresh process's interpreter and imports, its planning, a one-record run) is in core-hours
+    # once: at least the imports' second or so (on this tiny input it is nearly all of it).
+    found = re.search(r"([\d,.]+) core-s: .*; ([\d,.]+) core-s of it start-up, once per run", res.stdout)
+    total, startup = (float(g.replace(",", "")) for g in found.groups())
+    assert 0.5 <= startup <= total, res.stdout
     assert not out.exists()
     bad = run_cli(["shard", "--input", str(corpus / "*"), "--output", str(out), "--tokenizer", tokenizer_path(),
                    "--seq-len", "1", "--dry-run"], timeout_s=120)
