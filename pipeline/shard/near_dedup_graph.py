@@ -498,9 +498,14 @@ def _finish(grouped, plan):
             summary["minhash"].update(shingles=params_of(cfg).shingles, shingle_tokens=near_dedup.SHINGLE_TOKENS)
     for e in summary["contaminated_examples"]:
         e["eval_file"] = _name(e["eval_file"])
-    io_utils.write_bytes(io_utils.join(plan.data_dir, SUMMARY_NAME),
-                         json.dumps(summary, sort_keys=True, indent=1).encode("utf-8"))
-    removals.write_marker(plan.staging_dir, indexes, contaminated_splits(cfg))
+    summary_path = io_utils.join(plan.data_dir, SUMMARY_NAME)
+    io_utils.write_bytes(summary_path, json.dumps(summary, sort_keys=True, indent=1).encode("utf-8"))
+    staged = [p for _r, p in indexes] + [removals.write_marker(plan.staging_dir, indexes, contaminated_splits(cfg))]
+    # The global stage's completion marker, last: a rerun of this generation skips the stage (DESIGN §8)
+    from pipeline.shard import resume  # noqa: PLC0415 - resume → ops.guards → … → this module
+
+    resume.mark_near_dedup(plan, staged, [p["sidecar"] for p in parts] + [b["path"] for b in band_files]
+                           + [summary_path])
     return "done"
 
 

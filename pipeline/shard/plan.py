@@ -61,6 +61,7 @@ class JobPlan:
     resumed_splits: frozenset = frozenset()
     resumed_units: frozenset = frozenset()
     resumed_packs: frozenset = frozenset()  # and the packed shards (pack-<split>-<shard>-of-<n>)
+    resumed_near_dedup: bool = False  # and the near-dedup stage's output (the graph then leaves the stage out)
 
     def tokenizer_model(self) -> bytes:
         """The model bytes: from the plan, or from the staged copy, checked against the contract's sha256."""

@@ -50,8 +50,12 @@ DONE_DIR = "done"
 STAGING, DATA = "staging", "data"  # the two roots a marker's files live under
 _UNIT_NAME = re.compile(r"f[0-9]{6}-c[0-9]{5}")
 _PACK_NAME = re.compile(r"pack-(train|val|test)-[0-9]{5}-of-[0-9]{5}")
-_MARKER_NAME = re.compile(r"(split-f[0-9]{6}|unit-f[0-9]{6}-c[0-9]{5}|pack-(train|val|test)-[0-9]{5}-of-[0-9]{5})"
-                          r"\.json")
+NEAR_DEDUP = "near-dedup"  # the global stage's one marker (its clusters need every unit: docs/OPERATIONS.md)
+_MARKER_NAME = re.compile(r"(split-f[0-9]{6}|unit-f[0-9]{6}-c[0-9]{5}|pack-(train|val|test)-[0-9]{5}-of-[0-9]{5}"
+                          r"|near-dedup)\.json")
+# What the near-dedup stage writes (pipeline/shard/near_dedup_graph.py _finish): removal indexes and their list in
+# staging; the summary, removed-id sidecars and band indexes in the partial generation. One directory level.
+_NEAR_DEDUP_FILE = re.compile(r"near-dedup/[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
 # What a killed writer leaves (transforms/io/io_utils.py: _LocalAtomicWriter's and replace_atomically's names)
 _TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.(part|tmp)")
 CHECK_THREADS = 8  # one stat per file: on an object store the driver waits on round trips, not on a core
@@ -70,10 +74,12 @@ class Resumed:
     units: frozenset = frozenset()
     notes: tuple = ()
     packs: frozenset = frozenset()
+    near_dedup: bool = False  # the near-dedup stage's staged removals and published files
 
     def to_event(self) -> dict:
         return {"splits_reusable": len(self.splits), "units_reusable": len(self.units),
-                "shards_reusable": len(self.packs), "notes": list(self.notes)}
+                "shards_reusable": len(self.packs), "near_dedup_reusable": self.near_dedup,
+                "notes": list(self.notes)}
 
 
 # ------------------------------------------------------------------------------------------- names, files
@@ -272,6 +278,21 @@ def mark_pack(plan, result: "stages.ShardResult") -> None:
                   shard_record(result), _pack_files(result.task.file_name))
 
 
+def mark_near_dedup(plan, staged: list, published: list) -> None:
+    """After the near-dedup stage's last file (its removals list, pipeline/shard/near_dedup_graph.py _finish):
+    its marker, naming every file it wrote, `staged` under the staging directory and `published` under the
+    partial generation (full paths)."""
+    def rel(path, root):
+        prefix = root.rstrip("/") + "/"
+        if not path.startswith(prefix):
+            raise ValueError(f"{path} is not under {root}")
+        return path[len(prefix):]
+
+    files = sorted({(STAGING, rel(p, plan.staging_dir)) for p in staged} |
+                   {(DATA, rel(p, plan.data_dir)) for p in published})
+    _write_marker(plan.staging_dir, plan.data_dir, plan.generation, NEAR_DEDUP, {"stage": NEAR_DEDUP}, files)
+
+
 def _read_marker(plan, name: str) -> dict:
     try:
         marker = json.loads(io_utils.read_bytes(marker_path(plan.staging_dir, name)))
@@ -360,6 +381,8 @@ def check_marker(plan, name: str, hashes: bool = False) -> dict:
     names is missing or not of its recorded size (with `hashes`, sha256 too): then Discard with the reason."""
     marker = _read_marker(plan, name)
     rec = marker["result"]
+    if name == NEAR_DEDUP:
+        return _check_files(plan, marker, _near_dedup_files(marker), hashes)
     if name.startswith("pack-"):
         shard = shard_from_record(rec, plan.staging_dir, plan.data_dir)
         if pack_marker_name(shard.task) != name:
@@ -380,6 +403,22 @@ def check_marker(plan, name: str, hashes: bool = False) -> dict:
     if not 0 <= file_idx < len(plan.ledger) or plan.ledger[file_idx].path != input_path:
         raise Discard(f"input file #{file_idx} is not {input_path[:200]!r} in this run's ledger")
     return _check_files(plan, marker, expected, hashes)
+
+
+def _near_dedup_files(marker: dict) -> list:
+    """The files a near-dedup marker names, when they are what that stage writes: one level under near-dedup/ in
+    staging or in the partial generation, the removals list and the summary among them (never a path elsewhere)."""
+    rows = marker.get("files")
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise Discard("no file list")
+    files = [(r.get("root"), r.get("path")) for r in rows]
+    for root, path in files:
+        if root not in (STAGING, DATA) or not isinstance(path, str) or not _NEAR_DEDUP_FILE.fullmatch(path) \
+                or ".." in path:
+            raise Discard(f"{str(path)[:80]!r} is not a file the near-dedup stage writes")
+    if (STAGING, "near-dedup/removals.json") not in files or (DATA, "near-dedup/summary.json") not in files:
+        raise Discard("its files lack the removals list or the summary")
+    return files
 
 
 def _check_files(plan, marker: dict, expected: list, hashes: bool) -> dict:
@@ -512,8 +551,8 @@ def reconcile(plan, enabled: bool = True, live=frozenset()) -> Resumed:
     names = [n[: -len(".json")] for n in names if _MARKER_NAME.fullmatch(n)]
 
     def check(name):
-        try:
-            check_marker(plan, name)
+        try:  # the near-dedup stage's files are read by no worker that could check them: sha256 here
+            check_marker(plan, name, hashes=name == NEAR_DEDUP)
             return name, None
         except Discard as e:
             return name, str(e)
@@ -529,11 +568,12 @@ def reconcile(plan, enabled: bool = True, live=frozenset()) -> Resumed:
     good = [n for n, why in results if why is None]
     resumed = Resumed(frozenset(n for n in good if n.startswith("split-")),
                       frozenset(n for n in good if n.startswith("unit-")), tuple(notes),
-                      frozenset(n for n in good if n.startswith("pack-")))
+                      frozenset(n for n in good if n.startswith("pack-")), NEAR_DEDUP in good)
     for note in notes:
         LOG.warning("%s", note)
     LOG.info("resume: %d split input file(s), %d tokenized unit(s) and %d packed shard(s) of an earlier run are "
-             "reused", len(resumed.splits), len(resumed.units), len(resumed.packs))
+             "reused%s", len(resumed.splits), len(resumed.units), len(resumed.packs),
+             ", and its near-dedup stage" if resumed.near_dedup else "")
     return resumed
 
 
@@ -543,17 +583,19 @@ class Kept:
     units: int = 0
     splits: int = 0
     shards: int = 0
+    near_dedup: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.units or self.splits or self.shards)
+        return bool(self.units or self.splits or self.shards or self.near_dedup)
 
     def describe(self) -> str:
         """'3 finished units and 2 packed shards', for the CLI's one line ('' for nothing)."""
         parts = [f"{n} {what}{'s' * (n != 1)}" for n, what in ((self.units, "finished unit"),
                                                                  (self.shards, "packed shard")) if n]
+        parts += ["the near-dedup stage"] if self.near_dedup else []
         if not parts and self.splits:
             parts = [f"{self.splits} split input file{'s' * (self.splits != 1)}"]
-        return " and ".join(parts)
+        return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
 def keep_finished(plan) -> Kept:
@@ -576,7 +618,7 @@ def keep_finished(plan) -> Kept:
         found = []
     names = [n[: -len(".json")] for n in sorted(m.path.rsplit("/", 1)[-1] for m in found) if _MARKER_NAME.fullmatch(n)]
     keep = {io_utils.join(staging, RESUME_FILE), io_utils.join(staging, guards.STAGING_MARKER)}
-    counts = {"unit-": 0, "split-": 0, "pack-": 0}
+    counts = {"unit-": 0, "split-": 0, "pack-": 0, "near-": 0}
     for name in names:
         try:
             marker = check_marker(plan, name)
@@ -585,7 +627,7 @@ def keep_finished(plan) -> Kept:
         keep.add(marker_path(staging, name))
         keep.update(_root_path(r["root"], staging, data, r["path"]) for r in marker["files"])
         counts[name[: name.index("-") + 1]] += 1
-    kept = Kept(counts["unit-"], counts["split-"], counts["pack-"])
+    kept = Kept(counts["unit-"], counts["split-"], counts["pack-"], bool(counts["near-"]))
     if not kept:
         io_utils.delete_tree(staging)
         io_utils.delete_tree(data)

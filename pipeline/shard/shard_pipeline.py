@@ -272,7 +272,10 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
     if spread_chunks:
         chunks = chunks | "SpreadChunks" >> Spread(lambda c: (c.file_idx, c.chunk_idx))
     units = chunks | "Tokenize" >> beam.ParDo(TokenizeChunk(plan))
-    if near_dedup_graph.enabled(plan.config):  # after tokenize (exact dedup is by id), before packing and repeats
+    # After tokenize (exact dedup is by id), before packing and repeats; left out when an earlier run of this
+    # generation finished it (its marker checked with every file's sha256: pipeline/shard/resume.py), since the
+    # removals it staged depend only on the fingerprint.
+    if near_dedup_graph.enabled(plan.config) and not plan.resumed_near_dedup:
         units = units | "NearDedup" >> near_dedup_graph.NearDedup(plan, shuffle)
     if shuffle == "runner":  # pieces through the runner's GroupByKey (pipeline/shard/runner_shuffle.py)
         shards = (units
@@ -352,7 +355,7 @@ class ShardJob(job.Job):
         found = resume.reconcile(plan, not self.config.no_resume, self.live_generations(committed))
         self.log.event("resume", **found.to_event())
         return dataclasses.replace(plan, resumed_splits=found.splits, resumed_units=found.units,
-                                   resumed_packs=found.packs)
+                                   resumed_packs=found.packs, resumed_near_dedup=found.near_dedup)
 
     def decide(self, plan: JobPlan) -> job.Decision:
         return shard_plan.decide(plan)

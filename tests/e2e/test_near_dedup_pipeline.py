@@ -8,6 +8,7 @@ worker processes).
 """
 from __future__ import annotations
 
+import errno
 import json
 import pathlib
 
@@ -16,11 +17,11 @@ import pytest
 from model_contract import decode_example, read_records
 from pipeline.config import ShardConfig
 from pipeline.errors import RunError
-from pipeline.shard import shard_pipeline
+from pipeline.shard import near_dedup_graph, shard_pipeline
 from tests.corpus_fixtures import good_documents, pile_line, write_zst
 from tests.e2e.test_dask_runner import dask_cluster  # noqa: F401 - the module's Dask cluster fixture
 from tests.ops_fixtures import portable_args, portable_services, run_cli  # noqa: F401
-from transforms.shard import near_dedup
+from transforms.shard import near_dedup, stages
 from transforms.shard.documents import document_id
 
 pytestmark = pytest.mark.timeout(300)
@@ -172,6 +173,32 @@ def test_portable_runner_through_its_own_group_by_key_writes_the_same_bytes(buil
     assert res.returncode == 0, res.stderr[-3000:] + portable_services["logs"][1].read_text()[-2000:]
     assert_same_files(root / "one", tmp_path / "portable")
 
+
+def test_a_rerun_after_a_failure_while_packing_skips_the_finished_near_dedup_stage(built, tmp_path, monkeypatch):
+    """The global stage has its own completion marker (pipeline/shard/resume.py NEAR_DEDUP): a run that fails
+    after it keeps it, and the rerun leaves the stage out of its graph and writes the uninterrupted bytes."""
+    root, _plan, _manifest, tok = built
+    out = tmp_path / "out"
+    pack_shard = stages.pack_shard
+
+    def fail(*_args, **_kw):
+        raise OSError(errno.EIO, "injected failure while packing")
+
+    monkeypatch.setattr(stages, "pack_shard", fail)
+    with pytest.raises(Exception, match="injected failure while packing"):
+        shard_pipeline.run(config(root, out, tok), IN_MEMORY, progress_every_s=0)
+    (staging,) = (out / "_staging").glob("gen-*[!s]")  # (not the .progress directory beside it)
+    marker = json.loads((staging / "done" / "near-dedup.json").read_text())
+    assert {(r["root"], r["path"]) for r in marker["files"]} >= {("staging", "near-dedup/removals.json"),
+                                                                ("data", "near-dedup/summary.json")}
+    monkeypatch.setattr(stages, "pack_shard", pack_shard)
+
+    def stage_again(_self, _units):
+        raise AssertionError("the near-dedup stage ran again")
+
+    monkeypatch.setattr(near_dedup_graph.NearDedup, "expand", stage_again)
+    shard_pipeline.run(config(root, out, tok), IN_MEMORY, progress_every_s=0)
+    assert_same_files(root / "one", out)
 
 
 def test_token_shingles_remove_verbatim_near_copies_from_the_token_ids(tmp_path, tiny_tokenizer):

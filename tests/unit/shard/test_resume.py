@@ -253,3 +253,35 @@ def test_a_failed_run_keeps_only_marked_work_in_staging_and_in_its_partial_gener
     assert io_utils.exists(io_utils.join(plan.data_dir, "dead_letter", UNIT + ".jsonl"))  # a kept unit's
     assert not io_utils.exists(unmarked)
     assert not io_utils.exists(io_utils.join(plan.staging_dir, "units", "f000000-c00001.tokens"))
+
+
+# ------------------------------------------------------------------------------------------ the near-dedup stage
+def _near_dedup_done(plan) -> None:
+    staged = [io_utils.join(plan.staging_dir, "near-dedup", n) for n in ("removals.json", "removed-x-p000.idx")]
+    published = [io_utils.join(plan.data_dir, "near-dedup", n) for n in ("summary.json", "removed-p000.jsonl")]
+    for path in staged + published:
+        io_utils.write_bytes(path, path.encode())
+    resume.mark_near_dedup(plan, staged, published)
+
+
+@pytest.mark.parametrize("damage, note_has", [
+    (lambda m: m["files"].append({"root": "data", "path": "../../etc/passwd", "bytes": 1, "sha256": ""}),
+     "is not a file the near-dedup stage writes"),
+    (lambda m: m["files"].pop(0), "lack the removals list or the summary"),
+    (None, "damaged")], ids=["a-path-elsewhere", "no-removals-list", "same-size-other-bytes"])
+def test_the_near_dedup_stage_is_reused_only_when_its_marker_and_every_file_check(tmp_path, caplog, damage, note_has):
+    plan = _plan(tmp_path)
+    _finished_run(plan)
+    _near_dedup_done(plan)
+    assert resume.reconcile(plan).near_dedup and _notes(caplog) == []
+    path = resume.marker_path(plan.staging_dir, resume.NEAR_DEDUP)
+    if damage is None:  # same size, other bytes: the driver checks the sha256 (no worker re-reads them)
+        io_utils.write_bytes(io_utils.join(plan.data_dir, "near-dedup", "summary.json"),
+                             io_utils.join(plan.data_dir, "near-dedup", "summary.jsoN").encode())
+    else:
+        marker = json.loads(io_utils.read_bytes(path))
+        marker["files"].sort(key=lambda r: (r["root"] != "staging", r["path"] != "near-dedup/removals.json"))
+        damage(marker)
+        io_utils.write_bytes(path, json.dumps(marker).encode())
+    assert not resume.reconcile(plan).near_dedup
+    assert any(resume.NEAR_DEDUP in n and note_has in n for n in _notes(caplog))
