@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import logging
+import os
 import signal
 import threading
 from dataclasses import dataclass
@@ -187,8 +188,19 @@ def _run(job: Job) -> JobOutcome:
             if failure is None:
                 raise _with_kept(e, kept)
             raise _with_kept(failure, kept) from None
+        _remove_empty_default_staging(job)
         summary = job.on_committed(plan, committed, result)
         return JobOutcome(job.committed_dict(committed), plan.generation, True, summary=summary)
+
+
+def _remove_empty_default_staging(job: Job) -> None:
+    """After a commit, the default staging root `<output>/_staging` goes when nothing is left in it (the run
+    created it; a killed run's resumable staging keeps it). A `--staging-dir` is the user's: never removed."""
+    root = job.staging_root()
+    if io_utils.is_local(root) and guards.normal_path(root) == guards.normal_path(
+            io_utils.join(job.output, guards.DEFAULT_STAGING_NAME)):
+        with contextlib.suppress(OSError):  # not empty, or already gone
+            os.rmdir(root)
 
 
 def _verify_commit(job: Job, plan):

@@ -248,3 +248,17 @@ def test_two_outputs_sharing_a_staging_dir_get_their_own_staging(corpus, tiny_to
     guards.mark_staging(a.staging_dir, str(tmp_path / "a"), a.generation)
     assert guards.cleanup_abandoned(str(tmp_path / "b"), str(staging), None) == []
     assert guards.cleanup_abandoned(str(tmp_path / "a"), str(staging), None) == [a.staging_dir]
+
+
+def test_a_committed_run_leaves_no_empty_staging_root_but_never_removes_a_given_staging_dir(corpus, tiny_tokenizer,
+                                                                                           tmp_path):
+    def run(output, staging_dir=None):
+        shard_pipeline.run(ShardConfig(inputs=(str(corpus / "*"),), output=str(output), tokenizer=tiny_tokenizer,
+                                       seq_len=SEQ_LEN, staging_dir=staging_dir), IN_MEMORY, progress_every_s=0)
+
+    run(tmp_path / "out")
+    assert (tmp_path / "out" / "manifest.json").exists() and not (tmp_path / "out" / "_staging").exists()
+    staging = tmp_path / "mine"
+    staging.mkdir()
+    run(tmp_path / "out2", str(staging))
+    assert staging.is_dir() and list(staging.iterdir()) == []  # the user's directory: emptied of ours, kept
