@@ -244,12 +244,18 @@ def spread_chunks_needed(plan: JobPlan, options: PipelineOptions) -> bool:
     It also makes the split stage a barrier: no worker tokenizes until every file is cut. On the local runner
     with at least 4 files per worker and none much bigger than the rest (pipeline/shard/unit_plan.py
     whole_files_balance), whole files already keep every worker busy, so the step is left out and each worker
-    tokenizes a file's chunks as soon as it has cut them (the stage fuses). Remote runners always keep it: their
-    worker count is not known here. Output bytes are the same either way: names and order come from file and
-    chunk indexes, never from placement.
+    tokenizes a file's chunks as soon as it has cut them (the stage fuses). DaskRunner gets the same rule with
+    its cluster's worker threads (asked of the scheduler at `--dask_client_address`; Dask hands partitions to
+    free workers, so whole files balance at least as well as FnApiRunner's round robin): at 96 MB on 2 workers
+    the spread cost a split barrier and hash-skewed tokenize tasks (docs/BENCHMARKS.md). Other remote runners,
+    and Dask without an address, always keep it: their worker count is not known here. Output bytes are the
+    same either way: names and order come from file and chunk indexes, never from placement.
     """
     opts = options.get_all_options()
     runner = str(opts.get("runner") or "")
+    if runner == runners.DASK_RUNNER:
+        threads = runners.dask_cluster_threads(opts)
+        return threads is None or not unit_plan.whole_files_balance(plan.ledger, threads)
     if runner.rsplit(".", 1)[-1] not in ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner"):
         return True
     workers = int(opts.get("direct_num_workers") or 1)
@@ -456,8 +462,9 @@ def _execute(plan: JobPlan, options, log, progress_every_s) -> Executed:
     with reporter:
         p = beam.Pipeline(options=options)
         shuffle = shuffle_for(p, plan)
-        log.event("shuffle", shuffle=shuffle, choice=config.shuffle)
-        build_pipeline(p, plan, spread_chunks_needed(plan, options), shuffle)
+        spread_chunks = spread_chunks_needed(plan, options)
+        log.event("shuffle", shuffle=shuffle, choice=config.shuffle, spread_chunks=spread_chunks)
+        build_pipeline(p, plan, spread_chunks, shuffle)
         holder["result"] = result = p.run()  # FnApiRunner returns when done; portable runners at once
         result.wait_until_finish()
     elapsed = time.time() - started

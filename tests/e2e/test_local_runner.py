@@ -16,8 +16,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.config import ShardConfig
 from pipeline.errors import RunError
+from pipeline.ops import runners
 from pipeline.shard import cancel, shard_pipeline
 from pipeline.shard.records import LedgerEntry
+from tests.ops_fixtures import free_port
 
 
 def test_default_runner_uses_threads_on_small_machines_and_processes_on_big_ones():
@@ -52,6 +54,29 @@ _PLAN = shard_pipeline.JobPlan(ShardConfig(inputs=("x",), output="/o", tokenizer
 ])
 def test_split_and_tokenize_fuse_only_when_whole_files_keep_local_workers_busy(files, args, spread):
     assert shard_pipeline.spread_chunks_needed(_plan_with_files(files), PipelineOptions(args)) is spread
+
+
+@pytest.mark.parametrize("files,threads,spread", [
+    (8, 2, False),  # 4 files per Dask worker thread: fuse, as on the local runner
+    (7, 2, True),
+    ([16] + [1] * 8, 2, True),  # one file > half a share
+    (8, None, True),  # no address, or the scheduler did not answer: worker count unknown, spread
+])
+def test_dask_fuses_split_and_tokenize_by_its_clusters_worker_threads(monkeypatch, files, threads, spread):
+    asked = []
+    monkeypatch.setattr(runners, "dask_cluster_threads", lambda opts: asked.append(opts["address"])
+                        or threads)
+    args = ["--runner=DaskRunner", "--dask_client_address=tcp://127.0.0.1:1"]
+    options = shard_pipeline.pipeline_options(args)
+    assert shard_pipeline.spread_chunks_needed(_plan_with_files(files), options) is spread
+    assert asked == ["tcp://127.0.0.1:1"]
+
+
+def test_dask_cluster_threads_without_a_scheduler_is_unknown(monkeypatch):
+    monkeypatch.setattr(runners, "CONNECT_TIMEOUT_S", 0.5)
+    assert runners.dask_cluster_threads({}) is None
+    nothing_listens = f"tcp://127.0.0.1:{free_port()}"
+    assert runners.dask_cluster_threads({"dask_client_address": nothing_listens}) is None
 
 
 def test_the_staged_tokenizer_model_is_checked_against_the_plan(tmp_path):
