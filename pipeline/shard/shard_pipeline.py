@@ -26,7 +26,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline import cli, job
 from pipeline.beam_glue import (FilesystemOptions, GatherAll, PlanDoFn, Spread,  # noqa: F401 - public names
-                                apply_filesystem_options, default_beam_args, pipeline_options)
+                                apply_filesystem_options, chosen_running_mode, default_beam_args, pipeline_options)
 from pipeline.config import PILEPREP_VERSION, ShardConfig
 from pipeline.errors import RunError
 from pipeline.ops import commit, guards, incremental, progress, runlog, runners
@@ -324,6 +324,7 @@ class ShardJob(job.Job):
         self.config = config
         self.output = config.output
         self.break_lock = config.break_lock
+        self.beam_args = list(beam_args or [])
         self.options = pipeline_options(beam_args)
         self.incremental_run = incremental_run
         self.progress_every_s = progress_every_s
@@ -373,6 +374,12 @@ class ShardJob(job.Job):
         return stage_model(plan)
 
     def execute(self, plan: JobPlan) -> Executed:
+        raw_bytes = sum(unit_plan.raw_bytes_estimate(e.path, e.size) for e in plan.ledger)
+        mode = chosen_running_mode(self.options, self.beam_args, raw_bytes)  # None: the user chose the runner
+        if mode is not None:
+            LOG.info("default runner: %s workers for ~%d MB of raw input (beam_glue.default_running_mode)",
+                     "process" if mode == "multi_processing" else "thread", raw_bytes >> 20)
+            self.log.event("running_mode", mode=mode, raw_bytes_estimate=raw_bytes)
         return _execute(plan, self.options, self.log, self.progress_every_s)
 
     def scratch_dirs(self, plan: JobPlan) -> list:

@@ -31,6 +31,37 @@ def test_default_runner_uses_threads_on_small_machines_and_processes_on_big_ones
     assert given["runner"] == "DirectRunner" and not given.get("direct_running_mode", "").startswith("multi_thr")
 
 
+def test_default_runner_uses_processes_from_a_raw_input_size_on_small_machines():
+    from pipeline import beam_glue
+
+    big = beam_glue.PROCESSES_FROM_RAW_BYTES
+    assert beam_glue.default_running_mode(2, big - 1) == "multi_threading"
+    assert beam_glue.default_running_mode(2, big) == "multi_processing"
+    assert beam_glue.default_running_mode(16, 0) == "multi_processing"
+    for args, raw, mode in (([], big, "multi_processing"), ([], 1 << 20, "multi_threading"),
+                            (["--direct_running_mode=multi_threading"], big, None),  # the user's choice stands
+                            (["--runner=FnApiRunner", "--direct_num_workers=2"], big, None)):
+        options = shard_pipeline.pipeline_options(args)
+        assert beam_glue.chosen_running_mode(options, args, raw) == mode
+        want = mode or ("multi_threading" if "--direct_running_mode=multi_threading" in args else "in_memory")
+        assert options.get_all_options()["direct_running_mode"] == want, (args, raw)
+
+
+@pytest.mark.parametrize("beam_args,mode", [([], "multi_processing"),
+                                             (["--direct_running_mode=multi_threading"], "multi_threading")])
+def test_shard_job_picks_the_running_mode_from_its_input_before_the_pipeline_runs(monkeypatch, beam_args, mode):
+    from pipeline import beam_glue
+
+    seen = {}
+    monkeypatch.setattr(shard_pipeline, "_execute", lambda plan, options, log, every: seen.setdefault(
+        "mode", options.get_all_options()["direct_running_mode"]))
+    job = shard_pipeline.ShardJob(_PLAN.config, beam_args)
+    big = beam_glue.PROCESSES_FROM_RAW_BYTES  # raw_bytes_estimate: a plain .jsonl counts its own size
+    job.execute(dataclasses.replace(_PLAN, ledger=[LedgerEntry("/in/0.jsonl", big // 2),
+                                                   LedgerEntry("/in/1.jsonl", big // 2)]))
+    assert seen["mode"] == mode
+
+
 def _plan_with_files(files):
     """`files`: a count of equal files, or the list of their sizes."""
     sizes = [1] * files if isinstance(files, int) else files
