@@ -16,18 +16,57 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipeline.ops import runners
 
 
-def default_beam_args(cores: Optional[int] = None) -> list:
-    """The local runner when no --runner is given: FnApiRunner, one worker per core.
+# From this much raw input (unit_plan.raw_bytes_estimate: 3x a compressed file's size) the default runner's
+# workers are processes even on <= 4 cores (shard job, chosen_running_mode). gigatoken's per-document `encode`
+# holds the GIL, so two worker threads keep ~1.1-1.2 of 2 cores busy from the first record to the commit; two
+# processes keep 1.73-1.89 there, for ~1.2 s more wall around it (the workers import Beam and pileprep, then
+# stop) and ~0.5-1 CPU-s. bench/profile_shard.py, Llama 2, 2 cores, alternating, neighbours idle
+# (docs/BENCHMARKS.md): 384 MB bench corpus (estimate 252 MB) 13.96-14.63 s with processes against 21.06-22.04 s
+# with threads; 96 MB (estimate 63 MB) 6.27 / 6.27 / 6.38 s against 6.64 / 6.68 / 7.06 s. The fixed cost meets
+# the gain near ~70 MB of real text (~48 MB estimated on that corpus); at 24 MB processes cost more (measured).
+# With a neighbour on one core, processes cannot use the second one: 96 MB then ran 1-2 s slower on processes,
+# 384 MB the same on both.
+PROCESSES_FROM_RAW_BYTES = 48 << 20
 
-    Up to 4 cores the workers are threads of this process (multi_threading): tokenizers run in native code
-    without the GIL (SentencePiece scales 1.85x on 2 threads, measured), and the run skips starting worker
-    processes that each import Beam (on 2 cores at 96 MB: ~1.2 s of wall and ~5 CPU-s, measured). Above that the
-    GIL-held share (JSON parsing, packing, ~15% of CPU) would cap the scaling, so workers are processes.
-    Output bytes do not depend on this choice (tests/e2e/test_shard_pipeline.py runs both).
-    """
+
+def default_running_mode(cores: Optional[int] = None, raw_bytes: int = 0) -> str:
+    """FnApiRunner's running mode when no --runner is given: threads (multi_threading) up to 4 cores and
+    PROCESSES_FROM_RAW_BYTES of raw input, worker processes (multi_processing) otherwise.
+
+    Threads skip starting worker processes that each import Beam (on 2 cores at 96 MB: ~1.2 s of wall and
+    ~1-2 CPU-s, measured) and share one tokenizer and its warm cache; SentencePiece runs without the GIL (1.85x
+    on 2 threads, measured). But the GIL-held share (gigatoken's encode, JSON parsing, packing) caps what
+    threads get: above 4 cores always, and on big inputs on small machines, workers are processes.
+    Output bytes do not depend on this choice (tests/e2e/test_shard_pipeline.py runs both)."""
     cores = cores or len(os.sched_getaffinity(0))
-    mode = "multi_threading" if cores <= 4 else "multi_processing"
-    return ["--runner=FnApiRunner", f"--direct_num_workers={cores}", f"--direct_running_mode={mode}"]
+    return "multi_threading" if cores <= 4 and raw_bytes < PROCESSES_FROM_RAW_BYTES else "multi_processing"
+
+
+def default_beam_args(cores: Optional[int] = None) -> list:
+    """The local runner when no --runner is given: FnApiRunner, one worker per core, in the running mode
+    default_running_mode picks before the input's size is known (a job that knows it may change the mode:
+    chosen_running_mode)."""
+    cores = cores or len(os.sched_getaffinity(0))
+    return ["--runner=FnApiRunner", f"--direct_num_workers={cores}",
+            f"--direct_running_mode={default_running_mode(cores)}"]
+
+
+def running_mode_is_default(beam_args) -> bool:
+    """Whether the running mode comes from default_beam_args: neither --runner nor --direct_running_mode given."""
+    return not any(str(a).startswith(("--runner", "--direct_running_mode")) for a in beam_args or [])
+
+
+def chosen_running_mode(options: PipelineOptions, beam_args, raw_bytes: int) -> Optional[str]:
+    """Set the default runner's running mode for an input of `raw_bytes` (default_running_mode) in `options`
+    (built by pipeline_options from the same `beam_args`); returns the mode, or None when the user chose the
+    runner or the mode (then nothing changes)."""
+    if not running_mode_is_default(beam_args):
+        return None
+    from apache_beam.options.pipeline_options import DirectOptions  # noqa: PLC0415
+
+    direct = options.view_as(DirectOptions)
+    direct.direct_running_mode = default_running_mode(direct.direct_num_workers or None, raw_bytes)
+    return direct.direct_running_mode
 
 
 def size_flushed_data_plane() -> None:

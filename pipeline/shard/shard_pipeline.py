@@ -26,7 +26,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline import cli, job
 from pipeline.beam_glue import (FilesystemOptions, GatherAll, PlanDoFn, Spread,  # noqa: F401 - public names
-                                apply_filesystem_options, default_beam_args, pipeline_options)
+                                apply_filesystem_options, chosen_running_mode, default_beam_args, pipeline_options)
 from pipeline.config import PILEPREP_VERSION, ShardConfig
 from pipeline.errors import RunError
 from pipeline.ops import commit, guards, incremental, progress, runlog, runners
@@ -238,12 +238,18 @@ def spread_chunks_needed(plan: JobPlan, options: PipelineOptions) -> bool:
     It also makes the split stage a barrier: no worker tokenizes until every file is cut. On the local runner
     with at least 4 files per worker and none much bigger than the rest (pipeline/shard/unit_plan.py
     whole_files_balance), whole files already keep every worker busy, so the step is left out and each worker
-    tokenizes a file's chunks as soon as it has cut them (the stage fuses). Remote runners always keep it: their
-    worker count is not known here. Output bytes are the same either way: names and order come from file and
-    chunk indexes, never from placement.
+    tokenizes a file's chunks as soon as it has cut them (the stage fuses). DaskRunner gets the same rule with
+    its cluster's worker threads (asked of the scheduler at `--dask_client_address`; Dask hands partitions to
+    free workers, so whole files balance at least as well as FnApiRunner's round robin): at 96 MB on 2 workers
+    the spread cost a split barrier and hash-skewed tokenize tasks (docs/BENCHMARKS.md). Other remote runners,
+    and Dask without an address, always keep it: their worker count is not known here. Output bytes are the
+    same either way: names and order come from file and chunk indexes, never from placement.
     """
     opts = options.get_all_options()
     runner = str(opts.get("runner") or "")
+    if runner == runners.DASK_RUNNER:
+        threads = runners.dask_cluster_threads(opts)
+        return threads is None or not unit_plan.whole_files_balance(plan.ledger, threads)
     if runner.rsplit(".", 1)[-1] not in ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner"):
         return True
     workers = int(opts.get("direct_num_workers") or 1)
@@ -315,6 +321,7 @@ class ShardJob(job.Job):
         self.config = config
         self.output = config.output
         self.break_lock = config.break_lock
+        self.beam_args = list(beam_args or [])
         self.options = pipeline_options(beam_args)
         self.incremental_run = incremental_run
         self.progress_every_s = progress_every_s
@@ -365,6 +372,12 @@ class ShardJob(job.Job):
         return stage_model(plan)
 
     def execute(self, plan: JobPlan) -> Executed:
+        raw_bytes = sum(unit_plan.raw_bytes_estimate(e.path, e.size) for e in plan.ledger)
+        mode = chosen_running_mode(self.options, self.beam_args, raw_bytes)  # None: the user chose the runner
+        if mode is not None:
+            LOG.info("default runner: %s workers for ~%d MB of raw input (beam_glue.default_running_mode)",
+                     "process" if mode == "multi_processing" else "thread", raw_bytes >> 20)
+            self.log.event("running_mode", mode=mode, raw_bytes_estimate=raw_bytes)
         return _execute(plan, self.options, self.log, self.progress_every_s)
 
     def scratch_dirs(self, plan: JobPlan) -> list:
@@ -451,8 +464,9 @@ def _execute(plan: JobPlan, options, log, progress_every_s) -> Executed:
     with reporter:
         p = beam.Pipeline(options=options)
         shuffle = shuffle_for(p, plan)
-        log.event("shuffle", shuffle=shuffle, choice=config.shuffle)
-        build_pipeline(p, plan, spread_chunks_needed(plan, options), shuffle)
+        spread_chunks = spread_chunks_needed(plan, options)
+        log.event("shuffle", shuffle=shuffle, choice=config.shuffle, spread_chunks=spread_chunks)
+        build_pipeline(p, plan, spread_chunks, shuffle)
         holder["result"] = result = p.run()  # FnApiRunner returns when done; portable runners at once
         result.wait_until_finish()
     elapsed = time.time() - started

@@ -98,6 +98,24 @@ def test_dask_output_is_byte_identical_and_every_stage_ran_once(tmp_path, dask_c
     assert summary["counters"]["records"] == manifest["records"]["read"]
 
 
+def test_dask_fuses_split_and_tokenize_when_whole_files_balance_with_identical_output(tmp_path, dask_cluster,
+                                                                                    tiny_tokenizer):
+    # 8 files on the cluster's 2 worker threads: the graph without SpreadChunks (shard_pipeline.
+    # spread_chunks_needed asks the scheduler for its threads); the module's corpus (4 files) keeps the spread.
+    write_good_corpus(tmp_path / "in", limit_bytes=400_000, files=8)
+    ref = run_cli(_args(tmp_path / "in", tmp_path / "fnapi", tiny_tokenizer), timeout_s=150)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    log = tmp_path / "run.jsonl"
+    res = run_cli(_args(tmp_path / "in", tmp_path / "dask", tiny_tokenizer, "--run-log", str(log),
+                        *_dask(dask_cluster)), timeout_s=200)
+    assert res.returncode == 0, res.stderr[-3000:]
+    shape = [json.loads(line) for line in log.read_text().splitlines() if '"shuffle"' in line]
+    assert [e["spread_chunks"] for e in shape if e["event"] == "shuffle"] == [False]
+    got, reference = dataset_files(tmp_path / "dask"), dataset_files(tmp_path / "fnapi")
+    assert got.keys() == reference.keys()
+    assert [k for k in got if got[k] != reference[k]] == []
+
+
 def test_dask_short_runner_name_needs_a_reachable_scheduler(tmp_path, corpus_and_reference):
     corpus, _reference, tokenizer = corpus_and_reference
     closed = free_port()

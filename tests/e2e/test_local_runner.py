@@ -16,8 +16,10 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.config import ShardConfig
 from pipeline.errors import RunError
+from pipeline.ops import runners
 from pipeline.shard import cancel, shard_pipeline
 from pipeline.shard.records import LedgerEntry
+from tests.ops_fixtures import free_port
 
 
 def test_default_runner_uses_threads_on_small_machines_and_processes_on_big_ones():
@@ -27,6 +29,37 @@ def test_default_runner_uses_threads_on_small_machines_and_processes_on_big_ones
                                                         "--direct_running_mode=multi_processing"]
     given = shard_pipeline.pipeline_options(["--runner=DirectRunner"]).get_all_options()
     assert given["runner"] == "DirectRunner" and not given.get("direct_running_mode", "").startswith("multi_thr")
+
+
+def test_default_runner_uses_processes_from_a_raw_input_size_on_small_machines():
+    from pipeline import beam_glue
+
+    big = beam_glue.PROCESSES_FROM_RAW_BYTES
+    assert beam_glue.default_running_mode(2, big - 1) == "multi_threading"
+    assert beam_glue.default_running_mode(2, big) == "multi_processing"
+    assert beam_glue.default_running_mode(16, 0) == "multi_processing"
+    for args, raw, mode in (([], big, "multi_processing"), ([], 1 << 20, "multi_threading"),
+                            (["--direct_running_mode=multi_threading"], big, None),  # the user's choice stands
+                            (["--runner=FnApiRunner", "--direct_num_workers=2"], big, None)):
+        options = shard_pipeline.pipeline_options(args)
+        assert beam_glue.chosen_running_mode(options, args, raw) == mode
+        want = mode or ("multi_threading" if "--direct_running_mode=multi_threading" in args else "in_memory")
+        assert options.get_all_options()["direct_running_mode"] == want, (args, raw)
+
+
+@pytest.mark.parametrize("beam_args,mode", [([], "multi_processing"),
+                                             (["--direct_running_mode=multi_threading"], "multi_threading")])
+def test_shard_job_picks_the_running_mode_from_its_input_before_the_pipeline_runs(monkeypatch, beam_args, mode):
+    from pipeline import beam_glue
+
+    seen = {}
+    monkeypatch.setattr(shard_pipeline, "_execute", lambda plan, options, log, every: seen.setdefault(
+        "mode", options.get_all_options()["direct_running_mode"]))
+    job = shard_pipeline.ShardJob(_PLAN.config, beam_args)
+    big = beam_glue.PROCESSES_FROM_RAW_BYTES  # raw_bytes_estimate: a plain .jsonl counts its own size
+    job.execute(dataclasses.replace(_PLAN, ledger=[LedgerEntry("/in/0.jsonl", big // 2),
+                                                   LedgerEntry("/in/1.jsonl", big // 2)]))
+    assert seen["mode"] == mode
 
 
 def _plan_with_files(files):
@@ -52,6 +85,29 @@ _PLAN = shard_pipeline.JobPlan(ShardConfig(inputs=("x",), output="/o", tokenizer
 ])
 def test_split_and_tokenize_fuse_only_when_whole_files_keep_local_workers_busy(files, args, spread):
     assert shard_pipeline.spread_chunks_needed(_plan_with_files(files), PipelineOptions(args)) is spread
+
+
+@pytest.mark.parametrize("files,threads,spread", [
+    (8, 2, False),  # 4 files per Dask worker thread: fuse, as on the local runner
+    (7, 2, True),
+    ([16] + [1] * 8, 2, True),  # one file > half a share
+    (8, None, True),  # no address, or the scheduler did not answer: worker count unknown, spread
+])
+def test_dask_fuses_split_and_tokenize_by_its_clusters_worker_threads(monkeypatch, files, threads, spread):
+    asked = []
+    monkeypatch.setattr(runners, "dask_cluster_threads", lambda opts: asked.append(opts["address"])
+                        or threads)
+    args = ["--runner=DaskRunner", "--dask_client_address=tcp://127.0.0.1:1"]
+    options = shard_pipeline.pipeline_options(args)
+    assert shard_pipeline.spread_chunks_needed(_plan_with_files(files), options) is spread
+    assert asked == ["tcp://127.0.0.1:1"]
+
+
+def test_dask_cluster_threads_without_a_scheduler_is_unknown(monkeypatch):
+    monkeypatch.setattr(runners, "CONNECT_TIMEOUT_S", 0.5)
+    assert runners.dask_cluster_threads({}) is None
+    nothing_listens = f"tcp://127.0.0.1:{free_port()}"
+    assert runners.dask_cluster_threads({"dask_client_address": nothing_listens}) is None
 
 
 def test_the_staged_tokenizer_model_is_checked_against_the_plan(tmp_path):

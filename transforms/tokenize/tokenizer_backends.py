@@ -497,7 +497,10 @@ class GigatokenEncoder(_SpotChecked):
     Its batch call, `encode_batch(texts, parallel=False)`, releases the GIL but starts every call with a cold
     pretoken cache where `encode` keeps one per tokenizer: on the 24 MB bench corpus it took 1.2-1.5x `encode`'s
     CPU from a cold start in the stage's batches (64 documents / 1 MiB) and 3-4x once `encode`'s cache was warm,
-    more than a second core gives back (docs/BENCHMARKS.md), so it is not used."""
+    more than a second core gives back (docs/BENCHMARKS.md), so it is not used. `parallel=True` (its rayon pool)
+    and a tokenizer object per thread were measured too: the pool's caches are per call as well (the 2nd and 3rd
+    call over the same texts as slow as the 1st, ~3.5x a warm `encode`), and separate objects still hold the GIL
+    (1.0 busy cores). Big inputs get worker processes instead (pipeline/beam_glue.py default_running_mode)."""
     name = "gigatoken"
 
     def __init__(self, model_bytes: bytes, sp, spot_check_every: int = 0):
