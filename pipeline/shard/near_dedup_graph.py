@@ -212,6 +212,11 @@ class SignUnit(beam.DoFn):
         if self.params.shingles == "tokens":  # unsorted windows suffice for signatures (near_dedup.py)
             sets = near_dedup.token_shingles_batch([b[4] for b in batch], near_dedup.SHINGLE_TOKENS,
                                                    unique=staged[0] is not None)
+        elif staged[0] is None:  # nothing to stage: signatures straight from the texts (C when built, no sort)
+            sigs = near_dedup.word_signatures([b[4] for b in batch], self.params, self.coefficients)
+            docs = [(doc_id, split, source, (unit.name, line)) for doc_id, split, source, line, _t in batch]
+            yield ("signed", docs, sigs, near_dedup.band_keys(sigs, self.params) >> np.uint64(1))
+            return
         else:
             sets = near_dedup.shingles_batch([b[4] for b in batch], self.params.shingle_words)
         docs = []
