@@ -28,7 +28,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline.errors import ConfigError, RunError
 from transforms.io import io_utils, read_parquet
 from transforms.io.read_records import RawRecord, compression_of, iter_raw_records
-from transforms.shard import decontaminate, doc_ids, near_dedup
+from transforms.shard import decontaminate, doc_ids, near_dedup, stages
 from transforms.shard import near_dedup_band_index as band_index
 from transforms.shard import near_dedup_removals as removals
 from transforms.shard.documents import SPLIT_SHIFT, SPLITS, Document, parse_record
@@ -50,6 +50,55 @@ def enabled(config) -> bool:
 def params_of(config) -> near_dedup.MinHashParams:
     return near_dedup.MinHashParams(config.near_dedup_bands, config.near_dedup_rows, config.seed,
                                     shingles=getattr(config, "near_dedup_shingles", near_dedup.DEFAULT_SHINGLES))
+
+
+def tokenize_signing(config) -> typing.Optional[near_dedup.MinHashParams]:
+    """The params the tokenize stage signs documents with (transforms/shard/stages.py TokenizeSettings), or
+    None: only word shingles without --near-dedup-verify (shingles to stage) or --decontaminate (text to read),
+    where the signatures are all this stage needs of the text. Re-reading and parsing the unit's chunk was a
+    fifth of near-dedup's CPU on distinct text (docs/NEAR_DEDUP.md "Cost")."""
+    if not config.near_dedup or config.near_dedup_verify or config.decontaminate:
+        return None
+    params = params_of(config)
+    return params if params.shingles == "words" and params.sketch == "oph" else None
+
+
+def _staged_signatures(plan, unit, num_perm: int):
+    """(docs [(doc_id, split, source, loc)], signatures) of a unit's distinct documents, in line order, from the
+    signatures its tokenize stage staged (`tokenize_signing`): the same documents, copies and values as signing
+    the text of `_unit_documents` here. None when the file is missing or does not hold one row per indexed
+    document (a unit staged by a run that signed nothing): the caller then reads the text."""
+    path = stages.unit_signatures_path(plan.staging_dir, unit.name)
+    dtype = stages.unit_signatures_dtype(num_perm)
+    if unit.n_docs == 0:
+        return [], np.zeros((0, num_perm), dtype=near_dedup.SIGNATURE_DTYPE)
+    if not io_utils.exists(path):
+        return None
+    data = io_utils.read_bytes(path)
+    if len(data) != unit.n_docs * dtype.itemsize:
+        return None
+    staged = np.frombuffer(data, dtype=dtype)
+    by_line = np.argsort(staged["line"], kind="stable")
+    lines = staged["line"][by_line]
+    with io_utils.open_read(unit.index_path) as f:
+        rows = read_index_rows(f, 0, unit.n_docs)
+    held = np.zeros(rows.size, dtype=bool)
+    for committed in getattr(plan, "committed_id_indexes", ()):  # as _unit_documents: exact copies of committed
+        held |= doc_ids.IdIndex(committed).contains(rows["doc_id"])  # documents take no part
+    rows = rows[~held]
+    best: dict = {}
+    for r in rows[np.argsort(rows["line"], kind="stable")]:  # the first line of the highest split, as there
+        doc_id, split, line = int(r["doc_id"]), int(r["key"] >> np.uint64(SPLIT_SHIFT)), int(r["line"])
+        cur = best.get(doc_id)
+        if cur is None or split > cur[2]:
+            best[doc_id] = (line, doc_id, split, unit.sources[int(r["source_idx"])])
+    chosen = sorted(best.values())
+    want = np.array([c[0] for c in chosen], dtype=np.uint64)
+    at = np.minimum(np.searchsorted(lines, want), max(lines.size - 1, 0))
+    if lines.size == 0 or not np.array_equal(lines[at], want):
+        raise IOError(f"{unit.name}: staged near-dedup signatures do not match its index (staging damaged)")
+    sigs = staged["sig"][by_line[at]]
+    return [(doc_id, split, source, (unit.name, line)) for line, doc_id, split, source in chosen], sigs
 
 
 def eval_files(config) -> list:
@@ -180,6 +229,13 @@ class SignUnit(beam.DoFn):
             shingle_file = io_utils.open_write(shingle_path(self.plan.staging_dir, unit.name)).__enter__()
         staged = [shingle_file, 0]  # the unit's shingle file and the shingles written to it so far
         try:
+            staged_sigs = (_staged_signatures(self.plan, unit, self.params.num_perm)
+                           if tokenize_signing(cfg) is not None else None)
+            if staged_sigs is not None:  # signed by the tokenize stage: no text to read here
+                docs, sigs = staged_sigs
+                if docs:
+                    yield ("signed", docs, sigs, near_dedup.band_keys(sigs, self.params) >> np.uint64(1))
+                return
             tokens = cfg.near_dedup and self.params.shingles == "tokens"
             # token shingles need no text; decontamination still does (word n-grams of the text)
             text_docs = _unit_documents(self.plan, unit) if self.eval_set is not None or not tokens else None

@@ -19,6 +19,7 @@ benchmarked without a runner (bench/near_dedup_bench.py).
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
@@ -396,11 +397,14 @@ def _oph_signatures_numpy(shingle_sets: list, params: "MinHashParams") -> np.nda
     return out
 
 
+@functools.lru_cache(maxsize=8)
 def _oph_tables(params: MinHashParams) -> tuple:
     """(salt, donor bins [attempt, bin]) of one seed: the densification sequence of every bin."""
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([0x6F706868, params.seed & _M64])))
     salt = rng.integers(0, 1 << 63, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-    return salt, rng.integers(0, params.num_perm, size=(OPH_DONOR_ATTEMPTS, params.num_perm))
+    donors = rng.integers(0, params.num_perm, size=(OPH_DONOR_ATTEMPTS, params.num_perm))
+    donors.flags.writeable = False  # cached (one seed's tables serve every batch): shared, so read-only
+    return salt, donors
 
 
 def minhash_signatures(shingle_sets: list, params: MinHashParams, coefficients: Optional[tuple] = None) -> np.ndarray:
