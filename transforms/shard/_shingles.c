@@ -21,7 +21,6 @@
 #define GOLDEN 0x9E3779B97F4A7C15ULL
 #define FNV_PRIME 0x100000001B3ULL
 #define N_POWERS 1024 /* near_dedup._POWERS: a word's bytes past the 1024th share the last power */
-#define MAX_N 64
 
 static uint64_t powers[N_POWERS];
 static unsigned char is_word[256];
@@ -51,47 +50,57 @@ static int vec_reserve(vec_u64 *v, Py_ssize_t extra) {
     return 0;
 }
 
-/* The window hashes of one ASCII text appended to `out`; returns how many, or -1 when out of memory. Words are
-   hashed as they end; window i is computed when word i + n - 1 ends, from a ring of the last n word hashes. A
-   text of fewer than n words (but at least one) is one window of all of them. */
-static Py_ssize_t text_windows(const unsigned char *s, Py_ssize_t len, int n, vec_u64 *out) {
-    uint64_t ring[MAX_N];
-    Py_ssize_t words = 0, before = out->len;
+/* The word hashes of one ASCII text appended to `words` (near_dedup.py `_ascii_words`); -1 when out of memory. */
+static int text_words(const unsigned char *s, Py_ssize_t len, vec_u64 *words) {
     Py_ssize_t i = 0;
     while (i < len) {
         while (i < len && !is_word[s[i]]) i++;
         if (i >= len) break;
         uint64_t h = 0;
-        Py_ssize_t start = i;
-        while (i < len && is_word[s[i]]) {
-            Py_ssize_t pos = i - start;
-            h += lower_plus_1[s[i]] * powers[pos < N_POWERS ? pos : N_POWERS - 1];
+        Py_ssize_t start = i, stop = len - i > N_POWERS ? i + N_POWERS : len;
+        while (i < stop && is_word[s[i]]) {
+            h += lower_plus_1[s[i]] * powers[i - start];
             i++;
         }
-        ring[words % n] = mix(h ^ ((uint64_t)(i - start) << 48));
-        words++;
-        if (words >= n) {
-            if (vec_reserve(out, 1) < 0) return -1;
-            uint64_t w = (uint64_t)n;
-            for (int k = 0; k < n; k++) w = mix(w * GOLDEN + ring[(words - n + k) % n]);
-            out->data[out->len++] = w;
+        while (i < len && is_word[s[i]]) { /* past the power table: the last power (still a fixed hash) */
+            h += lower_plus_1[s[i]] * powers[N_POWERS - 1];
+            i++;
         }
+        if (vec_reserve(words, 1) < 0) return -1;
+        words->data[words->len++] = mix(h ^ ((uint64_t)(i - start) << 48));
     }
-    if (words > 0 && words < n) {
-        if (vec_reserve(out, 1) < 0) return -1;
-        uint64_t w = (uint64_t)words;
-        for (Py_ssize_t k = 0; k < words; k++) w = mix(w * GOLDEN + ring[k]);
-        out->data[out->len++] = w;
-    }
-    return out->len - before;
+    return 0;
+}
+
+/* The hash of one window of `n` word hashes (near_dedup.py `_window_hashes`): h = n, then per word
+   h = mix(h * golden + w). */
+static inline uint64_t window_hash(const uint64_t *w, Py_ssize_t n) {
+    uint64_t h = (uint64_t)n;
+    for (Py_ssize_t k = 0; k < n; k++) h = mix(h * GOLDEN + w[k]);
+    return h;
+}
+
+/* The window hashes of one ASCII text appended to `out`; returns how many, or -1 when out of memory. The words
+   are hashed first, then every window from that array (independent iterations, which the CPU overlaps). A text
+   of fewer than n words (but at least one) is one window of all of them. */
+static Py_ssize_t text_windows(const unsigned char *s, Py_ssize_t len, int n, vec_u64 *words, vec_u64 *out) {
+    words->len = 0;
+    if (text_words(s, len, words) < 0) return -1;
+    Py_ssize_t w = words->len;
+    if (w == 0) return 0;
+    Py_ssize_t count = w >= n ? w - n + 1 : 1, width = w >= n ? n : w;
+    if (vec_reserve(out, count) < 0) return -1;
+    for (Py_ssize_t i = 0; i < count; i++) out->data[out->len + i] = window_hash(words->data + i, width);
+    out->len += count;
+    return count;
 }
 
 static PyObject *windows(PyObject *Py_UNUSED(self), PyObject *args) {
     PyObject *texts;
     int n;
     if (!PyArg_ParseTuple(args, "O!i", &PyList_Type, &texts, &n)) return NULL;
-    if (n < 1 || n > MAX_N) {
-        PyErr_Format(PyExc_ValueError, "windows: n must be in 1..%d", MAX_N);
+    if (n < 1) {
+        PyErr_SetString(PyExc_ValueError, "windows: n must be at least 1");
         return NULL;
     }
     Py_ssize_t count = PyList_GET_SIZE(texts);
@@ -123,7 +132,7 @@ static PyObject *windows(PyObject *Py_UNUSED(self), PyObject *args) {
         held[t] = s;
     }
     int64_t *cnt = (int64_t *)PyBytes_AS_STRING(counts);
-    vec_u64 out = {NULL, 0, 0};
+    vec_u64 out = {NULL, 0, 0}, words = {NULL, 0, 0};
     int failed = 0;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t t = 0; t < count && !failed; t++) {
@@ -132,11 +141,12 @@ static PyObject *windows(PyObject *Py_UNUSED(self), PyObject *args) {
             cnt[t] = -1; /* the Python path (Unicode rules) */
             continue;
         }
-        Py_ssize_t got = text_windows(PyUnicode_1BYTE_DATA(s), PyUnicode_GET_LENGTH(s), n, &out);
+        Py_ssize_t got = text_windows(PyUnicode_1BYTE_DATA(s), PyUnicode_GET_LENGTH(s), n, &words, &out);
         if (got < 0) failed = 1;
         cnt[t] = got;
     }
     Py_END_ALLOW_THREADS
+    PyMem_RawFree(words.data);
     for (Py_ssize_t t = 0; t < count; t++) Py_DECREF(held[t]);
     PyMem_Free(held);
     if (failed) {
