@@ -733,15 +733,19 @@ def write_band_index_range(task, plan) -> dict:
     num_perm = params_of(plan.config).num_perm
     parts = [(name, a) for name, a in _range_rows(plan, r, names) if a.size]
     rows = np.concatenate([a for _n, a in parts]) if parts else np.zeros(0, dtype=BAND_ROW)
-    sigs = (np.concatenate([_unit_sigs(plan, name)[a["doc"].astype(np.int64)] for name, a in parts]) if parts
-            else np.zeros((0, num_perm), dtype=near_dedup.SIGNATURE_DTYPE))
+    # the units' signature tables once (a document's row in them), not a signature per band row
+    tables = [_unit_sigs(plan, name) for name, _a in parts]
+    offsets = np.cumsum([0] + [t.shape[0] for t in tables[:-1]]).tolist()
+    sigs = np.concatenate(tables) if tables else np.zeros((0, num_perm), dtype=near_dedup.SIGNATURE_DTYPE)
+    sig_rows = (np.concatenate([a["doc"].astype(np.int64) + off for (_n, a), off in zip(parts, offsets)]) if parts
+                else np.zeros(0, dtype=np.int64))
     removed = np.zeros(rows.size, dtype=bool)
     for _reason, path in indexes:
         if rows.size:
             removed |= doc_ids.IdIndex(path).contains(rows["doc_id"].astype(doc_ids.ID_DTYPE))
     kept = ~removed
-    data = band_index.encode_arrays(rows["key"][kept], rows["doc_id"][kept], rows["split"][kept], sigs[kept],
-                                    num_perm)
+    data = band_index.encode_arrays(rows["key"][kept], rows["doc_id"][kept], rows["split"][kept], sigs,
+                                    num_perm, sig_rows[kept])
     path = io_utils.join(plan.data_dir, band_index.FILE_PATTERN.format(r))
     io_utils.write_bytes(path, data)
     return {"range": r, "path": path, "rows": len(data) // band_index.row_dtype(num_perm).itemsize,
