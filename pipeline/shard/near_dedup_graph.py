@@ -240,7 +240,10 @@ class SignUnit(beam.DoFn):
             # token shingles need no text; decontamination still does (word n-grams of the text)
             text_docs = _unit_documents(self.plan, unit) if self.eval_set is not None or not tokens else None
             id_docs = _unit_documents(self.plan, unit, text=False) if tokens else None
-            for k, (line, doc_id, split, source, text) in enumerate(text_docs or id_docs):
+            # `is not None`: a unit whose documents are all exact copies of committed ones (or a unit without a
+            # document) has an empty list here, which `or` turned into None (TypeError)
+            unit_docs = text_docs if text_docs is not None else id_docs
+            for k, (line, doc_id, split, source, text) in enumerate(unit_docs):
                 if self.eval_set is not None and split in self.checked_splits:
                     hit = decontaminate.find(text, self.eval_set)
                     if hit is not None:
