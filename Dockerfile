@@ -17,9 +17,11 @@ COPY transforms /tmp/pileprep-src/transforms
 COPY pipeline /tmp/pileprep-src/pipeline
 COPY trainer /tmp/pileprep-src/trainer
 
-# Workers need the pipeline plus S3 and GCS; the C extension must build (the image has a compiler): fail the
-# build if it did not, instead of shipping the ~25x slower numpy fallback.
+# Workers need the pipeline plus S3 and GCS; the C extensions must build (the image has a compiler): fail the
+# build if one did not, instead of shipping the numpy fallbacks (varints ~25x slower; --near-dedup's word
+# shingles and signatures ~8x slower).
 RUN pip install --no-cache-dir '/tmp/pileprep-src[aws,gcp]' \
  && rm -rf /tmp/pileprep-src \
  && cd / && python -c "from model_contract import example_codec as c; assert c._fast is not None, 'C varint codec not built'" \
+ && python -c "from transforms.shard import near_dedup as n; assert n._fast is not None, 'C shingles not built'" \
  && pileprep env

@@ -20,7 +20,7 @@ help: ## list the targets
 	  /^[a-zA-Z_-]+:.*## / {n = index($$0, ":"); printf "  make %-14s %s\n", substr($$0, 1, n - 1), substr($$0, index($$0, "## ") + 3)}' $(MAKEFILE_LIST)
 
 setup: $(STAMP) ## create .venv and install pileprep with every extra (pyproject.toml)
-$(STAMP): pyproject.toml setup.py model_contract/_varint.c
+$(STAMP): pyproject.toml setup.py model_contract/_varint.c transforms/shard/_shingles.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
 	$(BIN)/pip install -q -e '.[all]'
@@ -88,7 +88,7 @@ bench-profile: $(STAMP) $(SAMPLE_DIR)/.done $(TOKENIZER) ## busy cores per stage
 clean: ## remove out/
 	rm -rf out
 
-env: $(STAMP) ## print versions and whether the C varint codec is active
+env: $(STAMP) ## print versions and whether the C extensions (varint codec, word shingles) are active
 	$(BIN)/pileprep env
 
 flex-template: $(STAMP) ## regenerate the Dataflow Flex Template's metadata.json from the config

@@ -8,4 +8,5 @@ pyproject.toml for it, so workers get exactly the base dependencies and pins.
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("model_contract._varint", ["model_contract/_varint.c"], optional=True)])
+setup(ext_modules=[Extension("model_contract._varint", ["model_contract/_varint.c"], optional=True),
+                   Extension("transforms.shard._shingles", ["transforms/shard/_shingles.c"], optional=True)])

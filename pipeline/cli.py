@@ -341,7 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--seed", type=int, default=0, help="which documents the audit samples")
     verify.add_argument("--tokenizer", default=None, help="SentencePiece model (default: the manifest's)")
 
-    env = _subcommand(sub, "env", cmd_env, "print versions and whether the C varint codec is active")
+    env = _subcommand(sub, "env", cmd_env, "print versions and whether the C extensions (varint codec, word "
+                      "shingles) are active")
     env.add_argument("--json", action="store_true", help="machine-readable output")
 
     help_text = "retrieval-context corpora: chunk database, index, neighbours (docs/RETRIEVAL.md)"

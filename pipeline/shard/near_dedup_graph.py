@@ -28,7 +28,7 @@ from apache_beam.io.filesystems import FileSystems
 from pipeline.errors import ConfigError, RunError
 from transforms.io import io_utils, read_parquet
 from transforms.io.read_records import RawRecord, compression_of, iter_raw_records
-from transforms.shard import decontaminate, doc_ids, near_dedup
+from transforms.shard import decontaminate, doc_ids, near_dedup, stages
 from transforms.shard import near_dedup_band_index as band_index
 from transforms.shard import near_dedup_removals as removals
 from transforms.shard.documents import SPLIT_SHIFT, SPLITS, Document, parse_record
@@ -50,6 +50,55 @@ def enabled(config) -> bool:
 def params_of(config) -> near_dedup.MinHashParams:
     return near_dedup.MinHashParams(config.near_dedup_bands, config.near_dedup_rows, config.seed,
                                     shingles=getattr(config, "near_dedup_shingles", near_dedup.DEFAULT_SHINGLES))
+
+
+def tokenize_signing(config) -> typing.Optional[near_dedup.MinHashParams]:
+    """The params the tokenize stage signs documents with (transforms/shard/stages.py TokenizeSettings), or
+    None: only word shingles without --near-dedup-verify (shingles to stage) or --decontaminate (text to read),
+    where the signatures are all this stage needs of the text. Re-reading and parsing the unit's chunk was a
+    fifth of near-dedup's CPU on distinct text (docs/NEAR_DEDUP.md "Cost")."""
+    if not config.near_dedup or config.near_dedup_verify or config.decontaminate:
+        return None
+    params = params_of(config)
+    return params if params.shingles == "words" and params.sketch == "oph" else None
+
+
+def _staged_signatures(plan, unit, num_perm: int):
+    """(docs [(doc_id, split, source, loc)], signatures) of a unit's distinct documents, in line order, from the
+    signatures its tokenize stage staged (`tokenize_signing`): the same documents, copies and values as signing
+    the text of `_unit_documents` here. None when the file is missing or does not hold one row per indexed
+    document (a unit staged by a run that signed nothing): the caller then reads the text."""
+    path = stages.unit_signatures_path(plan.staging_dir, unit.name)
+    dtype = stages.unit_signatures_dtype(num_perm)
+    if unit.n_docs == 0:
+        return [], np.zeros((0, num_perm), dtype=near_dedup.SIGNATURE_DTYPE)
+    if not io_utils.exists(path):
+        return None
+    data = io_utils.read_bytes(path)
+    if len(data) != unit.n_docs * dtype.itemsize:
+        return None
+    staged = np.frombuffer(data, dtype=dtype)
+    by_line = np.argsort(staged["line"], kind="stable")
+    lines = staged["line"][by_line]
+    with io_utils.open_read(unit.index_path) as f:
+        rows = read_index_rows(f, 0, unit.n_docs)
+    held = np.zeros(rows.size, dtype=bool)
+    for committed in getattr(plan, "committed_id_indexes", ()):  # as _unit_documents: exact copies of committed
+        held |= doc_ids.IdIndex(committed).contains(rows["doc_id"])  # documents take no part
+    rows = rows[~held]
+    best: dict = {}
+    for r in rows[np.argsort(rows["line"], kind="stable")]:  # the first line of the highest split, as there
+        doc_id, split, line = int(r["doc_id"]), int(r["key"] >> np.uint64(SPLIT_SHIFT)), int(r["line"])
+        cur = best.get(doc_id)
+        if cur is None or split > cur[2]:
+            best[doc_id] = (line, doc_id, split, unit.sources[int(r["source_idx"])])
+    chosen = sorted(best.values())
+    want = np.array([c[0] for c in chosen], dtype=np.uint64)
+    at = np.minimum(np.searchsorted(lines, want), max(lines.size - 1, 0))
+    if lines.size == 0 or not np.array_equal(lines[at], want):
+        raise IOError(f"{unit.name}: staged near-dedup signatures do not match its index (staging damaged)")
+    sigs = staged["sig"][by_line[at]]
+    return [(doc_id, split, source, (unit.name, line)) for line, doc_id, split, source in chosen], sigs
 
 
 def eval_files(config) -> list:
@@ -180,11 +229,21 @@ class SignUnit(beam.DoFn):
             shingle_file = io_utils.open_write(shingle_path(self.plan.staging_dir, unit.name)).__enter__()
         staged = [shingle_file, 0]  # the unit's shingle file and the shingles written to it so far
         try:
+            staged_sigs = (_staged_signatures(self.plan, unit, self.params.num_perm)
+                           if tokenize_signing(cfg) is not None else None)
+            if staged_sigs is not None:  # signed by the tokenize stage: no text to read here
+                docs, sigs = staged_sigs
+                if docs:
+                    yield ("signed", docs, sigs, near_dedup.band_keys(sigs, self.params) >> np.uint64(1))
+                return
             tokens = cfg.near_dedup and self.params.shingles == "tokens"
             # token shingles need no text; decontamination still does (word n-grams of the text)
             text_docs = _unit_documents(self.plan, unit) if self.eval_set is not None or not tokens else None
             id_docs = _unit_documents(self.plan, unit, text=False) if tokens else None
-            for k, (line, doc_id, split, source, text) in enumerate(text_docs or id_docs):
+            # `is not None`: a unit whose documents are all exact copies of committed ones (or a unit without a
+            # document) has an empty list here, which `or` turned into None (TypeError)
+            unit_docs = text_docs if text_docs is not None else id_docs
+            for k, (line, doc_id, split, source, text) in enumerate(unit_docs):
                 if self.eval_set is not None and split in self.checked_splits:
                     hit = decontaminate.find(text, self.eval_set)
                     if hit is not None:
@@ -212,6 +271,11 @@ class SignUnit(beam.DoFn):
         if self.params.shingles == "tokens":  # unsorted windows suffice for signatures (near_dedup.py)
             sets = near_dedup.token_shingles_batch([b[4] for b in batch], near_dedup.SHINGLE_TOKENS,
                                                    unique=staged[0] is not None)
+        elif staged[0] is None:  # nothing to stage: signatures straight from the texts (C when built, no sort)
+            sigs = near_dedup.word_signatures([b[4] for b in batch], self.params, self.coefficients)
+            docs = [(doc_id, split, source, (unit.name, line)) for doc_id, split, source, line, _t in batch]
+            yield ("signed", docs, sigs, near_dedup.band_keys(sigs, self.params) >> np.uint64(1))
+            return
         else:
             sets = near_dedup.shingles_batch([b[4] for b in batch], self.params.shingle_words)
         docs = []
@@ -677,15 +741,19 @@ def write_band_index_range(task, plan) -> dict:
     num_perm = params_of(plan.config).num_perm
     parts = [(name, a) for name, a in _range_rows(plan, r, names) if a.size]
     rows = np.concatenate([a for _n, a in parts]) if parts else np.zeros(0, dtype=BAND_ROW)
-    sigs = (np.concatenate([_unit_sigs(plan, name)[a["doc"].astype(np.int64)] for name, a in parts]) if parts
-            else np.zeros((0, num_perm), dtype=near_dedup.SIGNATURE_DTYPE))
+    # the units' signature tables once (a document's row in them), not a signature per band row
+    tables = [_unit_sigs(plan, name) for name, _a in parts]
+    offsets = np.cumsum([0] + [t.shape[0] for t in tables[:-1]]).tolist()
+    sigs = np.concatenate(tables) if tables else np.zeros((0, num_perm), dtype=near_dedup.SIGNATURE_DTYPE)
+    sig_rows = (np.concatenate([a["doc"].astype(np.int64) + off for (_n, a), off in zip(parts, offsets)]) if parts
+                else np.zeros(0, dtype=np.int64))
     removed = np.zeros(rows.size, dtype=bool)
     for _reason, path in indexes:
         if rows.size:
             removed |= doc_ids.IdIndex(path).contains(rows["doc_id"].astype(doc_ids.ID_DTYPE))
     kept = ~removed
-    data = band_index.encode_arrays(rows["key"][kept], rows["doc_id"][kept], rows["split"][kept], sigs[kept],
-                                    num_perm)
+    data = band_index.encode_arrays(rows["key"][kept], rows["doc_id"][kept], rows["split"][kept], sigs,
+                                    num_perm, sig_rows[kept])
     path = io_utils.join(plan.data_dir, band_index.FILE_PATTERN.format(r))
     io_utils.write_bytes(path, data)
     return {"range": r, "path": path, "rows": len(data) // band_index.row_dtype(num_perm).itemsize,

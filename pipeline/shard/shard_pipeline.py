@@ -101,7 +101,8 @@ class TokenizeChunk(PlanDoFn):
         self.sp, self.byte_mask, long_docs = worker_cache.cached(model_bytes, options, lambda: self._load(model_bytes))
         self.dtype = tokenizer.token_dtype(self.plan.contract.tokenizer.vocab_size)
         self.settings = stages.TokenizeSettings(cfg.text_field, tuple(cfg.source_fields), cfg.val_fraction,
-                                                cfg.test_fraction, cfg.seed, self.plan.input_splits, long_docs)
+                                                cfg.test_fraction, cfg.seed, self.plan.input_splits, long_docs,
+                                                near_dedup_graph.tokenize_signing(cfg))
 
     def _load(self, model_bytes: bytes) -> tuple:
         cfg = self.plan.config

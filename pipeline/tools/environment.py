@@ -1,7 +1,8 @@
 """`pileprep env`: what is installed and active, for bug reports and for checking a worker image.
 
 The C varint codec (model_contract/_varint.c) is optional: an install without a compiler silently falls back to
-the numpy path, which is byte-identical but ~25x slower at encoding. This says which one runs.
+the numpy path, which is byte-identical but ~25x slower at encoding. This says which one runs; likewise for the
+C word-shingle path of --near-dedup (transforms/shard/_shingles.c, bit-identical to its numpy fallback).
 """
 from __future__ import annotations
 
@@ -33,18 +34,30 @@ def c_codec() -> dict:
     return {"active": fast is not None, "path": getattr(fast, "__file__", None)}
 
 
+def c_shingles() -> dict:
+    """Whether transforms.shard's C word-shingle extension (_shingles.c, --near-dedup) is loaded, and from where."""
+    from transforms.shard import near_dedup  # noqa: PLC0415
+
+    fast = getattr(near_dedup, "_fast", None)
+    return {"active": fast is not None, "path": getattr(fast, "__file__", None)}
+
+
 def report() -> dict:
     return {"pileprep": PILEPREP_VERSION, "python": platform.python_version(), "executable": sys.executable,
-            "platform": platform.platform(), "packages": package_versions(), "c_varint_codec": c_codec()}
+            "platform": platform.platform(), "packages": package_versions(), "c_varint_codec": c_codec(),
+            "c_shingles": c_shingles()}
 
 
 def format_report(r: dict) -> str:
-    codec = r["c_varint_codec"]
+    codec, shingles = r["c_varint_codec"], r.get("c_shingles", {"active": False, "path": None})
     lines = [f"pileprep        {r['pileprep']}", f"python          {r['python']} ({r['executable']})",
              f"platform        {r['platform']}",
              "C varint codec  " + (f"active ({codec['path']})" if codec["active"]
                                    else "NOT active: numpy fallback (~25x slower encoding); reinstall with a C "
-                                        "compiler: pip install -e . --no-build-isolation")]
+                                        "compiler: pip install -e . --no-build-isolation"),
+             "C shingles      " + (f"active ({shingles['path']})" if shingles["active"]
+                                   else "NOT active: numpy fallback (--near-dedup's word shingles cost more CPU); "
+                                        "reinstall with a C compiler")]
     for name, version in r["packages"].items():
         lines.append(f"{name:<15} {version or '-'}")
     return "\n".join(lines)

@@ -135,3 +135,32 @@ def test_the_runner_shuffle_reads_the_committed_band_index_the_same_way(builds, 
     band_bytes = [[(out_dir / e["path"]).read_bytes() for e in m[near_dedup_graph.BAND_INDEXES]]
                   for out_dir, m in ((out, got), (root / "inc", added))]
     assert band_bytes[0] == band_bytes[1]
+
+
+def test_incremental_signatures_from_the_tokenize_stage_are_the_text_paths_bytes(tmp_path, tiny_tokenizer,
+                                                                                 monkeypatch):
+    """Without --near-dedup-verify the tokenize stage signs the documents (docs/NEAR_DEDUP.md "Signed where the
+    text is in memory"); incrementally the near-dedup stage must still leave out exact copies of committed
+    documents (their ids are in a committed doc-ids.idx) and pick the same copies as when it reads the text."""
+    plan = write_corpus(tmp_path)
+    a_text = [t for t, _s in good_documents(400_000) if len(near_dedup.normalised_words(t)) >= 60][3]
+    write_zst(tmp_path / "in" / "c.jsonl.zst", [pile_line(a_text, "C")])  # an exact copy of a committed document
+
+    def build(name):
+        def cfg(inputs):
+            return dataclasses.replace(config(inputs, tmp_path / name, tiny_tokenizer), near_dedup_verify=False)
+        shard_pipeline.run(cfg(str(tmp_path / "in" / "a.*")), IN_MEMORY, progress_every_s=0)
+        return shard_pipeline.run(cfg(str(tmp_path / "in" / "*")), IN_MEMORY, incremental_run=True,
+                                  progress_every_s=0)
+
+    added = build("tokenize-signed")
+    assert filtered(added) == {"near_duplicate": 2, "near_duplicate_of_committed": 5}
+    assert sum(added["duplicates_by_source"].values()) == 1
+    rows = {r["id"] for r in sidecar_rows(tmp_path / "tokenize-signed", added)}
+    assert set(plan["of_committed"]) <= rows and document_id(a_text) not in rows
+    with monkeypatch.context() as m:
+        m.setattr(near_dedup_graph, "tokenize_signing", lambda _config: None)
+        build("text-signed")
+    files = [{str(p.relative_to(tmp_path / d)): p.read_bytes() for p in sorted((tmp_path / d).rglob("*"))
+              if p.is_file() and "_staging" not in p.parts} for d in ("tokenize-signed", "text-signed")]
+    assert files[0].keys() == files[1].keys() and [k for k in files[0] if files[0][k] != files[1][k]] == []

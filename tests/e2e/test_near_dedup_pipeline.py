@@ -68,10 +68,10 @@ def unique_passage(docs: list) -> tuple:
 def config(root: pathlib.Path, out: pathlib.Path, tokenizer: str, **kw) -> ShardConfig:
     """--near-dedup-verify (staged shingles read back by whichever worker checks a pair) and 3 rounds (pairs
     converge in 2): every unrolled round is a stage, which on DaskRunner costs seconds."""
-    kw = {"near_dedup_verify": True, "near_dedup_rounds": 3, **kw}
+    kw = {"near_dedup_verify": True, "near_dedup_rounds": 3, "decontaminate": (str(root / "eval.jsonl"),), **kw}
     return ShardConfig(inputs=(str(root / "in" / "*"),), output=str(out), tokenizer=tokenizer, seq_len=128,
                        num_shards=2, unit_mb=0.05, val_inputs=(str(root / "val.jsonl"),), near_dedup=True,
-                       decontaminate=(str(root / "eval.jsonl"),), decontaminate_field="question.text", **kw)
+                       decontaminate_field="question.text", **kw)
 
 
 def files_of(out: pathlib.Path) -> dict:
@@ -220,3 +220,39 @@ def test_token_shingles_remove_verbatim_near_copies_from_the_token_ids(tmp_path,
     assert manifest["config"]["near_dedup_shingles"] == "tokens"
     r = manifest["records"]
     assert r["read"] == r["written"] + sum(r["filtered"].values()) + sum(r["dead_lettered"].values())
+
+
+def test_signatures_from_the_tokenize_stage_and_from_the_c_path_write_the_same_bytes(tmp_path, tiny_tokenizer,
+                                                                                     monkeypatch):
+    """Word shingles without --near-dedup-verify or --decontaminate: the tokenize stage signs each document
+    while its text is in memory (stages.TokenizeSettings.near_dedup_params) and the near-dedup stage reads no
+    text at all. The same bytes as signing re-read text in the near-dedup stage, and as the numpy path without
+    the C extension (transforms/shard/_shingles.c). One input file holds no document (its unit has none)."""
+    from pipeline.shard import near_dedup_graph
+
+    plan = write_corpus(tmp_path)
+    write_zst(tmp_path / "in" / "c.jsonl.zst", [pile_line("   ", "Blank")])  # a unit without a document
+
+    def run(name):
+        cfg = config(tmp_path, tmp_path / name, tiny_tokenizer, near_dedup_verify=False, decontaminate=())
+        return shard_pipeline.run(cfg, IN_MEMORY, progress_every_s=0)
+
+    def no_text(*_a, **_k):
+        raise AssertionError("the near-dedup stage read the chunk although the tokenize stage signed it")
+
+    with monkeypatch.context() as m:
+        m.setattr(near_dedup_graph, "_unit_documents", no_text)
+        manifest = run("tokenize-signed")
+    near = {r["id"]: r for r in sidecar_rows(tmp_path / "tokenize-signed", manifest)}
+    for original, copy in zip(plan["originals"][1:], plan["copies"]):
+        assert near[copy]["keeper"] == original if original < copy else near[original]["keeper"] == copy
+    assert len(near) == PLANTED and manifest["records"]["filtered"]["near_duplicate"] == PLANTED
+    with monkeypatch.context() as m:
+        m.setattr(near_dedup_graph, "tokenize_signing", lambda _config: None)
+        run("text-signed")
+    assert_same_files(tmp_path / "tokenize-signed", tmp_path / "text-signed")
+    if near_dedup._fast is not None:
+        with monkeypatch.context() as m:
+            m.setattr(near_dedup, "_fast", None)
+            run("numpy")
+        assert_same_files(tmp_path / "tokenize-signed", tmp_path / "numpy")

@@ -19,11 +19,17 @@ benchmarked without a runner (bench/near_dedup_bench.py).
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Iterable, Optional
 
 import numpy as np
+
+try:  # optional C accelerator of the word-shingle path (setup.py builds it; bit-identical to the numpy path)
+    from transforms.shard import _shingles as _fast
+except ImportError:  # pragma: no cover - exercised where no compiler was available
+    _fast = None
 
 SHINGLE_WORDS = 5
 SHINGLE_KINDS = ("words", "tokens")
@@ -165,15 +171,72 @@ def _sorted_unique(h: np.ndarray) -> np.ndarray:
 
 
 def shingles_batch(texts: list, n: int = SHINGLE_WORDS) -> list:
-    """`shingles` of each text, the same arrays, computed together: the ASCII texts joined by a space (a
-    non-word, so no word spans two texts) get their word hashes and window hashes in one pass each, and each
-    text's windows are the slice that lies inside it; per-text numpy calls (five mixes per window position)
-    were a third of shingling on ~5 kB documents (docs/NEAR_DEDUP.md "Cost")."""
+    """`shingles` of each text, the same arrays, computed together. With the C extension (`_shingles.c`) the
+    ASCII texts' windows come from one C pass and each text's slice is sorted here; a non-ASCII text takes the
+    Python path (`_python_shingles`: Unicode lower() and `\\w`). Without it, `_shingles_batch_numpy`."""
+    if _fast is None:
+        return _shingles_batch_numpy(texts, n)
+    texts = list(texts)
+    flat, counts = _c_windows(texts, n)
+    out: list = [None] * len(texts)
+    at = 0
+    for i, c in enumerate(counts.tolist()):
+        if c < 0:
+            out[i] = _python_shingles(texts[i], n)
+        else:
+            out[i] = _sorted_unique(flat[at:at + c])
+            at += c
+    return out
+
+
+def _c_windows(texts: list, n: int) -> tuple:
+    """(window hashes of the ASCII texts, uint64; count per text, int64, -1 for a non-ASCII text) by the C
+    extension: the values of `_ascii_words` + `_window_hashes`, unsorted, repeats kept."""
+    flat, counts = _fast.windows(texts, n)
+    return np.frombuffer(flat, dtype="<u8"), np.frombuffer(counts, dtype="<i8")
+
+
+def word_signatures(texts: list, params: "MinHashParams", coefficients: Optional[tuple] = None) -> np.ndarray:
+    """`signatures(shingles_batch(texts), params)`, the same values: with the C extension and the default
+    one-permutation sketch straight from the texts' window hashes (a bin's minimum is the same over the windows
+    with repeats as over the sorted unique set, so nothing is sorted); non-ASCII texts' windows from the Python
+    path. The shard job calls this when it stages no shingles (no --near-dedup-verify)."""
+    if _fast is None or params.sketch != "oph":
+        return signatures(shingles_batch(texts, params.shingle_words), params, coefficients)
+    texts = list(texts)
+    flat, counts = _c_windows(texts, params.shingle_words)
+    if (counts < 0).any():  # the non-ASCII texts' shingles spliced in where their windows would be
+        parts, at, fixed = [], 0, counts.copy()
+        for i, c in enumerate(counts.tolist()):
+            if c < 0:
+                sh = _python_shingles(texts[i], params.shingle_words)
+                parts.append(sh)
+                fixed[i] = sh.size
+            else:
+                parts.append(flat[at:at + c])
+                at += c
+        flat = np.concatenate(parts) if parts else flat
+        counts = fixed
+    return _c_oph(flat, counts, params)
+
+
+def _c_oph(flat: np.ndarray, counts: np.ndarray, params: "MinHashParams") -> np.ndarray:
+    salt, donors = _oph_tables(params)
+    out = _fast.oph(np.ascontiguousarray(flat, dtype="<u8"), np.ascontiguousarray(counts, dtype="<i8"),
+                    params.num_perm, int(salt), np.ascontiguousarray(donors, dtype="<i8"))
+    return np.frombuffer(out, dtype=SIGNATURE_DTYPE).reshape(len(counts), params.num_perm).copy()
+
+
+def _shingles_batch_numpy(texts: list, n: int = SHINGLE_WORDS) -> list:
+    """`shingles_batch` without the C extension: the ASCII texts joined by a space (a non-word, so no word spans
+    two texts) get their word hashes and window hashes in one pass each, and each text's windows are the slice
+    that lies inside it; per-text numpy calls (five mixes per window position) were a third of shingling on
+    ~5 kB documents (docs/NEAR_DEDUP.md "Cost")."""
     out: list = [None] * len(texts)
     ascii_at = [i for i, t in enumerate(texts) if t.isascii()]
     for i, t in enumerate(texts):
         if not t.isascii():
-            out[i] = shingles(t, n)
+            out[i] = _python_shingles(t, n)
     if not ascii_at:
         return out
     joined = " ".join(texts[i] for i in ascii_at)
@@ -196,7 +259,14 @@ def shingles_batch(texts: list, n: int = SHINGLE_WORDS) -> list:
 def shingles(text: str, n: int = SHINGLE_WORDS) -> np.ndarray:
     """Sorted unique 64-bit shingle hashes of a text (empty for a text without words). The same values as
     `ngram_hashes(normalised_words(text), n)`, without building the word list: non-word runs become one space
-    (ASCII text: straight from its bytes, `_ascii_word_hashes`)."""
+    (ASCII text: straight from its bytes, `_ascii_word_hashes`; with the C extension, `shingles_batch`)."""
+    if _fast is not None and text.isascii():
+        return shingles_batch([text], n)[0]
+    return _python_shingles(text, n)
+
+
+def _python_shingles(text: str, n: int = SHINGLE_WORDS) -> np.ndarray:
+    """`shingles` in numpy (non-ASCII text: Unicode `str.lower()` and `\\W+`)."""
     words = (_ascii_word_hashes(text) if text.isascii()
              else _joined_word_hashes(_NON_WORD.sub(" ", text.lower()).strip(" ")))
     return _sorted_unique(_window_hashes(words, n))
@@ -277,7 +347,17 @@ def oph_signatures(shingle_sets: list, params: MinHashParams) -> np.ndarray:
     top bits pick one of `num_perm` bins, the minimum of its low 32 bits per bin is the bin's value. An empty
     bin borrows the value of the first non-empty bin along a seeded sequence of bins that depends only on the
     bin (the same for every document), so two documents still agree on a bin with probability = Jaccard.
-    One hash pass instead of `num_perm` (docs/NEAR_DEDUP.md "Cost")."""
+    One hash pass instead of `num_perm` (docs/NEAR_DEDUP.md "Cost"). With the C extension, one loop over the
+    shingles (`_c_oph`); else `_oph_signatures_numpy`."""
+    if _fast is not None:
+        sizes = np.array([len(s) for s in shingle_sets], dtype=np.int64)
+        flat = (np.concatenate([np.asarray(s, dtype=np.uint64) for s in shingle_sets]) if int(sizes.sum())
+                else np.zeros(0, dtype=np.uint64))
+        return _c_oph(flat, sizes, params)
+    return _oph_signatures_numpy(shingle_sets, params)
+
+
+def _oph_signatures_numpy(shingle_sets: list, params: "MinHashParams") -> np.ndarray:
     k = params.num_perm
     out = np.full((len(shingle_sets), k), 0xFFFFFFFF, dtype=SIGNATURE_DTYPE)
     nonempty = [i for i, s in enumerate(shingle_sets) if len(s)]
@@ -317,11 +397,14 @@ def oph_signatures(shingle_sets: list, params: MinHashParams) -> np.ndarray:
     return out
 
 
+@functools.lru_cache(maxsize=8)
 def _oph_tables(params: MinHashParams) -> tuple:
     """(salt, donor bins [attempt, bin]) of one seed: the densification sequence of every bin."""
     rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([0x6F706868, params.seed & _M64])))
     salt = rng.integers(0, 1 << 63, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-    return salt, rng.integers(0, params.num_perm, size=(OPH_DONOR_ATTEMPTS, params.num_perm))
+    donors = rng.integers(0, params.num_perm, size=(OPH_DONOR_ATTEMPTS, params.num_perm))
+    donors.flags.writeable = False  # cached (one seed's tables serve every batch): shared, so read-only
+    return salt, donors
 
 
 def minhash_signatures(shingle_sets: list, params: MinHashParams, coefficients: Optional[tuple] = None) -> np.ndarray:
@@ -349,6 +432,14 @@ def minhash_signatures(shingle_sets: list, params: MinHashParams, coefficients: 
 
 def band_keys(sigs: np.ndarray, params: MinHashParams) -> np.ndarray:
     """(documents, bands) uint64: one bucket key per band (the band's index is mixed in, so bands never meet)."""
+    sigs = np.atleast_2d(sigs)
+    if _fast is not None and sigs.shape[1] == params.num_perm:
+        out = _fast.band_keys(np.ascontiguousarray(sigs, dtype=SIGNATURE_DTYPE), params.bands, params.rows)
+        return np.frombuffer(out, dtype="<u8").reshape(sigs.shape[0], params.bands).astype(np.uint64)
+    return _band_keys_numpy(sigs, params)
+
+
+def _band_keys_numpy(sigs: np.ndarray, params: "MinHashParams") -> np.ndarray:
     sigs = np.atleast_2d(sigs)
     keys = np.empty((sigs.shape[0], params.bands), dtype=np.uint64)
     for band in range(params.bands):

@@ -10,13 +10,14 @@ the input and config, so a retried bundle rewrites identical bytes (Beam may run
 from __future__ import annotations
 
 import collections
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
 
 from model_contract import frame_examples
-from transforms.shard import corpus_stats, doc_ids, mixture, near_dedup_removals
+from transforms.shard import corpus_stats, doc_ids, mixture, near_dedup, near_dedup_removals
 from transforms.io import io_utils, read_parquet
 from transforms.tokenize import tokenizer
 from transforms.tokenize.long_documents import PRETOKEN_TOO_LONG
@@ -201,9 +202,23 @@ class TokenizeSettings:
     seed: int
     input_splits: tuple = ()  # per file_idx: HASHED (train inputs) or the split a --val/--test-input goes to
     long_documents: Optional[object] = None  # transforms/tokenize/long_documents.py: LongDocuments
+    # --near-dedup with word shingles and nothing else reading the text (no --near-dedup-verify, no
+    # --decontaminate): sign each document here, where its text is already in memory, and stage the signatures
+    # (`unit_signatures_path`); the near-dedup stage reads them instead of re-reading and parsing the chunk.
+    near_dedup_params: Optional[near_dedup.MinHashParams] = None
 
     def input_split(self, file_idx: int) -> int:
         return self.input_splits[file_idx] if file_idx < len(self.input_splits) else HASHED
+
+
+def unit_signatures_dtype(num_perm: int) -> np.dtype:
+    """A staged signature row: the document's line in its input file and its `num_perm` one-permutation values."""
+    return np.dtype([("line", "<u8"), ("sig", near_dedup.SIGNATURE_DTYPE, (num_perm,))])
+
+
+def unit_signatures_path(staging_dir: str, unit_name: str) -> str:
+    """The tokenize stage's near-dedup signatures of a unit's documents (TokenizeSettings.near_dedup_params)."""
+    return io_utils.join(staging_dir, "near-dedup", "unit-signatures", unit_name + ".sigs")
 
 
 def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: TokenizeSettings, staging_dir: str,
@@ -227,6 +242,10 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
     if byte_mask is None:
         byte_mask = corpus_stats.byte_piece_mask(sp)
     spot_before = dict(getattr(sp, "counts", {}))
+    signing = settings.near_dedup_params
+    files = contextlib.ExitStack()
+    sig_file = files.enter_context(io_utils.open_write(unit_signatures_path(staging_dir, chunk.unit_name))) \
+        if signing is not None else None
 
     def flush():
         nonlocal batch, batch_chars
@@ -234,6 +253,12 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
             return
         check_cancelled()  # between batches (~0.1 s of tokenizing each): see pipeline/shard/cancel.py
         encoded = tokenizer.encode_batch(sp, [doc.text for _, doc in batch], settings.long_documents)
+        if sig_file is not None:  # the documents that get an index row, signed together
+            kept = [(line, doc.text) for (line, doc), ids in zip(batch, encoded) if ids is not None]
+            signed = np.zeros(len(kept), dtype=unit_signatures_dtype(signing.num_perm))
+            signed["line"] = [line for line, _t in kept]
+            signed["sig"] = near_dedup.word_signatures([t for _l, t in kept], signing)
+            sig_file.write(signed.tobytes())
         for (line, doc), ids in zip(batch, encoded):
             if ids is None:  # a stretch over --max-pretoken-mb without a piece boundary (long_documents.py)
                 stats.dead_letter(PRETOKEN_TOO_LONG)
@@ -251,7 +276,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
             corpus_stats.add_tokenized(source_stats, doc.source, doc.text, arr, byte_mask)
         batch, batch_chars = [], 0
 
-    with io_utils.open_read(chunk.chunk_path) as f:
+    with files, io_utils.open_read(chunk.chunk_path) as f:
         for line, data in iter_chunk(f):
             stats.read += 1
             result = parse_record(data, settings.text_field, settings.source_fields)
@@ -266,7 +291,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
                 dead.append(dead_letter_row(chunk.input_path, line, result.reason, result.excerpt))
             else:
                 stats.filter(result.reason)
-    flush()
+        flush()
     if stats.read != chunk.records:  # the spill file lost records: fail loudly, never drop them
         raise IOError(f"{chunk.chunk_path}: holds {stats.read} records, the split stage wrote {chunk.records}")
 

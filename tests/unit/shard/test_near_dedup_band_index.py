@@ -144,13 +144,18 @@ def test_band_index_from_arrays_is_the_same_bytes_as_from_nodes():
     sigs = nd.signatures([nd.shingles(t) for t in texts], PARAMS)
     keys = nd.band_keys(sigs, PARAMS) >> np.uint64(1)
     docs = [(100 + i, i % 3, i) for i in range(6)] + [(100, 2, 0), (103, 0, 3)]  # (id, split, text) copies
-    nodes, cols = [], ([], [], [], [])
+    nodes, cols, rows_of = [], ([], [], [], []), []
     for n, (doc_id, split, t) in enumerate(docs):
         node = nd.Node(nd.rank(split, doc_id), doc_id, split, sigs[t].tobytes(), "s", ("u", n))
         for k in keys[t].tolist():
             nodes.append((k, node))
+            rows_of.append(t)
             for col, v in zip(cols, (k, doc_id, split, sigs[t])):
                 col.append(v)
-    arrays = bi.encode_arrays(np.array(cols[0], dtype=np.uint64), np.array(cols[1], dtype=np.uint64),
-                              np.array(cols[2], dtype=np.uint8), np.array(cols[3]), PARAMS.num_perm)
+    key_col, id_col, split_col = (np.array(cols[0], dtype=np.uint64), np.array(cols[1], dtype=np.uint64),
+                                  np.array(cols[2], dtype=np.uint8))
+    arrays = bi.encode_arrays(key_col, id_col, split_col, np.array(cols[3]), PARAMS.num_perm)
     assert arrays == bi.encode(nodes, PARAMS.num_perm)
+    # the job's form: one signature table row per document, each band row naming its document's row
+    assert bi.encode_arrays(key_col, id_col, split_col, sigs, PARAMS.num_perm,
+                            np.array(rows_of, dtype=np.int64)) == arrays
