@@ -103,10 +103,21 @@ def _root_path(root: str, staging_dir: str, data_dir: str, rel: str) -> str:
     return io_utils.join(staging_dir if root == STAGING else data_dir, rel)
 
 
-def _unit_files(name: str, dead_letter: bool) -> list:
-    """(root, relative path) of every file tokenize_chunk writes for unit `name` (transforms/shard/stages.py)."""
+def _unit_files(name: str, dead_letter: bool, signed: bool = False) -> list:
+    """(root, relative path) of every file tokenize_chunk writes for unit `name` (transforms/shard/stages.py):
+    with `signed`, the near-dedup signatures it staged too (`signs_units`)."""
     files = [(STAGING, f"units/{name}.index"), (STAGING, f"units/{name}.tokens")]
+    files += [(STAGING, f"near-dedup/unit-signatures/{name}.sigs")] if signed else []
     return files + ([(DATA, f"dead_letter/{name}.jsonl")] if dead_letter else [])
+
+
+def signs_units(plan) -> bool:
+    """Whether this run's tokenize stage stages near-dedup signatures per unit (near_dedup_graph.tokenize_signing):
+    decided by the config, so by the fingerprint every marker carries."""
+    from pipeline.shard import near_dedup_graph  # noqa: PLC0415 - near_dedup_graph → … → ops.guards → this module
+
+    config = plan.config
+    return bool(getattr(config, "near_dedup", False)) and near_dedup_graph.tokenize_signing(config) is not None
 
 
 def _split_files(file_idx: int, chunks: int, dead_letter: bool) -> list:
@@ -263,7 +274,7 @@ def _write_marker(staging_dir: str, data_dir: str, generation: str, name: str, r
 def mark_unit(plan, unit: "stages.UnitResult") -> None:
     """After every file of the unit is written: its completion marker, last."""
     _write_marker(plan.staging_dir, plan.data_dir, plan.generation, unit_marker_name(unit.name), unit_record(unit),
-                  _unit_files(unit.name, unit.dead_letter_path is not None))
+                  _unit_files(unit.name, unit.dead_letter_path is not None, signs_units(plan)))
 
 
 def mark_split(plan, out: SplitOutput) -> None:
@@ -393,7 +404,7 @@ def check_marker(plan, name: str, hashes: bool = False) -> dict:
         if unit_marker_name(unit.name) != name:
             raise Discard("the unit it describes has another name")
         file_idx, input_path = unit.file_idx, unit.input_path
-        expected = _unit_files(unit.name, unit.dead_letter_path is not None)
+        expected = _unit_files(unit.name, unit.dead_letter_path is not None, signs_units(plan))
     else:
         split = split_from_record(rec, plan.staging_dir, plan.data_dir)
         file_idx, input_path = split.result.file_idx, split.result.input_path

@@ -174,10 +174,18 @@ def test_portable_runner_through_its_own_group_by_key_writes_the_same_bytes(buil
     assert_same_files(root / "one", tmp_path / "portable")
 
 
-def test_a_rerun_after_a_failure_while_packing_skips_the_finished_near_dedup_stage(built, tmp_path, monkeypatch):
+@pytest.mark.parametrize("signed_in_tokenize", [False, True], ids=["text-read", "tokenize-signed"])
+def test_a_rerun_after_a_failure_while_packing_skips_the_finished_near_dedup_stage(built, tmp_path, monkeypatch,
+                                                                                   signed_in_tokenize):
     """The global stage has its own completion marker (pipeline/shard/resume.py NEAR_DEDUP): a run that fails
-    after it keeps it, and the rerun leaves the stage out of its graph and writes the uninterrupted bytes."""
+    after it keeps it, and the rerun leaves the stage out of its graph and writes the uninterrupted bytes. With
+    plain --near-dedup the tokenize stage signs the documents, and each unit's marker names its signatures."""
     root, _plan, _manifest, tok = built
+    kw = {"near_dedup_verify": False, "decontaminate": ()} if signed_in_tokenize else {}
+    twin = root / "one"
+    if signed_in_tokenize:
+        twin = tmp_path / "twin"
+        shard_pipeline.run(config(root, twin, tok, **kw), IN_MEMORY, progress_every_s=0)
     out = tmp_path / "out"
     pack_shard = stages.pack_shard
 
@@ -186,19 +194,22 @@ def test_a_rerun_after_a_failure_while_packing_skips_the_finished_near_dedup_sta
 
     monkeypatch.setattr(stages, "pack_shard", fail)
     with pytest.raises(Exception, match="injected failure while packing"):
-        shard_pipeline.run(config(root, out, tok), IN_MEMORY, progress_every_s=0)
+        shard_pipeline.run(config(root, out, tok, **kw), IN_MEMORY, progress_every_s=0)
     (staging,) = (out / "_staging").glob("gen-*[!s]")  # (not the .progress directory beside it)
     marker = json.loads((staging / "done" / "near-dedup.json").read_text())
     assert {(r["root"], r["path"]) for r in marker["files"]} >= {("staging", "near-dedup/removals.json"),
                                                                 ("data", "near-dedup/summary.json")}
+    units = [json.loads(m.read_text()) for m in (staging / "done").glob("unit-*.json")]
+    signed = [u for u in units if any(r["path"].endswith(".sigs") for r in u["files"])]
+    assert units and len(signed) == (len(units) if signed_in_tokenize else 0)
     monkeypatch.setattr(stages, "pack_shard", pack_shard)
 
     def stage_again(_self, _units):
         raise AssertionError("the near-dedup stage ran again")
 
     monkeypatch.setattr(near_dedup_graph.NearDedup, "expand", stage_again)
-    shard_pipeline.run(config(root, out, tok), IN_MEMORY, progress_every_s=0)
-    assert_same_files(root / "one", out)
+    shard_pipeline.run(config(root, out, tok, **kw), IN_MEMORY, progress_every_s=0)
+    assert_same_files(twin, out)
 
 
 def test_token_shingles_remove_verbatim_near_copies_from_the_token_ids(tmp_path, tiny_tokenizer):
