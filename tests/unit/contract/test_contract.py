@@ -172,3 +172,43 @@ def test_framed_block_refuses_splits_that_do_not_cover_the_values():
                       (np.array([0, 10]), 2)):
         with pytest.raises(ValueError, match="splits"):
             example_codec._fast.frame_int64_examples(((b"\x0a\x01x", values, splits),), n)
+
+
+def test_varint_shortcuts_in_c_give_the_numpy_paths_bytes_at_every_width(monkeypatch):
+    """_varint.c writes a column of one-byte values as a narrowing copy and a value below 2^28 as one 4-byte word
+    (branch-free, while at least 3 values follow), with a branch-free varint size: values on both sides of every
+    7-bit boundary, columns of every length 0..9 (the word store's tail), one-byte columns, and columns that
+    mix all of them must give the numpy path's bytes, in a framed block and in a lone example."""
+    from model_contract import example_codec, frame_examples
+
+    if example_codec._fast is None:
+        pytest.skip("model_contract._varint was not built (no compiler): only the numpy path exists here")
+    edges = [0, 1]
+    for bits in range(7, 63, 7):
+        edges += [(1 << bits) - 1, 1 << bits, (1 << bits) + 1]
+    edges += [2 ** 63 - 1, -1, -2 ** 63, -(1 << 28)]
+    edges = np.array(edges, dtype=np.int64)
+    rng = np.random.default_rng(17)
+    columns_list = []
+    for n in (1, 5, 40):
+        counts = {"a_edges": rng.integers(0, 10, n), "b_one_byte": rng.integers(0, 10, n),
+                  "c_small": rng.integers(0, 10, n)}
+        columns = {}
+        for name, count in counts.items():
+            splits = np.concatenate(([0], np.cumsum(count)))
+            size = int(splits[-1])
+            if name == "a_edges":
+                values = rng.choice(edges, size)
+            elif name == "b_one_byte":
+                values = rng.integers(0, 128, size)
+            else:
+                values = rng.integers(0, 1 << 28, size) >> rng.integers(0, 28, size)  # 1 to 4 bytes
+            columns[name] = (values.astype(np.int64), splits)
+        columns_list.append((columns, n))
+    singles = [{"x": edges[i:i + k]} for k in range(0, 10) for i in range(0, edges.size - k, 5)]
+    singles.append({"x": edges})
+    fast_blocks = [frame_examples(columns, n) for columns, n in columns_list]
+    fast_singles = [example_codec.encode_example(f) for f in singles]
+    monkeypatch.setattr(example_codec, "_fast", None)
+    assert fast_blocks == [frame_examples(columns, n) for columns, n in columns_list]
+    assert fast_singles == [example_codec.encode_example(f) for f in singles]
