@@ -79,8 +79,11 @@ def _build_block(pieces: list, seq_len: int, pad_id: int) -> PackedBlock:
     real = int(lengths.sum())
     n = -(-real // seq_len)
     total = n * seq_len
-    stream = np.full(total, pad_id, dtype=np.int64)
+    # Every dense array is allocated once and written once: the tokens (any integer dtype, cast here) and the
+    # padding tail, with no fill of the whole array before (each pass over a block is ~1 MiB of int64).
+    stream = np.empty(total, dtype=np.int64)
     np.concatenate(arrays, out=stream[:real], casting="unsafe")
+    stream[real:] = pad_id
     starts = np.zeros(len(arrays), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
     cuts = np.union1d(starts, np.arange(0, real, seq_len, dtype=np.int64))  # every example piece's start
@@ -90,10 +93,12 @@ def _build_block(pieces: list, seq_len: int, pad_id: int) -> PackedBlock:
     splits = np.searchsorted(cuts, np.arange(0, total + 1, seq_len, dtype=np.int64))  # the last is cuts.size
     piece_len = np.diff(np.append(cuts, real))
     segment = np.arange(1, cuts.size + 1, dtype=np.int64) - np.repeat(splits[:-1], np.diff(splits))
-    segment_ids = np.zeros(total, dtype=np.int64)
+    segment_ids = np.empty(total, dtype=np.int64)
     segment_ids[:real] = np.repeat(segment, piece_len)
-    positions = np.zeros(total, dtype=np.int64)
-    positions[:real] = np.arange(real, dtype=np.int64) - np.repeat(cuts, piece_len)
+    segment_ids[real:] = 0
+    positions = np.arange(total, dtype=np.int64)
+    positions[:real] -= np.repeat(cuts, piece_len)
+    positions[real:] = 0
     return PackedBlock(stream.reshape(n, seq_len), segment_ids.reshape(n, seq_len), positions.reshape(n, seq_len),
                        doc_ids, offsets, splits, total - real)
 

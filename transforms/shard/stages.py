@@ -509,7 +509,16 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
     kept_ids: list = []
     dropped: dict = collections.Counter()
     stats: dict = {}
-    eos = np.array([eos_id], dtype=np.int64)
+    eos_of: dict = {}  # token dtype -> EOS as a 1-array of it (int64 where the id does not fit the dtype)
+
+    def with_eos(body: np.ndarray) -> np.ndarray:
+        # Kept in the spill's dtype (uint16 for a 32k vocabulary): the packer casts every token to int64 once, as
+        # it copies it into its block, instead of a cast here and a copy there.
+        eos = eos_of.get(body.dtype)
+        if eos is None:
+            fits = np.issubdtype(body.dtype, np.integer) and np.iinfo(body.dtype).min <= eos_id <= np.iinfo(body.dtype).max
+            eos = eos_of[body.dtype] = np.array([eos_id], dtype=body.dtype if fits else np.int64)
+        return np.concatenate((body, eos))
 
     def unique_documents():
         previous_doc = None
@@ -544,7 +553,7 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
 
     def documents():
         for doc_id, source_name, (input_path, body), repeat in copies:
-            tokens = np.concatenate((body.astype(np.int64), eos))
+            tokens = with_eos(body)
             source = sources[source_name]
             source["documents"] += 1
             source["tokens"] += tokens.size
