@@ -2,6 +2,7 @@
 
     python bench/pack_bench.py capture CORPUS OUT [--tokenizer MODEL]   # one `pileprep shard`, in-memory runner
     python bench/pack_bench.py replay OUT [--repeats 3] [--profile FILE]
+    python bench/pack_bench.py frame SO [SO ...]   # built _varint modules against each other, on the same blocks
 
 `capture` runs the bench's `pileprep shard` command line (bench/shard_bench.py `shard_args`, Beam's FnApiRunner
 in memory, one worker, so every stage runs in this process) with `stages.pack_shard` wrapped: each call's
@@ -9,7 +10,9 @@ arguments are pickled to OUT/pack-capture/NNNN.pkl and the job's CPU-s (time.pro
 job) and the CPU-s spent inside pack_shard are printed. `replay` calls pack_shard again on every captured
 shard, writing into a scratch directory, `--repeats` times, and prints each pass's CPU-s (process_time: the
 figure a busy shared machine spoils least) and the minimum, with the sha256 of every file written (the shards
-and id files must not change with an optimisation).
+and id files must not change with an optimisation). `frame` times `frame_int64_examples` of each given build of
+model_contract/_varint (a .so file) on the same blocks of synthetic Zipf-skewed ids (8.8 M tokens), each block
+framed 7 times in a row (hot in cache, as after `_build_block`), best of 7 summed, and checks the bytes agree.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from transforms.shard import stages  # noqa: E402
 BEAM_ARGS = ["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 
 
-def capture(corpus: str, out: str, tokenizer: str, seq_len: int) -> None:
+def capture(corpus: str, out: str, tokenizer: str, seq_len: int, profile_path: str | None = None) -> None:
     import shard_bench as sb  # noqa: PLC0415
     from pipeline import cli  # noqa: PLC0415
 
@@ -45,6 +48,7 @@ def capture(corpus: str, out: str, tokenizer: str, seq_len: int) -> None:
     shutil.rmtree(os.path.join(out, "kept-staging"), ignore_errors=True)
     real = stages.pack_shard
     spent = [0.0, 0]
+    profile = cProfile.Profile() if profile_path else None  # the pack_shard calls only
 
     def wrapped(*args, **kwargs):
         if spent[1] == 0:  # every unit is staged by now: keep a copy, the job removes its staging when it commits
@@ -53,9 +57,13 @@ def capture(corpus: str, out: str, tokenizer: str, seq_len: int) -> None:
             pickle.dump((args, kwargs), f, protocol=pickle.HIGHEST_PROTOCOL)
         spent[1] += 1
         t = time.process_time()
+        if profile is not None:
+            profile.enable()
         try:
             return real(*args, **kwargs)
         finally:
+            if profile is not None:
+                profile.disable()
             spent[0] += time.process_time() - t
 
     stages.pack_shard = wrapped
@@ -63,6 +71,8 @@ def capture(corpus: str, out: str, tokenizer: str, seq_len: int) -> None:
     t = time.process_time()
     rc = cli.main(argv)
     job = time.process_time() - t
+    if profile is not None:
+        profile.dump_stats(profile_path)
     print(f"rc {rc}  job CPU-s {job:.2f}  pack_shard CPU-s {spent[0]:.2f} in {spent[1]} calls")
 
 
@@ -107,6 +117,40 @@ def replay(out: str, repeats: int, profile: str | None) -> None:
     print(f"pack_shard on {len(calls)} shards: min {best:.3f} CPU-s")
 
 
+def frame(builds: list) -> None:
+    import importlib.util  # noqa: PLC0415
+
+    import numpy as np  # noqa: PLC0415
+
+    from model_contract.example_codec import _key_field  # noqa: PLC0415
+    from transforms.shard.packing import pack_blocks  # noqa: PLC0415
+
+    rng = np.random.default_rng(0)
+    docs = []
+    for _ in range(3000):
+        n = int(rng.lognormal(7.5, 1.0)) + 1
+        docs.append((int(rng.integers(0, 2 ** 63 - 1)), np.minimum(rng.zipf(1.2, n), 31999).astype(np.int64)))
+    calls = [(tuple((_key_field(k), v, s) for k, (v, s) in sorted(b.columns().items())), b.examples)
+             for b in pack_blocks(docs, 2048, 0)]
+    outputs = []
+    for path in builds:
+        spec = importlib.util.spec_from_file_location("model_contract._varint", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        spent, out = 0.0, []
+        for columns, n in calls:
+            best = float("inf")
+            for _ in range(7):
+                t = time.perf_counter()
+                data = module.frame_int64_examples(columns, n)
+                best = min(best, time.perf_counter() - t)
+            spent += best
+            out.append(data)
+        outputs.append(out)
+        print(f"{path}: {spent * 1e3:.1f} ms for {sum(n for _, n in calls) * 2048} tokens"
+              f"{'' if out == outputs[0] else '  BYTES DIFFER from the first build'}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -116,13 +160,18 @@ def main() -> None:
     c.add_argument("--tokenizer", default=os.path.join(os.path.dirname(REPO), "shared", "data", "tokenizers",
                                                        "llama2-bpe-32k.model"))
     c.add_argument("--seq-len", type=int, default=2048)
+    c.add_argument("--profile", default=None, help="cProfile of the pack_shard calls alone, to this file")
     r = sub.add_parser("replay")
     r.add_argument("out")
     r.add_argument("--repeats", type=int, default=3)
     r.add_argument("--profile", default=None)
+    f = sub.add_parser("frame")
+    f.add_argument("builds", nargs="+")
     a = p.parse_args()
-    if a.cmd == "capture":
-        capture(a.corpus, a.out, a.tokenizer, a.seq_len)
+    if a.cmd == "frame":
+        frame(a.builds)
+    elif a.cmd == "capture":
+        capture(a.corpus, a.out, a.tokenizer, a.seq_len, a.profile)
     else:
         replay(a.out, a.repeats, a.profile)
 
