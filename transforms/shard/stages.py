@@ -481,6 +481,17 @@ def merge_shard_parts(parts: list, buffers: list):
     return rows[order], which[order], buffers
 
 
+def append_eos(body: np.ndarray, eos_id: int, cache: dict) -> np.ndarray:
+    """A document's tokens with EOS appended, kept in the spill's dtype (uint16 for a 32k vocabulary): the packer
+    casts every token to int64 once, as it copies it into its block, instead of a cast here and a copy there.
+    Where the id does not fit that dtype, the result is int64. `cache` keeps the EOS array per dtype."""
+    eos = cache.get(body.dtype)
+    if eos is None:
+        info = np.iinfo(body.dtype)
+        eos = cache[body.dtype] = np.array([eos_id], dtype=body.dtype if info.min <= eos_id <= info.max else np.int64)
+    return np.concatenate((body, eos))
+
+
 def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: int, data_dir: str,
                dedup: Optional[DedupInputs] = None, staging_dir: Optional[str] = None,
                mixture_weights: Optional[dict] = None, seed: int = 0,
@@ -509,16 +520,10 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
     kept_ids: list = []
     dropped: dict = collections.Counter()
     stats: dict = {}
-    eos_of: dict = {}  # token dtype -> EOS as a 1-array of it (int64 where the id does not fit the dtype)
+    eos_of: dict = {}  # token dtype -> EOS as a 1-array of it
 
     def with_eos(body: np.ndarray) -> np.ndarray:
-        # Kept in the spill's dtype (uint16 for a 32k vocabulary): the packer casts every token to int64 once, as
-        # it copies it into its block, instead of a cast here and a copy there.
-        eos = eos_of.get(body.dtype)
-        if eos is None:
-            fits = np.issubdtype(body.dtype, np.integer) and np.iinfo(body.dtype).min <= eos_id <= np.iinfo(body.dtype).max
-            eos = eos_of[body.dtype] = np.array([eos_id], dtype=body.dtype if fits else np.int64)
-        return np.concatenate((body, eos))
+        return append_eos(body, eos_id, eos_of)
 
     def unique_documents():
         previous_doc = None
