@@ -582,11 +582,20 @@ def range_edges(task, plan, committed: tuple = ()):
         yield from _window_edges(plan, parts, committed_rows, threshold)
 
 
+# A bucket of more band rows than this (a boilerplate text with many distinct near-copies) is not built whole:
+# its members are found in numpy and made Nodes HOT_CHUNK at a time, per unit (_hot_bucket_edges): the same
+# edges, in another order.
+HOT_BUCKET_ROWS = 1 << 16
+HOT_CHUNK = 1 << 13
+
+
 def _window_edges(plan, parts: list, committed_rows: list, threshold: float):
     all_keys = np.concatenate([a["key"] for _n, a in parts]
                               + [np.array([k for k, _n in committed_rows], dtype=np.uint64)])
-    shared = _repeated(all_keys)
-    if not shared.size:
+    keys, counts = np.unique(all_keys, return_counts=True)
+    shared = keys[(counts > 1) & (counts <= HOT_BUCKET_ROWS)]
+    hot = keys[counts > HOT_BUCKET_ROWS].tolist()
+    if not shared.size and not hot:
         return
     buckets: dict = {}
     for name, a in parts:
@@ -600,13 +609,82 @@ def _window_edges(plan, parts: list, committed_rows: list, threshold: float):
             source, loc = meta[doc]
             buckets.setdefault(key, []).append(near_dedup.Node(near_dedup.rank(split, doc_id), doc_id, split,
                                                                sigs[i].tobytes(), source, loc))
-    shared_set = set(shared.tolist())
+    shared_set, hot_set = set(shared.tolist()), set(hot)
+    hot_committed: dict = {}
     for k, node in committed_rows:
         if k in shared_set:
             buckets.setdefault(k, []).append(node)
-    for key in sorted(buckets):
-        if len(buckets[key]) > 1:
+        elif k in hot_set:
+            hot_committed.setdefault(k, []).append(node)
+    for key in sorted(set(buckets) | hot_set):
+        if key in hot_set:
+            yield from _hot_bucket_edges(plan, key, parts, hot_committed.get(key, []), threshold)
+        elif len(buckets[key]) > 1:
             yield from near_dedup.bucket_edges(buckets[key], threshold)
+
+
+def _hot_bucket_edges(plan, key: int, parts: list, committed_nodes: list, threshold: float):
+    """near_dedup.bucket_edges of one large bucket, without a Node per member at once: the same edges, in
+    another order (nothing downstream depends on it: the adjacency is grouped and sorted). The members are
+    chosen and ranked in numpy as merge_copies does (per id the copy in the highest split, then the smallest
+    location: the first unit in name order, as a Node's location starts with its unit's name; then by rank);
+    the star's centre is the best-ranked one. Then unit by unit, HOT_CHUNK members at a time (each unit's
+    documents read once): each member's edge to the first committed member near it and to the centre. The
+    committed members (incremental) are Nodes already, as read for the window."""
+    ids, splits, units, docs = [], [], [], []
+    for u, (_name, a) in enumerate(parts):
+        m = a[a["key"] == np.uint64(key)]
+        ids.append(m["doc_id"])
+        splits.append(m["split"].astype(np.int16))
+        docs.append(m["doc"])
+        units.append(np.full(m.size, u, dtype=np.int32))
+    ids, splits, units, docs = (np.concatenate(x) for x in (ids, splits, units, docs))
+    committed = near_dedup.merge_copies(committed_nodes)
+    if np.isin(ids, np.array([c.doc_id for c in committed], dtype=np.uint64)).any():  # not expected (exact
+        nodes = _member_nodes(plan, parts, ids, splits, units, docs, np.arange(ids.size))  # copies of committed
+        yield from near_dedup.bucket_edges(nodes + committed_nodes, threshold)  # documents take no part): whole
+        return
+    order = np.lexsort((units, -splits, ids))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = ids[order][1:] != ids[order][:-1]
+    pick = order[first]
+    if not pick.size or pick.size + len(committed) < 2:
+        return
+    best = pick[np.lexsort((ids[pick], -splits[pick]))[0]]  # rank: the highest split, then the smallest id
+    centre = _member_nodes(plan, parts, ids, splits, units, docs, np.array([best]))[0]
+    csig = centre.signature()
+    committed_sigs = [c.signature() for c in committed]
+    by_unit = pick[np.argsort(units[pick], kind="stable")]
+    cuts = np.flatnonzero(np.diff(units[by_unit])) + 1
+    for rows in np.split(by_unit, cuts):
+        for start in range(0, rows.size, HOT_CHUNK):
+            for m in _member_nodes(plan, parts, ids, splits, units, docs, rows[start:start + HOT_CHUNK]):
+                msig = m.signature()
+                for c, sig in zip(committed, committed_sigs):
+                    j = near_dedup.estimated_jaccard(sig, msig)
+                    if j >= threshold:
+                        yield c, m, j
+                        break
+                if m.doc_id != centre.doc_id:
+                    j = near_dedup.estimated_jaccard(csig, msig)
+                    if j >= threshold:
+                        yield centre, m, j
+
+
+def _member_nodes(plan, parts, ids, splits, units, docs, picked) -> list:
+    """Nodes of the bucket rows `picked`, in that order (each unit's signatures and documents read once)."""
+    out: list = [None] * picked.size
+    for u in np.unique(units[picked]).tolist():
+        at = np.flatnonzero(units[picked] == u)
+        rows = picked[at]
+        name = parts[u][0]
+        sigs = _unit_sig_rows(plan, name, docs[rows].astype(np.int64))
+        meta = pickle.loads(io_utils.read_bytes(unit_docs_path(plan.staging_dir, name)))
+        for k, (i, r) in enumerate(zip(at.tolist(), rows.tolist())):
+            doc_id, split = int(ids[r]), int(splits[r])
+            source, loc = meta[int(docs[r])]
+            out[i] = near_dedup.Node(near_dedup.rank(split, doc_id), doc_id, split, sigs[k].tobytes(), source, loc)
+    return out
 
 
 def contaminated_splits(config) -> list:

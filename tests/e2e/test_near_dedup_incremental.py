@@ -160,6 +160,28 @@ def test_bounded_key_windows_read_the_committed_band_index_by_window_to_the_same
     assert_same_files(root / "inc", out)
     assert got == added
 
+def test_hot_buckets_with_committed_members_are_streamed_to_the_same_bytes(builds, tiny_tokenizer, monkeypatch):
+    """Every bucket of more than one row taken as hot (near_dedup_graph.HOT_BUCKET_ROWS = 1), committed members
+    among them: both generations are the bytes of the default."""
+    root, _plan, _full, _first, added = builds
+    monkeypatch.setattr(near_dedup_graph, "HOT_BUCKET_ROWS", 1)
+    monkeypatch.setattr(near_dedup_graph, "HOT_CHUNK", 2)
+    committed = []
+    hot = near_dedup_graph._hot_bucket_edges
+
+    def counted(*args):
+        committed.append(len(args[3]))
+        yield from hot(*args)
+
+    monkeypatch.setattr(near_dedup_graph, "_hot_bucket_edges", counted)
+    out = root / "inc-hot"
+    for inputs, incremental in ((str(root / "in" / "a.*"), False), (str(root / "in" / "*"), True)):
+        got = shard_pipeline.run(config(inputs, out, tiny_tokenizer), IN_MEMORY, incremental_run=incremental,
+                                 progress_every_s=0)
+    assert committed and max(committed) > 0
+    assert_same_files(root / "inc", out)
+    assert got == added
+
 def test_incremental_signatures_from_the_tokenize_stage_are_the_text_paths_bytes(tmp_path, tiny_tokenizer,
                                                                                  monkeypatch):
     """Without --near-dedup-verify the tokenize stage signs the documents (docs/NEAR_DEDUP.md "Signed where the

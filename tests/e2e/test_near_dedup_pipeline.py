@@ -197,6 +197,24 @@ def test_bounded_key_windows_write_the_same_bytes_as_one_window_per_range(built,
     assert_same_files(root / "one", tmp_path / "windows")
 
 
+def test_hot_buckets_streamed_in_chunks_write_the_same_bytes(built, tmp_path, monkeypatch):
+    """Every bucket of more than one row taken as hot (near_dedup_graph.HOT_BUCKET_ROWS = 1): its Nodes made
+    two at a time (_hot_bucket_edges), not all at once: the bytes of the built run."""
+    root, _plan, _manifest, tok = built
+    monkeypatch.setattr(near_dedup_graph, "HOT_BUCKET_ROWS", 1)
+    monkeypatch.setattr(near_dedup_graph, "HOT_CHUNK", 2)
+    streamed = []
+    hot = near_dedup_graph._hot_bucket_edges
+
+    def counted(*args):
+        streamed.append(args[1])
+        yield from hot(*args)
+
+    monkeypatch.setattr(near_dedup_graph, "_hot_bucket_edges", counted)
+    shard_pipeline.run(config(root, tmp_path / "hot", tok), IN_MEMORY, progress_every_s=0)
+    assert len(streamed) >= PLANTED
+    assert_same_files(root / "one", tmp_path / "hot")
+
 @pytest.mark.parametrize("signed_in_tokenize", [False, True], ids=["text-read", "tokenize-signed"])
 def test_a_rerun_after_a_failure_while_packing_skips_the_finished_near_dedup_stage(built, tmp_path, monkeypatch,
                                                                                    signed_in_tokenize):

@@ -25,7 +25,8 @@ def make_plan(tmp_path):
 
 def stage_units(plan, n_units: int = 3, n_docs: int = 120) -> list:
     """Units of random signatures; every unit after the first also holds copies (same signature, other id,
-    split) of 10 of the first unit's documents, so their band keys meet in buckets across units."""
+    split) of 10 of the first unit's documents, so their band keys meet in buckets across units, and exact
+    copies (same id) of 4 more."""
     rng = np.random.default_rng(7)
     base = rng.integers(0, 1 << 32, size=(n_docs, PARAMS.num_perm), dtype=np.uint64).astype(np.uint32)
     names = []
@@ -36,6 +37,9 @@ def stage_units(plan, n_units: int = 3, n_docs: int = 120) -> list:
         else:
             sigs = base
         docs = [(u * 1_000_000 + i * 7 + 1, int(i % 3 == 0), f"src{u}", (f"unit-{u}", i)) for i in range(n_docs)]
+        if u:  # exact copies of unit 0's documents 10..13 (same id and text), in another split in unit 2, and
+            sigs[10:14] = sigs[14:18] = base[10:14]  # near-copies of them (other ids), so that they have edges
+            docs[10:14] = [(i * 7 + 1, int(u == 2 and i % 2 == 0), f"src{u}", (f"unit-{u}", i)) for i in range(10, 14)]
         keys = near_dedup.band_keys(sigs, PARAMS) >> np.uint64(1)
         name = f"unit-{u}"
         graph.write_band_files(plan.staging_dir, name, docs, sigs, keys)
@@ -137,3 +141,32 @@ def test_committed_band_index_files_are_read_by_window_and_checked_whole(tmp_pat
     committed_path.write_bytes(data)
     with pytest.raises(graph.RunError, match="outside its range"):
         list(graph.range_edges((2, tuple(names[1:])), plan, (entry_wrong_range,)))
+
+
+def test_hot_buckets_are_streamed_to_the_same_edges(tmp_path, monkeypatch):
+    """Buckets over HOT_BUCKET_ROWS rows are made Nodes HOT_CHUNK at a time (_hot_bucket_edges): the same edges
+    (Nodes included: the copy of an id in the highest split, then the first unit), with and
+    without committed members (incrementally: unit 0 committed, units 1 and 2 new)."""
+    import hashlib  # noqa: PLC0415
+
+    plan = make_plan(tmp_path)
+    names = stage_units(plan)
+    members = []
+    for r in range(graph.BAND_RANGES):
+        committed_path = tmp_path / f"committed-r{r:02d}.bin"
+        data = one_window_index(plan, r, names[:1], ())
+        committed_path.write_bytes(data)
+        entry = {"generation": "gen-0", "rel": f"gen-0/near-dedup/band-index-r{r:02d}.bin", "range": r,
+                 "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "path": str(committed_path)}
+        for task, committed in (((r, tuple(names)), ()), ((r, tuple(names[1:])), (entry,))):
+            whole = list(graph.range_edges(task, plan, committed))
+            monkeypatch.setattr(graph, "HOT_BUCKET_ROWS", 1)
+            monkeypatch.setattr(graph, "HOT_CHUNK", 2)
+            streamed = list(graph.range_edges(task, plan, committed))
+            monkeypatch.setattr(graph, "HOT_BUCKET_ROWS", 1 << 16)
+            assert whole and sorted(streamed) == sorted(whole)  # in another order
+            members += [n for e in whole for n in e[:2]]
+    # copies of one id merged as merge_copies does: the highest split, then the first unit
+    assert any(n.doc_id == 71 and n.split == 1 and n.loc[0] == "unit-2" for n in members)  # doc 10: unit 2 only
+    assert any(n.doc_id == 85 and n.split == 1 and n.loc[0] == "unit-0" for n in members)  # doc 12: units 0, 2
+    assert any(n.committed for n in members)
