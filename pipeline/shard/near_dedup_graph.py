@@ -308,11 +308,37 @@ def unit_docs_path(staging_dir: str, unit_name: str) -> str:
     return io_utils.join(staging_dir, "near-dedup", "bands", f"{unit_name}.docs.pickle")
 
 
+def window_offsets_path(staging_dir: str, unit_name: str) -> str:
+    """A unit's window offsets: per key range, (WINDOW_GRAIN + 1) little-endian uint32, the row of its range file
+    where each fine window of keys starts (the last: the file's row count). A key-range task reads one range's
+    row of them (16 kB) and then each window's slice of the range file by a ranged read."""
+    return io_utils.join(staging_dir, "near-dedup", "bands", f"{unit_name}.windows")
+
+
+# Bounded memory (docs/NEAR_DEDUP.md "Memory, files shuffle"): a key-range task holds at most about WINDOW_ROWS
+# band rows at once. Each range's keys are cut into WINDOW_GRAIN fine windows of equal key width (keys are
+# uniform 63-bit hashes); the task groups consecutive fine windows into windows of at most WINDOW_ROWS rows (a
+# fine window alone may exceed it: a hot key, or a corpus over ~WINDOW_GRAIN x WINDOW_ROWS x BAND_RANGES band
+# rows) and works window by window, in key order. A band bucket is one key, so it never spans two windows: the
+# same buckets, edges and band index bytes as one window per range. The band index holds ~417 bytes per row of
+# a window (its signature), so 1M rows is ~0.4 GB of output rows at a time (plus the rows and their signatures).
+WINDOW_ROWS = 1 << 20
+WINDOW_GRAIN = 4096  # fine windows per key range; the unit stage writes their offsets, tasks group them
+
+
+def _fine_bounds() -> np.ndarray:
+    """The lowest key of every fine window of every range, and 2^63 last: BAND_RANGES x WINDOW_GRAIN + 1."""
+    total = BAND_RANGES * WINDOW_GRAIN
+    shift = 63 - (total.bit_length() - 1)
+    return np.arange(total + 1, dtype=np.uint64) << np.uint64(shift)
+
+
 def write_band_files(staging_dir: str, unit_name: str, docs: list, sigs: np.ndarray, keys: np.ndarray) -> None:
     """A unit's band rows, one file per key range, each sorted by (key, row), plus the unit's signatures (once
-    per document, not once per band row) and its documents' (source, location), read only for documents that
-    share a bucket. A retried bundle rewrites the same bytes. Per range, so that each key-range task reads only
-    its own rows (the edges and the band index read them 2 x BAND_RANGES times)."""
+    per document, not once per band row), its documents' (source, location), read only for documents that
+    share a bucket, and its window offsets (`window_offsets_path`). A retried bundle rewrites the same bytes.
+    Per range, so that each key-range task reads only its own rows (the edges and the band index read them
+    2 x BAND_RANGES times), and only a window of them at a time."""
     n, bands = keys.shape[0], keys.shape[1] if keys.ndim == 2 else 0
     rows = np.zeros(n * bands, dtype=BAND_ROW)
     rows["key"] = keys.reshape(-1)
@@ -322,9 +348,15 @@ def write_band_files(staging_dir: str, unit_name: str, docs: list, sigs: np.ndar
     rows = rows[np.lexsort((rows["doc"], rows["key"]))]
     ranges = (rows["key"] >> np.uint64(63 - (BAND_RANGES.bit_length() - 1))).astype(np.int64)  # band_range
     cuts = np.searchsorted(ranges, np.arange(BAND_RANGES + 1))
+    # the first row at or above each fine window's lowest key, relative to its range file's first row
+    at = np.searchsorted(rows["key"], _fine_bounds()).reshape(-1)
+    offsets = np.stack([at[r * WINDOW_GRAIN:(r + 1) * WINDOW_GRAIN + 1] - cuts[r] for r in range(BAND_RANGES)])
+    if offsets.size and int(offsets.max()) >= 1 << 32:
+        raise RunError(f"{unit_name}: over 2^32 band rows in one key range (split the input into smaller units)")
     io_utils.write_bytes(unit_sigs_path(staging_dir, unit_name), np.ascontiguousarray(sigs, "<u4").tobytes())
     io_utils.write_bytes(unit_docs_path(staging_dir, unit_name),
                          pickle.dumps([(source, loc) for _i, _s, source, loc in docs], protocol=4))
+    io_utils.write_bytes(window_offsets_path(staging_dir, unit_name), offsets.astype("<u4").tobytes())
     for r in range(BAND_RANGES):
         io_utils.write_bytes(band_file_path(staging_dir, unit_name, r), rows[cuts[r]:cuts[r + 1]].tobytes())
 
@@ -333,8 +365,162 @@ def band_range(key: int) -> int:
     return int(key) * BAND_RANGES >> 63
 
 
+def _unit_offsets(plan, name: str, r: int) -> np.ndarray:
+    """Range r's fine window offsets of one unit (`window_offsets_path`): WINDOW_GRAIN + 1 rows, int64."""
+    width = (WINDOW_GRAIN + 1) * 4
+    with io_utils.open_read(window_offsets_path(plan.staging_dir, name)) as f:
+        f.seek(r * width)
+        data = f.read(width)
+    if len(data) != width:
+        raise IOError(f"{name}: near-dedup window offsets cut short (staging damaged)")
+    return np.frombuffer(data, dtype="<u4").astype(np.int64)
+
+
+def _read_rows(path: str, start: int, stop: int, dtype: np.dtype) -> np.ndarray:
+    """Rows [start, stop) of a file of fixed-size rows, by one ranged read."""
+    if stop <= start:
+        return np.zeros(0, dtype=dtype)
+    with io_utils.open_read(path) as f:
+        f.seek(start * dtype.itemsize)
+        data = f.read((stop - start) * dtype.itemsize)
+    if len(data) != (stop - start) * dtype.itemsize:
+        raise IOError(f"{path}: cut short at row {start + len(data) // dtype.itemsize} of {stop} (staging damaged)")
+    return np.frombuffer(data, dtype=dtype)
+
+
+def _window_cuts(counts: np.ndarray, cap: int) -> list:
+    """Fine window indices where windows start, and WINDOW_GRAIN last: consecutive fine windows grouped while
+    their rows stay within `cap` (a fine window over it stands alone)."""
+    cuts, held = [0], 0
+    for i, n in enumerate(counts.tolist()):
+        if held and held + n > cap:
+            cuts.append(i)
+            held = 0
+        held += n
+    cuts.append(len(counts))
+    return cuts
+
+
+def _committed_bound(f, n: int, row_size: int, key: int) -> int:
+    """The first row of an open committed band index file (n rows sorted by key) whose key is >= key: a binary
+    search by ranged reads of the rows' keys."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        f.seek(mid * row_size)
+        data = f.read(8)
+        if len(data) != 8:
+            raise ValueError(f"cut short at row {mid}")
+        if int.from_bytes(data, "little") < key:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def _committed_checked(entry: dict, num_perm: int) -> int:
+    """A committed band index file's row count, once its size and sha256 (streamed, not held) match its manifest
+    row: band_index.checked_bytes without the whole file in memory."""
+    what = f"{BAND_INDEXES} {entry['rel']}"
+    sha, size = hashlib.sha256(), 0
+    with io_utils.open_read(entry["path"]) as f:
+        while True:
+            block = f.read(1 << 24)
+            if not block:
+                break
+            sha.update(block)
+            size += len(block)
+    if size != int(entry["bytes"]) or sha.hexdigest() != entry["sha256"]:
+        raise ValueError(f"{what}: {size} bytes, sha256 {sha.hexdigest()[:12]}..., but the manifest lists "
+                         f"{entry['bytes']} bytes, sha256 {str(entry['sha256'])[:12]}...")
+    item = band_index.row_dtype(num_perm).itemsize
+    if size % item:
+        raise ValueError(f"{what}: {size} bytes is not a whole number of {item}-byte rows "
+                         f"(a band index of {num_perm} permutations)")
+    return size // item
+
+
+def _unusable(e) -> RunError:
+    return RunError(f"--incremental --near-dedup: committed band index unusable: {e}; rebuild the dataset "
+                    "without --incremental")
+
+
+class _RangeWindows:
+    """Key range r of a files-shuffle task, cut into windows of at most ~WINDOW_ROWS band rows (see WINDOW_ROWS):
+    `windows()` yields, in key order, [(unit name, its staged band rows in the window)] (name order) and
+    [(band key, committed Node)] of the committed generations' band index files of range r in the window. Held
+    at once: one window's rows, and per unit its window boundaries (units x windows offsets)."""
+
+    def __init__(self, plan, r: int, unit_names, committed: tuple = (), num_perm: int = 0):
+        self.plan, self.r, self.names = plan, r, sorted(unit_names)
+        self.num_perm = num_perm
+        self.committed = []
+        try:
+            for entry in committed:
+                if entry["range"] == r:
+                    self.committed.append((entry, _committed_checked(entry, num_perm)))
+        except (OSError, ValueError) as e:
+            raise _unusable(e) from None
+        counts = np.zeros(WINDOW_GRAIN, dtype=np.int64)
+        for name in self.names:
+            counts += np.diff(_unit_offsets(plan, name, r))
+        for _entry, n in self.committed:  # not read yet: counted as spread evenly (uniform keys)
+            counts += -(-n // WINDOW_GRAIN)
+        self.cuts = _window_cuts(counts, WINDOW_ROWS)
+        self.offsets = [_unit_offsets(plan, name, r)[self.cuts].astype(np.uint32) for name in self.names]
+        bounds = _fine_bounds()[r * WINDOW_GRAIN:(r + 1) * WINDOW_GRAIN + 1]
+        self.keys = [int(k) for k in bounds[self.cuts]]  # window w: keys [keys[w], keys[w + 1])
+
+    def __len__(self) -> int:
+        return len(self.cuts) - 1
+
+    def windows(self):
+        committed_at = self._committed_bounds()
+        for w in range(len(self)):
+            lo, hi = self.keys[w], self.keys[w + 1]
+            parts = []
+            for name, off in zip(self.names, self.offsets):
+                a = _read_rows(band_file_path(self.plan.staging_dir, name, self.r), int(off[w]), int(off[w + 1]),
+                               BAND_ROW)
+                if a.size and (int(a["key"][0]) < lo or int(a["key"][-1]) >= hi):
+                    raise IOError(f"{name}: band rows of range {self.r} out of their window (staging damaged)")
+                parts.append((name, a))
+            yield parts, self._committed_rows(w, committed_at)
+
+    def _committed_bounds(self) -> list:
+        out = []
+        row_size = band_index.row_dtype(self.num_perm).itemsize
+        for entry, n in self.committed:
+            try:
+                with io_utils.open_read(entry["path"]) as f:
+                    at = [_committed_bound(f, n, row_size, k) for k in self.keys]
+            except (OSError, ValueError) as e:
+                raise _unusable(f"{BAND_INDEXES} {entry['rel']}: {e}") from None
+            if at[0] != 0 or at[-1] != n:
+                raise RunError(f"--incremental --near-dedup: {BAND_INDEXES} {entry['rel']} holds keys outside its "
+                               f"range {entry['range']}")
+            out.append(at)
+        return out
+
+    def _committed_rows(self, w: int, committed_at: list) -> list:
+        out = []
+        dtype = band_index.row_dtype(self.num_perm)
+        for (entry, _n), at in zip(self.committed, committed_at):
+            what = f"{BAND_INDEXES} {entry['rel']}"
+            try:
+                data = _read_rows(entry["path"], at[w], at[w + 1], dtype).tobytes()
+                rows = band_index.decode(data, self.num_perm, what)
+                if rows.size and (int(rows["key"][0]) < self.keys[w] or int(rows["key"][-1]) >= self.keys[w + 1]):
+                    raise ValueError(f"{what}: rows are not sorted by band key")
+            except (OSError, ValueError) as e:
+                raise _unusable(e) from None
+            out += band_index.committed_nodes(rows, entry["generation"])
+        return out
+
+
 def _range_rows(plan, r: int, unit_names) -> list:
-    """[(unit name, staged band rows of key range r)] of every unit, in name order."""
+    """[(unit name, staged band rows of key range r)] of every unit, in name order (the whole range at once:
+    for tests and tools; the tasks read it window by window, _RangeWindows)."""
     return [(name, np.frombuffer(io_utils.read_bytes(band_file_path(plan.staging_dir, name, r)), dtype=BAND_ROW))
             for name in sorted(unit_names)]
 
@@ -343,6 +529,23 @@ def _unit_sigs(plan, name: str) -> np.ndarray:
     num_perm = params_of(plan.config).num_perm
     return np.frombuffer(io_utils.read_bytes(unit_sigs_path(plan.staging_dir, name)),
                          dtype=near_dedup.SIGNATURE_DTYPE).reshape(-1, num_perm)
+
+
+def _unit_sig_rows(plan, name: str, docs: np.ndarray) -> np.ndarray:
+    """The signatures of rows `docs` of a unit's staged signature table. Local paths (EFS/FSx too) are mapped,
+    so only the pages of those rows are read and nothing but the rows is held; elsewhere the table is read
+    (bounded by a unit's size)."""
+    num_perm = params_of(plan.config).num_perm
+    if docs.size == 0:
+        return np.zeros((0, num_perm), dtype=near_dedup.SIGNATURE_DTYPE)
+    path = unit_sigs_path(plan.staging_dir, name)
+    if not io_utils.is_local(path):
+        return _unit_sigs(plan, name)[docs]
+    table = np.memmap(path, dtype=near_dedup.SIGNATURE_DTYPE, mode="r").reshape(-1, num_perm)
+    try:
+        return np.array(table[docs])
+    finally:
+        del table
 
 
 def _repeated(keys: np.ndarray) -> np.ndarray:
@@ -370,39 +573,118 @@ def range_edges(task, plan, committed: tuple = ()):
     """Files shuffle: the buckets of one key range, read from every unit's band file (and, incrementally, the
     committed generations' band index files of that range); the same edges as the runner's GroupByKey gives
     (bucket_edges sorts the members, so arrival order does not matter). Only buckets with more than one row
-    become Nodes (numpy finds them): on distinct text nearly none."""
+    become Nodes (numpy finds them): on distinct text nearly none. Window by window (_RangeWindows): a bucket is
+    one key, so it lies in one window, and the edges come in the same (key) order as from the whole range."""
     r, unit_names = task
-    parts = _range_rows(plan, r, unit_names)
     num_perm = params_of(plan.config).num_perm
-    committed_rows = []
-    for entry in committed:
-        if entry["range"] == r:
-            committed_rows += committed_range_rows(entry, num_perm)
+    threshold = plan.config.near_dedup_threshold
+    for parts, committed_rows in _RangeWindows(plan, r, unit_names, committed, num_perm).windows():
+        yield from _window_edges(plan, parts, committed_rows, threshold)
+
+
+# A bucket of more band rows than this (a boilerplate text with many distinct near-copies) is not built whole:
+# its members are found in numpy and made Nodes HOT_CHUNK at a time, per unit (_hot_bucket_edges): the same
+# edges, in another order.
+HOT_BUCKET_ROWS = 1 << 16
+HOT_CHUNK = 1 << 13
+
+
+def _window_edges(plan, parts: list, committed_rows: list, threshold: float):
     all_keys = np.concatenate([a["key"] for _n, a in parts]
                               + [np.array([k for k, _n in committed_rows], dtype=np.uint64)])
-    shared = _repeated(all_keys)
-    if not shared.size:
+    keys, counts = np.unique(all_keys, return_counts=True)
+    shared = keys[(counts > 1) & (counts <= HOT_BUCKET_ROWS)]
+    hot = keys[counts > HOT_BUCKET_ROWS].tolist()
+    if not shared.size and not hot:
         return
     buckets: dict = {}
     for name, a in parts:
         hit = a[np.isin(a["key"], shared)]
         if not hit.size:
             continue
-        sigs = _unit_sigs(plan, name)
+        sigs = _unit_sig_rows(plan, name, hit["doc"].astype(np.int64))
         meta = pickle.loads(io_utils.read_bytes(unit_docs_path(plan.staging_dir, name)))
-        for key, doc_id, split, doc in zip(hit["key"].tolist(), hit["doc_id"].tolist(), hit["split"].tolist(),
-                                           hit["doc"].tolist()):
+        for i, (key, doc_id, split, doc) in enumerate(zip(hit["key"].tolist(), hit["doc_id"].tolist(),
+                                                          hit["split"].tolist(), hit["doc"].tolist())):
             source, loc = meta[doc]
             buckets.setdefault(key, []).append(near_dedup.Node(near_dedup.rank(split, doc_id), doc_id, split,
-                                                               sigs[doc].tobytes(), source, loc))
-    shared_set = set(shared.tolist())
+                                                               sigs[i].tobytes(), source, loc))
+    shared_set, hot_set = set(shared.tolist()), set(hot)
+    hot_committed: dict = {}
     for k, node in committed_rows:
         if k in shared_set:
             buckets.setdefault(k, []).append(node)
-    threshold = plan.config.near_dedup_threshold
-    for key in sorted(buckets):
-        if len(buckets[key]) > 1:
+        elif k in hot_set:
+            hot_committed.setdefault(k, []).append(node)
+    for key in sorted(set(buckets) | hot_set):
+        if key in hot_set:
+            yield from _hot_bucket_edges(plan, key, parts, hot_committed.get(key, []), threshold)
+        elif len(buckets[key]) > 1:
             yield from near_dedup.bucket_edges(buckets[key], threshold)
+
+
+def _hot_bucket_edges(plan, key: int, parts: list, committed_nodes: list, threshold: float):
+    """near_dedup.bucket_edges of one large bucket, without a Node per member at once: the same edges, in
+    another order (nothing downstream depends on it: the adjacency is grouped and sorted). The members are
+    chosen and ranked in numpy as merge_copies does (per id the copy in the highest split, then the smallest
+    location: the first unit in name order, as a Node's location starts with its unit's name; then by rank);
+    the star's centre is the best-ranked one. Then unit by unit, HOT_CHUNK members at a time (each unit's
+    documents read once): each member's edge to the first committed member near it and to the centre. The
+    committed members (incremental) are Nodes already, as read for the window."""
+    ids, splits, units, docs = [], [], [], []
+    for u, (_name, a) in enumerate(parts):
+        m = a[a["key"] == np.uint64(key)]
+        ids.append(m["doc_id"])
+        splits.append(m["split"].astype(np.int16))
+        docs.append(m["doc"])
+        units.append(np.full(m.size, u, dtype=np.int32))
+    ids, splits, units, docs = (np.concatenate(x) for x in (ids, splits, units, docs))
+    committed = near_dedup.merge_copies(committed_nodes)
+    if np.isin(ids, np.array([c.doc_id for c in committed], dtype=np.uint64)).any():  # not expected (exact
+        nodes = _member_nodes(plan, parts, ids, splits, units, docs, np.arange(ids.size))  # copies of committed
+        yield from near_dedup.bucket_edges(nodes + committed_nodes, threshold)  # documents take no part): whole
+        return
+    order = np.lexsort((units, -splits, ids))
+    first = np.ones(order.size, dtype=bool)
+    first[1:] = ids[order][1:] != ids[order][:-1]
+    pick = order[first]
+    if not pick.size or pick.size + len(committed) < 2:
+        return
+    best = pick[np.lexsort((ids[pick], -splits[pick]))[0]]  # rank: the highest split, then the smallest id
+    centre = _member_nodes(plan, parts, ids, splits, units, docs, np.array([best]))[0]
+    csig = centre.signature()
+    committed_sigs = [c.signature() for c in committed]
+    by_unit = pick[np.argsort(units[pick], kind="stable")]
+    cuts = np.flatnonzero(np.diff(units[by_unit])) + 1
+    for rows in np.split(by_unit, cuts):
+        for start in range(0, rows.size, HOT_CHUNK):
+            for m in _member_nodes(plan, parts, ids, splits, units, docs, rows[start:start + HOT_CHUNK]):
+                msig = m.signature()
+                for c, sig in zip(committed, committed_sigs):
+                    j = near_dedup.estimated_jaccard(sig, msig)
+                    if j >= threshold:
+                        yield c, m, j
+                        break
+                if m.doc_id != centre.doc_id:
+                    j = near_dedup.estimated_jaccard(csig, msig)
+                    if j >= threshold:
+                        yield centre, m, j
+
+
+def _member_nodes(plan, parts, ids, splits, units, docs, picked) -> list:
+    """Nodes of the bucket rows `picked`, in that order (each unit's signatures and documents read once)."""
+    out: list = [None] * picked.size
+    for u in np.unique(units[picked]).tolist():
+        at = np.flatnonzero(units[picked] == u)
+        rows = picked[at]
+        name = parts[u][0]
+        sigs = _unit_sig_rows(plan, name, docs[rows].astype(np.int64))
+        meta = pickle.loads(io_utils.read_bytes(unit_docs_path(plan.staging_dir, name)))
+        for k, (i, r) in enumerate(zip(at.tolist(), rows.tolist())):
+            doc_id, split = int(ids[r]), int(splits[r])
+            source, loc = meta[int(docs[r])]
+            out[i] = near_dedup.Node(near_dedup.rank(split, doc_id), doc_id, split, sigs[k].tobytes(), source, loc)
+    return out
 
 
 def contaminated_splits(config) -> list:
@@ -736,28 +1018,37 @@ def band_index_tasks(gathered):
 
 
 def write_band_index_range(task, plan) -> dict:
-    """One range of the generation's band index: the staged band rows of that range, less every removed id."""
+    """One range of the generation's band index: the staged band rows of that range, less every removed id.
+    Window by window (_RangeWindows), appended in key order: encode_arrays sorts by (key, id) and keeps one row
+    per (key, id), and one key lies in one window, so the bytes are those of encoding the whole range at once."""
     r, names, indexes = task
     num_perm = params_of(plan.config).num_perm
-    parts = [(name, a) for name, a in _range_rows(plan, r, names) if a.size]
-    rows = np.concatenate([a for _n, a in parts]) if parts else np.zeros(0, dtype=BAND_ROW)
-    # the units' signature tables once (a document's row in them), not a signature per band row
-    tables = [_unit_sigs(plan, name) for name, _a in parts]
-    offsets = np.cumsum([0] + [t.shape[0] for t in tables[:-1]]).tolist()
-    sigs = np.concatenate(tables) if tables else np.zeros((0, num_perm), dtype=near_dedup.SIGNATURE_DTYPE)
-    sig_rows = (np.concatenate([a["doc"].astype(np.int64) + off for (_n, a), off in zip(parts, offsets)]) if parts
-                else np.zeros(0, dtype=np.int64))
-    removed = np.zeros(rows.size, dtype=bool)
-    for _reason, path in indexes:
-        if rows.size:
-            removed |= doc_ids.IdIndex(path).contains(rows["doc_id"].astype(doc_ids.ID_DTYPE))
-    kept = ~removed
-    data = band_index.encode_arrays(rows["key"][kept], rows["doc_id"][kept], rows["split"][kept], sigs,
-                                    num_perm, sig_rows[kept])
+    removed_ids = [doc_ids.IdIndex(path) for _reason, path in indexes]
     path = io_utils.join(plan.data_dir, band_index.FILE_PATTERN.format(r))
-    io_utils.write_bytes(path, data)
-    return {"range": r, "path": path, "rows": len(data) // band_index.row_dtype(num_perm).itemsize,
-            "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    with io_utils.open_write(path) as raw, io_utils.HashingWriter(raw) as out:
+        for parts, _committed in _RangeWindows(plan, r, names, (), num_perm).windows():
+            out.write(_window_index_bytes(plan, parts, removed_ids, num_perm))
+    return {"range": r, "path": path, "rows": out.bytes // band_index.row_dtype(num_perm).itemsize,
+            "bytes": out.bytes, "sha256": out.sha256}
+
+
+def _window_index_bytes(plan, parts: list, removed_ids: list, num_perm: int) -> bytes:
+    parts = [(name, a) for name, a in parts if a.size]
+    if not parts:
+        return b""
+    rows = np.concatenate([a for _n, a in parts])
+    removed = np.zeros(rows.size, dtype=bool)
+    for index in removed_ids:
+        removed |= index.contains(rows["doc_id"].astype(doc_ids.ID_DTYPE))
+    kept = ~removed
+    # the kept rows' signatures only, gathered per unit (a document's row in its unit's table)
+    sigs, start = [], 0
+    for name, a in parts:
+        k = kept[start:start + a.size]
+        sigs.append(_unit_sig_rows(plan, name, a["doc"][k].astype(np.int64)))
+        start += a.size
+    return band_index.encode_arrays(rows["key"][kept], rows["doc_id"][kept], rows["split"][kept],
+                                    np.concatenate(sigs), num_perm)
 
 
 def _finish_and_release(grouped, plan):

@@ -20,7 +20,7 @@ import pytest
 from pipeline.config import ShardConfig
 from pipeline.shard import near_dedup_graph, shard_pipeline
 from tests.corpus_fixtures import good_documents, pile_line, write_zst
-from tests.e2e.test_near_dedup_pipeline import IN_MEMORY, shard_doc_ids, sidecar_rows
+from tests.e2e.test_near_dedup_pipeline import IN_MEMORY, assert_same_files, shard_doc_ids, sidecar_rows
 from transforms.shard import near_dedup, near_dedup_band_index
 from transforms.shard.documents import document_id
 
@@ -136,6 +136,51 @@ def test_the_runner_shuffle_reads_the_committed_band_index_the_same_way(builds, 
                   for out_dir, m in ((out, got), (root / "inc", added))]
     assert band_bytes[0] == band_bytes[1]
 
+
+def test_bounded_key_windows_read_the_committed_band_index_by_window_to_the_same_bytes(builds, tiny_tokenizer,
+                                                                                       monkeypatch):
+    """Files shuffle with windows of 4 band rows (near_dedup_graph.WINDOW_ROWS): the committed generation's band
+    index files are read a window's slice at a time; both generations are the bytes of one window per range."""
+    root, _plan, _full, _first, added = builds
+    monkeypatch.setattr(near_dedup_graph, "WINDOW_ROWS", 4)
+    held = []
+    windows = near_dedup_graph._RangeWindows.windows
+
+    def counted(self):
+        for parts, committed in windows(self):
+            held.append(len(committed))
+            yield parts, committed
+
+    monkeypatch.setattr(near_dedup_graph._RangeWindows, "windows", counted)
+    out = root / "inc-windows"
+    for inputs, incremental in ((str(root / "in" / "a.*"), False), (str(root / "in" / "*"), True)):
+        got = shard_pipeline.run(config(inputs, out, tiny_tokenizer), IN_MEMORY, incremental_run=incremental,
+                                 progress_every_s=0)
+    assert len(held) > 4 * near_dedup_graph.BAND_RANGES and 0 < max(held) <= 4
+    assert_same_files(root / "inc", out)
+    assert got == added
+
+def test_hot_buckets_with_committed_members_are_streamed_to_the_same_bytes(builds, tiny_tokenizer, monkeypatch):
+    """Every bucket of more than one row taken as hot (near_dedup_graph.HOT_BUCKET_ROWS = 1), committed members
+    among them: both generations are the bytes of the default."""
+    root, _plan, _full, _first, added = builds
+    monkeypatch.setattr(near_dedup_graph, "HOT_BUCKET_ROWS", 1)
+    monkeypatch.setattr(near_dedup_graph, "HOT_CHUNK", 2)
+    committed = []
+    hot = near_dedup_graph._hot_bucket_edges
+
+    def counted(*args):
+        committed.append(len(args[3]))
+        yield from hot(*args)
+
+    monkeypatch.setattr(near_dedup_graph, "_hot_bucket_edges", counted)
+    out = root / "inc-hot"
+    for inputs, incremental in ((str(root / "in" / "a.*"), False), (str(root / "in" / "*"), True)):
+        got = shard_pipeline.run(config(inputs, out, tiny_tokenizer), IN_MEMORY, incremental_run=incremental,
+                                 progress_every_s=0)
+    assert committed and max(committed) > 0
+    assert_same_files(root / "inc", out)
+    assert got == added
 
 def test_incremental_signatures_from_the_tokenize_stage_are_the_text_paths_bytes(tmp_path, tiny_tokenizer,
                                                                                  monkeypatch):

@@ -174,6 +174,47 @@ def test_portable_runner_through_its_own_group_by_key_writes_the_same_bytes(buil
     assert_same_files(root / "one", tmp_path / "portable")
 
 
+def test_bounded_key_windows_write_the_same_bytes_as_one_window_per_range(built, tmp_path, monkeypatch):
+    """Files shuffle with a window of 4 band rows (near_dedup_graph.WINDOW_ROWS): every key-range task works
+    through dozens of windows, none over the cap unless one fine window alone is, and shards, manifest,
+    sidecars and band index are the bytes of the built run (one window per range at this corpus's size)."""
+    root, _plan, _manifest, tok = built
+    monkeypatch.setattr(near_dedup_graph, "WINDOW_ROWS", 4)
+    seen = []  # (rows held, fine windows in the window), per window of every task
+    windows = near_dedup_graph._RangeWindows.windows
+
+    def counted(self):
+        for w, (parts, committed) in enumerate(windows(self)):
+            seen.append((sum(a.size for _n, a in parts) + len(committed), self.cuts[w + 1] - self.cuts[w]))
+            yield parts, committed
+
+    monkeypatch.setattr(near_dedup_graph._RangeWindows, "windows", counted)
+    shard_pipeline.run(config(root, tmp_path / "windows", tok), IN_MEMORY, progress_every_s=0)
+    # two tasks per range (edges, band index), each through its windows
+    assert len(seen) > 2 * near_dedup_graph.BAND_RANGES * 10
+    assert all(rows <= 4 or fine == 1 for rows, fine in seen)
+    assert sum(rows for rows, _f in seen) > 0
+    assert_same_files(root / "one", tmp_path / "windows")
+
+
+def test_hot_buckets_streamed_in_chunks_write_the_same_bytes(built, tmp_path, monkeypatch):
+    """Every bucket of more than one row taken as hot (near_dedup_graph.HOT_BUCKET_ROWS = 1): its Nodes made
+    two at a time (_hot_bucket_edges), not all at once: the bytes of the built run."""
+    root, _plan, _manifest, tok = built
+    monkeypatch.setattr(near_dedup_graph, "HOT_BUCKET_ROWS", 1)
+    monkeypatch.setattr(near_dedup_graph, "HOT_CHUNK", 2)
+    streamed = []
+    hot = near_dedup_graph._hot_bucket_edges
+
+    def counted(*args):
+        streamed.append(args[1])
+        yield from hot(*args)
+
+    monkeypatch.setattr(near_dedup_graph, "_hot_bucket_edges", counted)
+    shard_pipeline.run(config(root, tmp_path / "hot", tok), IN_MEMORY, progress_every_s=0)
+    assert len(streamed) >= PLANTED
+    assert_same_files(root / "one", tmp_path / "hot")
+
 @pytest.mark.parametrize("signed_in_tokenize", [False, True], ids=["text-read", "tokenize-signed"])
 def test_a_rerun_after_a_failure_while_packing_skips_the_finished_near_dedup_stage(built, tmp_path, monkeypatch,
                                                                                    signed_in_tokenize):
