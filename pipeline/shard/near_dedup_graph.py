@@ -32,7 +32,7 @@ from transforms.shard import decontaminate, doc_ids, near_dedup, stages
 from transforms.shard import near_dedup_band_index as band_index
 from transforms.shard import near_dedup_removals as removals
 from transforms.shard.documents import SPLIT_SHIFT, SPLITS, Document, parse_record
-from transforms.shard.spill import iter_chunk, read_index_rows
+from transforms.shard.spill import INDEX_DTYPE, iter_chunk, read_index_rows
 
 LOG = logging.getLogger("pileprep.near_dedup")
 SIGN_BATCH_CHARS = 1 << 20
@@ -63,10 +63,38 @@ def tokenize_signing(config) -> typing.Optional[near_dedup.MinHashParams]:
     return params if params.shingles == "words" and params.sketch == "oph" else None
 
 
+def _distinct_rows(plan, unit) -> np.ndarray:
+    """Index rows of a unit's distinct documents, in line order: per id the copy in the highest split (exact
+    dedup keeps that one), the first line among equals. Exact copies of committed documents take no part (the
+    packers drop them as duplicates). The one rule every way of signing a unit follows."""
+    if unit.n_docs == 0:
+        return np.zeros(0, dtype=INDEX_DTYPE)
+    with io_utils.open_read(unit.index_path) as f:
+        rows = read_index_rows(f, 0, unit.n_docs)
+    held = np.zeros(rows.size, dtype=bool)
+    for path in getattr(plan, "committed_id_indexes", ()):
+        held |= doc_ids.IdIndex(path).contains(rows["doc_id"])
+    rows = rows[~held]
+    rows = rows[np.argsort(rows["line"], kind="stable")]
+    best: dict = {}
+    for i, (doc_id, split) in enumerate(zip(rows["doc_id"].tolist(),
+                                            (rows["key"] >> np.uint64(SPLIT_SHIFT)).tolist())):
+        cur = best.get(doc_id)
+        if cur is None or split > cur[0]:
+            best[doc_id] = (split, i)
+    return rows[np.sort(np.array([i for _split, i in best.values()], dtype=np.int64))]
+
+
+def _row_fields(unit, r) -> tuple:
+    """(line, doc_id, split, source) of one index row."""
+    return (int(r["line"]), int(r["doc_id"]), int(r["key"] >> np.uint64(SPLIT_SHIFT)),
+            unit.sources[int(r["source_idx"])])
+
+
 def _staged_signatures(plan, unit, num_perm: int):
-    """(docs [(doc_id, split, source, loc)], signatures) of a unit's distinct documents, in line order, from the
-    signatures its tokenize stage staged (`tokenize_signing`): the same documents, copies and values as signing
-    the text of `_unit_documents` here. None when the file is missing or does not hold one row per indexed
+    """(docs [(doc_id, split, source, loc)], signatures) of a unit's distinct documents (`_distinct_rows`), in
+    line order, from the signatures its tokenize stage staged (`tokenize_signing`): the same documents and
+    values as signing their text here. None when the file is missing or does not hold one row per indexed
     document (a unit staged by a run that signed nothing): the caller then reads the text."""
     path = stages.unit_signatures_path(plan.staging_dir, unit.name)
     dtype = stages.unit_signatures_dtype(num_perm)
@@ -80,19 +108,7 @@ def _staged_signatures(plan, unit, num_perm: int):
     staged = np.frombuffer(data, dtype=dtype)
     by_line = np.argsort(staged["line"], kind="stable")
     lines = staged["line"][by_line]
-    with io_utils.open_read(unit.index_path) as f:
-        rows = read_index_rows(f, 0, unit.n_docs)
-    held = np.zeros(rows.size, dtype=bool)
-    for committed in getattr(plan, "committed_id_indexes", ()):  # as _unit_documents: exact copies of committed
-        held |= doc_ids.IdIndex(committed).contains(rows["doc_id"])  # documents take no part
-    rows = rows[~held]
-    best: dict = {}
-    for r in rows[np.argsort(rows["line"], kind="stable")]:  # the first line of the highest split, as there
-        doc_id, split, line = int(r["doc_id"]), int(r["key"] >> np.uint64(SPLIT_SHIFT)), int(r["line"])
-        cur = best.get(doc_id)
-        if cur is None or split > cur[2]:
-            best[doc_id] = (line, doc_id, split, unit.sources[int(r["source_idx"])])
-    chosen = sorted(best.values())
+    chosen = [_row_fields(unit, r) for r in _distinct_rows(plan, unit)]
     want = np.array([c[0] for c in chosen], dtype=np.uint64)
     at = np.minimum(np.searchsorted(lines, want), max(lines.size - 1, 0))
     if lines.size == 0 or not np.array_equal(lines[at], want):
@@ -137,31 +153,20 @@ def shingle_path(staging_dir: str, unit_name: str) -> str:
 
 
 def _unit_documents(plan, unit, text: bool = True):
-    """(line, doc_id, split, source, text or token ids) of each distinct document of a unit, in line order; the
-    copy in the highest split stands for an id (exact dedup keeps that one). `text=False`: the document's token
-    ids from the tokenize stage's spill (transforms/shard/spill.py layout), not its text: no second read and
-    parse of the unit's chunk (--near-dedup-shingles tokens; --decontaminate still reads the text)."""
-    if unit.n_docs == 0:
+    """(line, doc_id, split, source, text or token ids) of each distinct document of a unit (`_distinct_rows`),
+    in line order. `text=False`: the document's token ids from the tokenize stage's spill (transforms/shard/
+    spill.py layout), not its text: no second read and parse of the unit's chunk (--near-dedup-shingles tokens;
+    --decontaminate still reads the text)."""
+    rows = _distinct_rows(plan, unit)
+    if not rows.size:
         return []
-    with io_utils.open_read(unit.index_path) as f:
-        rows = read_index_rows(f, 0, unit.n_docs)
-    held = np.zeros(rows.size, dtype=bool)
-    for path in getattr(plan, "committed_id_indexes", ()):  # exact copies of committed documents: the packers
-        held |= doc_ids.IdIndex(path).contains(rows["doc_id"])  # drop them as duplicates, so they take no part
-    rows = rows[~held]
-    best: dict = {}
     if not text:
         tokens = np.frombuffer(io_utils.read_bytes(unit.tokens_path), dtype=np.dtype(unit.token_dtype))
-        for r in rows[np.argsort(rows["line"], kind="stable")]:
-            doc_id, split, line = int(r["doc_id"]), int(r["key"] >> np.uint64(SPLIT_SHIFT)), int(r["line"])
-            cur = best.get(doc_id)
-            if cur is None or split > cur[2]:
-                start = int(r["token_start"])
-                best[doc_id] = (line, doc_id, split, unit.sources[int(r["source_idx"])],
-                                tokens[start:start + int(r["n_tokens"])])
-        return sorted(best.values(), key=lambda d: d[0])
-    by_line = {int(r["line"]): (int(r["doc_id"]), int(r["key"] >> np.uint64(SPLIT_SHIFT))) for r in rows}
+        return [(*_row_fields(unit, r), tokens[int(r["token_start"]):int(r["token_start"]) + int(r["n_tokens"])])
+                for r in rows]
+    by_line = {line: (doc_id, split) for line, doc_id, split, _source in (_row_fields(unit, r) for r in rows)}
     cfg = plan.config
+    out = []
     with io_utils.open_read(chunk_path(plan.staging_dir, unit.name)) as f:
         for line, data in iter_chunk(f):
             if line not in by_line:
@@ -170,10 +175,8 @@ def _unit_documents(plan, unit, text: bool = True):
             doc_id, split = by_line[line]
             if not isinstance(doc, Document) or doc.doc_id != doc_id:
                 raise IOError(f"{unit.name}: line {line} does not hold document {doc_id} (staging damaged)")
-            cur = best.get(doc_id)
-            if cur is None or split > cur[2]:
-                best[doc_id] = (line, doc_id, split, doc.source, doc.text)
-    return sorted(best.values())
+            out.append((line, doc_id, split, doc.source, doc.text))
+    return out
 
 
 class SignUnit(beam.DoFn):
@@ -346,7 +349,7 @@ def write_band_files(staging_dir: str, unit_name: str, docs: list, sigs: np.ndar
     rows["doc_id"] = np.repeat(np.array([d[0] for d in docs], dtype=np.uint64), bands)
     rows["split"] = np.repeat(np.array([d[1] for d in docs], dtype=np.uint8), bands)
     rows = rows[np.lexsort((rows["doc"], rows["key"]))]
-    ranges = (rows["key"] >> np.uint64(63 - (BAND_RANGES.bit_length() - 1))).astype(np.int64)  # band_range
+    ranges = (rows["key"] >> np.uint64(63 - (BAND_RANGES.bit_length() - 1))).astype(np.int64)  # the key's top bits
     cuts = np.searchsorted(ranges, np.arange(BAND_RANGES + 1))
     # the first row at or above each fine window's lowest key, relative to its range file's first row
     at = np.searchsorted(rows["key"], _fine_bounds()).reshape(-1)
@@ -359,10 +362,6 @@ def write_band_files(staging_dir: str, unit_name: str, docs: list, sigs: np.ndar
     io_utils.write_bytes(window_offsets_path(staging_dir, unit_name), offsets.astype("<u4").tobytes())
     for r in range(BAND_RANGES):
         io_utils.write_bytes(band_file_path(staging_dir, unit_name, r), rows[cuts[r]:cuts[r + 1]].tobytes())
-
-
-def band_range(key: int) -> int:
-    return int(key) * BAND_RANGES >> 63
 
 
 def _unit_offsets(plan, name: str, r: int) -> np.ndarray:
@@ -554,19 +553,13 @@ def _repeated(keys: np.ndarray) -> np.ndarray:
     return np.unique(s[1:][s[1:] == s[:-1]])
 
 
-def committed_range_rows(entry: dict, num_perm: int) -> list:
-    """(band key, committed Node) of one committed band index file, checked against its manifest row."""
-    what = f"{BAND_INDEXES} {entry['rel']}"
-    try:
-        data = band_index.checked_bytes(io_utils.read_bytes(entry["path"]), entry["bytes"], entry["sha256"], what)
-        rows = band_index.decode(data, num_perm, what)
-    except (OSError, ValueError) as e:
-        raise RunError(f"--incremental --near-dedup: committed band index unusable: {e}; rebuild the dataset "
-                       "without --incremental") from None
-    out = band_index.committed_nodes(rows, entry["generation"])
-    if any(band_range(k) != entry["range"] for k, _n in out):
-        raise RunError(f"--incremental --near-dedup: {what} holds keys outside its range {entry['range']}")
-    return out
+def committed_range_rows(entry: dict, num_perm: int):
+    """(band key, committed Node) of one committed band index file (the runner shuffle's elements): checked
+    first, streamed whole against its manifest row (size, sha256) and for keys outside its range (a RunError
+    on the call), then read a window at a time (_RangeWindows), so no process holds the whole file."""
+    ranges = _RangeWindows(None, entry["range"], (), (entry,), num_perm)
+    at = ranges._committed_bounds()
+    return (row for w in range(len(ranges)) for row in ranges._committed_rows(w, at))
 
 
 def range_edges(task, plan, committed: tuple = ()):
@@ -597,18 +590,14 @@ def _window_edges(plan, parts: list, committed_rows: list, threshold: float):
     hot = keys[counts > HOT_BUCKET_ROWS].tolist()
     if not shared.size and not hot:
         return
+    hits = [a[np.isin(a["key"], shared)] for _name, a in parts]
+    units = np.concatenate([np.full(h.size, u, dtype=np.int32) for u, h in enumerate(hits)])
+    hit = np.concatenate(hits)
+    nodes = _member_nodes(plan, parts, hit["doc_id"], hit["split"].astype(np.int16), units, hit["doc"],
+                          np.arange(hit.size))
     buckets: dict = {}
-    for name, a in parts:
-        hit = a[np.isin(a["key"], shared)]
-        if not hit.size:
-            continue
-        sigs = _unit_sig_rows(plan, name, hit["doc"].astype(np.int64))
-        meta = pickle.loads(io_utils.read_bytes(unit_docs_path(plan.staging_dir, name)))
-        for i, (key, doc_id, split, doc) in enumerate(zip(hit["key"].tolist(), hit["doc_id"].tolist(),
-                                                          hit["split"].tolist(), hit["doc"].tolist())):
-            source, loc = meta[doc]
-            buckets.setdefault(key, []).append(near_dedup.Node(near_dedup.rank(split, doc_id), doc_id, split,
-                                                               sigs[i].tobytes(), source, loc))
+    for key, node in zip(hit["key"].tolist(), nodes):
+        buckets.setdefault(key, []).append(node)
     shared_set, hot_set = set(shared.tolist()), set(hot)
     hot_committed: dict = {}
     for k, node in committed_rows:

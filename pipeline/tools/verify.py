@@ -144,12 +144,12 @@ def _band_rows_problem(rows: np.ndarray, first: int, previous: Optional[tuple], 
                        ranges: int) -> Optional[str]:
     """The first malformed row of a chunk, as the incremental run's reader would refuse or misuse it
     (transforms/shard/near_dedup_band_index.py decode, pipeline/shard/near_dedup_graph.py committed_range_rows):
-    keys of 63 bits in the file's range (the top 3 bits, near_dedup_graph.band_range), (key, id) strictly
+    keys of 63 bits in the file's range (the top 3 bits, near_dedup_graph.BAND_RANGES), (key, id) strictly
     increasing across the whole file, a split the contract knows."""
     from transforms.shard.documents import SPLITS  # noqa: PLC0415
 
     keys, ids, splits = rows["key"], rows["doc_id"], rows["split"]
-    shift = np.uint64(63 - (ranges.bit_length() - 1))  # band_range(key) = key * ranges >> 63, ranges a power of 2
+    shift = np.uint64(63 - (ranges.bit_length() - 1))  # a key's range = key * ranges >> 63, ranges a power of 2
     outside = np.flatnonzero((keys >> shift) != np.uint64(key_range))
     if outside.size:
         return f"row {first + int(outside[0])}: band key {int(keys[outside[0]]):#x} outside range {key_range}"
