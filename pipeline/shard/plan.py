@@ -74,9 +74,10 @@ class JobPlan:
         return data
 
     def setup_worker(self) -> None:
-        """What every DoFn of the job does in setup(): the job's S3 settings, and the malloc threshold pin."""
+        """What every DoFn of the job does in setup(): the job's S3 settings, and the malloc settings
+        (transforms/io/memory.py)."""
         apply_filesystem_options(self.filesystem_options)
-        memory.pin_mmap_threshold()
+        memory.configure_malloc()
 
     @property
     def previous(self):
