@@ -174,3 +174,44 @@ def test_beam_worker_tracebacks_printed_after_a_cancel_are_dropped_until_the_nex
     worker_prints("KeyError: 'bundle_6'")
     err = capsys.readouterr().err
     assert "bundle_5" not in err and "pileprep: interrupted" in err and "bundle_6" in err
+
+
+def test_worker_handlers_are_closed_at_once_and_the_manager_reset(caplog):
+    """FnApiRunner's close_all closes every worker handler on its own thread (pipeline/beam_glue.py
+    concurrent_worker_shutdown): each handler here finishes its close only once every other has begun its own,
+    which one-after-the-other closing never reaches. A handler's error is logged and the others still close."""
+    from apache_beam.runners.portability.fn_api_runner import worker_handlers
+
+    from pipeline import beam_glue
+
+    beam_glue.concurrent_worker_shutdown()
+    beam_glue.concurrent_worker_shutdown()  # idempotent
+    started = [threading.Event() for _ in range(3)]
+    closed = []
+
+    class Handler:
+        def __init__(self, i):
+            self.i = i
+
+        def close(self):
+            started[self.i].set()
+            if not all(e.wait(5) for e in started):
+                closed.append(("alone", self.i))
+                return
+            if self.i == 2:
+                raise RuntimeError("worker 2 would not stop")
+            closed.append(("together", self.i))
+
+    class Server:
+        def close(self):
+            closed.append(("server", None))
+
+    manager = worker_handlers.WorkerHandlerManager.__new__(worker_handlers.WorkerHandlerManager)
+    manager._cached_handlers = {"env": [Handler(0), Handler(1)], "other": [Handler(2)]}
+    manager._workers_by_id = {"w": object()}
+    manager._grpc_server = Server()
+    with caplog.at_level(logging.ERROR):
+        manager.close_all()
+    assert sorted(closed[:-1]) == [("together", 0), ("together", 1)] and closed[-1] == ("server", None)
+    assert "worker 2 would not stop" in caplog.text
+    assert dict(manager._cached_handlers) == {} and manager._workers_by_id == {} and manager._grpc_server is None
