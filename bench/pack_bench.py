@@ -122,7 +122,7 @@ def frame(builds: list) -> None:
 
     import numpy as np  # noqa: PLC0415
 
-    from model_contract.example_codec import _key_field  # noqa: PLC0415
+    from model_contract.example_codec import frame_entries  # noqa: PLC0415
     from transforms.shard.packing import pack_blocks  # noqa: PLC0415
 
     rng = np.random.default_rng(0)
@@ -130,8 +130,7 @@ def frame(builds: list) -> None:
     for _ in range(3000):
         n = int(rng.lognormal(7.5, 1.0)) + 1
         docs.append((int(rng.integers(0, 2 ** 63 - 1)), np.minimum(rng.zipf(1.2, n), 31999).astype(np.int64)))
-    calls = [(tuple((_key_field(k), v, s) for k, (v, s) in sorted(b.columns().items())), b.examples)
-             for b in pack_blocks(docs, 2048, 0)]
+    calls = [(frame_entries(b.columns()), b.examples) for b in pack_blocks(docs, 2048, 0)]
     outputs = []
     for path in builds:
         spec = importlib.util.spec_from_file_location("model_contract._varint", path)

@@ -166,8 +166,8 @@ static inline Py_ssize_t entry_size(Py_ssize_t key_len, Py_ssize_t packed) {
     return 1 + varint_size((uint64_t)entry_len) + entry_len;
 }
 
-static unsigned char *put_entry(unsigned char *p, const Py_buffer *key, const unsigned char *src, int64_t a, int64_t b,
-                                Py_ssize_t packed) {
+/* Everything of a map entry before its `packed` bytes of varints (which the caller writes next). */
+static unsigned char *put_entry_head(unsigned char *p, const Py_buffer *key, Py_ssize_t packed) {
     Py_ssize_t list_len = packed ? 1 + varint_size((uint64_t)packed) + packed : 0;
     Py_ssize_t feature_len = 1 + varint_size((uint64_t)list_len) + list_len;
     *p++ = 0x0a;
@@ -181,9 +181,117 @@ static unsigned char *put_entry(unsigned char *p, const Py_buffer *key, const un
     if (packed) {
         *p++ = 0x0a;
         p = put_varint(p, (uint64_t)packed);
-        p = put_packed(p, src, a, b, packed);
     }
     return p;
+}
+
+static unsigned char *put_entry(unsigned char *p, const Py_buffer *key, const unsigned char *src, int64_t a, int64_t b,
+                                Py_ssize_t packed) {
+    p = put_entry_head(p, key, packed);
+    return packed ? put_packed(p, src, a, b, packed) : p;
+}
+
+/* ------------------------------------------------------------------ columns derived from a block's pieces */
+/* A packed block (transforms/shard/packing.py) has per token a position (distance from its piece's start) and a
+ * segment id (its piece's number inside its example, from 1), both 0 on the padding after the last real token.
+ * Both follow from the pieces' starts alone: `cuts`, rising offsets into the block's token stream, every example
+ * start below `real` among them; `splits[e]` the first piece of example e. Framing them from the starts spares
+ * the packer two int64 arrays per block and the framer a pass over each (same bytes as framing those arrays). */
+enum { DERIVED_NONE = 0, DERIVED_POSITIONS = 1, DERIVED_SEGMENT_IDS = 2 };
+
+typedef struct {
+    int kind;
+    const int64_t *cuts, *splits;
+    int64_t ncuts, real, seq_len;
+} Derived;
+
+static inline int64_t piece_end(const Derived *d, int64_t j) { return j + 1 < d->ncuts ? d->cuts[j + 1] : d->real; }
+
+static inline int64_t padding_of(const Derived *d, Py_ssize_t e) {
+    int64_t start = e * d->seq_len, end = start + d->seq_len;
+    return end > d->real ? end - (d->real > start ? d->real : start) : 0;
+}
+
+/* Bytes of the varints 0, 1, ..., len - 1. */
+static inline int64_t ramp_size(int64_t len) {
+    int64_t size = len;
+    for (int64_t t = 128; t < len; t <<= 7) size += len - t;
+    return size;
+}
+
+static Py_ssize_t derived_size(const Derived *d, Py_ssize_t e) {
+    int64_t size = padding_of(d, e);
+    for (int64_t j = d->splits[e]; j < d->splits[e + 1]; j++) {
+        int64_t len = piece_end(d, j) - d->cuts[j];
+        size += d->kind == DERIVED_POSITIONS ? ramp_size(len) : len * varint_size((uint64_t)(j - d->splits[e] + 1));
+    }
+    return (Py_ssize_t)size;
+}
+
+static unsigned char *put_derived(unsigned char *p, const Derived *d, Py_ssize_t e) {
+    for (int64_t j = d->splits[e]; j < d->splits[e + 1]; j++) {
+        int64_t len = piece_end(d, j) - d->cuts[j];
+        if (d->kind == DERIVED_POSITIONS) {
+            int64_t v = 0;
+            for (; v < len && v < 128; v++) *p++ = (unsigned char)v;
+            for (; v < len && v < 16384; v++, p += 2) {
+                p[0] = (unsigned char)(v | 0x80);
+                p[1] = (unsigned char)(v >> 7);
+            }
+            for (; v < len; v++) p = put_varint(p, (uint64_t)v);
+        } else {
+            uint64_t segment = (uint64_t)(j - d->splits[e] + 1);
+            if (segment < 128) {
+                memset(p, (int)segment, (size_t)len);
+                p += len;
+            } else {
+                for (int64_t v = 0; v < len; v++) p = put_varint(p, segment);
+            }
+        }
+    }
+    int64_t pad = padding_of(d, e);
+    memset(p, 0, (size_t)pad);
+    return p + pad;
+}
+
+/* Reads (key_field, kind, cuts, splits, real, seq_len) into kb, cb, sb and d; -1 (nothing held) on error. */
+static int get_derived_entry(PyObject *item, Py_ssize_t n, Py_buffer *kb, Py_buffer *cb, Py_buffer *sb, Derived *d) {
+    PyObject *key, *cuts, *splits;
+    long long real, seq_len;
+    if (!PyArg_ParseTuple(item, "OiOOLL", &key, &d->kind, &cuts, &splits, &real, &seq_len)) return -1;
+    if (PyObject_GetBuffer(key, kb, PyBUF_SIMPLE) < 0) return -1;
+    if (PyObject_GetBuffer(cuts, cb, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(kb);
+        return -1;
+    }
+    if (PyObject_GetBuffer(splits, sb, PyBUF_C_CONTIGUOUS) < 0) {
+        PyBuffer_Release(kb);
+        PyBuffer_Release(cb);
+        return -1;
+    }
+    d->cuts = (const int64_t *)cb->buf;
+    d->splits = (const int64_t *)sb->buf;
+    d->ncuts = cb->len / 8;
+    d->real = real;
+    d->seq_len = seq_len;
+    /* Everything the loops rely on: every example has pieces, its first starting at the example's start, and the
+     * starts rise, below `real`, which the examples hold. Lengths are then positive and indexes in range. */
+    int bad = (d->kind != DERIVED_POSITIONS && d->kind != DERIVED_SEGMENT_IDS) || cb->len % 8 || sb->len != 8 * (n + 1)
+              || seq_len < 1 || real < 1 || n < 1 || real > (int64_t)n * seq_len || d->splits[0] != 0
+              || d->splits[n] != d->ncuts;
+    for (Py_ssize_t e = 0; !bad && e < n; e++)
+        bad = d->splits[e] >= d->splits[e + 1] || d->cuts[d->splits[e]] != e * seq_len;
+    for (int64_t j = 0; !bad && j < d->ncuts; j++)
+        bad = (j && d->cuts[j] <= d->cuts[j - 1]) || d->cuts[j] >= real;
+    if (bad) {
+        PyBuffer_Release(kb);
+        PyBuffer_Release(cb);
+        PyBuffer_Release(sb);
+        PyErr_SetString(PyExc_ValueError, "a derived column needs kind 1 or 2, rising piece starts below real, "
+                                          "every example starting a piece, and real within the examples");
+        return -1;
+    }
+    return 0;
 }
 
 /* The (key_field, buffers...) entries of a call as a fast sequence of at most MAX_FEATURES; NULL on error. */
@@ -307,7 +415,8 @@ static inline unsigned char *put_le32(unsigned char *p, uint32_t v) {
     return p + 4;
 }
 
-/* frame_int64_examples(((key_field, int64 values, int64 splits), ...), n) -> bytes of n TFRecord records, each
+/* An entry may also be a derived column, (key_field, kind, cuts, splits, real, seq_len): see Derived above.
+ * frame_int64_examples(((key_field, int64 values, int64 splits), ...), n) -> bytes of n TFRecord records, each
  * a tf.train.Example laid out exactly as encode_int64_example writes it; example e's value of a feature is
  * values[splits[e]:splits[e + 1]]. One call per block of examples (transforms/shard/packing.py), all of its work
  * without the GIL: sizes first, then every byte written once, framed (length, masked CRC-32C of the length,
@@ -324,14 +433,21 @@ static PyObject *frame_int64_examples(PyObject *self, PyObject *args) {
     if (seq == NULL) return NULL;
     Py_ssize_t k = PySequence_Fast_GET_SIZE(seq);
     Py_buffer keys[MAX_FEATURES], vals[MAX_FEATURES], splits[MAX_FEATURES];
+    Derived derived[MAX_FEATURES];
     Py_ssize_t got = 0;
     Py_ssize_t *sizes = NULL; /* per example and feature: packed bytes; then per example: Example bytes */
     PyObject *out = NULL;
     for (; got < k; got++) {
         PyObject *item = PySequence_Fast_GET_ITEM(seq, got);
         PyObject *key, *values, *bounds;
+        derived[got].kind = DERIVED_NONE;
+        if (PyTuple_Check(item) && PyTuple_GET_SIZE(item) == 6) {
+            if (get_derived_entry(item, n, &keys[got], &vals[got], &splits[got], &derived[got]) < 0) goto done;
+            continue;
+        }
         if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "OOO", &key, &values, &bounds)) {
-            PyErr_SetString(PyExc_TypeError, "each entry must be a (key_field, int64 values, int64 splits) tuple");
+            PyErr_SetString(PyExc_TypeError, "each entry must be a (key_field, int64 values, int64 splits) tuple "
+                                             "or a derived column (key_field, kind, cuts, splits, real, seq_len)");
             goto done;
         }
         if (get_entry_buffers(key, values, &keys[got], &vals[got]) < 0) goto done;
@@ -361,7 +477,8 @@ static PyObject *frame_int64_examples(PyObject *self, PyObject *args) {
         Py_ssize_t body = 0;
         for (Py_ssize_t i = 0; i < k; i++) {
             const int64_t *b = (const int64_t *)splits[i].buf;
-            Py_ssize_t size = packed_size((const unsigned char *)vals[i].buf, b[e], b[e + 1]);
+            Py_ssize_t size = derived[i].kind ? derived_size(&derived[i], e)
+                                              : packed_size((const unsigned char *)vals[i].buf, b[e], b[e + 1]);
             sizes[e * (k + 1) + i] = size;
             body += entry_size(keys[i].len, size);
         }
@@ -385,7 +502,13 @@ static PyObject *frame_int64_examples(PyObject *self, PyObject *args) {
         p = put_varint(p, (uint64_t)body);
         for (Py_ssize_t i = 0; i < k; i++) {
             const int64_t *b = (const int64_t *)splits[i].buf;
-            p = put_entry(p, &keys[i], (const unsigned char *)vals[i].buf, b[e], b[e + 1], sizes[e * (k + 1) + i]);
+            Py_ssize_t size = sizes[e * (k + 1) + i];
+            if (derived[i].kind) {
+                p = put_entry_head(p, &keys[i], size);
+                p = size ? put_derived(p, &derived[i], e) : p;
+            } else {
+                p = put_entry(p, &keys[i], (const unsigned char *)vals[i].buf, b[e], b[e + 1], size);
+            }
         }
         p = put_le32(p, masked_crc32c(data, (size_t)(p - data)));
     }

@@ -16,6 +16,7 @@ parser reads (tests check that with `tf.data`).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping
 
 import numpy as np
@@ -211,21 +212,67 @@ def encode_example(features: Mapping[str, np.ndarray]) -> bytes:
     return b"".join(parts)
 
 
-def frame_examples(columns: Mapping[str, tuple], n: int) -> bytes:
+@dataclass(frozen=True)
+class PieceColumn:
+    """A dense column of a block of `n` examples of `seq_len` tokens that follows from where its pieces start:
+    per token its position in its piece (POSITIONS) or its piece's number inside its example, from 1
+    (SEGMENT_IDS), 0 on the padding from `real` on. `cuts`: the pieces' starts, rising offsets into the block,
+    every example's start below `real` among them; `splits[e]`: example e's first piece (n + 1 entries).
+
+    The C framer writes it from the starts alone (`_varint.c`, Derived), so the packer builds no int64 array for
+    it and the framer makes no pass over one; `dense()` is the same column as (values, splits) otherwise."""
+    POSITIONS = 1
+    SEGMENT_IDS = 2
+
+    kind: int
+    cuts: np.ndarray  # int64 [pieces]
+    splits: np.ndarray  # int64 [n + 1]
+    real: int
+    seq_len: int
+
+    def dense(self) -> tuple:
+        n = self.splits.size - 1
+        total = n * self.seq_len
+        piece_len = np.diff(np.append(self.cuts, self.real))
+        values = np.zeros(total, dtype=np.int64)
+        if self.kind == self.POSITIONS:
+            values[:self.real] = np.arange(self.real, dtype=np.int64) - np.repeat(self.cuts, piece_len)
+        else:
+            segment = np.arange(1, self.cuts.size + 1, dtype=np.int64) - np.repeat(self.splits[:-1],
+                                                                                   np.diff(self.splits))
+            values[:self.real] = np.repeat(segment, piece_len)
+        return values, np.arange(0, total + 1, self.seq_len, dtype=np.int64)
+
+
+def _frame_entry(name: str, column) -> tuple:
+    """One feature's entry for `_varint.frame_int64_examples`."""
+    if isinstance(column, PieceColumn):
+        return (_key_field(name), column.kind, np.ascontiguousarray(column.cuts, dtype="<i8"),
+                np.ascontiguousarray(column.splits, dtype="<i8"), int(column.real), int(column.seq_len))
+    return (_key_field(name), np.ascontiguousarray(column[0], dtype="<i8"),
+            np.ascontiguousarray(column[1], dtype="<i8"))
+
+
+def frame_entries(columns: Mapping[str, object]) -> tuple:
+    """The C framer's entries for `columns`, in the order every Example writes its features (sorted names)."""
+    return tuple(_frame_entry(name, columns[name]) for name in sorted(columns))
+
+
+def frame_examples(columns: Mapping[str, object], n: int) -> bytes:
     """n `tf.train.Example`s framed as TFRecord records, back to back: what `frame_record(encode_example(...))`
-    gives for each example, in one call. `columns` maps a feature to (int64 values, splits): example e's value
-    is values[splits[e]:splits[e + 1]] (transforms/shard/packing.py's blocks). With the C extension the whole block
-    is encoded, checksummed and framed without the GIL; without it, example by example."""
-    names = sorted(columns)
+    gives for each example, in one call. `columns` maps a feature to (int64 values, splits), example e's value
+    being values[splits[e]:splits[e + 1]], or to a PieceColumn (transforms/shard/packing.py's blocks). With the C
+    extension the whole block is encoded, checksummed and framed without the GIL; without it, example by
+    example."""
     if _fast is not None and hasattr(_fast, "frame_int64_examples"):
-        return _fast.frame_int64_examples(
-            tuple((_key_field(name), np.ascontiguousarray(columns[name][0], dtype="<i8"),
-                   np.ascontiguousarray(columns[name][1], dtype="<i8")) for name in names), n)
+        return _fast.frame_int64_examples(frame_entries(columns), n)
     from model_contract.tfrecord import frame_record  # noqa: PLC0415 - tfrecord imports nothing of this module
 
+    names = sorted(columns)
+    dense = {name: c.dense() if isinstance(c, PieceColumn) else c for name, c in columns.items()}
     records = []
     for e in range(n):
-        example = {name: columns[name][0][int(columns[name][1][e]):int(columns[name][1][e + 1])] for name in names}
+        example = {name: dense[name][0][int(dense[name][1][e]):int(dense[name][1][e + 1])] for name in names}
         records.append(frame_record(encode_example(example)))
     return b"".join(records)
 

@@ -29,14 +29,35 @@ def byte_piece_mask(sp) -> np.ndarray:
     return np.array([sp.IsByte(i) for i in range(sp.GetPieceSize())], dtype=bool)
 
 
-def add_tokenized(stats: dict, source: str, text: str, ids: np.ndarray, byte_mask: np.ndarray) -> None:
+def byte_id_range(byte_mask: np.ndarray):
+    """(first id, count) when the byte pieces are one run of ids (SentencePiece puts <0x00>..<0xFF> together),
+    else None."""
+    ids = np.flatnonzero(byte_mask)
+    if ids.size and int(ids[-1]) - int(ids[0]) + 1 == ids.size:
+        return int(ids[0]), int(ids.size)
+    return None
+
+
+def byte_fallback_count(ids: np.ndarray, byte_mask: np.ndarray, byte_range=None) -> int:
+    """How many of `ids` are byte pieces. With `byte_range` (byte_id_range), one unsigned compare per token
+    instead of a gather through the mask: the gather was ~2% of the 384 MB job's CPU."""
+    if byte_range is None:
+        return int(byte_mask[ids].sum())
+    first, count = byte_range
+    # (id - first) modulo 2**bits, read unsigned, is below count exactly for first <= id < first + count
+    shifted = ids - ids.dtype.type(first)
+    return int(np.count_nonzero(shifted.view(f"u{ids.dtype.itemsize}") < count))
+
+
+def add_tokenized(stats: dict, source: str, text: str, ids: np.ndarray, byte_mask: np.ndarray,
+                  byte_range=None) -> None:
     s = stats.setdefault(source, dict.fromkeys(TOKENIZE_KEYS, 0))
     s["tokenized_documents"] += 1
     s["chars"] += len(text)
     s["bytes"] += len(text.encode("utf-8"))
     s["tokens"] += int(ids.size)
     if ids.size:
-        s["byte_fallback_tokens"] += int(byte_mask[ids].sum())
+        s["byte_fallback_tokens"] += byte_fallback_count(ids, byte_mask, byte_range)
 
 
 def add_written(stats: dict, source: str, n_tokens: int) -> None:

@@ -17,8 +17,9 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from model_contract import INPUT_IDS, PIECE_DOC_IDS, PIECE_OFFSETS, POSITIONS, SEGMENT_IDS
+from model_contract.example_codec import PieceColumn
 
-BLOCK_EXAMPLES = 64  # 131k tokens at seq_len 2048: three 1 MiB int64 arrays, ~0.8 MB of framed records
+BLOCK_EXAMPLES = 64  # 131k tokens at seq_len 2048: a 1 MiB int64 array of tokens, ~0.8 MB of framed records
 
 
 @dataclass
@@ -37,27 +38,40 @@ class PackedExample:
 
 @dataclass
 class PackedBlock:
-    """Consecutive examples: dense features as [examples, seq_len] arrays, the per-piece ones flat, example e's
-    pieces being piece_*[piece_splits[e]:piece_splits[e + 1]]. Only a group's last block has padding, at its end."""
+    """Consecutive examples: the tokens as an [examples, seq_len] array, the per-piece features flat, example e's
+    pieces being piece_*[piece_splits[e]:piece_splits[e + 1]], and where those pieces start in the block
+    (`cuts`), from which segment ids and positions follow. Only a group's last block has padding, at its end."""
     input_ids: np.ndarray  # int64 [n, seq_len]
-    segment_ids: np.ndarray
-    positions: np.ndarray
     piece_doc_ids: np.ndarray  # int64 [pieces]
     piece_offsets: np.ndarray  # int64 [pieces]
     piece_splits: np.ndarray  # int64 [n + 1]
+    cuts: np.ndarray  # int64 [pieces]: each piece's first token in the block (every example's first is one)
     padding: int  # padding tokens, all in the last example
 
     @property
     def examples(self) -> int:
         return self.input_ids.shape[0]
 
+    def _piece_column(self, kind: int) -> PieceColumn:
+        n, seq_len = self.input_ids.shape
+        return PieceColumn(kind, self.cuts, self.piece_splits, n * seq_len - self.padding, seq_len)
+
+    @property
+    def segment_ids(self) -> np.ndarray:  # int64 [n, seq_len]; 0 = padding, 1..k = k-th piece of the example
+        return self._piece_column(PieceColumn.SEGMENT_IDS).dense()[0].reshape(self.input_ids.shape)
+
+    @property
+    def positions(self) -> np.ndarray:  # int64 [n, seq_len]; position inside the piece
+        return self._piece_column(PieceColumn.POSITIONS).dense()[0].reshape(self.input_ids.shape)
+
     def columns(self) -> dict:
-        """{feature: (values, splits)} for model_contract.frame_examples: example e's value of a feature is
-        values[splits[e]:splits[e + 1]]."""
+        """{feature: (values, splits) or PieceColumn} for model_contract.frame_examples: example e's value of a
+        feature is values[splits[e]:splits[e + 1]]; segment ids and positions are framed from `cuts`."""
         n, seq_len = self.input_ids.shape
         dense = np.arange(0, (n + 1) * seq_len, seq_len, dtype=np.int64)
-        return {INPUT_IDS: (self.input_ids.reshape(-1), dense), SEGMENT_IDS: (self.segment_ids.reshape(-1), dense),
-                POSITIONS: (self.positions.reshape(-1), dense),
+        return {INPUT_IDS: (self.input_ids.reshape(-1), dense),
+                SEGMENT_IDS: self._piece_column(PieceColumn.SEGMENT_IDS),
+                POSITIONS: self._piece_column(PieceColumn.POSITIONS),
                 PIECE_DOC_IDS: (self.piece_doc_ids, self.piece_splits),
                 PIECE_OFFSETS: (self.piece_offsets, self.piece_splits)}
 
@@ -72,15 +86,15 @@ def _build_block(pieces: list, seq_len: int, pad_id: int) -> PackedBlock:
 
     A piece here is a document's part inside the block; cutting the stream every seq_len tokens cuts those into
     the examples' pieces. Every example's piece boundaries are the union of the block's piece starts and the
-    example starts; from them, per token, the segment id (piece number inside its example, from 1) and the
-    position (distance from its piece's start)."""
+    example starts: the segment id (piece number inside its example, from 1) and the position (distance from its
+    piece's start) of every token follow from them (PieceColumn), and are framed from them."""
     doc_of, offset_of, arrays = zip(*pieces)
     lengths = np.array([a.size for a in arrays], dtype=np.int64)
     real = int(lengths.sum())
     n = -(-real // seq_len)
     total = n * seq_len
-    # Every dense array is allocated once and written once: the tokens (any integer dtype, cast here) and the
-    # padding tail, with no fill of the whole array before (each pass over a block is ~1 MiB of int64).
+    # The token array is allocated once and written once: the tokens (any integer dtype, cast here) and the
+    # padding tail, with no fill of the whole array before (a pass over a block is ~1 MiB of int64).
     stream = np.empty(total, dtype=np.int64)
     np.concatenate(arrays, out=stream[:real], casting="unsafe")
     stream[real:] = pad_id
@@ -91,16 +105,7 @@ def _build_block(pieces: list, seq_len: int, pad_id: int) -> PackedBlock:
     doc_ids = np.array(doc_of, dtype=np.int64)[part]
     offsets = np.array(offset_of, dtype=np.int64)[part] + cuts - starts[part]
     splits = np.searchsorted(cuts, np.arange(0, total + 1, seq_len, dtype=np.int64))  # the last is cuts.size
-    piece_len = np.diff(np.append(cuts, real))
-    segment = np.arange(1, cuts.size + 1, dtype=np.int64) - np.repeat(splits[:-1], np.diff(splits))
-    segment_ids = np.empty(total, dtype=np.int64)
-    segment_ids[:real] = np.repeat(segment, piece_len)
-    segment_ids[real:] = 0
-    positions = np.arange(total, dtype=np.int64)
-    positions[:real] -= np.repeat(cuts, piece_len)
-    positions[real:] = 0
-    return PackedBlock(stream.reshape(n, seq_len), segment_ids.reshape(n, seq_len), positions.reshape(n, seq_len),
-                       doc_ids, offsets, splits, total - real)
+    return PackedBlock(stream.reshape(n, seq_len), doc_ids, offsets, splits, cuts, total - real)
 
 
 def pack_blocks(documents: Iterable, seq_len: int, pad_id: int,

@@ -241,6 +241,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
     source_stats: dict = {}
     if byte_mask is None:
         byte_mask = corpus_stats.byte_piece_mask(sp)
+    byte_range = corpus_stats.byte_id_range(byte_mask)
     spot_before = dict(getattr(sp, "counts", {}))
     signing = settings.near_dedup_params
     files = contextlib.ExitStack()
@@ -273,7 +274,7 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
                 sources.append(doc.source)
             rows.append((sort_key(doc.doc_id, split, settings.seed), doc.doc_id, line, source_idx[doc.source]))
             arrays.append(arr.astype(token_dtype))
-            corpus_stats.add_tokenized(source_stats, doc.source, doc.text, arr, byte_mask)
+            corpus_stats.add_tokenized(source_stats, doc.source, doc.text, arr, byte_mask, byte_range)
         batch, batch_chars = [], 0
 
     with files, io_utils.open_read(chunk.chunk_path) as f:

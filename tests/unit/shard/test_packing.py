@@ -1,7 +1,10 @@
 """Packing: exact lengths, documents split never truncated, padding only at the end, provenance per piece."""
+import dataclasses
+
 import numpy as np
 import pytest
 
+from model_contract.example_codec import PieceColumn
 from transforms.shard.packing import pack_documents
 
 
@@ -91,11 +94,63 @@ def test_blocks_pack_exactly_as_the_one_piece_at_a_time_rule(block_examples):
                     g.piece_offsets.tolist()] == w
         assert blocks[-1].padding == got[-1].padding == len(got) * seq_len - int(lengths.sum())
         for b in blocks:  # the columns frame_examples encodes are the examples' own arrays
-            columns = b.columns()
+            columns = {k: c.dense() if isinstance(c, PieceColumn) else c for k, c in b.columns().items()}
             for e in range(b.examples):
                 for name, value in b.example(e).features().items():
                     values, splits = columns[name]
                     assert (values[splits[e]:splits[e + 1]] == value).all()
+
+
+@pytest.mark.parametrize("seq_len, doc_len", [(7, (1, 30)), (2048, (1, 9000)), (300, (1, 3)), (20000, (5000, 40000))])
+def test_segment_ids_and_positions_framed_from_piece_starts_are_the_dense_columns_bytes(seq_len, doc_len):
+    """The C framer writes segment ids and positions from the pieces' starts (PieceColumn): byte for byte what it
+    writes from the dense int64 arrays, and what the Python framer writes. The cases reach positions of 1, 2 and
+    3 varint bytes (20000 > 2**14) and segment ids past 127 (300-token examples of 1-2 token documents)."""
+    from model_contract import example_codec
+    from transforms.shard.packing import pack_blocks
+
+    if example_codec._fast is None:
+        pytest.skip("model_contract._varint was not built")
+    rng = np.random.default_rng(seq_len)
+    docs = [(int(rng.integers(0, 2 ** 62)), rng.integers(0, 32000, int(rng.integers(*doc_len))).astype(np.uint16))
+            for _ in range(300)]
+    segments = 0
+    for block in pack_blocks(docs, seq_len, pad_id=0, block_examples=8):
+        columns = block.columns()
+        dense = {k: c.dense() if isinstance(c, PieceColumn) else c for k, c in columns.items()}
+        framed = example_codec.frame_examples(columns, block.examples)
+        assert framed == example_codec.frame_examples(dense, block.examples)
+        fast, example_codec._fast = example_codec._fast, None
+        try:
+            assert framed == example_codec.frame_examples(columns, block.examples)
+        finally:
+            example_codec._fast = fast
+        segments = max(segments, int(block.segment_ids.max()))
+    assert seq_len != 300 or segments > 127
+
+
+def test_a_bad_piece_column_is_refused_by_the_c_framer():
+    from model_contract import example_codec
+    from transforms.shard.packing import pack_blocks
+
+    if example_codec._fast is None:
+        pytest.skip("model_contract._varint was not built")
+    block = next(pack_blocks(docs_of([5, 9, 3]), 8, pad_id=0))
+    good = block.columns()
+    name = "positions"
+    column = good[name]
+    bad_columns = [
+        dataclasses.replace(column, cuts=column.cuts[::-1].copy()),  # falling starts
+        dataclasses.replace(column, real=column.real + 100),  # more real tokens than the examples hold
+        dataclasses.replace(column, kind=3),
+        dataclasses.replace(column, splits=column.splits[:-1].copy()),  # one example short
+        dataclasses.replace(column, cuts=column.cuts + 1),  # an example that does not start a piece
+        dataclasses.replace(column, cuts=np.append(column.cuts, column.real),  # a piece starting at the padding
+                            splits=np.append(column.splits[:-1], column.splits[-1] + 1)),
+    ]
+    for bad in bad_columns:
+        with pytest.raises(ValueError, match="derived column"):
+            example_codec.frame_examples({**good, name: bad}, block.examples)
 
 
 def test_pack_blocks_refuses_a_bad_size():
