@@ -53,6 +53,14 @@ class SplitOutput:
     digest: InputFile  # path, bytes read, sha256 of them
 
 
+@dataclass(frozen=True)
+class TokenizedFile:
+    """What splitting and tokenizing one input file in one worker hands on (shard_pipeline.SplitAndTokenizeFile):
+    its split and the units of its chunks, in chunk order."""
+    split: SplitOutput
+    units: tuple  # (stages.UnitResult, ...)
+
+
 @dataclass
 class CommitParts:
     """Every stage's results, gathered into one element for the commit (pipeline/shard/shard_pipeline.py)."""

@@ -120,9 +120,10 @@ def signs_units(plan) -> bool:
     return bool(getattr(config, "near_dedup", False)) and near_dedup_graph.tokenize_signing(config) is not None
 
 
-def _split_files(file_idx: int, chunks: int, dead_letter: bool) -> list:
-    """(root, relative path) of every file split_input_file writes for input file `file_idx`."""
-    files = [(STAGING, f"chunks/f{file_idx:06d}-c{i:05d}.rec.zst") for i in range(chunks)]
+def _split_files(file_idx: int, chunks: int, dead_letter: bool, spilled: bool = True) -> list:
+    """(root, relative path) of every file the split of input file `file_idx` writes: its chunk files when they
+    were spilled (split_input_file; transforms/shard/stages.py InputCutter), its dead letters."""
+    files = [(STAGING, f"chunks/f{file_idx:06d}-c{i:05d}.rec.zst") for i in range(chunks)] if spilled else []
     return files + ([(DATA, f"dead_letter/f{file_idx:06d}-read.jsonl")] if dead_letter else [])
 
 
@@ -197,14 +198,17 @@ def split_record(out: SplitOutput) -> dict:
     r = out.result
     return {"file_idx": r.file_idx, "input_path": r.input_path, "stats": r.stats.to_dict(),
             "dead_letter": r.dead_letter_path is not None, "digest": out.digest.to_dict(),
-            "chunks": [{"records": c.records, "raw_bytes": c.raw_bytes} for c in r.chunks]}
+            "chunks": [{"records": c.records, "raw_bytes": c.raw_bytes} for c in r.chunks], "spilled": r.spilled}
 
 
 def split_from_record(rec: dict, staging_dir: str, data_dir: str) -> SplitOutput:
     idx, path = _need(rec, "file_idx", int), _need(rec, "input_path", str)
+    spilled = rec.get("spilled", True)
+    if not isinstance(spilled, bool):
+        raise Discard("spilled is not a bool")
     chunks = []
     for i, c in enumerate(_need(rec, "chunks", list)):
-        chunk_path = io_utils.join(staging_dir, "chunks", f"f{idx:06d}-c{i:05d}.rec.zst")
+        chunk_path = stages.chunk_spill_path(staging_dir, idx, i) if spilled else ""
         chunks.append(stages.ChunkRef(idx, path, i, chunk_path, _need(c, "records", int), _need(c, "raw_bytes", int)))
     digest = _need(rec, "digest", dict)
     try:
@@ -216,7 +220,8 @@ def split_from_record(rec: dict, staging_dir: str, data_dir: str) -> SplitOutput
         raise Discard("digest has the wrong types")
     dead = _need(rec, "dead_letter", bool)
     result = stages.SplitResult(idx, path, chunks, _stats(rec.get("stats")),
-                                io_utils.join(data_dir, "dead_letter", f"f{idx:06d}-read.jsonl") if dead else None)
+                                io_utils.join(data_dir, "dead_letter", f"f{idx:06d}-read.jsonl") if dead else None,
+                                spilled)
     return SplitOutput(result, input_file)
 
 
@@ -286,7 +291,7 @@ def mark_unit(plan, unit: "stages.UnitResult") -> None:
 def mark_split(plan, out: SplitOutput) -> None:
     r = out.result
     _write_marker(plan.staging_dir, plan.data_dir, plan.generation, split_marker_name(r.file_idx), split_record(out),
-                  _split_files(r.file_idx, len(r.chunks), r.dead_letter_path is not None))
+                  _split_files(r.file_idx, len(r.chunks), r.dead_letter_path is not None, r.spilled))
 
 
 def mark_pack(plan, result: "stages.ShardResult") -> None:
@@ -369,8 +374,20 @@ def count_packed(plan, result: "stages.ShardResult", reused: bool) -> None:
     progress.write_marker(plan.staging_dir, pack_marker_name(result.task), {what: 1})
 
 
-def load_split(plan, file_idx: int) -> Optional[SplitOutput]:
-    marker = _checked_on_worker(plan, split_marker_name(file_idx))
+def load_split(plan, file_idx: int, spilled: bool = True) -> Optional[SplitOutput]:
+    """A reusable split of input file `file_idx` made the way this run needs it (`spilled`: with its chunk files
+    in staging, for a tokenize stage that reads them; else with its chunks tokenized as they were cut); None
+    otherwise, and the file is split again."""
+    name = split_marker_name(file_idx)
+    try:  # the kind first, from the marker alone: a spilled split's chunk files are not hashed for nothing
+        made_spilled = _read_marker(plan, name)["result"].get("spilled", True)
+    except Discard:
+        made_spilled = spilled  # _checked_on_worker notes why and discards it
+    if made_spilled != spilled:
+        LOG.info("resume: the finished %s was split %s chunk files; it is split again", name,
+                 "into" if made_spilled else "without")
+        return None
+    marker = _checked_on_worker(plan, name)
     return None if marker is None else split_from_record(marker["result"], plan.staging_dir, plan.data_dir)
 
 
@@ -417,7 +434,8 @@ def check_marker(plan, name: str, hashes: bool = False) -> dict:
         file_idx, input_path = split.result.file_idx, split.result.input_path
         if split_marker_name(file_idx) != name:
             raise Discard("the input file it describes has another index")
-        expected = _split_files(file_idx, len(split.result.chunks), split.result.dead_letter_path is not None)
+        expected = _split_files(file_idx, len(split.result.chunks), split.result.dead_letter_path is not None,
+                                split.result.spilled)
     if not 0 <= file_idx < len(plan.ledger) or plan.ledger[file_idx].path != input_path:
         raise Discard(f"input file #{file_idx} is not {input_path[:200]!r} in this run's ledger")
     return _check_files(plan, marker, expected, hashes)

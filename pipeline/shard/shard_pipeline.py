@@ -32,7 +32,7 @@ from pipeline.errors import RunError
 from pipeline.ops import commit, guards, incremental, progress, runlog, runners
 from pipeline.ops import generations
 from pipeline.shard import cancel, integrity, near_dedup_graph, preflight, resume, runner_shuffle, unit_plan
-from pipeline.shard.records import CommitParts, InputFile, SplitOutput
+from pipeline.shard.records import CommitParts, InputFile, SplitOutput, TokenizedFile
 from pipeline.shard.manifest_builder import build_manifest, shard_write_tasks
 from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model  # noqa: F401 - the job's public names
 from pipeline.shard import plan as shard_plan
@@ -125,6 +125,10 @@ class TokenizeChunk(PlanDoFn):
             unit = stages.tokenize_chunk(chunk, self.sp, self.dtype, self.settings, self.plan.staging_dir,
                                          self.plan.data_dir, self.byte_mask, cancel.check)
             resume.mark_unit(self.plan, unit)
+        return self._count(unit, chunk, reused)
+
+    def _count(self, unit: "stages.UnitResult", chunk, reused: bool) -> "stages.UnitResult":
+        """A unit's counters: Beam's and a progress marker (runners without live metrics)."""
         (self.units_reused if reused else self.units_tokenized).inc()
         self.documents.inc(unit.n_docs)
         self.tokens.inc(sum(unit.split_tokens))
@@ -135,6 +139,73 @@ class TokenizeChunk(PlanDoFn):
             "raw_bytes": chunk.raw_bytes, "dead_letters": sum(unit.stats.dead_lettered.values()),
             "units_reused" if reused else "units_tokenized": 1})
         return unit
+
+
+class SplitAndTokenizeFile(TokenizeChunk):
+    """Cuts one input file into chunks and tokenizes each as it is cut, in this worker: the chunks never go
+    through staging (transforms/shard/stages.py InputCutter). For graphs where a file's chunks would stay on the
+    worker that cut them anyway (`spread_chunks_needed` false) and nothing reads the chunks later (no near-dedup
+    stage): the zstd spill and its read back were ~6% of the 384 MB bench job's CPU (docs/BENCHMARKS.md).
+
+    Same units, names and bytes as SplitInputFile + TokenizeChunk. Resume: each unit is marked as it is
+    written and the file's split (chunk sizes, digest, damage) once all are; a rerun reuses a file whose split
+    and units are all marked without reading it, and otherwise reads it again and tokenizes only the chunks
+    whose units are not (pipeline/shard/resume.py)."""
+
+    def __init__(self, plan: JobPlan):
+        super().__init__(plan)
+        self.input_files = Metrics.counter("pileprep", "input_files")
+        self.input_bytes = Metrics.counter("pileprep", "input_bytes")
+
+    def process(self, element):
+        tokenized = cancel.call(self._split_and_tokenize, *element)
+        if tokenized is not None:  # None: the driver cancelled the run (pipeline/shard/cancel.py)
+            yield tokenized
+
+    def _split_and_tokenize(self, file_idx: int, path: str, chunk_bytes: Optional[int] = None) -> TokenizedFile:
+        output, units = self._reuse(file_idx), []
+        if output is not None:
+            units = [self._count(unit, chunk, True) for unit, chunk in zip(output[1], output[0].result.chunks)]
+            output = output[0]
+        else:
+            cfg = self.plan.config
+            cutter = stages.InputCutter(file_idx, path, cfg.unit_bytes, cfg.max_line_bytes,
+                                        cfg.max_zstd_window_bytes, (cfg.text_field, *cfg.source_fields), cancel.check,
+                                        chunk_bytes)
+            for chunk, records in cutter.chunks():
+                units.append(self._tokenize_records(chunk, records))
+            result = cutter.finish(self.plan.data_dir, list(cutter.refs), spilled=False)
+            size, sha = incremental.file_sha256(path)
+            output = SplitOutput(result, InputFile(path, size, sha256=sha))
+            resume.mark_split(self.plan, output)
+        self.input_files.inc()
+        self.input_bytes.inc(output.digest.bytes)
+        progress.write_marker(self.plan.staging_dir, f"split-f{file_idx:06d}", {
+            "input_files": 1, "input_bytes": output.digest.bytes,
+            "split_raw_bytes": sum(c.raw_bytes for c in output.result.chunks)})
+        return TokenizedFile(output, tuple(units))
+
+    def _reuse(self, file_idx: int) -> Optional[tuple]:
+        """(split, its units) when an earlier run finished the whole file this way and every file checks."""
+        if resume.split_marker_name(file_idx) not in self.plan.resumed_splits:
+            return None
+        output = resume.load_split(self.plan, file_idx, spilled=False)
+        if output is None or not all(resume.unit_marker_name(c.unit_name) in self.plan.resumed_units
+                                     for c in output.result.chunks):
+            return None
+        units = [resume.load_unit(self.plan, c.unit_name) for c in output.result.chunks]
+        return None if any(u is None for u in units) else (output, units)
+
+    def _tokenize_records(self, chunk, records) -> "stages.UnitResult":
+        unit = None
+        if resume.unit_marker_name(chunk.unit_name) in self.plan.resumed_units:  # finished by an earlier run
+            unit = resume.load_unit(self.plan, chunk.unit_name)
+        reused = unit is not None
+        if not reused:
+            unit = stages.tokenize_records(chunk, records, self.sp, self.dtype, self.settings, self.plan.staging_dir,
+                                           self.plan.data_dir, self.byte_mask, cancel.check)
+            resume.mark_unit(self.plan, unit)
+        return self._count(unit, chunk, reused)
 
 
 class PackShard(PlanDoFn):
@@ -274,11 +345,16 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
     files = (p
              | "ListInputs" >> beam.Create([(i, e.path, chunk_bytes) for i, e in enumerate(plan.ledger)])
              | "SpreadFiles" >> Spread(lambda f: f[0]))
-    splits = files | "SplitIntoChunks" >> beam.ParDo(SplitInputFile(plan))
-    chunks = splits | "Chunks" >> beam.FlatMap(lambda s: s.result.chunks)
-    if spread_chunks:
-        chunks = chunks | "SpreadChunks" >> Spread(lambda c: (c.file_idx, c.chunk_idx))
-    units = chunks | "Tokenize" >> beam.ParDo(TokenizeChunk(plan))
+    if spread_chunks or near_dedup_graph.enabled(plan.config):  # chunks through staging (the near-dedup stage
+        splits = files | "SplitIntoChunks" >> beam.ParDo(SplitInputFile(plan))  # reads them again)
+        chunks = splits | "Chunks" >> beam.FlatMap(lambda s: s.result.chunks)
+        if spread_chunks:
+            chunks = chunks | "SpreadChunks" >> Spread(lambda c: (c.file_idx, c.chunk_idx))
+        units = chunks | "Tokenize" >> beam.ParDo(TokenizeChunk(plan))
+    else:  # each file's chunks tokenized by the worker that cuts them, as they are cut
+        tokenized = files | "SplitAndTokenize" >> beam.ParDo(SplitAndTokenizeFile(plan))
+        splits = tokenized | "Splits" >> beam.Map(lambda t: t.split)
+        units = tokenized | "Units" >> beam.FlatMap(lambda t: t.units)
     # After tokenize (exact dedup is by id), before packing and repeats; left out when an earlier run of this
     # generation finished it (its marker checked with every file's sha256: pipeline/shard/resume.py), since the
     # removals it staged depend only on the fingerprint.

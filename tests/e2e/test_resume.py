@@ -97,6 +97,45 @@ def test_a_run_killed_at_70_percent_of_its_units_resumes_and_gives_the_uninterru
     assert not any((out / "_staging").rglob("*.json"))  # staging and its markers are gone after the commit
 
 
+# Three in-process worker threads for 8 files: fewer than 4 files per worker, so the chunks go through staging
+# (pipeline/shard/shard_pipeline.py spread_chunks_needed); with 1 or 2 workers each file is tokenized as it is cut.
+SPREAD_THREADS = ["--runner=FnApiRunner", "--direct_num_workers=3", "--direct_running_mode=multi_threading"]
+
+
+@pytest.mark.parametrize("rerun_args", [FAST_LOCAL, SPREAD_THREADS], ids=["fused-rerun", "spread-rerun"])
+def test_a_run_that_tokenizes_files_as_it_cuts_them_resumes_from_its_units(tmp_path, rerun_args):
+    """8 files on 2 worker processes: each file's chunks are tokenized as they are cut (SplitAndTokenizeFile),
+    and no chunk file is written. Killed at 70% of its units, the run resumes from them, whether the rerun cuts
+    and tokenizes files the same way (its finished files are not even read) or spreads the chunks through
+    staging (its files are split again, their units still reused), with the uninterrupted bytes."""
+    corpus = _corpus(tmp_path / "corpus", files=8)
+    inputs = [str(corpus / "*")]
+    twin, twin_log = tmp_path / "twin", tmp_path / "twin.jsonl"
+    res = run_cli(_args(inputs, twin, twin_log, FAST_LOCAL), timeout_s=150)
+    assert res.returncode == 0, res.stderr[-3000:]
+    units = _events(twin_log, "summary")[-1]["counters"]["units_tokenized"]
+    assert units >= 30
+
+    out, log = tmp_path / "out", tmp_path / "run.jsonl"
+    proc = _kill_when(_args(inputs, out, log, WORKER_PROCESSES), out, math.ceil(0.7 * units))
+    assert _group_gone(proc.pid), "a process of the killed run is still running"
+    finished = _done_units(out)
+    finished_files = _done(out, "split")
+    assert finished < units and not (out / "manifest.json").exists()
+    assert finished_files >= 1  # a whole file done: its split marker, naming no chunk file
+    assert not any((out / "_staging").glob("gen-*/chunks/*")), "chunks went through staging"
+
+    res = run_cli(_args(inputs, out, log, rerun_args), timeout_s=150)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert _events(log, "resume")[-1]["units_reusable"] == finished
+    counters = _events(log, "summary")[-1]["counters"]
+    assert counters["units_reused"] == finished
+    assert counters["units_tokenized"] == units - finished
+    got, want = dataset_files(out), dataset_files(twin)
+    assert got.keys() == want.keys()
+    assert [k for k in got if got[k] != want[k]] == []
+
+
 def test_no_resume_starts_afresh_with_a_note(tmp_path):
     corpus = _corpus(tmp_path / "corpus", 400_000, 1)
     inputs = [str(corpus / "*")]

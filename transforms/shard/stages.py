@@ -4,13 +4,16 @@
   tokenize_chunk    one chunk           -> a sorted unit (index + tokens) in staging (+ dead letters)
   pack_shard        one (split, shard)  -> one TFRecord shard, packed from its key range of every unit
 
-Each returns a small picklable result; bulk data only ever moves through files. File names depend only on
-the input and config, so a retried bundle rewrites identical bytes (Beam may run a bundle twice).
+Where one worker both cuts a file and tokenizes its chunks, the chunks skip the spill: InputCutter hands each
+chunk's records to tokenize_records in memory (one chunk at a time). Each stage returns a small picklable result;
+bulk data only ever moves between workers through files. File names depend only on the input and config, so a
+retried bundle rewrites identical bytes (Beam may run a bundle twice).
 """
 from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -108,6 +111,75 @@ class SplitResult:
     chunks: list  # [ChunkRef]
     stats: FileStats  # records this stage settled itself (damage)
     dead_letter_path: Optional[str]
+    spilled: bool = True  # its chunks are files in staging (split_input_file); else they went straight on
+
+
+class InputCutter:
+    """The records of one input file cut into line-aligned chunks of about `chunk_bytes` (at most `unit_bytes`)
+    of raw lines plus RECORD_OVERHEAD_BYTES per record: `chunks()` yields (ChunkRef without a path, [(line,
+    bytes)]) one chunk at a time; unreadable input becomes `damages` (dead-letter rows) and `stats`.
+
+    Both ways of splitting cut here, so their chunks (and the units named after them) are the same: spilled to
+    staging (`split_input_file`) or handed straight to the tokenizer in the same worker
+    (pipeline/shard/shard_pipeline.py SplitAndTokenizeFile). Parquet files (transforms/io/read_parquet.py) give one
+    record per row holding `fields` (text, source fields); a row group may hold up to 4 * unit_bytes of those
+    columns (at least max_line_bytes). `check_cancelled` is called before each chunk and raises when the driver
+    has given up on the run (pipeline/shard/cancel.py)."""
+
+    def __init__(self, file_idx: int, input_path: str, unit_bytes: int, max_line_bytes: int,
+                 max_zstd_window_bytes: int = DEFAULT_MAX_ZSTD_WINDOW_BYTES,
+                 fields: tuple = ("text", "meta.pile_set_name"), check_cancelled: Callable[[], None] = _never,
+                 chunk_bytes: Optional[int] = None):
+        self.file_idx, self.input_path = file_idx, input_path
+        self.unit_bytes, self.max_line_bytes, self.max_zstd_window_bytes = unit_bytes, max_line_bytes, max_zstd_window_bytes
+        self.fields, self.check_cancelled = fields, check_cancelled
+        self.cut_at = unit_bytes if chunk_bytes is None else min(chunk_bytes, unit_bytes)
+        self.stats = FileStats()
+        self.damages: list = []
+        self.refs: list = []  # ChunkRef of every chunk yielded so far, without a path
+
+    def chunks(self):
+        records: list = []
+        raw_bytes = 0
+        with io_utils.open_read(self.input_path) as f:
+            items = (read_parquet.iter_parquet_records(f, self.fields[0], self.fields[1:], self.max_line_bytes,
+                                                       4 * self.unit_bytes)
+                     if read_parquet.is_parquet(self.input_path)
+                     else iter_raw_records(f, compression_of(self.input_path), self.max_line_bytes,
+                                           self.max_zstd_window_bytes))
+            for item in items:
+                if isinstance(item, FileDamage):
+                    self.stats.read += 1
+                    self.stats.dead_letter(item.reason)
+                    self.damages.append(dead_letter_row(self.input_path, item.line, item.reason, item.excerpt,
+                                                        item.detail))
+                    continue
+                if not records:
+                    self.check_cancelled()
+                records.append((item.line, item.data))
+                raw_bytes += len(item.data)
+                if raw_bytes + len(records) * RECORD_OVERHEAD_BYTES >= self.cut_at:
+                    yield self._chunk(records, raw_bytes)
+                    records, raw_bytes = [], 0
+        if records:
+            yield self._chunk(records, raw_bytes)
+
+    def _chunk(self, records: list, raw_bytes: int) -> tuple:
+        ref = ChunkRef(self.file_idx, self.input_path, len(self.refs), "", len(records), raw_bytes)
+        self.refs.append(ref)
+        return ref, records
+
+    def finish(self, data_dir: str, chunks: list, spilled: bool) -> "SplitResult":
+        """The file's SplitResult once every chunk is out, its damages written as dead letters."""
+        dl_path = None
+        if self.damages:
+            dl_path = io_utils.join(data_dir, "dead_letter", f"f{self.file_idx:06d}-read.jsonl")
+            io_utils.write_jsonl(dl_path, self.damages)
+        return SplitResult(self.file_idx, self.input_path, chunks, self.stats, dl_path, spilled)
+
+
+def chunk_spill_path(staging_dir: str, file_idx: int, chunk_idx: int) -> str:
+    return io_utils.join(staging_dir, "chunks", f"f{file_idx:06d}-c{chunk_idx:05d}.rec.zst")
 
 
 def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir: str, unit_bytes: int,
@@ -115,58 +187,21 @@ def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir:
                      fields: tuple = ("text", "meta.pile_set_name"),
                      check_cancelled: Callable[[], None] = _never,
                      chunk_bytes: Optional[int] = None) -> SplitResult:
-    """Stream one input file into chunks of about `unit_bytes` of raw lines; damage becomes dead letters.
-
-    `chunk_bytes` (at most `unit_bytes`): cut chunks that small instead, to give the workers more units
-    (pipeline/shard/unit_plan.py); `unit_bytes` still bounds a Parquet row group.
-
-    Parquet files (transforms/io/read_parquet.py) give one record per row holding `fields` (text, source fields);
-    a row group may hold up to 4 * unit_bytes of those columns (at least max_line_bytes). `check_cancelled` is
-    called before each chunk and raises when the driver has given up on the run (pipeline/shard/cancel.py)."""
-    chunks: list = []
-    damages: list = []
-    stats = FileStats()
-    cut_at = unit_bytes if chunk_bytes is None else min(chunk_bytes, unit_bytes)
-    writer: Optional[ChunkWriter] = None
-    stream = None
-
-    def close_chunk():
-        nonlocal writer, stream
-        if writer is None:
-            return
-        writer.close()
-        stream.close()
-        ref = chunks[-1]
-        chunks[-1] = ChunkRef(ref.file_idx, ref.input_path, ref.chunk_idx, ref.chunk_path, writer.records,
-                              writer.raw_bytes)
-        writer, stream = None, None
-
-    with io_utils.open_read(input_path) as f:
-        items = (read_parquet.iter_parquet_records(f, fields[0], fields[1:], max_line_bytes, 4 * unit_bytes)
-                 if read_parquet.is_parquet(input_path)
-                 else iter_raw_records(f, compression_of(input_path), max_line_bytes, max_zstd_window_bytes))
-        for item in items:
-            if isinstance(item, FileDamage):
-                stats.read += 1
-                stats.dead_letter(item.reason)
-                damages.append(dead_letter_row(input_path, item.line, item.reason, item.excerpt, item.detail))
-                continue
-            if writer is None:
-                check_cancelled()
-                idx = len(chunks)
-                path = io_utils.join(staging_dir, "chunks", f"f{file_idx:06d}-c{idx:05d}.rec.zst")
-                stream = io_utils.open_write(path)
-                writer = ChunkWriter(stream)
-                chunks.append(ChunkRef(file_idx, input_path, idx, path, 0, 0))
-            writer.add(item.line, item.data)
-            if writer.raw_bytes + writer.records * RECORD_OVERHEAD_BYTES >= cut_at:
-                close_chunk()
-    close_chunk()
-    dl_path = None
-    if damages:
-        dl_path = io_utils.join(data_dir, "dead_letter", f"f{file_idx:06d}-read.jsonl")
-        io_utils.write_jsonl(dl_path, damages)
-    return SplitResult(file_idx, input_path, chunks, stats, dl_path)
+    """Stream one input file into chunks (InputCutter) written to staging as zstd chunk files; damage becomes dead
+    letters. For the runners that spread one file's chunks over many workers (and for the near-dedup stage,
+    which reads the chunks again)."""
+    cutter = InputCutter(file_idx, input_path, unit_bytes, max_line_bytes, max_zstd_window_bytes, fields,
+                         check_cancelled, chunk_bytes)
+    chunks = []
+    for ref, records in cutter.chunks():
+        path = chunk_spill_path(staging_dir, file_idx, ref.chunk_idx)
+        with io_utils.open_write(path) as stream:
+            writer = ChunkWriter(stream)
+            for line, data in records:
+                writer.add(line, data)
+            writer.close()
+        chunks.append(dataclasses.replace(ref, chunk_path=path))
+    return cutter.finish(data_dir, chunks, spilled=True)
 
 
 # --------------------------------------------------------------------------------------------- tokenize
@@ -224,7 +259,18 @@ def unit_signatures_path(staging_dir: str, unit_name: str) -> str:
 def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: TokenizeSettings, staging_dir: str,
                    data_dir: str, byte_mask: Optional[np.ndarray] = None,
                    check_cancelled: Callable[[], None] = _never) -> UnitResult:
-    """Parse, validate and tokenize one chunk; write its documents sorted by seeded sort key.
+    """Parse, validate and tokenize one chunk file (split_input_file); write its documents sorted by seeded sort
+    key (tokenize_records)."""
+    with io_utils.open_read(chunk.chunk_path) as f:
+        return tokenize_records(chunk, iter_chunk(f), sp, token_dtype, settings, staging_dir, data_dir, byte_mask,
+                                check_cancelled)
+
+
+def tokenize_records(chunk: ChunkRef, records, sp, token_dtype: np.dtype, settings: TokenizeSettings,
+                     staging_dir: str, data_dir: str, byte_mask: Optional[np.ndarray] = None,
+                     check_cancelled: Callable[[], None] = _never) -> UnitResult:
+    """Parse, validate and tokenize one chunk's (line, bytes) records; write its documents sorted by seeded sort
+    key as the unit named after the chunk.
 
     `byte_mask`: corpus_stats.byte_piece_mask(sp), computed once per worker by the caller (it asks the model
     about every piece: ~30 ms per call with a 32k vocabulary, which per chunk would be ~1% of the job)."""
@@ -277,8 +323,8 @@ def tokenize_chunk(chunk: ChunkRef, sp, token_dtype: np.dtype, settings: Tokeniz
             corpus_stats.add_tokenized(source_stats, doc.source, doc.text, arr, byte_mask, byte_range)
         batch, batch_chars = [], 0
 
-    with files, io_utils.open_read(chunk.chunk_path) as f:
-        for line, data in iter_chunk(f):
+    with files:
+        for line, data in records:
             stats.read += 1
             result = parse_record(data, settings.text_field, settings.source_fields)
             if isinstance(result, Document):

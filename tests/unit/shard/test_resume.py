@@ -65,6 +65,29 @@ def test_finished_work_of_the_same_run_is_reused_as_it_was(tmp_path, caplog):
     assert found.units == {"unit-" + UNIT} and found.splits == {"split-f000000"} and _notes(caplog) == []
     assert resume.load_unit(plan, UNIT) == unit  # the very result the killed run's pack stage would have seen
     assert resume.load_split(plan, 0) == split
+    assert resume.load_split(plan, 0, spilled=False) is None  # its chunks are files: not what a fused run reuses
+
+
+def test_a_split_made_without_chunk_files_is_reused_only_by_a_run_that_needs_none(tmp_path, caplog):
+    """A file cut and tokenized in one worker (shard_pipeline.SplitAndTokenizeFile) marks its split with no chunk
+    file; a run that spreads chunks through staging must split that file again (and the other way round)."""
+    plan = _plan(tmp_path)
+    _finished_run(plan)
+    inp = plan.ledger[0].path
+    cut = SplitOutput(stages.SplitResult(0, inp, [stages.ChunkRef(0, inp, 0, "", 3, 11)], stages.FileStats(3), None,
+                                         spilled=False), InputFile(inp, 10, sha256="ab" * 32))
+    resume.mark_split(plan, cut)
+    marker = json.loads(io_utils.read_bytes(resume.marker_path(plan.staging_dir, "split-f000000")))
+    assert marker["files"] == [] and marker["result"]["spilled"] is False
+    assert resume.reconcile(plan).splits == {"split-f000000"}
+    assert resume.load_split(plan, 0, spilled=False) == cut
+    assert resume.load_split(plan, 0) is None  # a spilled split is wanted: split again, no chunk file trusted
+    assert _notes(caplog) == []
+
+    marker["result"]["spilled"] = "no"
+    io_utils.write_bytes(resume.marker_path(plan.staging_dir, "split-f000000"), json.dumps(marker).encode())
+    assert resume.reconcile(plan).splits == set()
+    assert any("spilled is not a bool" in n for n in _notes(caplog))
 
 
 def test_a_damaged_file_or_marker_is_discarded_with_a_note_and_redone(tmp_path, caplog):
