@@ -106,9 +106,13 @@ def concurrent_worker_shutdown() -> None:
     Beam 2.77's WorkerHandlerManager.close_all (fn_api_runner/worker_handlers.py) closes each worker handler in
     turn, and a subprocess worker's close waits for that process to exit (~0.25 s: its harness winds down its
     channels, then the interpreter ends). Two workers cost ~0.5 s of a 6 s job at 96 MB with both cores idle
-    (measured with bench/profile_shard.py: "pipeline end"); N workers N x 0.25 s. Here every handler is closed
-    on its own thread and all are joined, then the manager is reset as Beam does. A handler's error is logged
-    as Beam logs it. tests/unit/house/test_beam_glue.py checks the closes overlap."""
+    (measured with bench/profile_shard.py: "pipeline end"); N workers N x 0.25 s. Here the subprocess workers'
+    handlers are closed each on its own thread and joined; every other handler (in-process workers, whose
+    threads may still be in native code after a SIGTERM: pipeline/cli.py _exit_without_teardown) is closed in
+    turn on the calling thread, as Beam does, which keeps an interrupted run's exit as it was (closing those on
+    threads too let `retrieval neighbours` die of the SIGTERM it had already answered, 1 run in 3). Then the
+    manager is reset as Beam does; a handler's error is logged as Beam logs it.
+    tests/e2e/test_local_runner.py checks the closes overlap."""
     from apache_beam.runners.portability.fn_api_runner import worker_handlers  # noqa: PLC0415
 
     manager = worker_handlers.WorkerHandlerManager
@@ -123,9 +127,15 @@ def concurrent_worker_shutdown() -> None:
 
     def close_all(self):
         handlers = {h for handler_list in self._cached_handlers.values() for h in handler_list}  # noqa: SLF001
-        threads = [threading.Thread(target=close_one, args=(h,), name="pileprep-close-worker") for h in handlers]
+        processes = [h for h in handlers if isinstance(h, worker_handlers.SubprocessSdkWorkerHandler)]
+        if len(processes) < 2:
+            processes = []
+        threads = [threading.Thread(target=close_one, args=(h,), name="pileprep-close-worker", daemon=True)
+                   for h in processes]
         for t in threads:
             t.start()
+        for h in handlers.difference(processes):
+            close_one(h)
         for t in threads:
             t.join()
         self._cached_handlers = collections.defaultdict(list)  # noqa: SLF001

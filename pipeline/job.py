@@ -64,7 +64,7 @@ class Job(abc.ABC):
     break_lock: bool = False
     log: runlog.RunLog
     # Its in-process workers cannot be cancelled (stop_workers only silences them): an interrupted run's process
-    # ends without interpreter teardown once its line is printed (pipeline/cli.py `_exit_after_interrupt`).
+    # ends without interpreter teardown once its line is printed (pipeline/cli.py `_exit_without_teardown`).
     exit_without_teardown: bool = False
 
     def describe(self) -> dict:

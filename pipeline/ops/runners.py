@@ -118,6 +118,14 @@ LOCAL_SHUFFLE_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner
                          "PrismRunner", "InteractiveRunner")
 
 
+def runs_in_this_process(beam_args: list) -> bool:
+    """Whether these Beam arguments keep the job on the local runner in this process tree (no --runner, or one of
+    the Direct / FnApiRunner family): nothing of the run outlives the driver (no job server, no cluster client)."""
+    _i, runner = _runner_of(list(beam_args or []))
+    return runner is None or runner.rsplit(".", 1)[-1] in ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner",
+                                                           "SwitchingDirectRunner")
+
+
 def choose_shuffle(choice: str, runner_name: str) -> str:
     """`--shuffle auto|files|runner` resolved for a runner (a class name or a dotted path): 'files' or 'runner'."""
     if choice in ("files", "runner"):

@@ -117,8 +117,9 @@ def _plant_a_crashed_runs_leftovers(out, name: str) -> None:
 
 
 def _sigterm_once_staging(args: list, out) -> tuple:
-    """`pileprep ARGS` (the default local runner) sent SIGTERM a second after its staging appears under `out`:
-    (exit status, stderr)."""
+    """`pileprep ARGS` (the default local runner) sent SIGTERM 0.2 s after its staging appears under `out`, inside
+    the job (its SIGTERM handler is in place before the staging is made: pipeline/job.py run_job), before its
+    commit (a neighbours job of this size commits ~0.75 s after): (exit status, stderr)."""
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, env=subprocess_env(PYTHONPATH=str(REPO)), cwd=str(REPO),
                             start_new_session=True)
@@ -126,7 +127,7 @@ def _sigterm_once_staging(args: list, out) -> tuple:
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline and not any((out / "_staging").glob("gen-*")):
             time.sleep(0.005)
-        time.sleep(1.0)  # the pipeline is starting or running
+        time.sleep(0.2)  # the pipeline is starting or running
         assert proc.poll() is None, "finished before the signal"
         os.kill(proc.pid, signal.SIGTERM)
         _out, err = proc.communicate(timeout=60)

@@ -177,9 +177,10 @@ def test_beam_worker_tracebacks_printed_after_a_cancel_are_dropped_until_the_nex
 
 
 def test_worker_handlers_are_closed_at_once_and_the_manager_reset(caplog):
-    """FnApiRunner's close_all closes every worker handler on its own thread (pipeline/beam_glue.py
+    """FnApiRunner's close_all closes every subprocess worker's handler on its own thread (pipeline/beam_glue.py
     concurrent_worker_shutdown): each handler here finishes its close only once every other has begun its own,
-    which one-after-the-other closing never reaches. A handler's error is logged and the others still close."""
+    which one-after-the-other closing never reaches. A handler's error is logged and the others still close;
+    an in-process worker's handler is closed on the calling thread."""
     from apache_beam.runners.portability.fn_api_runner import worker_handlers
 
     from pipeline import beam_glue
@@ -189,9 +190,12 @@ def test_worker_handlers_are_closed_at_once_and_the_manager_reset(caplog):
     started = [threading.Event() for _ in range(3)]
     closed = []
 
-    class Handler:
-        def __init__(self, i):
+    class Handler(worker_handlers.SubprocessSdkWorkerHandler):
+        def __init__(self, i):  # no real worker behind it: Beam's __init__ is not run
             self.i = i
+
+        def __hash__(self):
+            return self.i
 
         def close(self):
             started[self.i].set()
@@ -206,12 +210,17 @@ def test_worker_handlers_are_closed_at_once_and_the_manager_reset(caplog):
         def close(self):
             closed.append(("server", None))
 
+    class InProcess:
+        def close(self):
+            closed.append(("in-process", threading.current_thread() is threading.main_thread()))
+
     manager = worker_handlers.WorkerHandlerManager.__new__(worker_handlers.WorkerHandlerManager)
-    manager._cached_handlers = {"env": [Handler(0), Handler(1)], "other": [Handler(2)]}
+    manager._cached_handlers = {"env": [Handler(0), Handler(1)], "other": [Handler(2), InProcess()]}
     manager._workers_by_id = {"w": object()}
     manager._grpc_server = Server()
     with caplog.at_level(logging.ERROR):
         manager.close_all()
-    assert sorted(closed[:-1]) == [("together", 0), ("together", 1)] and closed[-1] == ("server", None)
+    assert sorted(closed[:-1]) == [("in-process", True), ("together", 0), ("together", 1)]
+    assert closed[-1] == ("server", None)
     assert "worker 2 would not stop" in caplog.text
     assert dict(manager._cached_handlers) == {} and manager._workers_by_id == {} and manager._grpc_server is None

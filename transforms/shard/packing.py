@@ -11,6 +11,7 @@ most `block_examples * seq_len` tokens whatever the documents' sizes: a long doc
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterable, Iterator
 
@@ -56,11 +57,12 @@ class PackedBlock:
         n, seq_len = self.input_ids.shape
         return PieceColumn(kind, self.cuts, self.piece_splits, n * seq_len - self.padding, seq_len)
 
-    @property
+    # Built once, on first use (`example()`, tests): the shard stage frames them from `cuts` and never builds them.
+    @functools.cached_property
     def segment_ids(self) -> np.ndarray:  # int64 [n, seq_len]; 0 = padding, 1..k = k-th piece of the example
         return self._piece_column(PieceColumn.SEGMENT_IDS).dense()[0].reshape(self.input_ids.shape)
 
-    @property
+    @functools.cached_property
     def positions(self) -> np.ndarray:  # int64 [n, seq_len]; position inside the piece
         return self._piece_column(PieceColumn.POSITIONS).dense()[0].reshape(self.input_ids.shape)
 
