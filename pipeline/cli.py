@@ -108,7 +108,24 @@ def cmd_shard(args, beam_args) -> int:
                                                        workers=run.dry_run_workers,
                                                        process_startup_cpu_s=dry_run.process_cpu_s())))
         return 0
+    # Before Beam is imported here: FnApiRunner's worker processes, if this run will use them, start importing
+    # now on the core the driver leaves idle (pipeline/shard/warm_workers.py)
+    from pipeline.shard import warm_workers  # noqa: PLC0415
+
+    if not run.incremental:
+        warm_workers.start(warm_workers.expected_workers(config, beam_args))
+    try:
+        return _shard(config, run, args, beam_args)
+    finally:
+        warm_workers.discard()
+
+
+def _shard(config, run, args, beam_args) -> int:
     from pipeline.ops import guards  # noqa: PLC0415
+    from pipeline.shard import warm_workers  # noqa: PLC0415
+
+    if warm_workers.waiting():
+        warm_workers.install()
 
     def shard(worker_log):
         from pipeline.shard import shard_pipeline  # noqa: PLC0415 - Beam's import noise goes to the log

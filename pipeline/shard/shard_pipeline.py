@@ -31,7 +31,8 @@ from pipeline.config import PILEPREP_VERSION, ShardConfig
 from pipeline.errors import RunError
 from pipeline.ops import commit, guards, incremental, progress, runlog, runners
 from pipeline.ops import generations
-from pipeline.shard import cancel, integrity, near_dedup_graph, preflight, resume, runner_shuffle, unit_plan
+from pipeline.shard import (cancel, integrity, near_dedup_graph, preflight, resume, runner_shuffle, unit_plan,
+                            warm_workers)
 from pipeline.shard.records import CommitParts, InputFile, SplitOutput, TokenizedFile
 from pipeline.shard.manifest_builder import build_manifest, shard_write_tasks
 from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model  # noqa: F401 - the job's public names
@@ -455,7 +456,10 @@ class ShardJob(job.Job):
             LOG.info("default runner: %s workers for ~%d MB of raw input (beam_glue.default_running_mode)",
                      "process" if mode == "multi_processing" else "thread", raw_bytes >> 20)
             self.log.event("running_mode", mode=mode, raw_bytes_estimate=raw_bytes)
-        return _execute(plan, self.options, self.log, self.progress_every_s)
+        executed = _execute(plan, self.options, self.log, self.progress_every_s)
+        if warm_workers.handed() or warm_workers.waiting():  # started by the CLI (pipeline/shard/warm_workers.py)
+            self.log.event("warm_workers", handed=warm_workers.handed(), unused=warm_workers.waiting())
+        return executed
 
     def scratch_dirs(self, plan: JobPlan) -> list:
         return [plan.staging_dir, progress.marker_dir(plan.staging_dir)]

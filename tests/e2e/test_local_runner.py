@@ -224,3 +224,82 @@ def test_worker_handlers_are_closed_at_once_and_the_manager_reset(caplog):
     assert closed[-1] == ("server", None)
     assert "worker 2 would not stop" in caplog.text
     assert dict(manager._cached_handlers) == {} and manager._workers_by_id == {} and manager._grpc_server is None
+
+
+# ------------------------------------------------------------------------------------------ warm workers
+def _shard_config(tmp_path, inputs) -> ShardConfig:
+    return ShardConfig(inputs=tuple(inputs), output=str(tmp_path / "out"), tokenizer="t.model")
+
+
+@pytest.mark.parametrize("beam_args, want", [
+    (["--runner=FnApiRunner", "--direct_num_workers=3", "--direct_running_mode=multi_processing"], 3),
+    (["--direct_running_mode", "multi_processing", "--direct_num_workers", "2"], 2),
+    (["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_threading"], 0),
+    (["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=multi_processing"], 0),
+    (["--runner=DataflowRunner", "--direct_running_mode=multi_processing"], 0),
+    (["--runner=FnApiRunner", "--direct_num_workers=2"], 0)])  # FnApiRunner's own default mode: in memory
+def test_warm_workers_are_started_only_for_fnapirunner_worker_processes(tmp_path, beam_args, want):
+    from pipeline.shard import warm_workers
+
+    assert warm_workers.expected_workers(_shard_config(tmp_path, [str(tmp_path / "*.zst")]), beam_args) == want
+
+
+def test_the_default_runner_gets_warm_workers_from_the_size_the_default_picks_processes_at(tmp_path, monkeypatch):
+    """No runner given: as many as the machine's cores once the local inputs' estimated raw bytes reach the
+    threshold of pipeline/beam_glue.py default_running_mode (which the driver applies again after planning);
+    none for a remote input, whose size the CLI does not list before Beam is imported."""
+    from pipeline.ops import runners as runners_module
+    from pipeline.shard import warm_workers
+
+    (tmp_path / "a.jsonl.zst").write_bytes(b"x" * 1000)  # ~3000 raw bytes estimated
+    (tmp_path / "b.jsonl").write_bytes(b"y" * 1000)
+    cfg = _shard_config(tmp_path, [str(tmp_path / "*.zst"), str(tmp_path / "b.jsonl")])
+    assert warm_workers.local_raw_bytes(cfg.inputs) == 4000
+    cores = len(__import__("os").sched_getaffinity(0))
+    monkeypatch.setattr(runners_module, "PROCESSES_FROM_RAW_BYTES", 4001)
+    assert warm_workers.expected_workers(cfg, []) == (cores if cores > 4 else 0)
+    monkeypatch.setattr(runners_module, "PROCESSES_FROM_RAW_BYTES", 4000)
+    assert warm_workers.expected_workers(cfg, []) == (cores if cores > 1 else 0)
+    remote = _shard_config(tmp_path, ["s3://bucket/*.zst"])
+    assert warm_workers.expected_workers(remote, []) == (cores if cores > 4 else 0)
+
+
+def test_warm_workers_not_handed_to_a_runner_are_killed(monkeypatch):
+    import psutil
+
+    from pipeline.shard import warm_workers
+
+    warm_workers.start(2)
+    procs = list(warm_workers._POOL)  # noqa: SLF001
+    assert warm_workers.waiting() == 2 and all(psutil.pid_exists(p.pid) for p in procs)
+    procs[0].kill()
+    procs[0].wait()
+    handed = warm_workers.handed()
+    taken = warm_workers.take({"WORKER_ID": "w"})  # skips the dead one, hands the live one its environment
+    assert taken is procs[1] and warm_workers.handed() == handed + 1 and warm_workers.waiting() == 0
+    taken.kill()
+    taken.wait()
+    warm_workers.start(1)
+    warm_workers.discard()
+    assert warm_workers.waiting() == 0 and warm_workers.take({}) is None
+
+
+def test_a_run_on_worker_processes_gets_its_warm_workers_and_writes_the_same_bytes(tmp_path):
+    from tests.corpus_fixtures import write_good_corpus
+    from tests.ops_fixtures import FAST_LOCAL, dataset_files, run_cli, shard_args
+
+    corpus = tmp_path / "corpus"
+    write_good_corpus(corpus, limit_bytes=400_000, files=4)
+    inputs = [str(corpus / "*")]
+    twin = tmp_path / "twin"
+    assert run_cli(shard_args(inputs, twin, *FAST_LOCAL), timeout_s=150).returncode == 0
+    out, log = tmp_path / "out", tmp_path / "run.jsonl"
+    res = run_cli(shard_args(inputs, out, "--run-log", str(log), "--runner=FnApiRunner", "--direct_num_workers=2",
+                             "--direct_running_mode=multi_processing"), timeout_s=150)
+    assert res.returncode == 0, res.stderr[-3000:]
+    import json
+
+    events = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "warm_workers"]
+    assert [(e["handed"], e["unused"]) for e in events] == [(2, 0)]
+    got, want = dataset_files(out), dataset_files(twin)
+    assert got.keys() == want.keys() and [k for k in got if got[k] != want[k]] == []
