@@ -505,10 +505,11 @@ def _exit_without_teardown(code: int) -> None:
       cancelled (pipeline/retrieval/store_job.py `stop_workers`), and a worker thread still in native code when the
       interpreter tore down aborted the process after the one line (SIGABRT, "terminate called without an active
       exception"), about one `retrieval neighbours` SIGTERM in six (tests/e2e/test_job_runner.py).
-    - Any command that succeeded on the local runner (runners.runs_in_this_process: no job server or cluster
-      client registered to stop at exit): the teardown (Beam's and gRPC's threads and modules) took 0.3-0.75 s
-      after the last line, ~5% of the 96 MB bench run's wall (docs/BENCHMARKS.md). Everything a command writes is
-      closed (and the commit's files fsynced) before it returns.
+    - Any command that succeeded on the local runner or as a client of a given Dask cluster
+      (runners.runs_in_this_process: no job server or cluster of its own to stop at exit): the teardown (Beam's,
+      gRPC's and Dask's threads and modules) took 0.3-0.75 s after the last line, ~5% of the 96 MB bench run's
+      wall, ~0.7 s of a Dask run's (docs/BENCHMARKS.md). Everything a command writes is closed (and the commit's
+      files fsynced) before it returns.
     The lock, staging and run log are already released by the job runner."""
     import logging  # noqa: PLC0415
 

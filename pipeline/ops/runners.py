@@ -132,9 +132,14 @@ LOCAL_SHUFFLE_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner
 
 
 def runs_in_this_process(beam_args: list) -> bool:
-    """Whether these Beam arguments keep the job on the local runner in this process tree (no --runner, or one of
-    the Direct / FnApiRunner family): nothing of the run outlives the driver (no job server, no cluster client)."""
-    _i, runner = _runner_of(list(beam_args or []))
+    """Whether nothing these Beam arguments start outlives the driver in a way its exit must tidy up: the local
+    runner (no --runner, or one of the Direct / FnApiRunner family), or DaskRunner on a cluster it was given
+    (`--dask_client_address`: the driver holds only a client connection, which the scheduler drops with it).
+    Not DaskRunner without an address (it starts a local cluster of its own), nor a job server's runner."""
+    args = list(beam_args or [])
+    _i, runner = _runner_of(args)
+    if runner is not None and runner.lower() in ("dask", "daskrunner") or runner == DASK_RUNNER:
+        return any(a.startswith("--dask_client_address") for a in args)
     return runner is None or runner.rsplit(".", 1)[-1] in ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner",
                                                            "SwitchingDirectRunner")
 

@@ -36,11 +36,11 @@ from typing import Optional
 
 import numpy as np
 
-from model_contract import encode_example, frame_record
+from model_contract import encode_example, frame_examples, frame_record
 from pipeline.config import ShardConfig
 from transforms.io import io_utils
 from transforms.shard.documents import HASHED, SPLITS, Document, assign_split, parse_record
-from transforms.shard.packing import pack_documents
+from transforms.shard.packing import BLOCK_EXAMPLES, pack_blocks
 from transforms.io.read_records import FileDamage, compression_of, iter_raw_records
 
 MAX_SAMPLE_FILES = 16
@@ -215,16 +215,20 @@ def _add_document(s: Sample, doc: Document, config: ShardConfig, sp, chars_budge
 
 
 def output_bytes_per_example(s: Sample, seq_len: int, eos_id: int, pad_id: int) -> tuple:
-    """(bytes per framed example, CPU seconds per example) from packing and encoding sampled documents."""
+    """(bytes per framed example, CPU seconds per example) from packing and framing sampled documents a block at
+    a time, as the shard stage does (transforms/shard/stages.py pack_shard: pack_blocks, frame_examples)."""
     eos = np.array([eos_id], dtype=np.int64)
     docs = ((i, np.concatenate((t, eos))) for i, t in enumerate(s.token_arrays))
     n, total, t0 = 0, 0, time.process_time()
-    for example in pack_documents(docs, seq_len, pad_id):
-        if example.padding and n:  # the last, padded example is not typical
+    for block in pack_blocks(docs, seq_len, pad_id, block_examples=min(BLOCK_EXAMPLES, ENCODE_EXAMPLES)):
+        full = block.examples - (1 if block.padding else 0)  # the last, padded example is not typical
+        if full <= 0:
             break
-        total += len(frame_record(encode_example(example.features())))
-        n += 1
-        if n >= ENCODE_EXAMPLES:
+        framed = frame_examples(block.columns(), block.examples)
+        last = len(frame_record(encode_example(block.example(block.examples - 1).features()))) if block.padding else 0
+        total += len(framed) - last
+        n += full
+        if block.padding or n >= ENCODE_EXAMPLES:
             break
     cpu = time.process_time() - t0
     if not n:

@@ -295,8 +295,9 @@ def test_a_command_that_succeeds_on_the_local_runner_ends_without_interpreter_te
     ([], True), (["--runner=FnApiRunner", "--direct_num_workers=2"], True), (["--runner", "DirectRunner"], True),
     (["--runner=apache_beam.runners.direct.direct_runner.BundleBasedDirectRunner"], True),
     (["--runner=DataflowRunner"], False), (["--runner", "PortableRunner"], False), (["--runner=dask"], False),
-    (["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"], False)])
-def test_only_the_local_runners_run_wholly_in_this_process(beam_args, local):
+    (["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"], False),  # it starts a local cluster of its own
+    (["--runner=DaskRunner", "--dask_client_address=tcp://127.0.0.1:8786"], True)])  # only a client of a cluster
+def test_only_the_local_runners_and_a_dask_client_end_without_teardown(beam_args, local):
     from pipeline.ops import runners
 
     assert runners.runs_in_this_process(beam_args) is local
