@@ -50,7 +50,8 @@ sys.path.insert(0, REPO)
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 SAMPLE_S = 0.1
-READING_STAGES = ("SplitIntoChunks", "SplitAndTokenize", "ReadRecords", "SplitFiles", "Tokenize")  # the first one that reads records
+# the first one that reads records
+READING_STAGES = ("SplitIntoChunks", "SplitAndTokenize", "ReadRecords", "SplitFiles", "Tokenize")
 COMMIT_STAGE = "CommitManifest"
 
 

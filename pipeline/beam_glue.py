@@ -111,7 +111,8 @@ def concurrent_worker_shutdown() -> None:
         try:
             worker_handler.close()
         except Exception:  # noqa: BLE001 - as Beam's own close_all: log and go on with the others
-            worker_handlers._LOGGER.error("Error closing worker_handler %s", worker_handler, exc_info=True)  # noqa: SLF001
+            log = worker_handlers._LOGGER  # noqa: SLF001 - Beam's own logger, as its close_all logs
+            log.error("Error closing worker_handler %s", worker_handler, exc_info=True)
 
     def close_all(self):
         handlers = {h for handler_list in self._cached_handlers.values() for h in handler_list}  # noqa: SLF001

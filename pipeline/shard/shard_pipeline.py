@@ -164,12 +164,11 @@ class SplitAndTokenizeFile(TokenizeChunk):
             yield tokenized
 
     def _split_and_tokenize(self, file_idx: int, path: str, chunk_bytes: Optional[int] = None) -> TokenizedFile:
-        output, units = self._reuse(file_idx), []
-        if output is not None:
-            units = [self._count(unit, chunk, True) for unit, chunk in zip(output[1], output[0].result.chunks)]
-            output = output[0]
+        reused = self._reuse(file_idx)
+        if reused is not None:
+            output, units = reused[0], [self._count(u, c, True) for u, c in zip(reused[1], reused[0].result.chunks)]
         else:
-            cfg = self.plan.config
+            cfg, units = self.plan.config, []
             cutter = stages.InputCutter(file_idx, path, cfg.unit_bytes, cfg.max_line_bytes,
                                         cfg.max_zstd_window_bytes, (cfg.text_field, *cfg.source_fields), cancel.check,
                                         chunk_bytes)
@@ -346,13 +345,15 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
     files = (p
              | "ListInputs" >> beam.Create([(i, e.path, chunk_bytes) for i, e in enumerate(plan.ledger)])
              | "SpreadFiles" >> Spread(lambda f: f[0]))
-    if spread_chunks or near_dedup_graph.enabled(plan.config):  # chunks through staging (the near-dedup stage
-        splits = files | "SplitIntoChunks" >> beam.ParDo(SplitInputFile(plan))  # reads them again)
+    # The chunks go through staging where other workers tokenize them, or where the near-dedup stage reads them
+    # again; else each file's chunks are tokenized by the worker that cuts them, as they are cut.
+    if spread_chunks or near_dedup_graph.enabled(plan.config):
+        splits = files | "SplitIntoChunks" >> beam.ParDo(SplitInputFile(plan))
         chunks = splits | "Chunks" >> beam.FlatMap(lambda s: s.result.chunks)
         if spread_chunks:
             chunks = chunks | "SpreadChunks" >> Spread(lambda c: (c.file_idx, c.chunk_idx))
         units = chunks | "Tokenize" >> beam.ParDo(TokenizeChunk(plan))
-    else:  # each file's chunks tokenized by the worker that cuts them, as they are cut
+    else:
         tokenized = files | "SplitAndTokenize" >> beam.ParDo(SplitAndTokenizeFile(plan))
         splits = tokenized | "Splits" >> beam.Map(lambda t: t.split)
         units = tokenized | "Units" >> beam.FlatMap(lambda t: t.units)

@@ -131,7 +131,8 @@ class InputCutter:
                  fields: tuple = ("text", "meta.pile_set_name"), check_cancelled: Callable[[], None] = _never,
                  chunk_bytes: Optional[int] = None):
         self.file_idx, self.input_path = file_idx, input_path
-        self.unit_bytes, self.max_line_bytes, self.max_zstd_window_bytes = unit_bytes, max_line_bytes, max_zstd_window_bytes
+        self.unit_bytes, self.max_line_bytes = unit_bytes, max_line_bytes
+        self.max_zstd_window_bytes = max_zstd_window_bytes
         self.fields, self.check_cancelled = fields, check_cancelled
         self.cut_at = unit_bytes if chunk_bytes is None else min(chunk_bytes, unit_bytes)
         self.stats = FileStats()
