@@ -16,20 +16,7 @@ from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.ops import runners
-from pipeline.ops.runners import PROCESSES_FROM_RAW_BYTES  # noqa: F401 - the threshold, told why there
-
-
-def default_running_mode(cores: Optional[int] = None, raw_bytes: int = 0) -> str:
-    """FnApiRunner's running mode when no --runner is given: threads (multi_threading) up to 4 cores and
-    PROCESSES_FROM_RAW_BYTES of raw input, worker processes (multi_processing) otherwise.
-
-    Threads skip starting worker processes that each import Beam (on 2 cores at 96 MB: ~1.2 s of wall and
-    ~1-2 CPU-s, measured) and share one tokenizer and its warm cache; SentencePiece runs without the GIL (1.85x
-    on 2 threads, measured). But the GIL-held share (gigatoken's encode, JSON parsing, packing) caps what
-    threads get: above 4 cores always, and on big inputs on small machines, workers are processes.
-    Output bytes do not depend on this choice (tests/e2e/test_shard_pipeline.py runs both)."""
-    cores = cores or len(os.sched_getaffinity(0))
-    return "multi_threading" if cores <= 4 and raw_bytes < PROCESSES_FROM_RAW_BYTES else "multi_processing"
+from pipeline.ops.runners import PROCESSES_FROM_RAW_BYTES, default_running_mode  # noqa: F401 - Beam-free, there
 
 
 def default_beam_args(cores: Optional[int] = None) -> list:

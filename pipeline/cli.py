@@ -122,10 +122,6 @@ def cmd_shard(args, beam_args) -> int:
 
 def _shard(config, run, args, beam_args) -> int:
     from pipeline.ops import guards  # noqa: PLC0415
-    from pipeline.shard import warm_workers  # noqa: PLC0415
-
-    if warm_workers.waiting():
-        warm_workers.install()
 
     def shard(worker_log):
         from pipeline.shard import shard_pipeline  # noqa: PLC0415 - Beam's import noise goes to the log

@@ -143,11 +143,6 @@ def load_eval_set(config, files: list) -> decontaminate.EvalSet:
                                         config.decontaminate_ngram)
 
 
-def chunk_path(staging_dir: str, unit_name: str) -> str:
-    """The split stage's chunk of a unit (transforms/shard/stages.py split_input_file names them so)."""
-    return io_utils.join(staging_dir, "chunks", unit_name + ".rec.zst")
-
-
 def shingle_path(staging_dir: str, unit_name: str) -> str:
     return io_utils.join(staging_dir, "near-dedup", "shingles", unit_name + ".u64")
 
@@ -167,7 +162,7 @@ def _unit_documents(plan, unit, text: bool = True):
     by_line = {line: (doc_id, split) for line, doc_id, split, _source in (_row_fields(unit, r) for r in rows)}
     cfg = plan.config
     out = []
-    with io_utils.open_read(chunk_path(plan.staging_dir, unit.name)) as f:
+    with io_utils.open_read(stages.chunk_spill_path(plan.staging_dir, unit.name)) as f:
         for line, data in iter_chunk(f):
             if line not in by_line:
                 continue
@@ -782,7 +777,7 @@ def _text_at(plan, loc) -> str:
         return ""
     unit_name, line = loc[0], loc[1]
     cfg = plan.config
-    with io_utils.open_read(chunk_path(plan.staging_dir, unit_name)) as f:
+    with io_utils.open_read(stages.chunk_spill_path(plan.staging_dir, unit_name)) as f:
         for ln, data in iter_chunk(f):
             if ln == line:
                 doc = parse_record(data, cfg.text_field, tuple(cfg.source_fields))

@@ -123,7 +123,7 @@ def signs_units(plan) -> bool:
 def _split_files(file_idx: int, chunks: int, dead_letter: bool, spilled: bool = True) -> list:
     """(root, relative path) of every file the split of input file `file_idx` writes: its chunk files when they
     were spilled (split_input_file; transforms/shard/stages.py InputCutter), its dead letters."""
-    files = [(STAGING, f"chunks/f{file_idx:06d}-c{i:05d}.rec.zst") for i in range(chunks)] if spilled else []
+    files = [(STAGING, stages.chunk_file(stages.unit_name_of(file_idx, i))) for i in range(chunks if spilled else 0)]
     return files + ([(DATA, f"dead_letter/f{file_idx:06d}-read.jsonl")] if dead_letter else [])
 
 
@@ -208,7 +208,7 @@ def split_from_record(rec: dict, staging_dir: str, data_dir: str) -> SplitOutput
         raise Discard("spilled is not a bool")
     chunks = []
     for i, c in enumerate(_need(rec, "chunks", list)):
-        chunk_path = stages.chunk_spill_path(staging_dir, idx, i) if spilled else ""
+        chunk_path = stages.chunk_spill_path(staging_dir, stages.unit_name_of(idx, i)) if spilled else ""
         chunks.append(stages.ChunkRef(idx, path, i, chunk_path, _need(c, "records", int), _need(c, "raw_bytes", int)))
     digest = _need(rec, "digest", dict)
     try:

@@ -44,13 +44,31 @@ from transforms.tokenize import tokenizer, tokenizer_backends, worker_cache
 LOG = logging.getLogger("pileprep.shard")
 
 
+def _cut_options(cfg) -> dict:
+    """The config's arguments for cutting an input file (transforms/shard/stages.py InputCutter)."""
+    return {"unit_bytes": cfg.unit_bytes, "max_line_bytes": cfg.max_line_bytes,
+            "max_zstd_window_bytes": cfg.max_zstd_window_bytes, "fields": (cfg.text_field, *cfg.source_fields)}
+
+
+def _marked_split(plan: JobPlan, result: "stages.SplitResult") -> SplitOutput:
+    """A file's split with the digest of the input as read, its completion marker written."""
+    size, sha = incremental.file_sha256(result.input_path)
+    output = SplitOutput(result, InputFile(result.input_path, size, sha256=sha))
+    resume.mark_split(plan, output)
+    return output
+
+
+def _count_split(plan: JobPlan, output: SplitOutput) -> None:
+    """A split file's counters: Beam's and a progress marker (runners without live metrics)."""
+    Metrics.counter("pileprep", "input_files").inc()
+    Metrics.counter("pileprep", "input_bytes").inc(output.digest.bytes)
+    progress.write_marker(plan.staging_dir, f"split-f{output.result.file_idx:06d}", {
+        "input_files": 1, "input_bytes": output.digest.bytes,
+        "split_raw_bytes": sum(c.raw_bytes for c in output.result.chunks)})
+
+
 class SplitInputFile(PlanDoFn):
     """Cuts one input file into line-aligned chunks in staging; yields a SplitOutput."""
-
-    def __init__(self, plan: JobPlan):
-        super().__init__(plan)
-        self.records = Metrics.counter("pileprep", "input_files")
-        self.input_bytes = Metrics.counter("pileprep", "input_bytes")
 
     def process(self, element):
         # Every write of the call, its progress marker included, happens inside cancel.call: once the driver
@@ -60,23 +78,14 @@ class SplitInputFile(PlanDoFn):
             yield output
 
     def _split(self, file_idx: int, path: str, chunk_bytes: Optional[int] = None) -> SplitOutput:
-        cfg = self.plan.config
         output = None
         if resume.split_marker_name(file_idx) in self.plan.resumed_splits:  # an earlier run's (resume.py)
             output = resume.load_split(self.plan, file_idx)  # None: a file did not match its sha256
         if output is None:
-            result = stages.split_input_file(file_idx, path, self.plan.staging_dir, self.plan.data_dir,
-                                             cfg.unit_bytes, cfg.max_line_bytes, cfg.max_zstd_window_bytes,
-                                             (cfg.text_field, *cfg.source_fields), cancel.check, chunk_bytes)
-            size, sha = incremental.file_sha256(path)
-            output = SplitOutput(result, InputFile(path, size, sha256=sha))
-            resume.mark_split(self.plan, output)
-        size = output.digest.bytes
-        self.records.inc()
-        self.input_bytes.inc(size)
-        progress.write_marker(self.plan.staging_dir, f"split-f{file_idx:06d}", {
-            "input_files": 1, "input_bytes": size,
-            "split_raw_bytes": sum(c.raw_bytes for c in output.result.chunks)})
+            output = _marked_split(self.plan, stages.split_input_file(
+                file_idx, path, self.plan.staging_dir, self.plan.data_dir, check_cancelled=cancel.check,
+                chunk_bytes=chunk_bytes, **_cut_options(self.plan.config)))
+        _count_split(self.plan, output)
         return output
 
 
@@ -153,11 +162,6 @@ class SplitAndTokenizeFile(TokenizeChunk):
     and units are all marked without reading it, and otherwise reads it again and tokenizes only the chunks
     whose units are not (pipeline/shard/resume.py)."""
 
-    def __init__(self, plan: JobPlan):
-        super().__init__(plan)
-        self.input_files = Metrics.counter("pileprep", "input_files")
-        self.input_bytes = Metrics.counter("pileprep", "input_bytes")
-
     def process(self, element):
         tokenized = cancel.call(self._split_and_tokenize, *element)
         if tokenized is not None:  # None: the driver cancelled the run (pipeline/shard/cancel.py)
@@ -168,21 +172,11 @@ class SplitAndTokenizeFile(TokenizeChunk):
         if reused is not None:
             output, units = reused[0], [self._count(u, c, True) for u, c in zip(reused[1], reused[0].result.chunks)]
         else:
-            cfg, units = self.plan.config, []
-            cutter = stages.InputCutter(file_idx, path, cfg.unit_bytes, cfg.max_line_bytes,
-                                        cfg.max_zstd_window_bytes, (cfg.text_field, *cfg.source_fields), cancel.check,
-                                        chunk_bytes)
-            for chunk, records in cutter.chunks():
-                units.append(self._tokenize_records(chunk, records))
-            result = cutter.finish(self.plan.data_dir, list(cutter.refs), spilled=False)
-            size, sha = incremental.file_sha256(path)
-            output = SplitOutput(result, InputFile(path, size, sha256=sha))
-            resume.mark_split(self.plan, output)
-        self.input_files.inc()
-        self.input_bytes.inc(output.digest.bytes)
-        progress.write_marker(self.plan.staging_dir, f"split-f{file_idx:06d}", {
-            "input_files": 1, "input_bytes": output.digest.bytes,
-            "split_raw_bytes": sum(c.raw_bytes for c in output.result.chunks)})
+            cutter = stages.InputCutter(file_idx, path, check_cancelled=cancel.check, chunk_bytes=chunk_bytes,
+                                        **_cut_options(self.plan.config))
+            units = [self._tokenize_records(chunk, records) for chunk, records in cutter.chunks()]
+            output = _marked_split(self.plan, cutter.finish(self.plan.data_dir, list(cutter.refs), spilled=False))
+        _count_split(self.plan, output)
         return TokenizedFile(output, tuple(units))
 
     def _reuse(self, file_idx: int) -> Optional[tuple]:

@@ -26,15 +26,6 @@ _POOL: list = []
 _HANDED = [0]
 
 
-def _arg(beam_args, name: str) -> Optional[str]:
-    for i, a in enumerate(beam_args):
-        if a == name and i + 1 < len(beam_args):
-            return beam_args[i + 1]
-        if a.startswith(name + "="):
-            return a.split("=", 1)[1]
-    return None
-
-
 def local_raw_bytes(patterns) -> Optional[int]:
     """The raw bytes the inputs are expected to give (pipeline/shard/unit_plan.py raw_bytes_estimate), from the
     local files the patterns match; None when one is not local (the plan lists those through Beam)."""
@@ -51,32 +42,36 @@ def local_raw_bytes(patterns) -> Optional[int]:
 
 
 def expected_workers(config, beam_args) -> int:
-    """How many FnApiRunner worker processes this run will start: 0 unless it is sure to use them."""
-    from pipeline.ops.runners import PROCESSES_FROM_RAW_BYTES  # noqa: PLC0415
-    beam_args = list(beam_args or [])
-    runner = _arg(beam_args, "--runner")
+    """How many FnApiRunner worker processes this run will start: 0 unless it is sure to use them. Without
+    --runner the job gets one worker per core in the mode default_running_mode picks from the inputs' size
+    (pipeline/beam_glue.py chosen_running_mode applies it again after planning); FnApiRunner named without
+    --direct_num_workers has Beam's one worker."""
+    from pipeline.ops import runners  # noqa: PLC0415 - Beam-free
+
+    runner = runners.arg_value(beam_args, "--runner")
     if runner is not None and runner.rsplit(".", 1)[-1] != "FnApiRunner":
         return 0
+    workers = runners.arg_value(beam_args, "--direct_num_workers")
     cores = len(os.sched_getaffinity(0))
-    workers = _arg(beam_args, "--direct_num_workers")
-    n = int(workers) if workers and workers.isdigit() and int(workers) > 0 else cores
-    mode = _arg(beam_args, "--direct_running_mode")
-    if mode is None and runner is None:  # the default: pipeline/beam_glue.py default_running_mode
-        if cores > 4:
-            mode = "multi_processing"
-        else:
-            raw = local_raw_bytes([*config.inputs, *config.val_inputs, *config.test_inputs])
-            mode = "multi_processing" if raw is not None and raw >= PROCESSES_FROM_RAW_BYTES else None
+    n = int(workers) if workers and workers.isdigit() else (cores if runner is None else 1)
+    mode = runners.arg_value(beam_args, "--direct_running_mode")
+    if mode is None and runner is None:
+        raw = local_raw_bytes([*config.inputs, *config.val_inputs, *config.test_inputs])
+        mode = runners.default_running_mode(cores, raw or 0)  # a remote input: threads on <= 4 cores
     return n if mode == "multi_processing" and n > 1 else 0
 
 
 def start(n: int) -> None:
-    """Start `n` warm worker processes (their malloc settings as the runner's own workers get them)."""
+    """Start `n` warm worker processes (their malloc settings as the runner's own workers get them), then have
+    the runner hand them out (`install`, which imports Beam here: after the processes started)."""
     from transforms.io import memory  # noqa: PLC0415
 
+    if n <= 0:
+        return
     memory.configure_child_processes()
     for _ in range(n):
         _POOL.append(subprocess.Popen([sys.executable, "-m", "pipeline.shard.warm_worker"], stdin=subprocess.PIPE))
+    install()
 
 
 def take(env: dict) -> Optional[subprocess.Popen]:

@@ -36,7 +36,7 @@ from typing import Optional
 
 import numpy as np
 
-from model_contract import encode_example, frame_examples, frame_record
+from model_contract import frame_examples
 from pipeline.config import ShardConfig
 from transforms.io import io_utils
 from transforms.shard.documents import HASHED, SPLITS, Document, assign_split, parse_record
@@ -221,14 +221,11 @@ def output_bytes_per_example(s: Sample, seq_len: int, eos_id: int, pad_id: int) 
     docs = ((i, np.concatenate((t, eos))) for i, t in enumerate(s.token_arrays))
     n, total, t0 = 0, 0, time.process_time()
     for block in pack_blocks(docs, seq_len, pad_id, block_examples=min(BLOCK_EXAMPLES, ENCODE_EXAMPLES)):
-        full = block.examples - (1 if block.padding else 0)  # the last, padded example is not typical
-        if full <= 0:
+        if block.padding and n:  # the last, padded block is not typical
             break
-        framed = frame_examples(block.columns(), block.examples)
-        last = len(frame_record(encode_example(block.example(block.examples - 1).features()))) if block.padding else 0
-        total += len(framed) - last
-        n += full
-        if block.padding or n >= ENCODE_EXAMPLES:
+        total += len(frame_examples(block.columns(), block.examples))
+        n += block.examples
+        if n >= ENCODE_EXAMPLES:
             break
     cpu = time.process_time() - t0
     if not n:
@@ -373,12 +370,10 @@ def calibrate(config: ShardConfig, slices: list) -> Optional[Calibration]:
 
 def default_workers(beam_args) -> int:
     """--direct_num_workers when given (the local runner's cores), else this machine's cores."""
-    for i, a in enumerate(beam_args or []):
-        value = a.split("=", 1)[1] if a.startswith("--direct_num_workers=") else (
-            beam_args[i + 1] if a == "--direct_num_workers" and i + 1 < len(beam_args) else None)
-        if value is not None and value.isdigit() and int(value) > 0:
-            return int(value)
-    return os.cpu_count() or 1
+    from pipeline.ops.runners import arg_value  # noqa: PLC0415
+
+    value = arg_value(beam_args, "--direct_num_workers")
+    return int(value) if value is not None and value.isdigit() and int(value) > 0 else os.cpu_count() or 1
 
 
 def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False, sample_files: int = MAX_SAMPLE_FILES,

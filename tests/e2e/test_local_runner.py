@@ -237,7 +237,8 @@ def _shard_config(tmp_path, inputs) -> ShardConfig:
     (["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_threading"], 0),
     (["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=multi_processing"], 0),
     (["--runner=DataflowRunner", "--direct_running_mode=multi_processing"], 0),
-    (["--runner=FnApiRunner", "--direct_num_workers=2"], 0)])  # FnApiRunner's own default mode: in memory
+    (["--runner=FnApiRunner", "--direct_num_workers=2"], 0),  # FnApiRunner's own default mode: in memory
+    (["--runner=FnApiRunner", "--direct_running_mode=multi_processing"], 0)])  # Beam's default: one worker
 def test_warm_workers_are_started_only_for_fnapirunner_worker_processes(tmp_path, beam_args, want):
     from pipeline.shard import warm_workers
 

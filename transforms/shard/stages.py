@@ -101,7 +101,21 @@ class ChunkRef:
 
     @property
     def unit_name(self) -> str:
-        return f"f{self.file_idx:06d}-c{self.chunk_idx:05d}"
+        return unit_name_of(self.file_idx, self.chunk_idx)
+
+
+def unit_name_of(file_idx: int, chunk_idx: int) -> str:
+    """The name of a file's chunk and of the unit tokenized from it."""
+    return f"f{file_idx:06d}-c{chunk_idx:05d}"
+
+
+def chunk_file(unit_name: str) -> str:
+    """A spilled chunk's path under the staging directory (split_input_file writes it)."""
+    return f"chunks/{unit_name}.rec.zst"
+
+
+def chunk_spill_path(staging_dir: str, unit_name: str) -> str:
+    return io_utils.join(staging_dir, chunk_file(unit_name))
 
 
 @dataclass
@@ -179,10 +193,6 @@ class InputCutter:
         return SplitResult(self.file_idx, self.input_path, chunks, self.stats, dl_path, spilled)
 
 
-def chunk_spill_path(staging_dir: str, file_idx: int, chunk_idx: int) -> str:
-    return io_utils.join(staging_dir, "chunks", f"f{file_idx:06d}-c{chunk_idx:05d}.rec.zst")
-
-
 def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir: str, unit_bytes: int,
                      max_line_bytes: int, max_zstd_window_bytes: int = DEFAULT_MAX_ZSTD_WINDOW_BYTES,
                      fields: tuple = ("text", "meta.pile_set_name"),
@@ -195,7 +205,7 @@ def split_input_file(file_idx: int, input_path: str, staging_dir: str, data_dir:
                          check_cancelled, chunk_bytes)
     chunks = []
     for ref, records in cutter.chunks():
-        path = chunk_spill_path(staging_dir, file_idx, ref.chunk_idx)
+        path = chunk_spill_path(staging_dir, ref.unit_name)
         with io_utils.open_write(path) as stream:
             writer = ChunkWriter(stream)
             for line, data in records:
