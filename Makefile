@@ -3,6 +3,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 SAMPLE_DIR := out/sample-corpus
 SAMPLE_TOKENIZER := out/tokenizer/sample-8k.model
 TOKENIZER ?= $(SAMPLE_TOKENIZER)
@@ -10,7 +11,7 @@ SEQ_LEN ?= 2048
 # torch's OpenMP threads spin and slow TF/Beam in the same process; passive waits cost nothing here.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: help setup shard test test-fast bench bench-dry-run bench-megatron bench-profile train clean flex-template worker-image env airflow retrieval retrieval-bench
+.PHONY: help setup setup-test test-deps shard test test-fast bench bench-dry-run bench-megatron bench-profile train clean flex-template worker-image env airflow retrieval retrieval-bench
 
 # `make help` lists targets with a `## text` after their prerequisites, and these:
 ##@ shard: tokenize, pack and shard the embedded sample corpus into out/sample (TOKENIZER=, SEQ_LEN=)
@@ -19,12 +20,20 @@ help: ## list the targets
 	@awk '/^##@ / {sub(/^##@ /, ""); n = index($$0, ":"); printf "  make %-14s %s\n", substr($$0, 1, n - 1), substr($$0, n + 2); next} \
 	  /^[a-zA-Z_-]+:.*## / {n = index($$0, ":"); printf "  make %-14s %s\n", substr($$0, 1, n - 1), substr($$0, index($$0, "## ") + 3)}' $(MAKEFILE_LIST)
 
-setup: $(STAMP) ## create .venv and install pileprep with every extra (pyproject.toml)
+# Two install levels (pyproject.toml holds every pin): `make setup` is what `make shard` needs (the pipeline, S3
+# and the report's plots; no torch, no TensorFlow, no Java); `make setup-test` adds every test extra (torch from
+# PyPI is a several-GB CUDA build that runs on the CPU, TensorFlow, Dask, the format readers, pytest).
+setup: $(STAMP) ## create .venv with what `make shard` needs (no torch, no Java)
 $(STAMP): pyproject.toml setup.py model_contract/_varint.c transforms/shard/_shingles.c
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip setuptools wheel
-	$(BIN)/pip install -q -e '.[all]'
+	$(BIN)/pip install -q -e '.[shard]'
 	touch $(STAMP)
+
+setup-test: $(TEST_STAMP) ## setup + every test extra (torch, TensorFlow, Dask, retrieval, pytest)
+$(TEST_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[all]'
+	touch $(TEST_STAMP)
 
 $(SAMPLE_DIR)/.done: | $(STAMP)
 	$(BIN)/pileprep sample --output $(SAMPLE_DIR)
@@ -50,15 +59,24 @@ airflow: .venv-airflow/.installed ## real Airflow in .venv-airflow (tests/e2e/te
 	.venv-airflow/bin/pip install -q "apache-airflow==$(AIRFLOW_VERSION)"
 	touch $@
 
-test: $(STAMP) ## run the whole test suite (tests/unit and tests/e2e; what CI runs)
+# What the end-to-end tests use beyond the venv, brought by `make test` itself (idempotent, cached): real Airflow
+# in its own venv (tests/e2e/test_airflow.py) and, as root with apt, Debian's headless Chromium
+# (tests/e2e/test_report.py). Either failing to install is said in one line; those tests then say why they skip.
+test-deps: $(TEST_STAMP)
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; } || \
+	  echo 'WARNING: chromium could not be installed; the report browser test will say so'
+	@$(MAKE) -s airflow || echo 'WARNING: Airflow could not be installed; tests/e2e/test_airflow.py will say so'
+
+test: test-deps ## run the whole test suite (tests/unit and tests/e2e; what CI runs); sets itself up first
 	$(BIN)/python -m pytest -q --durations=40 tests
 
-test-fast: $(STAMP) ## the unit tests only (tests/unit/<room>/, marker unit), a few minutes
+test-fast: $(TEST_STAMP) ## the unit tests only (tests/unit/<room>/, marker unit), a few minutes
 	$(BIN)/python -m pytest -q tests/unit -m unit
 
 # The Llama 2 model from ../shared/data when present (else the sample one); TOKENIZER=, BENCH_ARGS=--quick to override.
 BENCH_SCRIPT ?= bench/shard_bench.py
-bench: $(STAMP) ## shard throughput and peak RSS at 24/96/384 MB vs raw SentencePiece, per backend (~15-20 min)
+bench: $(TEST_STAMP) ## shard throughput and peak RSS at 24/96/384 MB vs raw SentencePiece, per backend (~15-20 min)
 ifeq ($(origin TOKENIZER),file)
 	test -f ../shared/data/tokenizers/llama2-bpe-32k.model || $(MAKE) $(SAMPLE_TOKENIZER)
 	$(BIN)/python $(BENCH_SCRIPT) $(BENCH_ARGS)
@@ -67,17 +85,17 @@ else
 endif
 
 # The same corpora and tokenizer choice as `make bench`; BENCH_ARGS='--sizes 96' for the smaller one alone.
-bench-dry-run: $(STAMP) ## `pileprep shard --dry-run` vs the real run at 96/384 MB: core-s and output bytes (~5 min)
+bench-dry-run: $(TEST_STAMP) ## `pileprep shard --dry-run` vs the real run at 96/384 MB: core-s and output bytes (~5 min)
 	$(MAKE) bench BENCH_SCRIPT=bench/dry_run_bench.py
 
 # MEGATRON_DIR=<a Megatron-LM checkout, e.g. tag core_v0.16.1>: its preprocess_data.py beside pileprep shard.
-bench-megatron: $(STAMP) ## Megatron-LM's preprocess_data.py vs pileprep shard, same documents, 96/384 MB
+bench-megatron: $(TEST_STAMP) ## Megatron-LM's preprocess_data.py vs pileprep shard, same documents, 96/384 MB
 	test -n "$(MEGATRON_DIR)" || { echo "set MEGATRON_DIR to a Megatron-LM checkout"; exit 2; }
 	$(BIN)/python bench/megatron_side_by_side.py --megatron-dir "$(MEGATRON_DIR)" $(BENCH_ARGS)
 
 # PROFILE_INPUT= a glob of .jsonl.zst (default: the sample corpus); a fresh output per run (a rerun would be a no-op).
 PROFILE_INPUT ?= $(SAMPLE_DIR)/train/*.jsonl.zst
-bench-profile: $(STAMP) $(SAMPLE_DIR)/.done $(TOKENIZER) ## busy cores per stage, idle core-s, the 1 MB fixed cost, JSON parse cost
+bench-profile: $(TEST_STAMP) $(SAMPLE_DIR)/.done $(TOKENIZER) ## busy cores per stage, idle core-s, the 1 MB fixed cost, JSON parse cost
 	rm -rf out/bench/profile out/bench/profile-1mb
 	$(BIN)/python bench/profile_shard.py --input '$(PROFILE_INPUT)' --tokenizer $(TOKENIZER) --output out/bench/profile \
 	  --seq-len $(SEQ_LEN)
@@ -108,7 +126,7 @@ STEPS ?= 40
 MICROBATCHES ?=
 TRAIN_DIR ?= out/train
 TRAIN_ARGS ?=
-train: $(STAMP)
+train: $(TEST_STAMP)
 	@if [ -z "$(RESUME)" ] && [ -n "$$(ls -A $(TRAIN_DIR) 2>/dev/null)" ]; then \
 	  echo "error: $(TRAIN_DIR) already holds a training run (make train never deletes one): continue it with" \
 	    "'make train RESUME=1 TRAIN_DIR=$(TRAIN_DIR)', or start fresh in a new directory with 'make train TRAIN_DIR=$(TRAIN_DIR)-2'" >&2; \
@@ -126,7 +144,7 @@ train: $(STAMP)
 RETRIEVAL_ENCODER ?= bm25
 RETRIEVAL_DOC_FRACTION ?= $(if $(filter minilm,$(RETRIEVAL_ENCODER)),0.05,1.0)
 RETRIEVAL_ARGS ?=
-retrieval: $(STAMP) ## chunk database, index and neighbours for out/sample (RETRIEVAL_ENCODER=bm25|minilm)
+retrieval: $(TEST_STAMP) ## chunk database, index and neighbours for out/sample (RETRIEVAL_ENCODER=bm25|minilm)
 	test -f out/sample/manifest.json || $(MAKE) shard
 	$(BIN)/pileprep retrieval build --dataset out/sample --output out/retrieval/db-$(RETRIEVAL_ENCODER) \
 	  --encoder $(RETRIEVAL_ENCODER) --doc-fraction $(RETRIEVAL_DOC_FRACTION) $(RETRIEVAL_ARGS)
@@ -135,6 +153,6 @@ retrieval: $(STAMP) ## chunk database, index and neighbours for out/sample (RETR
 	$(BIN)/pileprep retrieval show --dataset out/sample --db out/retrieval/db-$(RETRIEVAL_ENCODER) \
 	  --neighbours out/retrieval/neighbours-$(RETRIEVAL_ENCODER)
 
-retrieval-bench: $(STAMP) ## MiniLM encode rate, index build/bytes, queries/s, recall@2 vs exact
+retrieval-bench: $(TEST_STAMP) ## MiniLM encode rate, index build/bytes, queries/s, recall@2 vs exact
 	test -f out/sample/manifest.json || $(MAKE) shard
 	$(BIN)/python bench/retrieval_bench.py --dataset out/sample

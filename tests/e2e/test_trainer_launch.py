@@ -171,7 +171,7 @@ def test_make_train_refuses_a_directory_that_holds_a_run(tmp_path):
     (run / "metrics.jsonl").write_text("{}\n")
     before = sorted(p.relative_to(run) for p in run.rglob("*"))
     # -o: take the venv stamp as up to date (never reinstall from a test)
-    proc = subprocess.run(["make", "-s", "-o", ".venv/.installed", "train", f"TRAIN_DIR={run}"], cwd=REPO,
+    proc = subprocess.run(["make", "-s", "-o", ".venv/.installed", "-o", ".venv/.installed-test", "train", f"TRAIN_DIR={run}"], cwd=REPO,
                           capture_output=True, text=True, timeout=50)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"make train RESUME=1 TRAIN_DIR={run}" in proc.stderr

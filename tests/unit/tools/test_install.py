@@ -185,3 +185,21 @@ def test_make_help_lists_the_targets():
     assert {"setup", "shard", "test", "train", "bench", "env", "help", "flex-template", "worker-image"} <= listed
     makefile = (REPO / "Makefile").read_text()
     assert re.search(r"^\$\(STAMP\): pyproject.toml", makefile, re.M)  # setup re-runs when the pins change
+
+
+def test_make_setup_installs_what_make_shard_needs_and_no_torch_or_tensorflow():
+    """`make setup` (what `make shard` needs) installs the `shard` extra: the pipeline, S3 and the report, never
+    torch (a several-GB CUDA build from PyPI) or TensorFlow; `make setup-test` adds every test extra on top."""
+    makefile = (REPO / "Makefile").read_text()
+    stamp_rule = makefile[makefile.index("$(STAMP): pyproject.toml"):makefile.index("setup-test:")]
+    assert re.findall(r"pip install -q -e '\.\[([a-z,]+)\]'", stamp_rule) == ["shard"]
+    closure = _closure("shard") | {"shard"}
+    names = set(_reqs(PROJECT["dependencies"]))
+    for extra in closure:
+        names |= {n for n in _reqs(EXTRAS[extra]) if n != "pileprep"}
+    assert not names & {"torch", "tensorflow-cpu", "tensorflow", "faiss-cpu", "sentence-transformers"}, names
+    assert "matplotlib" in names  # `make shard` ends with `pileprep report`
+    test_rule = makefile[makefile.index("$(TEST_STAMP): $(STAMP)"):]
+    assert "pip install -q -e '.[all]'" in test_rule.split("\n\n")[0]
+    assert re.search(r"^test-deps: \$\(TEST_STAMP\)", makefile, re.M) and re.search(r"^test: test-deps", makefile, re.M)
+    assert re.search(r"^test-fast: \$\(TEST_STAMP\)", makefile, re.M)
