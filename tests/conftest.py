@@ -1,6 +1,7 @@
 """Shared fixtures: a small SentencePiece model trained here, real data from ../shared/data when present."""
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 import sysconfig
@@ -8,6 +9,14 @@ import sysconfig
 import pytest
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+# TensorFlow 2.21 and triton 3.7 (a dependency of torch 2.13's CUDA build, which is what PyPI serves) each carry
+# their own LLVM: `import tensorflow; import triton` segfaults the process, the other order works (reproduced in a
+# bare interpreter). The suite loads both in one process (tf.data reads shards; sentence-transformers imports
+# torch._dynamo, which imports triton), so triton is loaded first. Product code never imports both: TensorFlow only
+# in model_contract's tf_feature_spec helpers for tf.data users.
+with contextlib.suppress(ImportError):
+    import triton  # noqa: F401
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
