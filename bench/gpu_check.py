@@ -4,8 +4,8 @@ Runs from a plain checkout on torch 2.11-2.13 with only torch and numpy installe
 goes on sys.path, and ahead of PYTHONPATH for the trainer's subprocess; what 2.13 added is feature-detected in
 trainer/; tests/e2e/test_gpu_check_bare_venv.py runs --tiny in such a venv). Sections, in order, each under its
 own time limit and with its deadline checked inside; the JSON (--out/gpu_check.json) is rewritten as soon as a
-part of a section exists (each variant of `step`, the first run of `cli`), so a timeout keeps what finished; finished sections are skipped
-when the script is rerun (--force reruns them):
+part of a section exists (each variant of `step`, the first run of `cli`), so a timeout keeps what finished;
+finished sections are skipped when the script is rerun (--force reruns them):
 
 1. versions  torch / CUDA / Python / device (also printed first, before any section), the peak FLOP/s used for
              MFU, which modules the loader needs are importable, which CRC-32C implementation reads the shards
