@@ -263,7 +263,7 @@ def section_versions(args, device, deadline, record):
 
 def section_attention(args, device, deadline, record):
     import torch
-    from trainer.attention import attend, build_mask
+    from trainer.attention import attend, build_mask, varlen_run_bound
     b, h, t, d = (8, 16, 2048, 128) if not args.tiny else (2, 2, 64, 16)
     mixes = {"short docs (mean 300)": 300, "long docs (mean 1500)": 1500} if not args.tiny else \
         {"short docs (mean 8)": 8, "long docs (mean 40)": 40}
@@ -272,10 +272,11 @@ def section_attention(args, device, deadline, record):
     impls = ["sdpa", "flex"] + (["varlen"] if device.type == "cuda" and varlen_attention_op() is not None else [])
     out = {"shape": {"B": b, "H": h, "T": t, "D": d}, "mixes": {}}
     for mix, mean in mixes.items():
-        seg = _doc_segments(b, t, mean, seed=3).to(device)
+        seg_host = _doc_segments(b, t, mean, seed=3)
+        seg = seg_host.to(device)
         starts = (seg[:, 1:] != seg[:, :-1]).sum().item() + b
-        # share of the causal T^2/2 tiles that the document mask actually needs
-        row = {"documents": starts}
+        bound = varlen_run_bound(seg_host)  # as the trainer sizes it (trainer/train.py _bound_varlen)
+        row = {"documents": starts, "varlen_sequences": bound, "varlen_sequences_unbounded": b * t}
         for impl in impls:
             if time.monotonic() > deadline - 3:
                 row[impl] = {"status": "skipped"}
@@ -285,7 +286,7 @@ def section_attention(args, device, deadline, record):
                        for _ in range(3))
 
             def run():
-                mask = build_mask(seg, impl)  # once per micro-batch, as in training
+                mask = build_mask(seg, impl, bound)  # once per micro-batch, as in training
                 o = attend(q, k, v, mask)
                 if backward:
                     o.sum().backward()
