@@ -1,13 +1,15 @@
 """One short, prepared GPU check (about 9 minutes at most on one H200), versions first.
 
-Runs from a plain checkout on torch 2.11-2.13 (no install step: the repository goes on sys.path; what 2.13 added
-is feature-detected in trainer/). Sections, in order, each under its own time limit and with its deadline
-checked inside; the JSON (--out/gpu_check.json) is rewritten as soon as a part of a section exists (each
-variant of `step`, the first run of `cli`), so a timeout keeps what finished; finished sections are skipped
-when the script is rerun (--force reruns them):
+Runs from a plain checkout on torch 2.11-2.13 with only torch and numpy installed (no install step: the repository
+goes on sys.path, and ahead of PYTHONPATH for the trainer's subprocess; what 2.13 added is feature-detected in
+trainer/; tests/e2e/test_gpu_check_bare_venv.py runs --tiny in such a venv). Sections, in order, each under its
+own time limit and with its deadline checked inside; the JSON (--out/gpu_check.json) is rewritten as soon as a
+part of a section exists (each variant of `step`, the first run of `cli`), so a timeout keeps what finished;
+finished sections are skipped when the script is rerun (--force reruns them):
 
 1. versions  torch / CUDA / Python / device (also printed first, before any section), the peak FLOP/s used for
-             MFU, which modules the loader needs are importable, and which SDPA backends accept the dense mask.
+             MFU, which modules the loader needs are importable, which CRC-32C implementation reads the shards
+             (printed first too: model_contract/crc32c.py), and which SDPA backends accept the dense mask.
 2. step      a training step of the 1.3B model (seq 2048, bf16) built on the device, through the trainer's own
              choices (attention kernel, AdamW kernel, compile per block, parameter groups): before (dense-mask
              SDPA, eager, [B,T,V] logits, foreach AdamW) / after-no-compile / after. Tokens/s from synchronised
@@ -66,6 +68,18 @@ def time_limit(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
+
+
+def with_repo_path(pythonpath):
+    """PYTHONPATH for the trainer's subprocess: the repository first, then whatever was set (wheels carried
+    beside the checkout on a machine with no network must stay importable), never replaced."""
+    parts = [p for p in (pythonpath or "").split(os.pathsep) if p and os.path.abspath(p) != REPO]
+    return os.pathsep.join([REPO] + parts)
+
+
+def crc32c_line() -> str:
+    from model_contract import crc32c
+    return f"crc32c {crc32c.IMPLEMENTATION}"
 
 
 def _sync(device):
@@ -226,6 +240,8 @@ def section_versions(args, device, deadline, record):
            "peak_tflops_bf16": peak_tflops(device)}
     import importlib.util
     out["modules"] = {m: importlib.util.find_spec(m) is not None for m in ("numpy", "google_crc32c", "psutil")}
+    from model_contract import crc32c
+    out["crc32c"] = crc32c.IMPLEMENTATION  # which of model_contract/crc32c.py's implementations reads the shards
     from trainer.attention import varlen_attention_op
     out["varlen_op"] = varlen_attention_op() is not None
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -247,7 +263,7 @@ def section_versions(args, device, deadline, record):
 
 def section_attention(args, device, deadline, record):
     import torch
-    from trainer.attention import attend, build_mask
+    from trainer.attention import attend, build_mask, varlen_run_bound
     b, h, t, d = (8, 16, 2048, 128) if not args.tiny else (2, 2, 64, 16)
     mixes = {"short docs (mean 300)": 300, "long docs (mean 1500)": 1500} if not args.tiny else \
         {"short docs (mean 8)": 8, "long docs (mean 40)": 40}
@@ -256,10 +272,11 @@ def section_attention(args, device, deadline, record):
     impls = ["sdpa", "flex"] + (["varlen"] if device.type == "cuda" and varlen_attention_op() is not None else [])
     out = {"shape": {"B": b, "H": h, "T": t, "D": d}, "mixes": {}}
     for mix, mean in mixes.items():
-        seg = _doc_segments(b, t, mean, seed=3).to(device)
+        seg_host = _doc_segments(b, t, mean, seed=3)
+        seg = seg_host.to(device)
         starts = (seg[:, 1:] != seg[:, :-1]).sum().item() + b
-        # share of the causal T^2/2 tiles that the document mask actually needs
-        row = {"documents": starts}
+        bound = varlen_run_bound(seg_host)  # as the trainer sizes it (trainer/train.py _bound_varlen)
+        row = {"documents": starts, "varlen_sequences": bound, "varlen_sequences_unbounded": b * t}
         for impl in impls:
             if time.monotonic() > deadline - 3:
                 row[impl] = {"status": "skipped"}
@@ -269,7 +286,7 @@ def section_attention(args, device, deadline, record):
                        for _ in range(3))
 
             def run():
-                mask = build_mask(seg, impl)  # once per micro-batch, as in training
+                mask = build_mask(seg, impl, bound)  # once per micro-batch, as in training
                 o = attend(q, k, v, mask)
                 if backward:
                     o.sum().backward()
@@ -342,7 +359,7 @@ def section_cli(args, device, deadline, record):
         first, total = 30, 40
     common = [sys.executable, "-m", "trainer.train", "--data", path, *model, "--steps", str(total),
               "--checkpoint-dir", ck, "--log-every", "5", "--warmup-steps", "2"]
-    env = dict(os.environ, PYTHONPATH=REPO, OMP_WAIT_POLICY="PASSIVE")
+    env = dict(os.environ, PYTHONPATH=with_repo_path(os.environ.get("PYTHONPATH")), OMP_WAIT_POLICY="PASSIVE")
     out = {}
     t0 = time.perf_counter()
     p = subprocess.run(common + ["--stop-at-step", str(first)], cwd=REPO, env=env, capture_output=True, text=True,
@@ -395,6 +412,7 @@ def main(argv=None) -> int:
     report = json.load(open(path)) if os.path.exists(path) else {}
     device = _device(a)
     print(versions_line(device), flush=True)  # first: what this machine runs, before anything can fail
+    print(crc32c_line(), flush=True)
     for name in SECTIONS:
         if name not in a.sections:
             continue

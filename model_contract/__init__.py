@@ -1,7 +1,7 @@
 """model_contract: the versioned agreement between pileprep's shard producer and its trainer.
 
-Dependency-light on purpose (numpy and google-crc32c only): the trainer imports it without Beam or
-TensorFlow. `tf_feature_spec` imports TensorFlow lazily for tf.data users.
+Dependency-light on purpose (numpy only; google-crc32c is used when installed, model_contract/crc32c.py): the
+trainer imports it without Beam or TensorFlow. `tf_feature_spec` imports TensorFlow lazily for tf.data users.
 """
 from model_contract.contract import (CONTRACT_VERSION, INPUT_IDS, NEIGHBOURS, PIECE_DOC_IDS, PIECE_OFFSETS,
                                      POSITIONS, SEGMENT_IDS, ContractError, ContractMismatchError,

@@ -3,13 +3,15 @@
 Each record is  uint64 length | uint32 masked_crc32c(length) | data | uint32 masked_crc32c(data),
 little-endian, exactly as `tf.io.TFRecordWriter` writes it, so `tf.data.TFRecordDataset` reads our files.
 Readers verify both checksums: a flipped bit in a shard is an error, never silently different training data.
+The CRC-32C comes from model_contract/crc32c.py, which needs only numpy (google_crc32c when installed), so the
+trainer's read path runs where only torch and numpy are (bench/gpu_check.py on a bare GPU machine).
 """
 from __future__ import annotations
 
 import struct
 from typing import BinaryIO, Iterator, Optional
 
-import google_crc32c
+from model_contract import crc32c
 
 _MASK_DELTA = 0xA282EAD8
 _U64 = struct.Struct("<Q")
@@ -21,7 +23,7 @@ class TFRecordCorruptError(ValueError):
 
 
 def masked_crc32c(data: bytes) -> int:
-    crc = google_crc32c.value(data)
+    crc = crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 

@@ -317,6 +317,19 @@ class Trainer:
         self.grad_sync.finish(backward_end=time.perf_counter())
         sync_tied_grad(self.module, self.env)
 
+    def _bound_varlen(self, segment_ids: torch.Tensor) -> None:
+        """Size the varlen kernel's sequence list by this step's documents (from the host copy: no sync)."""
+        if not hasattr(self, "_varlen_stages"):
+            from trainer.attention import resolve_impl  # noqa: PLC0415
+            from trainer.model import GPTStage  # noqa: PLC0415
+            self._varlen_stages = [m for m in self.module.modules() if isinstance(m, GPTStage)
+                                   and resolve_impl(m.attention, self.env.device) == "varlen"]
+        if self._varlen_stages:
+            from trainer.attention import varlen_run_bound  # noqa: PLC0415
+            bound = varlen_run_bound(segment_ids, self.cfg.parallel.microbatches)
+            for stage in self._varlen_stages:
+                stage.varlen_bound = bound
+
     def train_step(self) -> StepResult:
         """One optimizer step: data, forward/backward, gradient sync, clip, AdamW; returns its measurements."""
         cfg, env = self.cfg, self.env
@@ -341,6 +354,7 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.grad_sync.begin(self.cfg.parallel.microbatches)  # arms the per-bucket hooks for this step
+        self._bound_varlen(host.segment_ids)
         local_loss = self.forward_backward_step(batch)
         self.sync_grads()
         grad_norm = clip_grad_norm(self.module, cfg.optim.grad_clip, env, as_tensor=True)

@@ -1,11 +1,13 @@
 """Every check the shard job makes before it takes the lock, each made once: the configuration, the runner's
-endpoints, the object stores, the staging directory's placement and the local paths' writability.
+endpoints, the object stores, the staging directory's placement, the local paths' writability and
+--decontaminate's evaluation files.
 
 All of them fail with a ConfigError (exit 2, one line naming the option) in seconds, before any input is read.
 What needs the lock (the committed manifest, leftovers of crashed runs) is the job runner's (pipeline/job.py).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
@@ -13,7 +15,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.beam_glue import FilesystemOptions, s3_options_of
 from pipeline.config import ShardConfig
+from pipeline.errors import ConfigError, RunError
 from pipeline.ops import commit, guards, runners, storage
+from transforms.io import io_utils
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,41 @@ def check_environment(config: ShardConfig, options: PipelineOptions) -> Checked:
     return Checked(fs_options)
 
 
+def check_decontaminate(config: ShardConfig) -> None:
+    """--decontaminate's evaluation files, read once here with the stage's own reader
+    (pipeline/shard/near_dedup_graph.py): each match a regular file whose bytes are the compression its name
+    says, every record JSON, and at least one record with a string --decontaminate-field. Otherwise the stage
+    would fail in a worker after every document was tokenized (exit 1), or remove nothing without a word.
+    The files are evaluation sets (small next to the corpus); every worker reads them again to build its set."""
+    if not config.decontaminate:
+        return
+    from pipeline.ops import input_checks  # noqa: PLC0415
+    from pipeline.shard import near_dedup_graph  # noqa: PLC0415 - the stage's reader, so both accept the same
+
+    files = near_dedup_graph.eval_files(config)  # ConfigError for a glob that matches nothing
+    kept, skipped = input_checks.screen_inputs([{"path": p} for p in files], config.output, "")
+    if skipped:
+        path, reason = skipped[0]["path"], skipped[0]["reason"]
+        hint = (f"a directory: name its files (e.g. {path.rstrip('/')}/*.jsonl)" if io_utils.is_local(path)
+                and os.path.isdir(path) else reason.replace("_", " "))
+        raise ConfigError(f"--decontaminate: {path} is {hint}")
+    input_checks.check_compression(kept, "--decontaminate")
+    field = config.decontaminate_field
+    for path in files:
+        try:
+            texts = sum(1 for _ in near_dedup_graph._eval_texts(path, field))  # noqa: SLF001 - the stage's reader
+        except (ValueError, RunError, OSError) as e:  # a line that is not JSON, a damaged file
+            message = str(e).removeprefix("--decontaminate: ")
+            raise ConfigError(f"--decontaminate: {message}; an evaluation file is JSON lines (or Parquet) with "
+                              f"a --decontaminate-field {field!r}") from None
+        if not texts:
+            raise ConfigError(f"--decontaminate: {path} has no record with a string field {field!r}; name the "
+                              "evaluation text's field with --decontaminate-field (a dotted path)")
+
+
 def check(config: ShardConfig, options: PipelineOptions) -> Checked:
     """Every check, in the order that reports the cheapest mistake first."""
     check_config(config)
-    return check_environment(config, options)
+    checked = check_environment(config, options)
+    check_decontaminate(config)  # reads the evaluation files: after the object stores are known to answer
+    return checked

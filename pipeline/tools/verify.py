@@ -11,8 +11,11 @@ it holds what its inputs say it should.
    document id recomputed here from its definition (docs/DESIGN.md: a hash of the text alone). Each sampled
    document must then be found through the shards' provenance features (`piece_doc_ids`, `piece_offsets`):
    present exactly once (one piece at each offset, contiguous from 0), token-exact (its tokens + EOS), in one
-   split, and in its input's split when that input was a --val-input / --test-input. A record that is not a
-   document must be accounted for: in a dead-letter file at its file and line, or filtered (blank / empty text).
+   split, and in its input's split when that input was a --val-input / --test-input, and its tokens must decode
+   back to its text where the format's decode is exact. A document may instead be recorded as removed
+   (near-duplicate, contaminated, dropped by a source weight below 1): pipeline/tools/verify_inputs.py judges each
+   one. A record that is not a document must be accounted for: in a dead-letter file at its file and line, or
+   filtered (blank / empty text).
    The audit reads every shard once; its memory is the sample, not the dataset.
 
 Library code: returns a `VerifyReport`; the CLI prints it and exits 1 unless `report.ok`.
@@ -37,6 +40,7 @@ from model_contract import (MANIFEST_NAME, ContractError, Manifest, TFRecordCorr
 from model_contract.hashing import sha256_file
 from model_contract.manifest import resolve_dataset_path
 from pipeline.ops.input_checks import readable_inputs
+from pipeline.tools import verify_inputs
 from transforms.io import io_utils
 
 
@@ -47,6 +51,10 @@ class AuditResult:
     dead_lettered: int = 0  # sampled records found in a dead-letter file
     filtered: int = 0  # blank lines and empty texts
     problems: list = field(default_factory=list)
+    # sampled documents removed on purpose, by reason (near_duplicate, contaminated, mixture_weight, ...), and
+    # how many written ones were checked by decoding (pipeline/tools/verify_inputs.py)
+    removed: dict = field(default_factory=dict)
+    round_trip_checked: int = 0
 
 
 @dataclass
@@ -72,7 +80,8 @@ class VerifyReport:
         if self.audit is not None:
             a = self.audit
             lines.append(f"audit: {a.sampled} sampled records: {a.documents} documents found once and token-exact, "
-                         f"{a.dead_lettered} dead-lettered, {a.filtered} filtered; {len(a.problems)} problem(s)")
+                         f"{a.dead_lettered} dead-lettered, {a.filtered} filtered, removed {a.removed or 'none'}, "
+                         f"{a.round_trip_checked} round-tripped; {len(a.problems)} problem(s)")
             lines += [f"  PROBLEM {t(p)}" for p in a.problems]
         lines.append("OK" if self.ok else "FAILED")
         return "\n".join(lines)
@@ -356,36 +365,6 @@ def _held_out_split(manifest: Manifest, path: str) -> Optional[str]:
     return None
 
 
-def _check_document(doc_id: int, expected: list, pieces: list, where: str, want_split: Optional[str],
-                    audit: AuditResult) -> None:
-    if not pieces:
-        audit.problems.append(f"{where}: document {doc_id:#x} is not in any shard (and not dead-lettered)")
-        return
-    pieces = sorted(pieces, key=lambda p: p[0])
-    offsets = [p[0] for p in pieces]
-    starts = np.cumsum([0] + [len(p[1]) for p in pieces[:-1]]).tolist()
-    splits = sorted({p[2] for p in pieces})
-    if offsets != starts:
-        audit.problems.append(f"{where}: document {doc_id:#x} pieces at offsets {offsets[:8]} are not one copy "
-                              f"(expected {starts[:8]}): duplicated or missing pieces in "
-                              f"{sorted({p[3] for p in pieces})}")
-        return
-    if len(splits) != 1:
-        audit.problems.append(f"{where}: document {doc_id:#x} is in splits {splits}")
-        return
-    got = np.concatenate([p[1] for p in pieces]).tolist()
-    if got != expected:
-        first = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
-        audit.problems.append(f"{where}: document {doc_id:#x} tokens differ from a fresh tokenization at token "
-                              f"{first} ({len(got)} stored vs {len(expected)} expected) in "
-                              f"{sorted({p[3] for p in pieces})}")
-        return
-    if want_split == "val" and splits[0] not in ("val", "test") or want_split == "test" and splits[0] != "test":
-        audit.problems.append(f"{where}: document {doc_id:#x} from a --{want_split}-input file is in {splits[0]}")
-        return
-    audit.documents += 1
-
-
 def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sample: int, seed: int,
                   tokenizer_path: Optional[str]) -> AuditResult:
     from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
@@ -410,6 +389,7 @@ def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sam
     dead = _dead_letters(manifest, manifest_file)
     text_field = manifest.config.get("text_field", "text")
     documents = []
+    source_fields = manifest.config.get("source_fields") or ["meta.pile_set_name"]
     for path, line, data in records:
         where = f"{path}:{line}"
         if path not in held:
@@ -424,11 +404,20 @@ def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sam
         elif kind == "invalid":
             audit.problems.append(f"{where}: {value}, but no dead letter names this line")
         else:
-            documents.append((where, path, _doc_id(value), value))
-    pieces = _pieces_of(manifest, manifest_file, {d[2] for d in documents}, audit)
-    for where, path, doc_id, text in documents:
-        expected = list(sp.encode(text)) + [eos]
-        _check_document(doc_id, expected, pieces.get(doc_id, []), where, _held_out_split(manifest, path), audit)
+            documents.append(verify_inputs.Sampled(where, _doc_id(value), value,
+                                                    verify_inputs.record_source(data, source_fields),
+                                                    _held_out_split(manifest, path)))
+    removals = verify_inputs.load_removals(manifest, manifest_file, audit.problems)
+    ids = {d.doc_id for d in documents}
+    pieces = _pieces_of(manifest, manifest_file, ids | removals.keepers(ids), audit)
+    decode = sp.decode if verify_inputs.decode_is_exact(sp, model) else None
+    counts = collections.Counter()
+    for doc in documents:
+        expected = list(sp.encode(doc.text)) + [eos]
+        verify_inputs.check_document(doc, expected, pieces, removals, decode, eos, counts, audit.problems)
+    audit.documents = counts.pop("written", 0)
+    audit.round_trip_checked = counts.pop("round_trip_checked", 0)
+    audit.removed = dict(sorted(counts.items()))
     return audit
 
 

@@ -1,0 +1,220 @@
+"""`pileprep verify --inputs`: what became of each sampled input document (pipeline/tools/verify.py samples and
+re-tokenizes them; this module judges each one).
+
+A document of the inputs is, in the committed dataset, exactly one of:
+
+* written: found through the shards' provenance, one copy (or as many as its source weight asks for), its tokens
+  equal to a fresh tokenization, and, where the format's decode is exact, decode(tokens) == the text (a
+  tokenizer pattern that drops characters re-encodes to the same ids, so only the round trip catches it);
+* removed by --near-dedup (`near_duplicate`: its keeper must be written or dropped by its own source's weight;
+  `near_duplicate_of_committed`) or by
+  --decontaminate (`contaminated`: the recorded n-gram must be in its text), as the generation's near-dedup
+  sidecar files say (pipeline/shard/near_dedup_graph.py `_write_partition`; their sha256 is checked here);
+* dropped by a source weight below 1 (transforms/shard/mixture.py `copies` gives it no copy; counted as filtered
+  `mixture_weight` in the manifest).
+
+Anything else (absent with no recorded reason, written and also recorded as removed, a wrong number of copies) is
+a problem: verify fails only on a real mismatch.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from model_contract import ContractError, Manifest
+from model_contract.manifest import resolve_dataset_path
+from transforms.io import io_utils
+
+NEAR_DUPLICATE, OF_COMMITTED, CONTAMINATED = "near_duplicate", "near_duplicate_of_committed", "contaminated"
+DROPPED_BY_WEIGHT = "mixture_weight"
+
+
+@dataclass
+class Removals:
+    """What the dataset records as removed: sidecar rows by document id, and the source weights."""
+    rows: dict = field(default_factory=dict)  # doc_id -> sidecar row
+    weights: dict = field(default_factory=dict)  # source -> weight (train split only)
+    seed: int = 0
+
+    def keepers(self, ids) -> set:
+        return {int(self.rows[i]["keeper"]) for i in ids
+                if i in self.rows and self.rows[i].get("reason") == NEAR_DUPLICATE and "keeper" in self.rows[i]}
+
+    def copies(self, doc_id: int, source: str, want_split: Optional[str]) -> int:
+        """Copies the mixture asks for: 1 without weights or for a --val/--test-input document."""
+        if not self.weights or want_split is not None:
+            return 1
+        from transforms.shard import mixture  # noqa: PLC0415 - the definition of the weighting, not the job's graph
+
+        return mixture.copies(doc_id, float(self.weights.get(source, 1.0)), self.seed)
+
+
+def load_removals(manifest: Manifest, manifest_file: str, problems: list) -> Removals:
+    near = manifest.extra.get("near_dedup") or {}
+    rows: dict = {}
+    for listed in near.get("sidecars") or []:
+        rel = listed.get("path") if isinstance(listed, dict) else None
+        try:
+            data = io_utils.read_bytes(resolve_dataset_path(manifest_file, str(rel)))
+        except (ContractError, OSError) as e:
+            problems.append(f"near-dedup sidecar {rel}: cannot be read ({type(e).__name__}: {e})")
+            continue
+        if hashlib.sha256(data).hexdigest() != listed.get("sha256") or len(data) != listed.get("bytes"):
+            problems.append(f"near-dedup sidecar {rel}: size or sha256 differs from the manifest's")
+            continue
+        for n, line in enumerate(data.decode("utf-8", "replace").splitlines(), start=1):
+            try:
+                row = json.loads(line)
+                rows[int(row["id"])] = row
+            except (ValueError, KeyError, TypeError):
+                problems.append(f"near-dedup sidecar {rel} line {n}: not a removal row")
+    config = manifest.config or {}
+    weights = config.get("source_weights") or {}
+    if not isinstance(weights, dict):
+        weights = {}
+    seed = config.get("seed", 0)
+    return Removals(rows, weights, seed if isinstance(seed, int) else 0)
+
+
+def record_source(data: bytes, source_fields) -> str:
+    """The document's source as the job names it (transforms/shard/documents.py: first non-empty string field)."""
+    from transforms.shard.documents import UNKNOWN_SOURCE  # noqa: PLC0415
+
+    record = json.loads(data)
+    for name in source_fields:
+        cur = record
+        for part in name.split("."):
+            cur = cur.get(part) if isinstance(cur, dict) else None
+        if isinstance(cur, str) and cur:
+            return cur
+    return UNKNOWN_SOURCE
+
+
+def decode_is_exact(sp, model_bytes: bytes) -> bool:
+    """Whether decode(encode(text)) must give the text back: no normalizer rewrites it. tiktoken decodes bytes;
+    an HF tokenizer.json without a normalizer; a SentencePiece model with the identity normalizer that keeps
+    whitespace runs (its dummy prefix is removed again by decode)."""
+    from transforms.tokenize import formats, references  # noqa: PLC0415
+
+    kind = references.format_of(sp)
+    if kind == formats.TIKTOKEN:
+        return True
+    if kind == formats.HF_JSON:
+        return not (getattr(sp, "spec", {}) or {}).get("normalizer")
+    from transforms.tokenize.tokenizer_backends import _spec  # noqa: PLC0415 - the proto's fields, read once
+
+    spec = _spec(model_bytes)
+    return spec["normalizer"] == "identity" and not spec["charsmap"] and not spec["remove_extra_whitespaces"]
+
+
+@dataclass(frozen=True)
+class Sampled:
+    where: str  # file:line
+    doc_id: int
+    text: str
+    source: str
+    want_split: Optional[str]  # the split of its --val-input / --test-input file, else None
+
+
+def _removed(doc: Sampled, pieces: dict, removals: Removals, counts: collections.Counter, problems: list) -> bool:
+    """True when the document is recorded as removed (and the record holds); problems for a bad record."""
+    row = removals.rows.get(doc.doc_id)
+    if row is None:
+        return False
+    reason = row.get("reason")
+    if pieces.get(doc.doc_id):
+        problems.append(f"{doc.where}: document {doc.doc_id:#x} is written and also recorded as removed ({reason})")
+    elif reason == NEAR_DUPLICATE and not _keeper_accounted(row, pieces, removals):
+        problems.append(f"{doc.where}: document {doc.doc_id:#x} was removed as a near-duplicate of "
+                        f"{int(row.get('keeper', -1)):#x}, which is not in any shard")
+    elif reason == CONTAMINATED and not _holds_ngram(doc.text, str(row.get("ngram", ""))):
+        problems.append(f"{doc.where}: document {doc.doc_id:#x} was removed as contaminated by the n-gram "
+                        f"{row.get('ngram')!r}, which its text does not hold")
+    elif reason not in (NEAR_DUPLICATE, OF_COMMITTED, CONTAMINATED):
+        problems.append(f"{doc.where}: document {doc.doc_id:#x} removed for an unknown reason {reason!r}")
+    else:
+        counts[reason] += 1
+    return True
+
+
+def _keeper_accounted(row: dict, pieces: dict, removals: Removals) -> bool:
+    """A near-duplicate's keeper is written, or was itself dropped by its source's weight (the mixture runs after
+    near-dedup, transforms/shard/stages.py)."""
+    keeper = int(row.get("keeper", -1))
+    if pieces.get(keeper):
+        return True
+    return removals.copies(keeper, str(row.get("keeper_source", "")), None) == 0
+
+
+def _holds_ngram(text: str, ngram: str) -> bool:
+    from transforms.shard.near_dedup import normalised_words  # noqa: PLC0415 - decontamination's normalisation
+
+    words, want = normalised_words(text), ngram.split()
+    n = len(want)
+    return n > 0 and any(words[i:i + n] == want for i in range(len(words) - n + 1))
+
+
+def check_document(doc: Sampled, expected: list, pieces: dict, removals: Removals, decode, eos: int,
+                   counts: collections.Counter, problems: list) -> None:
+    """Classify one sampled document into `counts` (written / a removal reason) or add a problem.
+    `pieces`: doc_id -> [(offset, tokens, split, shard path)]; `decode`: ids -> text, or None when the format's
+    decode is not exact."""
+    if _removed(doc, pieces, removals, counts, problems):
+        return
+    found = pieces.get(doc.doc_id, [])
+    want_copies = removals.copies(doc.doc_id, doc.source, doc.want_split)
+    if not found:
+        if want_copies == 0:
+            counts[DROPPED_BY_WEIGHT] += 1
+        else:
+            problems.append(f"{doc.where}: document {doc.doc_id:#x} is not in any shard (and not dead-lettered, "
+                            "filtered or recorded as removed)")
+        return
+    by_offset = collections.defaultdict(list)
+    for p in found:
+        by_offset[p[0]].append(p)
+    offsets = sorted(by_offset)
+    copies = {len(v) for v in by_offset.values()}
+    first = [by_offset[o][0] for o in offsets]
+    starts = np.cumsum([0] + [len(p[1]) for p in first[:-1]]).tolist()
+    shards = sorted({p[3] for p in found})
+    if offsets != starts or len(copies) != 1:
+        problems.append(f"{doc.where}: document {doc.doc_id:#x} pieces at offsets {offsets[:8]} are not whole copies "
+                        f"(expected {starts[:8]}): duplicated or missing pieces in {shards}")
+        return
+    if copies != {want_copies}:
+        problems.append(f"{doc.where}: document {doc.doc_id:#x} is written {copies.pop()} time(s); its source "
+                        f"{doc.source!r} weight asks for {want_copies} in {shards}")
+        return
+    splits = sorted({p[2] for p in found})
+    if len(splits) != 1:
+        problems.append(f"{doc.where}: document {doc.doc_id:#x} is in splits {splits}")
+        return
+    if any(not np.array_equal(p[1], by_offset[p[0]][0][1]) for p in found):
+        problems.append(f"{doc.where}: document {doc.doc_id:#x} copies differ in {shards}")
+        return
+    got = np.concatenate([p[1] for p in first]).tolist()
+    if got != expected:
+        at = next((i for i, (a, b) in enumerate(zip(got, expected)) if a != b), min(len(got), len(expected)))
+        problems.append(f"{doc.where}: document {doc.doc_id:#x} tokens differ from a fresh tokenization at token "
+                        f"{at} ({len(got)} stored vs {len(expected)} expected) in {shards}")
+        return
+    if decode is not None:
+        text = decode(got[:-1] if got and got[-1] == eos else got)
+        if text != doc.text:
+            at = next((i for i, (a, b) in enumerate(zip(text, doc.text)) if a != b), min(len(text), len(doc.text)))
+            problems.append(f"{doc.where}: document {doc.doc_id:#x} does not round-trip: its tokens decode to a "
+                            f"different text from character {at} ({len(text)} vs {len(doc.text)} characters) in "
+                            f"{shards}")
+            return
+        counts["round_trip_checked"] += 1
+    want = doc.want_split
+    if want == "val" and splits[0] not in ("val", "test") or want == "test" and splits[0] != "test":
+        problems.append(f"{doc.where}: document {doc.doc_id:#x} from a --{want}-input file is in {splits[0]}")
+        return
+    counts["written"] += 1
