@@ -527,6 +527,10 @@ def _mismatch(plan, staging_dir: str, enabled: bool) -> Optional[str]:
         return "its resume record names another generation"
     if rec.get("inputs") != resume_record(plan)["inputs"]:
         return "the input ledger changed (an input file's size, mtime or ETag)"
+    links = io_utils.links_below(plan.config.output, plan.data_dir) + io_utils.links_below(
+        guards.staging_root(plan.config.output, plan.config.staging_dir), staging_dir)
+    if links:  # its work would be written (and removed) wherever the link points: never through a link
+        return f"{links[0]} is a symbolic link"
     return None
 
 
