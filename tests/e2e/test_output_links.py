@@ -6,6 +6,8 @@ that fails is an error, never logged as done."""
 from __future__ import annotations
 
 import os
+import shutil
+import pathlib
 
 import pytest
 
@@ -93,3 +95,39 @@ def test_a_removal_that_fails_raises_instead_of_passing_silently(tmp_path, monke
     with pytest.raises(OSError):
         io_utils.delete_tree(str(doomed))
     assert (doomed / "f").exists()
+
+
+def test_export_never_writes_through_a_link_inside_its_output(built, tmp_path):
+    from pipeline.tools.export import export_parquet
+
+    _inbox, generation, _first = built
+    dataset = tmp_path / "ds"
+    shutil.copytree(str(pathlib.Path(built[0]).parent / "first"), dataset)
+    out = tmp_path / "parquet"
+    export_parquet(str(dataset), str(out))
+    parquet = sorted(p.name for p in (out / generation).iterdir())
+    victim = tmp_path / "elsewhere"
+    victim.mkdir()
+    for name in parquet:
+        (victim / name).write_bytes(b"not an export's file")
+    shutil.rmtree(out / generation)
+    os.symlink(victim, out / generation)
+    with pytest.raises(ConfigError, match="symbolic link"):
+        export_parquet(str(dataset), str(out))
+    assert all((victim / name).read_bytes() == b"not an export's file" for name in parquet)
+
+
+def test_a_resumable_staging_whose_generation_directory_is_a_link_is_discarded(tmp_path, caplog):
+    from pipeline.shard import resume
+    from tests.unit.shard.test_resume import _finished_run, _plan
+
+    plan = _plan(tmp_path)
+    _finished_run(plan)
+    data = pathlib.Path(plan.data_dir)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.move(str(data), str(elsewhere))
+    os.symlink(elsewhere, data)  # the killed run's partial generation, now a link
+    found = resume.reconcile(plan)
+    assert found.units == set() and found.splits == set()
+    assert any("is a symbolic link" in r.getMessage() for r in caplog.records)
+    assert not os.path.lexists(data) and any(elsewhere.rglob("*.jsonl"))  # the link went, its target stayed
