@@ -20,7 +20,9 @@ lists, after checking the sha256 of its files (`load_split`, `load_unit`), and m
 marker's fingerprint names the config, the tokenizer, the input ledger and, for an incremental run, the
 committed generation it adds to, so the shard it describes is the one this run would write (same bytes).
 After a failure the driver itself sees, `keep_finished` keeps exactly the marked work, in staging and in the
-partial generation, and removes everything else.
+partial generation, and removes everything else. The ledger row (path, bytes, mtime / ETag) only names an
+input: before reusing anything, `reconcile` compares every input's full sha256 with the one recorded when it was
+first cut (pipeline/shard/input_digests.py), and nothing is written or reused through a symbolic link.
 
 Markers and results are JSON, never pickles: a marker is data read back from a directory another process
 wrote, so every field is type-checked and every file it names must be the one its unit would write.

@@ -77,3 +77,23 @@ def test_an_input_rewritten_with_the_same_size_and_mtime_is_read_again_on_resume
     shard_pipeline.run(_config(corpus, fresh, tiny_tokenizer), FAST_LOCAL, progress_every_s=0)
     got, want = dataset_files(out), dataset_files(fresh)
     assert got.keys() == want.keys() and [k for k in got if got[k] != want[k]] == []
+
+
+def test_a_committed_input_rewritten_with_the_same_size_and_mtime_is_rebuilt_not_nothing_to_do(tmp_path,
+                                                                                              tiny_tokenizer):
+    """The generation's name comes from (path, size) pairs: a plain rerun used to say "nothing to do" over an
+    input whose bytes changed in place. The committed ledger's sha256 decides (pipeline/shard/integrity.py)."""
+    corpus = _corpus(tmp_path / "corpus", 2)
+    out = tmp_path / "out"
+    first = shard_pipeline.run(_config(corpus, out, tiny_tokenizer), FAST_LOCAL, progress_every_s=0)
+    again = shard_pipeline.run(_config(corpus, out, tiny_tokenizer), FAST_LOCAL, progress_every_s=0)
+    assert again["generation"] == first["generation"]  # unchanged bytes: nothing to do, as before
+
+    _rewrite_same_size_same_mtime(corpus / "part-1.jsonl")
+    manifest = shard_pipeline.run(_config(corpus, out, tiny_tokenizer), FAST_LOCAL, progress_every_s=0)
+    assert manifest["generation"] != first["generation"]
+    want_sha = hashlib.sha256((corpus / "part-1.jsonl").read_bytes()).hexdigest()
+    assert {r["path"].rsplit("/", 1)[-1]: r["sha256"] for r in manifest["ledger"]}["part-1.jsonl"] == want_sha
+    fresh = shard_pipeline.run(_config(corpus, tmp_path / "fresh", tiny_tokenizer), FAST_LOCAL, progress_every_s=0)
+    assert [s["sha256"] for s in manifest["shards"]] == [s["sha256"] for s in fresh["shards"]]
+    assert [s["sha256"] for s in manifest["shards"]] != [s["sha256"] for s in first["shards"]]
