@@ -40,7 +40,7 @@ $(SAMPLE_DIR)/.done: | $(STAMP)
 	touch $@
 
 $(SAMPLE_TOKENIZER): $(SAMPLE_DIR)/.done
-	$(BIN)/pileprep tokenizer train --input '$(SAMPLE_DIR)/train/*.jsonl.zst' --output $@ --vocab-size 8000
+	$(BIN)/pileprep tokenizer train --input '$(SAMPLE_DIR)/train/*.jsonl.zst' --output $@ --vocab-size 8000 --overwrite
 
 shard: $(STAMP) $(SAMPLE_DIR)/.done $(TOKENIZER)
 	$(BIN)/pileprep shard --input '$(SAMPLE_DIR)/train/*.jsonl.zst' --val-input '$(SAMPLE_DIR)/val.jsonl.zst' \

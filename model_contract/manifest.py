@@ -67,6 +67,10 @@ class Manifest:
     generations: list = field(default_factory=list)
     ledger: Optional[list] = None  # [LedgerRow]; None: a manifest that predates the ledger (synthesized from `inputs`)
     skipped_inputs: list = field(default_factory=list)  # glob matches that were not files: {path, reason}
+    # The commit's place in the output's history (1, 2, ...: one more than any commit the output kept), set by the
+    # commit (pipeline/ops/commit.py): pruning and `pileprep gc` order generations by it, never by file mtimes,
+    # which a copy, a sync or a `touch` rewrites. None: a manifest written before it was recorded.
+    commit_seq: Optional[int] = None
     # The sections besides the core, each None when absent from the JSON (see `SECTIONS`): what the manifest
     # commits (pipeline/ops/commit.py), the shard job's integrity sections (pipeline/shard/integrity.py), the
     # near-dedup band indexes (pipeline/shard/near_dedup_graph.py) and a neighbours sidecar's `retrieval`.
@@ -108,6 +112,8 @@ class Manifest:
             d["ledger"] = [r.to_dict() for r in self.ledger]
         if self.skipped_inputs:
             d["skipped_inputs"] = self.skipped_inputs
+        if self.commit_seq is not None:
+            d["commit_seq"] = self.commit_seq
         for key, attr, _read in SECTIONS:
             value = getattr(self, attr)
             if value is not None:
@@ -131,7 +137,7 @@ class Manifest:
         check_manifest_dict(d)
         known = {"format", "pileprep_version", "contract", "shards", "splits", "sources", "padding_fraction",
                  "records", "inputs", "dead_letters", "config", "generation", "generations", "ledger", "skipped_inputs",
-                 *(key for key, _attr, _read in SECTIONS)}
+                 "commit_seq", *(key for key, _attr, _read in SECTIONS)}
         shards = [ShardInfo.from_dict(s) for s in d["shards"]]
         ledger = d.get("ledger")
         return cls(
@@ -149,6 +155,7 @@ class Manifest:
             generations=d.get("generations", []),
             ledger=None if ledger is None else [LedgerRow.from_dict(r, f"ledger[{i}]") for i, r in enumerate(ledger)],
             skipped_inputs=d.get("skipped_inputs", []),
+            commit_seq=d.get("commit_seq"),
             **{attr: read(d[key], key) for key, attr, read in SECTIONS if key in d},
             extra={k: v for k, v in d.items() if k not in known},
         )
@@ -433,6 +440,8 @@ def check_manifest_dict(d) -> None:
             LedgerRow.from_dict(row, path)
     for path, row in f.items("skipped_inputs", required=False):
         SkippedInput.from_dict(row, path)
+    if d.get("commit_seq") is not None:
+        f.positive("commit_seq")
     for key, _attr, read in SECTIONS:
         if key in d:
             read(d[key], key)

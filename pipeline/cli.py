@@ -154,14 +154,16 @@ def cmd_sample(args, _beam_args) -> int:
 
     if not 0 < args.size_mb < float("inf"):  # NaN fails too
         raise UsageError(f"sample: --size-mb must be a positive number of megabytes, got {args.size_mb}")
-    print(json.dumps(write_sample_corpus(args.output, target_mb=args.size_mb), indent=1, sort_keys=True))
+    print(json.dumps(write_sample_corpus(args.output, target_mb=args.size_mb, overwrite=args.overwrite), indent=1,
+                     sort_keys=True))
     return 0
 
 
 def cmd_tokenizer_train(args, _beam_args) -> int:
     from pipeline.tools.tokenizer_train import train  # noqa: PLC0415
 
-    print(json.dumps(train(args.kind, args.input, args.output, args.vocab_size), indent=1, sort_keys=True))
+    print(json.dumps(train(args.kind, args.input, args.output, args.vocab_size, overwrite=args.overwrite), indent=1,
+                     sort_keys=True))
     return 0
 
 
@@ -297,6 +299,8 @@ def build_parser() -> argparse.ArgumentParser:
     sample.add_argument("--size-mb", type=float, default=24.0, metavar="N",
                         help="uncompressed size to write, in MB (10^6 bytes); past the installation's text, "
                              "marked copies of its documents fill the rest (the throughput benchmark's 96/384 MB)")
+    sample.add_argument("--overwrite", action="store_true",
+                        help="replace files in --output that an earlier `pileprep sample` did not write")
 
     tok = sub.add_parser("tokenizer", help="tokenizer tools", description="tokenizer tools")
     _verbosity(tok, top=False)
@@ -309,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--kind", choices=("sentencepiece", "hf-bpe"), default="sentencepiece",
                        help="sentencepiece: a .model; hf-bpe: an HF byte-level BPE tokenizer.json (GPT-NeoX "
                             "settings) and a .tiktoken file of the same merges beside it")
+    train.add_argument("--overwrite", action="store_true",
+                       help="replace an existing --output (and, for hf-bpe, the .tiktoken file beside it)")
 
     s3_help = "For s3:// datasets, Beam's S3 options may follow: --s3_endpoint_url=URL --s3_region_name=NAME ..."
     inspect = _subcommand(sub, "inspect", cmd_inspect,

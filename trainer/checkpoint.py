@@ -21,7 +21,9 @@ Contents are keyed by parameter name, never by rank or position, so a checkpoint
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import shutil
 from typing import Optional
 
@@ -33,10 +35,31 @@ import time
 from model_contract.hashing import fsync_directory
 
 LATEST = "latest"
+LOG = logging.getLogger("trainer.checkpoint")
 
 
 def _name(step: int) -> str:
     return f"step_{step:08d}"
+
+
+_STALE = re.compile(r"step_[0-9]{8}\.tmp|" + re.escape(LATEST) + r"\.tmp")  # what a crashed save of ours leaves
+
+
+def _remove(path: str) -> None:
+    """Remove one entry of the checkpoint directory: a link (or file) itself, never what a link points at; a
+    directory with what is under it (rmtree unlinks links inside without following them). Failures raise."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        os.unlink(path)
+    else:
+        shutil.rmtree(path)
+
+
+def remove_stale(root: str) -> None:
+    """Rank 0, before a save: what a crashed save left (`step_N.tmp`, `latest.tmp`), and only that: any other
+    `*.tmp` in the directory (a user's file) was removed too, and a link among them silently survived."""
+    for stale in sorted(os.listdir(root)):
+        if _STALE.fullmatch(stale):
+            _remove(os.path.join(root, stale))
 
 
 def _fsync_dir(path: str) -> None:
@@ -142,9 +165,7 @@ def save(root: str, step: int, module: torch.nn.Module, optimizer, meta: dict, e
     tmp = final + ".tmp"
     if env.rank == 0:
         os.makedirs(root, exist_ok=True)
-        for stale in os.listdir(root):
-            if stale.endswith(".tmp"):
-                shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
+        remove_stale(root)
         os.makedirs(tmp)
     dist.barrier()
     state = {**_model_state(module), **optimizer_state(optimizer, module, env)}
@@ -167,8 +188,8 @@ def publish(root: str, tmp: str, final: str, step: int, keep: int) -> None:
     The order is the crash-safety argument: until the rename, `latest` names the previous complete checkpoint;
     after it, `step_N` is complete before anything names it.
     """
-    if os.path.exists(final):
-        shutil.rmtree(final)
+    if os.path.lexists(final):
+        _remove(final)
     os.rename(tmp, final)
     _fsync_dir(root)
     with open(os.path.join(root, LATEST + ".tmp"), "w") as f:
@@ -179,10 +200,13 @@ def publish(root: str, tmp: str, final: str, step: int, keep: int) -> None:
     _fsync_dir(root)
     # Keep the checkpoint just published (the one `latest` names) and the keep-1 before it; never touch a
     # higher step left by another run in this directory (sorting by name alone could delete `latest`).
-    older = sorted(d for d in os.listdir(root)
-                   if d.startswith("step_") and not d.endswith(".tmp") and d < _name(step))
+    older = sorted(d for d in os.listdir(root) if re.fullmatch(r"step_[0-9]{8}", d) and d < _name(step))
     for old in older[:max(0, len(older) - (keep - 1))] if keep > 0 else []:
-        shutil.rmtree(os.path.join(root, old), ignore_errors=True)
+        try:  # the checkpoint is published: a failed prune is said, not fatal, and never silent
+            _remove(os.path.join(root, old))
+        except OSError as e:
+            LOG.warning("checkpoint %s published, but the old %s could not be removed (%s)", final, old,
+                        e.strerror or type(e).__name__)
 
 
 def load(path: str, module: torch.nn.Module, optimizer, env) -> dict:

@@ -13,6 +13,7 @@ manifest keeps finding its files. The refs are read *after* the publish (model_c
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from typing import Optional
@@ -25,6 +26,7 @@ from pipeline.ops import generations, guards
 from pipeline.ops.guards import normal_path
 from transforms.io import io_utils
 
+LOG = logging.getLogger("pileprep.commit")
 
 # What an output holds, recorded in its manifest (`kind`); a commit never lands in an output of another kind.
 KIND_DATASET = "dataset"
@@ -136,6 +138,9 @@ def commit_dataset(output_dir: str, manifest: Manifest, expected_previous: Optio
     """
     manifest.validate()  # the paths below come from it: never act on a name of the wrong form
     new_gen = check_generation_name(manifest.generation)
+    # Its place in the output's history, recorded in the manifest (and so in its generations/ copy): pruning and
+    # gc order by it (pipeline/ops/generations.py), not by file times. Under the output's lock, like the commit.
+    manifest.commit_seq = generations.next_commit_seq(output_dir, new_gen)
     durable = [s.path for s in manifest.shards if s.path.startswith(str(new_gen) + "/")] + \
         [d for d in manifest.dead_letters if d.startswith(str(new_gen) + "/")]
     keep = integrity.referenced_generations(manifest)
@@ -189,15 +194,25 @@ def commit_output(output_dir: str, kind: str, manifest_json: str, new_gen: str, 
     if keep_generations is not None:
         _write_generation_manifests(output_dir, current_gen, new_gen, manifest_json)
     path = publish_manifest(output_dir, manifest_json)
-    io_utils.delete_tree(staging_dir)
+    _remove_after_commit(staging_dir, "this run's staging")
     if keep_generations is not None:
         _prune(output_dir, keep_heads, keep_generations, keep_paths)
         return path
     for gen in sorted(dropped_generations):
         old = io_utils.join(output_dir, check_generation_name(gen))  # a direct child of the output, by form
         _check_deletable(old, output_dir, keep_paths)
-        io_utils.delete_tree(old)
+        _remove_after_commit(old, "the previous generation")
     return path
+
+
+def _remove_after_commit(path: str, what: str, remove=io_utils.delete_tree) -> None:
+    """After the publish the commit stands: a removal that fails is said (a warning naming what is left and who
+    removes it), neither swallowed nor turned into a failed run."""
+    try:
+        remove(path)
+    except OSError as e:
+        LOG.warning("committed, but could not remove %s %s (%s); the next run on this output (or pileprep gc) "
+                    "removes it", what, path, e.strerror or type(e).__name__)
 
 
 def _write_generation_manifests(output_dir: str, current_gen: Optional[str], new_gen: str, manifest_json: str) -> None:
@@ -216,7 +231,7 @@ def _prune(output_dir: str, live_heads: set, keep_generations: int, keep_paths: 
     state = generations.read_state(output_dir, {h for h in live_heads if h.startswith("gen-")})
     for gen, _why in generations.plan_prune(state, keep_generations, drop_stale_refs=False).remove:
         _check_deletable(io_utils.join(output_dir, check_generation_name(gen)), output_dir, keep_paths)
-        generations.remove_generation(output_dir, gen)
+        _remove_after_commit(gen, "the generation", lambda g: generations.remove_generation(output_dir, g))
 
 
 # ------------------------------------------------------------------------------------------- output kinds
@@ -274,11 +289,31 @@ def foreign_entries(output_dir: str, staging_root: Optional[str] = None) -> list
     return out
 
 
+# Directories inside an output that pileprep itself writes into and removes from (pipeline/ops/guards.py's default
+# staging root, model_contract/refs.py's generation manifests and refs).
+_OWN_DIRS = (guards.DEFAULT_STAGING_NAME, generations.refs_mod.GENERATIONS_DIR, generations.refs_mod.REFS_DIR)
+
+
+def check_no_links(output_dir: str, flag: str = "--output") -> None:
+    """ConfigError (exit 2) when a directory pileprep writes into inside a local output is a symbolic link: its
+    writes and removals would land wherever the link points (files the command did not create). A link where a
+    generation directory goes is garbage the start-up cleanup removes itself (transforms/io/io_utils.py
+    delete_tree never follows one)."""
+    if not io_utils.is_local(output_dir):
+        return
+    links = [name for name in _OWN_DIRS if os.path.islink(os.path.join(output_dir, name))]
+    if links:
+        raise ConfigError(f"{flag} {output_dir}: {', '.join(links)} is a symbolic link; pileprep never writes or "
+                          f"removes through a link inside its output (that would change files elsewhere): replace "
+                          f"it with a directory, or choose another {flag}")
+
+
 def check_output_kind(output_dir: str, kind: str, staging_root: Optional[str] = None, flag: str = "--output",
                       foreign: bool = True) -> None:
     """ConfigError (exit 2) unless `output_dir` is empty, pileprep's own, or already holds `kind`: no command
     commits into another kind of output (a sidecar over a dataset would replace its manifest and delete its
     generation), nor into a directory of files it did not create."""
+    check_no_links(output_dir, flag)
     found = committed_kind(output_dir)
     if found is not None and found != kind:
         raise ConfigError(f"{flag} {output_dir}: it holds a {found} (manifest.json), not a {kind}; a {kind} is "

@@ -1,35 +1,42 @@
 """Which committed generations a dataset keeps, and removing the others (at a commit and by `pileprep gc`).
 
 A dataset keeps, besides what its live manifest references, the `--keep-generations` newest previous
-generations and every generation a ref names (model_contract/refs.py). Commit order is the order in which the
-per-generation manifests (`generations/<gen>.manifest.json`) were written, newest first; a generation without
-one was never committed (an interrupted run's directory) and is left to the shard run's own cleanup
-(pipeline/ops/guards.py: cleanup_abandoned).
+generations and every generation a ref names (model_contract/refs.py). Commit order is what the per-generation
+manifests (`generations/<gen>.manifest.json`) record: their `commit_seq` (model_contract/manifest.py), set by
+each commit to one more than any kept, never the files' mtimes (a `cp -r`, an `aws s3 sync` or a `touch`
+rewrites those, and the order they gave removed the generation that was live just before the current one). A
+copy without `commit_seq` (committed by an older pileprep, or damaged) is older than every copy with one, but
+its order among the others like it is unknown: while fewer than `--keep-generations` previous generations
+carry a sequence number, every such copy is kept (`plan_prune`), so an upgrade never removes the generation
+that was live before it. A generation without a copy was never committed (an interrupted run's directory) and
+is left to the shard run's own cleanup (pipeline/ops/guards.py: cleanup_abandoned).
 
 `plan_prune` decides (a pure function over what `read_state` listed); `apply` deletes. A ref that cannot be
 read is named and, since the generation it protects is unknown, protects every generation.
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Optional
 
 from apache_beam.io.filesystems import FileSystems
 
-from model_contract import Manifest
+from model_contract import MANIFEST_NAME, Manifest
 from model_contract import refs as refs_mod
 from model_contract.contract import ContractError
 from model_contract.manifest import is_generation_name
+from model_contract.schema import is_count
 from pipeline.shard import integrity
 from transforms.io import io_utils
 
 
 @dataclass(frozen=True)
 class CommittedGeneration:
-    """One `generations/<gen>.manifest.json`: when it was written and what that manifest references."""
+    """One `generations/<gen>.manifest.json`: its commit sequence number and what that manifest references."""
     name: str
-    written: float
+    seq: Optional[int]  # the manifest's commit_seq; None: not recorded (an older pileprep's commit, or damaged)
     references: frozenset  # the generations its manifest references (itself, and incremental parents)
     damaged: str = ""  # why the manifest copy could not be read ("" when it was)
 
@@ -80,8 +87,15 @@ def plan_prune(state: DatasetState, keep_generations: int, drop_stale_refs: bool
     for gen in sorted(state.live):
         protect(gen, "the live manifest references it")
     previous = [g for g in state.history if g.name not in state.live]
-    for g in previous[:keep_generations]:
+    ordered = [g for g in previous if g.seq is not None]  # newest first (read_history)
+    for g in ordered[:keep_generations]:
         protect(g.name, f"one of the {keep_generations} newest previous generation(s) (--keep-generations)")
+    if len(ordered) < keep_generations:  # the newest previous ones may be among those of unknown order
+        for g in previous:
+            if g.seq is None:
+                protect(g.name, "its manifest records no commit order (committed by an older pileprep"
+                                + (", or damaged" if g.damaged else "") + f"): kept until {keep_generations} "
+                                f"newer previous generation(s) exist (--keep-generations)")
     for entry in state.refs:
         if entry.ref is None:
             plan.damaged_refs.append(entry)
@@ -117,7 +131,8 @@ def _base(path: str) -> str:
 
 
 def read_history(output: str) -> list:
-    """[CommittedGeneration], newest first (ties: by name, so the order never depends on listing order)."""
+    """[CommittedGeneration], newest first by commit_seq, then those without one by name (the order never depends
+    on listing order or on file times)."""
     out = []
     for m in _match(io_utils.join(output, refs_mod.GENERATIONS_DIR, "*.manifest.json")):
         name = refs_mod.generation_of_copy(_base(m.path))
@@ -127,11 +142,28 @@ def read_history(output: str) -> list:
             manifest = Manifest.from_json(io_utils.read_bytes(m.path).decode("utf-8"))
             if manifest.generation != name:
                 raise ContractError(f"it names generation {manifest.generation}")
-            out.append(CommittedGeneration(name, m.last_updated_in_seconds,
+            out.append(CommittedGeneration(name, manifest.commit_seq,
                                            frozenset(integrity.referenced_generations(manifest) | {name})))
         except (ContractError, UnicodeDecodeError, OSError) as e:
-            out.append(CommittedGeneration(name, m.last_updated_in_seconds, frozenset({name}), str(e)[:200]))
-    return sorted(out, key=lambda g: (-g.written, g.name))
+            out.append(CommittedGeneration(name, None, frozenset({name}), str(e)[:200]))
+    # newest first by commit_seq; those without one after every other (older by construction), by name
+    return sorted(out, key=lambda g: (g.seq is None, -(g.seq or 0), g.name))
+
+
+def next_commit_seq(output: str, new_gen: str) -> int:
+    """The commit_seq of a commit of `new_gen` into `output`: one more than any the live manifest and the kept
+    copies record (1 for the first commit, and for the first over manifests that record none); the live one's own
+    when it already is `new_gen` (the same commit again, e.g. a retried bundle: it publishes equal bytes)."""
+    try:
+        live = json.loads(io_utils.read_bytes(io_utils.join(output, MANIFEST_NAME)).decode("utf-8"))
+    except (OSError, ValueError):  # none yet (a damaged one is refused by the commit itself)
+        live = {}
+    live = live if isinstance(live, dict) else {}
+    live_seq = live.get("commit_seq") if is_count(live.get("commit_seq")) and live.get("commit_seq") > 0 else None
+    if live_seq is not None and live.get("generation") == new_gen:
+        return live_seq
+    seqs = [g.seq for g in read_history(output) if g.seq is not None] + ([live_seq] if live_seq else [])
+    return max(seqs, default=0) + 1
 
 
 def read_refs(output: str) -> list:
@@ -173,6 +205,8 @@ def retained(output: str) -> set:
 def generation_bytes(output: str, gen: str) -> int:
     root = io_utils.join(output, gen)
     if io_utils.is_local(output):
+        if os.path.islink(root):  # removing it removes the link only (io_utils.delete_tree): it frees nothing
+            return 0
         total = 0
         for directory, _dirs, files in os.walk(root):
             for f in files:
@@ -200,17 +234,21 @@ def remove_generation(output: str, gen: str) -> None:
     """The directory first, its manifest copy last: a crash in between leaves the copy, so the generation is
     still listed and the next commit or gc finishes the job."""
     io_utils.delete_tree(io_utils.join(output, refs_mod.check_generation_name(gen)))
-    path = copy_path(output, gen)
-    if io_utils.exists(path):
+    _remove_file(copy_path(output, gen))
+
+
+def _remove_file(path: str) -> None:
+    """One file (a link: the link itself); missing is fine, any other failure raises."""
+    if io_utils.is_local(path):
+        io_utils.remove_local(path)
+    elif io_utils.exists(path):
         FileSystems.delete([path])
 
 
 def remove_ref(output: str, entry: RefEntry) -> None:
     if not refs_mod.is_ref_name(entry.file):  # only names of the ref form are ever deleted
         raise ValueError(f"{entry.file}: not a ref file name")
-    path = io_utils.join(output, refs_mod.REFS_DIR, entry.file)
-    if io_utils.exists(path):
-        FileSystems.delete([path])
+    _remove_file(io_utils.join(output, refs_mod.REFS_DIR, entry.file))
 
 
 def write_ref(output: str, ref: refs_mod.Ref) -> str:

@@ -15,6 +15,7 @@ counts. Listing the inputs and diffing them against the ledger is pipeline/ops/i
 from __future__ import annotations
 
 import collections
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from model_contract import MANIFEST_NAME, Manifest
@@ -91,6 +92,34 @@ def ledger_of(manifest: Optional[Manifest]) -> list:
         return list(manifest.ledger)
     gen = manifest.generation or ""
     return [LedgerRow(i["path"], i.get("bytes"), gen) for i in manifest.inputs]
+
+
+def changed_inputs(previous: Optional[Manifest], paths: list, hasher=file_sha256) -> list:
+    """Of `paths` (this run's inputs, which the committed ledger holds under the same path and size), those whose
+    bytes are not the ones the ledger's sha256 records, as one problem line each; a row without a sha256 (a
+    manifest of an older pileprep) cannot be proven and counts as changed. A plain rerun over a committed
+    generation of the same name ((path, size) pairs, pipeline/config.py fingerprint) is "nothing to do" only when
+    this is empty: an input rewritten in place with the same size (and mtime) is rebuilt, never skipped."""
+    rows = {r.path: r for r in ledger_of(previous)}
+    checked = [p for p in paths if rows.get(p) is not None and rows[p].sha256]
+    with ThreadPoolExecutor(4) as pool:  # hashlib releases the GIL: the reads overlap
+        current = dict(zip(checked, pool.map(lambda p: _sha256_or_none(p, hasher), checked)))
+    out = []
+    for path in paths:
+        row = rows.get(path)
+        if row is None or not row.sha256:
+            out.append(f"{path}: the committed ledger records no sha256 for it")
+        elif current[path] != row.sha256:
+            out.append(f"{path}: its bytes changed since generation {row.generation} read it (sha256 "
+                       f"{str(current[path])[:12]}…, the ledger says {row.sha256[:12]}…)")
+    return out
+
+
+def _sha256_or_none(path: str, hasher) -> Optional[str]:
+    try:
+        return hasher(path)[1]
+    except OSError:
+        return None
 
 
 def generations_of(manifest: Optional[Manifest]) -> list:

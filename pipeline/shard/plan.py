@@ -208,6 +208,11 @@ def generation_name(config: ShardConfig, contract: DataContract, ledger: list, p
     generation = "gen-" + fingerprint(config, sha, inputs, parents=live if adds_to_committed else ())
     needs_check = previous is not None and (nothing_new or (not adds_to_committed and live == {generation}))
     damaged = guards.damaged_files(config.output, previous) if needs_check else []
+    if needs_check and not nothing_new and not adds_to_committed:  # same (path, size) pairs: same bytes too?
+        changed = integrity.changed_inputs(previous, [e.path for e in ledger])
+        for line in changed[:5]:
+            LOG.warning("rebuilding: %s", line)
+        damaged += changed
     if nothing_new and damaged:  # "nothing to do" only over a dataset whose files are all there
         raise RunError(f"{config.output}: the committed dataset is damaged ({len(damaged)} file(s): "
                        f"{'; '.join(damaged[:3])}); rebuild it without --incremental")

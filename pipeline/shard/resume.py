@@ -20,7 +20,9 @@ lists, after checking the sha256 of its files (`load_split`, `load_unit`), and m
 marker's fingerprint names the config, the tokenizer, the input ledger and, for an incremental run, the
 committed generation it adds to, so the shard it describes is the one this run would write (same bytes).
 After a failure the driver itself sees, `keep_finished` keeps exactly the marked work, in staging and in the
-partial generation, and removes everything else.
+partial generation, and removes everything else. The ledger row (path, bytes, mtime / ETag) only names an
+input: before reusing anything, `reconcile` compares every input's full sha256 with the one recorded when it was
+first cut (pipeline/shard/input_digests.py), and nothing is written or reused through a symbolic link.
 
 Markers and results are JSON, never pickles: a marker is data read back from a directory another process
 wrote, so every field is type-checked and every file it names must be the one its unit would write.
@@ -40,6 +42,7 @@ from apache_beam.metrics import Metrics
 
 from model_contract.hashing import sha256_file
 from pipeline.ops import guards, progress
+from pipeline.shard import input_digests
 from pipeline.shard.records import InputFile, SplitOutput
 from transforms.io import io_utils
 from transforms.shard import stages
@@ -527,6 +530,10 @@ def _mismatch(plan, staging_dir: str, enabled: bool) -> Optional[str]:
         return "its resume record names another generation"
     if rec.get("inputs") != resume_record(plan)["inputs"]:
         return "the input ledger changed (an input file's size, mtime or ETag)"
+    links = io_utils.links_below(plan.config.output, plan.data_dir) + io_utils.links_below(
+        guards.staging_root(plan.config.output, plan.config.staging_dir), staging_dir)
+    if links:  # its work would be written (and removed) wherever the link points: never through a link
+        return f"{links[0]} is a symbolic link"
     return None
 
 
@@ -588,20 +595,24 @@ def reconcile(plan, enabled: bool = True, live=frozenset()) -> Resumed:
 
     def check(name):
         try:  # the near-dedup stage's files are read by no worker that could check them: sha256 here
-            check_marker(plan, name, hashes=name == NEAR_DEDUP)
-            return name, None
+            return name, check_marker(plan, name, hashes=name == NEAR_DEDUP), None
         except Discard as e:
-            return name, str(e)
+            return name, None, str(e)
 
     with ThreadPoolExecutor(CHECK_THREADS) as pool:
         results = list(pool.map(check, names))
-    bad = [(n, why) for n, why in results if why is not None]
+    bad = [(n, why) for n, _marker, why in results if why is not None]
     for name, _why in bad:
         _delete_file(marker_path(plan.staging_dir, name))
     notes += [f"resume: discarded the finished {n} ({why}); it is redone" for n, why in bad[:NOTES_SHOWN]]
     if len(bad) > NOTES_SHOWN:
         notes.append(f"resume: discarded {len(bad) - NOTES_SHOWN} more finished units; they are redone")
-    good = [n for n, why in results if why is None]
+    # The inputs' content, not their (path, size, mtime): pipeline/shard/input_digests.py
+    screened = input_digests.screen(plan, {n: marker for n, marker, why in results if why is None})
+    for name in sorted(screened.discard):
+        _delete_file(marker_path(plan.staging_dir, name))
+    notes += list(screened.notes)
+    good = [n for n, _marker, why in results if why is None and n not in screened.discard]
     resumed = Resumed(frozenset(n for n in good if n.startswith("split-")),
                       frozenset(n for n in good if n.startswith("unit-")), tuple(notes),
                       frozenset(n for n in good if n.startswith("pack-")), NEAR_DEDUP in good)
@@ -661,6 +672,8 @@ def keep_finished(plan) -> Kept:
         except Discard:
             continue
         keep.add(marker_path(staging, name))
+        if name.startswith(("unit-f", "split-f")):  # its input's recorded sha256 (pipeline/shard/input_digests.py)
+            keep.add(input_digests.record_path(staging, int(name.split("-f", 1)[1][:6])))
         keep.update(_root_path(r["root"], staging, data, r["path"]) for r in marker["files"])
         counts[name[: name.index("-") + 1]] += 1
     kept = Kept(counts["unit-"], counts["split-"], counts["pack-"], bool(counts["near-"]))

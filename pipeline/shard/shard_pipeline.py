@@ -29,10 +29,10 @@ from pipeline.beam_glue import (FilesystemOptions, GatherAll, PlanDoFn, Spread, 
                                 apply_filesystem_options, chosen_running_mode, default_beam_args, pipeline_options)
 from pipeline.config import PILEPREP_VERSION, ShardConfig
 from pipeline.errors import RunError
-from pipeline.ops import commit, guards, incremental, progress, runlog, runners
+from pipeline.ops import commit, guards, progress, runlog, runners
 from pipeline.ops import generations
-from pipeline.shard import (cancel, integrity, near_dedup_graph, preflight, resume, runner_shuffle, unit_plan,
-                            warm_workers)
+from pipeline.shard import (cancel, input_digests, integrity, near_dedup_graph, preflight, resume, runner_shuffle,
+                            unit_plan, warm_workers)
 from pipeline.shard.records import CommitParts, InputFile, SplitOutput, TokenizedFile
 from pipeline.shard.manifest_builder import build_manifest, shard_write_tasks
 from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model  # noqa: F401 - the job's public names
@@ -50,10 +50,10 @@ def _cut_options(cfg) -> dict:
             "max_zstd_window_bytes": cfg.max_zstd_window_bytes, "fields": (cfg.text_field, *cfg.source_fields)}
 
 
-def _marked_split(plan: JobPlan, result: "stages.SplitResult") -> SplitOutput:
-    """A file's split with the digest of the input as read, its completion marker written."""
-    size, sha = incremental.file_sha256(result.input_path)
-    output = SplitOutput(result, InputFile(result.input_path, size, sha256=sha))
+def _marked_split(plan: JobPlan, result: "stages.SplitResult", digest: InputFile) -> SplitOutput:
+    """A file's split with the digest of the input recorded before it was cut (pipeline/shard/input_digests.py),
+    its completion marker written."""
+    output = SplitOutput(result, digest)
     resume.mark_split(plan, output)
     return output
 
@@ -82,9 +82,10 @@ class SplitInputFile(PlanDoFn):
         if resume.split_marker_name(file_idx) in self.plan.resumed_splits:  # an earlier run's (resume.py)
             output = resume.load_split(self.plan, file_idx)  # None: a file did not match its sha256
         if output is None:
+            digest = input_digests.mark_input(self.plan, file_idx, path)
             output = _marked_split(self.plan, stages.split_input_file(
                 file_idx, path, self.plan.staging_dir, self.plan.data_dir, check_cancelled=cancel.check,
-                chunk_bytes=chunk_bytes, **_cut_options(self.plan.config)))
+                chunk_bytes=chunk_bytes, **_cut_options(self.plan.config)), digest)
         _count_split(self.plan, output)
         return output
 
@@ -172,10 +173,12 @@ class SplitAndTokenizeFile(TokenizeChunk):
         if reused is not None:
             output, units = reused[0], [self._count(u, c, True) for u, c in zip(reused[1], reused[0].result.chunks)]
         else:
+            digest = input_digests.mark_input(self.plan, file_idx, path)
             cutter = stages.InputCutter(file_idx, path, check_cancelled=cancel.check, chunk_bytes=chunk_bytes,
                                         **_cut_options(self.plan.config))
             units = [self._tokenize_records(chunk, records) for chunk, records in cutter.chunks()]
-            output = _marked_split(self.plan, cutter.finish(self.plan.data_dir, list(cutter.refs), spilled=False))
+            output = _marked_split(self.plan, cutter.finish(self.plan.data_dir, list(cutter.refs), spilled=False),
+                                   digest)
         _count_split(self.plan, output)
         return TokenizedFile(output, tuple(units))
 

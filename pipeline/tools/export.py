@@ -175,6 +175,14 @@ def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tup
     chosen = [s for s in manifest.shards if not splits or s.split in splits]
     names = [derived_path(s.path, suffix=".parquet") for s in chosen]
     check_unique(zip((s.path for s in chosen), names))  # before writing anything
+    for name in names:  # an earlier export's directory replaced by a link: never write (replace) through it
+        links = io_utils.links_below(output, os.path.dirname(io_utils.join(output, name)))
+        if links:
+            from pipeline.errors import ConfigError  # noqa: PLC0415
+
+            raise ConfigError(f"--output {output}: {links[0]} is a symbolic link; an export never writes through a "
+                              f"link inside its output (it would replace files elsewhere): remove it or choose "
+                              f"another --output")
     summary_path = io_utils.join(output, SUMMARY_NAME)
     marker = os.path.join(output, IN_PROGRESS_MARKER) if io_utils.is_local(output) else None
     if marker is not None and not os.path.exists(summary_path):

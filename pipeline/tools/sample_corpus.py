@@ -22,6 +22,11 @@ relative path (a spread over the whole tree rather than the alphabetically first
 the filesystem's listing order). Nothing depends on time or unseeded randomness, so two runs on one
 installation write identical bytes. Files are written under a temporary name and renamed, so a crash never
 leaves a half-written `.zst`.
+
+Ownership: `OWNED_NAME` in the output directory lists every file the command wrote with its sha256. A later run
+replaces a file only when that list names it with those bytes (an earlier sample, unchanged); any other file at
+one of its names (a real val/test, a sample edited since) is refused before anything is written (exit 2) unless
+`--overwrite`. It never writes through a symbolic link inside the output (a link at `train/`, or at a file).
 """
 from __future__ import annotations
 
@@ -165,16 +170,66 @@ def _fill_with_copies(by_source: dict[str, list[bytes]], short: int) -> int:
     return made
 
 
-def _write_zst(path: str, data: bytes) -> int:
-    blob = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
-    io_utils.replace_atomically(path, blob)
-    return len(blob)
+OWNED_NAME = ".pileprep-sample.json"
 
 
-def write_sample_corpus(output_dir: str, *, target_mb: float = 24.0) -> dict:
+def output_names() -> list:
+    """The files a sample corpus consists of, relative to its directory."""
+    return [f"train/{i:02d}.jsonl.zst" for i in range(NUM_TRAIN_FILES)] + ["val.jsonl.zst", "test.jsonl.zst"]
+
+
+def _owned(output_dir: str) -> dict:
+    """{relative name: sha256} of the files an earlier run wrote ({} when there is no readable list)."""
+    try:
+        with open(os.path.join(output_dir, OWNED_NAME), encoding="utf-8") as f:
+            d = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    files = d.get("files") if isinstance(d, dict) else None
+    return {k: v for k, v in files.items() if isinstance(k, str) and isinstance(v, str)} \
+        if isinstance(files, dict) else {}
+
+
+def _sha256_of(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_output(output_dir: str, overwrite: bool) -> None:
+    """ConfigError (exit 2) before any work: a link on the way to a file this command writes, or (without
+    `overwrite`) a file at one of its names that an earlier sample run did not write with these bytes."""
+    from pipeline.errors import ConfigError  # noqa: PLC0415
+
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise ConfigError(f"--output {output_dir}: it is a file, not a directory: choose another --output")
+    owned, foreign = _owned(output_dir), []
+    for rel in output_names() + [OWNED_NAME]:
+        path = os.path.join(output_dir, rel)
+        links = io_utils.links_below(output_dir, os.path.dirname(path)) + (
+            [path] if os.path.islink(path) else [])
+        if links:
+            raise ConfigError(f"--output {output_dir}: {links[0]} is a symbolic link; the sample is never written "
+                              f"through a link: remove it or choose another --output")
+        if rel != OWNED_NAME and os.path.lexists(path) and (
+                not os.path.isfile(path) or owned.get(rel) != _sha256_of(path)):
+            foreign.append(rel)
+    if foreign and not overwrite:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ConfigError(f"--output {output_dir}: it holds {shown}, which pileprep sample did not write (or which "
+                          f"changed since); pass --overwrite to replace them, or choose another --output")
+    bad = [rel for rel in foreign if not os.path.isfile(os.path.join(output_dir, rel))]
+    if bad:
+        raise ConfigError(f"--output {output_dir}: {bad[0]} is not a regular file: choose another --output")
+
+
+def write_sample_corpus(output_dir: str, *, target_mb: float = 24.0, overwrite: bool = False) -> dict:
     """Write the sample corpus under `output_dir` (a local path); return a summary of what was written."""
     if target_mb <= 0:
         raise ValueError(f"target_mb must be positive, got {target_mb}")
+    check_output(output_dir, overwrite)
     target = int(target_mb * 1e6)
     by_source = {PACKAGE_DOCS: _collect(PACKAGE_DOCS, package_doc_candidates(), int(target * DOCS_SHARE))}
     docs_bytes = sum(map(len, by_source[PACKAGE_DOCS]))
@@ -201,10 +256,17 @@ def write_sample_corpus(output_dir: str, *, target_mb: float = 24.0) -> dict:
 
     outputs = {f"train/{i:02d}.jsonl.zst": lines for i, lines in enumerate(train)}
     outputs.update({f"{name}.jsonl.zst": lines for name, lines in holdout.items()})
-    files, compressed, uncompressed = [], 0, 0
+    files, compressed, uncompressed, owned = [], 0, 0, {}
     for rel, lines in outputs.items():
         data = b"".join(lines)
-        compressed += _write_zst(os.path.join(output_dir, rel), data)
+        blob = zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)
+        # listed as ours before it is written: a crash in between leaves a listed file that is missing or has
+        # other bytes, which the next run then treats as not its own
+        owned[rel] = hashlib.sha256(blob).hexdigest()
+        io_utils.replace_atomically(os.path.join(output_dir, OWNED_NAME), (json.dumps(
+            {"files": {**_owned(output_dir), **owned}}, sort_keys=True, indent=1) + "\n").encode("utf-8"))
+        io_utils.replace_atomically(os.path.join(output_dir, rel), blob)
+        compressed += len(blob)
         uncompressed += len(data)
         files.append(rel)
     return {

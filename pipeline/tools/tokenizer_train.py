@@ -144,11 +144,44 @@ def _read_training_sample(input_globs, max_sentences: int, max_sentence_chars: i
     return sentences, stats, paths, time.perf_counter() - start
 
 
+def check_outputs(input_globs, outputs: list, overwrite: bool) -> None:
+    """ConfigError (exit 2) before any work when a file this command would write is one of its inputs (never
+    written, whatever the flags: it would replace the corpus it reads), or already exists and `overwrite` is off
+    (`--overwrite`): this command does not know who made it (`hf-bpe --output x.json` also writes `x.tiktoken`
+    beside it, which replaced a user's file of that name unseen), and replaces nothing it was not told to.
+    A local output path through a symbolic link to a directory is fine (the user named it); a link at the file
+    itself is replaced, never written through (io_utils.publish_bytes renames over it)."""
+    if isinstance(input_globs, str):
+        input_globs = [input_globs]
+    local = [o for o in outputs if "://" not in o]
+    inputs = {os.path.realpath(p) for p in _list_inputs(list(input_globs)) if "://" not in p}
+    for out in local:
+        if os.path.realpath(out) in inputs:
+            raise ConfigError(f"--output {out} is one of the --input files: training would replace the corpus it "
+                              f"reads; choose another --output")
+        if os.path.isdir(out):
+            raise ConfigError(f"--output {out}: it is a directory; the tokenizer is a file: name the file")
+    existing = [o for o in outputs if (os.path.lexists(o) if "://" not in o else _exists(o))]
+    if existing and not overwrite:
+        raise ConfigError(f"--output: {', '.join(existing)} already exist{'s' * (len(existing) == 1)}, and this "
+                          f"command did not create it in this run; pass --overwrite to replace it, or choose "
+                          f"another --output")
+
+
+def _exists(path: str) -> bool:
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    return io_utils.exists(path)
+
+
 def train_tokenizer(input_globs: list[str], output_path: str, vocab_size: int, *,
                     max_sentences: int = 200_000, max_sentence_chars: int = 4096,
                     model_type: str = "bpe", seed: int = 0, max_line_bytes: int | None = None,
-                    max_zstd_window_bytes: int | None = None) -> dict:
+                    max_zstd_window_bytes: int | None = None, overwrite: bool = False) -> dict:
     """Train a byte-fallback SentencePiece model on the documents of `input_globs`; write it to output_path."""
+    if isinstance(input_globs, str):
+        input_globs = [input_globs]
+    check_outputs(input_globs, [output_path], overwrite)
     import sentencepiece as spm  # noqa: PLC0415
 
     if isinstance(input_globs, str):
@@ -233,7 +266,7 @@ def tiktoken_path_for(output_path: str) -> str:
 
 def train_hf_bpe(input_globs: list, output_path: str, vocab_size: int, *, max_sentences: int = 200_000,
                  max_sentence_chars: int = 4096, seed: int = 0, max_line_bytes: int | None = None,
-                 max_zstd_window_bytes: int | None = None) -> dict:
+                 max_zstd_window_bytes: int | None = None, overwrite: bool = False) -> dict:
     """Train a byte-level BPE (GPT-NeoX settings) on the documents of `input_globs`; write the tokenizer.json to
     output_path and its tiktoken file to `tiktoken_path_for(output_path)`."""
     from tokenizers import (AddedToken, Tokenizer, decoders, models,  # noqa: PLC0415 - only when training
@@ -243,6 +276,7 @@ def train_hf_bpe(input_globs: list, output_path: str, vocab_size: int, *, max_se
 
     if isinstance(input_globs, str):
         input_globs = [input_globs]
+    check_outputs(input_globs, [output_path, tiktoken_path_for(output_path)], overwrite)
     if vocab_size < HF_MIN_VOCAB_SIZE:
         raise ConfigError(f"--vocab-size {vocab_size} is too small: byte-level BPE needs {len(HF_SPECIAL_TOKENS)} "
                          f"special + 256 byte tokens, so use at least {HF_MIN_VOCAB_SIZE}")
@@ -287,16 +321,8 @@ def train_hf_bpe(input_globs: list, output_path: str, vocab_size: int, *, max_se
 
 
 def _write_atomically(path: str, blob: bytes) -> None:
-    """Local paths: temp file + rename. Remote (s3://): Beam's FileSystems.create, an atomic upload."""
-    if "://" in path:
-        from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+    """Local paths: a unique hidden temp file + rename (a fixed `<path>.tmp-<pid>` could be a user's file);
+    remote (s3://): one PUT, an atomic upload (transforms/io/io_utils.py publish_bytes)."""
+    from transforms.io import io_utils  # noqa: PLC0415
 
-        with FileSystems.create(path) as f:
-            f.write(blob)
-        return
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(blob)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    io_utils.publish_bytes(path, blob)

@@ -8,6 +8,7 @@ import functools
 import hashlib
 import json
 import os
+import stat
 import uuid
 from typing import Iterable
 
@@ -275,16 +276,60 @@ def exists(path: str) -> bool:
 
 
 def delete_tree(path: str) -> None:
-    """Delete a directory (local) or every object under a prefix (object stores); missing is fine."""
-    if is_local(path):
-        import shutil  # noqa: PLC0415
+    """Delete a directory (local) or every object under a prefix (object stores); missing is fine, any other
+    failure raises (OSError), so no caller reports as removed what is still there.
 
-        shutil.rmtree(path, ignore_errors=True)
+    Local: a symbolic link (or a file) at `path` is removed itself, never what it points at; inside a directory
+    `shutil.rmtree` unlinks links without following them. (`rmtree(ignore_errors=True)` on a link to a directory
+    failed silently and left the link, and a run then wrote its shards through it, outside its output.)"""
+    if is_local(path):
+        remove_local(path)
         return
     prefix = path.rstrip("/") + "/"
     matches = FileSystems.match([prefix + "**"])[0].metadata_list
     if matches:
         FileSystems.delete([m.path for m in matches])
+
+
+def remove_local(path: str) -> bool:
+    """Remove the local entry `path`: a directory with everything under it, or a file or link itself (a link is
+    never followed). False when nothing was there; OSError for anything that could not be removed."""
+    import shutil  # noqa: PLC0415
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(st.st_mode):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def gone_is_fine(_fn, _path, exc_info):  # removed meanwhile by someone else: the goal holds
+        if not isinstance(exc_info[1], FileNotFoundError):
+            raise exc_info[1]
+
+    shutil.rmtree(path, onerror=gone_is_fine)
+    return True
+
+
+def links_below(root: str, path: str) -> list:
+    """The symbolic links among `path` and its ancestors up to (not including) `root`, for local paths (else []):
+    a command writes below its own output only through directories it created, never through a link that would
+    send its writes (and its removals) elsewhere."""
+    if not is_local(path) or not is_local(root):
+        return []
+    root_abs, current = os.path.abspath(root), os.path.abspath(path)
+    if os.path.commonpath([root_abs, current]) != root_abs:
+        return []
+    found = []
+    while current != root_abs:
+        if os.path.islink(current):
+            found.append(current)
+        current = os.path.dirname(current)
+    return sorted(found)
 
 
 class HashingWriter:

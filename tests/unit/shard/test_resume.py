@@ -19,11 +19,15 @@ from transforms.shard import stages
 
 GEN, OTHER_GEN = "gen-" + "1" * 16, "gen-" + "2" * 16
 UNIT = "f000000-c00000"
+INPUT = b"ten bytes\n"  # the input file the killed run read; its sha256 is in its split marker
+INPUT_SHA = hashlib.sha256(INPUT).hexdigest()
 
 
 def _plan(tmp_path, generation=GEN, mtime=1.5):
     output = str(tmp_path / "out")
     inp = str(tmp_path / "in.jsonl")
+    if not (tmp_path / "in.jsonl").exists():  # resume checks its content (pipeline/shard/input_digests.py)
+        (tmp_path / "in.jsonl").write_bytes(INPUT)
     return SimpleNamespace(
         config=SimpleNamespace(output=output, staging_dir=None), generation=generation,
         staging_dir=guards.staging_dir_for(output, None, generation), data_dir=io_utils.join(output, generation),
@@ -38,7 +42,7 @@ def _finished_run(plan, dead_letter=True):
     chunk = io_utils.join(plan.staging_dir, "chunks", f"{UNIT}.rec.zst")
     io_utils.write_bytes(chunk, b"chunk bytes")
     split = SplitOutput(stages.SplitResult(0, inp, [stages.ChunkRef(0, inp, 0, chunk, 3, 11)], stages.FileStats(3),
-                                           None), InputFile(inp, 10, sha256="ab" * 32))
+                                           None), InputFile(inp, 10, sha256=INPUT_SHA))
     resume.mark_split(plan, split)
     unit = stages.UnitResult(
         UNIT, 0, inp, io_utils.join(plan.staging_dir, "units", UNIT + ".index"),
@@ -75,7 +79,7 @@ def test_a_split_made_without_chunk_files_is_reused_only_by_a_run_that_needs_non
     _finished_run(plan)
     inp = plan.ledger[0].path
     cut = SplitOutput(stages.SplitResult(0, inp, [stages.ChunkRef(0, inp, 0, "", 3, 11)], stages.FileStats(3), None,
-                                         spilled=False), InputFile(inp, 10, sha256="ab" * 32))
+                                         spilled=False), InputFile(inp, 10, sha256=INPUT_SHA))
     resume.mark_split(plan, cut)
     marker = json.loads(io_utils.read_bytes(resume.marker_path(plan.staging_dir, "split-f000000")))
     assert marker["files"] == [] and marker["result"]["spilled"] is False
