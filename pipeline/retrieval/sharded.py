@@ -38,8 +38,9 @@ def range_file(index_dir: str, r: int) -> str:
     return os.path.join(index_dir, f"range-{r:05d}.faiss")
 
 
-def write_ranges(index, vectors: np.ndarray, index_dir: str, num_ranges: int) -> None:
-    """The index cut into range files plus the routing copy (lists emptied) and the fp16 vectors; temp + rename."""
+def write_ranges(index, vectors, index_dir: str, num_ranges: int) -> None:
+    """The index cut into range files plus the routing copy (lists emptied) and the fp16 vectors (None: the
+    caller writes vectors.npy itself, e.g. chunk by chunk); temp + rename."""
     os.makedirs(index_dir, exist_ok=True)
     data = retrieval_index.serialize(index)
 
@@ -54,7 +55,8 @@ def write_ranges(index, vectors: np.ndarray, index_dir: str, num_ranges: int) ->
     for r in range(num_ranges):
         put(os.path.basename(range_file(index_dir, r)),
             retrieval_index.serialize(retrieval_ranges.range_index(data, r, num_ranges)))
-    retrieval_rerank.write_fp16(os.path.join(index_dir, "vectors.npy"), vectors)
+    if vectors is not None:
+        retrieval_rerank.write_fp16(os.path.join(index_dir, "vectors.npy"), vectors)
 
 
 def _read(path: str):
