@@ -89,3 +89,25 @@ class RerankedIndex:
     def search(self, queries: np.ndarray, exclusions: Sequence, k: int, nprobe: int = 64) -> tuple:
         scores, ids = self.candidates(queries, exclusions, nprobe)
         return best_k(ids, scores, k)
+
+
+class ShardedRows:
+    """Rows of the database's vectors across its shards' files ([(first_row, array)] in row order), each array
+    memory-mapped where the file is local (read by row on demand), so re-ranking never loads the vectors whole."""
+
+    def __init__(self, pieces: Sequence):
+        pieces = sorted(pieces, key=lambda t: t[0])
+        self.starts = np.asarray([p[0] for p in pieces], np.int64)
+        self.arrays = [p[1] for p in pieces]
+        for (first, arr), nxt in zip(pieces, list(self.starts[1:]) + [None]):
+            if nxt is not None and first + len(arr) != nxt:
+                raise ValueError(f"vector files do not tile the rows: {first}+{len(arr)} != {nxt}")
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, np.int64)
+        which = np.searchsorted(self.starts, ids, side="right") - 1
+        out = np.empty((len(ids), self.arrays[0].shape[1]), np.float32)
+        for w in np.unique(which):
+            sel = which == w
+            out[sel] = self.arrays[w][ids[sel] - self.starts[w]]
+        return out

@@ -81,3 +81,22 @@ def test_ranges_partition_the_lists_and_their_candidates_union_to_the_whole_sear
         merged = retrieval_ranges.cut([c for p in per for c in p[i]], 10)
         assert merged == retrieval_ranges.cut(full[i], 10)
         assert i not in merged
+
+
+def test_sharded_rows_reads_by_row_across_files_and_refuses_a_gap(tmp_path):
+    x = unit(30, 8, 3)
+    pieces = []
+    for a, b in ((0, 10), (10, 25), (25, 30)):
+        path = str(tmp_path / f"e{a}.npy")
+        np.save(path, x[a:b])
+        pieces.append((a, np.load(path, mmap_mode="r")))
+    rows = retrieval_rerank.ShardedRows(list(reversed(pieces)))
+    ids = np.array([29, 0, 10, 9, 24, 25])
+    assert np.array_equal(rows(ids), x[ids])
+    with pytest.raises(ValueError):
+        retrieval_rerank.ShardedRows([pieces[0], pieces[2]])
+
+
+def test_an_opq_spec_always_reranks():
+    assert IndexConfig("OPQ16,IVF64,PQ16np").resolve(10).rerank == retrieval_index.COMPRESSED_RERANK
+    assert IndexConfig("OPQ16,IVF64,PQ16np", rerank=8).resolve(10).rerank == 8
