@@ -12,8 +12,8 @@ Index specs are Faiss `index_factory` strings with inner product on unit vectors
 databases, "IVF<n>,Flat" / "IVF<n>,SQ8" / "IVF<n>,PQ<m>np" for large ones ("PQ<m>" alone would ask for
 polysemous training, ~30x slower to train and no better here). "OPQ<m>,IVF<n>,PQ<m>np" with `rerank` > 0 keeps
 only m bytes of codes + 8 of id per vector in memory and re-ranks its top `rerank` candidates exactly against the
-database's fp16 vectors on disk (transforms/retrieval/retrieval_rerank.py); `auto` picks it above
-COMPRESSED_MIN_CHUNKS. IVF indexes are trained on a seeded sample and
+database's vectors on disk (transforms/retrieval/retrieval_rerank.py); so does "IVF<n>,PQ<m>np" with `rerank` > 0,
+which `auto` picks from COMPRESSED_MIN_CHUNKS. IVF indexes are trained on a seeded sample and
 filled database shard by database shard; each shard's part is written on its own and merged at load.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 EXACT = "Flat"
 AUTO = "auto"
 EXACT_MAX_CHUNKS = 50_000  # below this "auto" is exact search: small enough to scan every query
-# at or above this "auto" is OPQ+IVF+PQ48 re-ranked from disk (56 B/vector resident instead of SQ8's 392): the
+# at or above this "auto" is IVF+PQ48 re-ranked from disk (56 B/vector resident instead of SQ8's 392): the
 # size where SQ8's resident codes pass ~0.5 GB per worker; recall measured by bench/retrieval_bench.py
 COMPRESSED_MIN_CHUNKS = 1_000_000
 COMPRESSED_PQ = 48
@@ -53,7 +53,9 @@ class IndexConfig:
             return IndexConfig(EXACT, self.nprobe, self.train_size, self.seed)
         nlist = 1 << max(4, int(round(np.log2(4 * np.sqrt(num_vectors)))))
         if num_vectors >= COMPRESSED_MIN_CHUNKS:
-            return IndexConfig(f"OPQ{COMPRESSED_PQ},IVF{nlist},PQ{COMPRESSED_PQ}np", self.nprobe, self.train_size,
+            # no OPQ rotation: with re-ranking it buys no recall here and costs ~13x the training time
+            # (bench/retrieval_bench.py, docs/RETRIEVAL.md "Measured")
+            return IndexConfig(f"IVF{nlist},PQ{COMPRESSED_PQ}np", self.nprobe, self.train_size,
                                self.seed, self.rerank or COMPRESSED_RERANK)
         return IndexConfig(f"IVF{nlist},SQ8", self.nprobe, self.train_size, self.seed)
 

@@ -16,11 +16,11 @@ def unit(n, d, seed):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-def test_opq_spec_is_accepted_and_auto_picks_it_with_rerank_from_the_threshold():
+def test_opq_spec_is_accepted_and_auto_picks_pq_with_rerank_from_the_threshold():
     assert retrieval_index.validate_spec("OPQ48,IVF1024,PQ48np") is None
     assert "same m" in retrieval_index.validate_spec("OPQ32,IVF1024,PQ48np")
     big = IndexConfig().resolve(retrieval_index.COMPRESSED_MIN_CHUNKS)
-    assert big.spec.startswith("OPQ") and big.rerank == retrieval_index.COMPRESSED_RERANK
+    assert big.spec.endswith(f"PQ{retrieval_index.COMPRESSED_PQ}np") and big.rerank == retrieval_index.COMPRESSED_RERANK
     assert retrieval_index.validate_spec(big.spec) is None
     assert IndexConfig().resolve(retrieval_index.COMPRESSED_MIN_CHUNKS - 1).spec.endswith(",SQ8")
     assert IndexConfig.from_dict(big.to_dict()) == big
