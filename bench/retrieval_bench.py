@@ -137,6 +137,7 @@ def main(argv=None) -> int:
         doc_ids[retrieval_index.exact_search(vecs, queries, [Exclusion()] * len(q_rows), 2)[1][:, 1]]
         == doc_ids[q_rows])
     rows = []
+    out_extra = {}
     built = {}  # one build per factory string: the +rr<R> variants share it
     fp16_path = os.path.join("out", "bench", f"rerank-vectors-{n}.npy")
     fp16_bytes = 0
@@ -177,6 +178,12 @@ def main(argv=None) -> int:
                      "disk_bytes_per_vector": round(disk / n, 1),
                      "queries_per_s": round(qps, 1), f"recall@{args.k}": round(recall, 4), "excluded_leaks": leaked})
         print(rows[-1], flush=True)
+        if rerank and "ranges_touched" not in out_extra:  # routing fan-out of the range-sharded search
+            from transforms.retrieval import retrieval_ranges  # noqa: PLC0415
+
+            out_extra["ranges_touched"] = {
+                r: round(float(np.mean([len(t) for t in retrieval_ranges.probe_ranges(index, queries, args.nprobe, r)])),
+                         2) for r in (4, 16, 64)}
     bm25_build = bm25_qps = float("nan")
     if not args.no_bm25:  # BM25 on the same chunks and queries, for the lexical baseline's speed
         t = time.perf_counter()
@@ -188,7 +195,7 @@ def main(argv=None) -> int:
     out = {"chunks": n, "queries": int(len(q_rows)), "dim": int(vecs.shape[1]),
            "minilm_chunks_per_s": None if rate is None else round(rate, 1), "minilm_threads": args.threads,
            "exact_queries_per_s": round(exact_qps, 1), "exact_top1_from_own_document": round(float(own_top1), 3),
-           "indexes": rows, "bm25_build_s": round(bm25_build, 2), "bm25_queries_per_s": round(bm25_qps, 1)}
+           "indexes": rows, **out_extra, "bm25_build_s": round(bm25_build, 2), "bm25_queries_per_s": round(bm25_qps, 1)}
     print(f"{n:,} chunks, {len(q_rows):,} held-out queries, same-document exclusion; MiniLM "
           f"{out['minilm_chunks_per_s'] or '(cached)'} chunks/s on {args.threads} threads; exact search "
           f"{exact_qps:,.0f} q/s; exact top-1 (no exclusion) from the query's own document: {own_top1:.0%}")
@@ -199,6 +206,8 @@ def main(argv=None) -> int:
         print(f"{r['index']:32s} | {r['build_s']:8.2f} | {r['resident_bytes_per_vector']:17.1f} | "
               f"{r['disk_bytes_per_vector']:13.1f} | {r['queries_per_s']:9.1f} | {r[f'recall@{args.k}']:9.4f} | "
               f"{r['excluded_leaks']}")
+    if "ranges_touched" in out_extra:
+        print(f"ranges a query's {args.nprobe} probes touch (of R): {out_extra['ranges_touched']}")
     print(f"BM25 (8 rarest query terms): build {bm25_build:.2f}s, {bm25_qps:,.0f} q/s")
     if args.json:
         with open(args.json, "w") as f:
