@@ -6,7 +6,7 @@
 
 A worker holds one range's codes (range-<r>.faiss, written by `write_ranges`), the coarse quantizer (to route)
 and a batch of queries; the full vectors are read row by row from a memory-mapped fp16 .npy
-(transforms/retrieval/retrieval_rerank.py). Which rows a key gets is decided by transforms/retrieval/
+(transforms/retrieval/retrieval_rerank.py's FileRows: pread by row, so only the asked rows enter the worker). Which rows a key gets is decided by transforms/retrieval/
 retrieval_ranges.py's rules alone, so the answer is the same for every R, worker count and runner
 (tests/e2e/test_retrieval_sharded.py).
 """
@@ -122,14 +122,13 @@ class MergeQuery(beam.DoFn):
         self.search = search
 
     def setup(self):
-        self.rows = retrieval_rerank.open_rows(os.path.join(self.search.index_dir, "vectors.npy"))
+        self.rows = retrieval_rerank.FileRows(os.path.join(self.search.index_dir, "vectors.npy"))
 
     def process(self, element):
         key, grouped = element
         vec = grouped["query"][0]
         cands = [c for part in grouped["cands"] for c in part]
-        rows = retrieval_ranges.merge(vec, cands, self.search.num_candidates, self.search.k,
-                                      retrieval_rerank.row_reader(self.rows))
+        rows = retrieval_ranges.merge(vec, cands, self.search.num_candidates, self.search.k, self.rows)
         yield key, tuple(int(i) for i in rows)
 
 

@@ -70,6 +70,36 @@ def exact_scores(rows: Callable[[np.ndarray], np.ndarray], queries: np.ndarray, 
     return out
 
 
+class FileRows:
+    """Rows of a .npy read one by one with pread: only the asked rows enter the process (a memory map would count
+    every touched page of the file in the worker's RSS, bench/retrieval_memory_bench.py)."""
+
+    def __init__(self, path: str):
+        import os  # noqa: PLC0415
+
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            shape, fortran, dtype = (np.lib.format.read_array_header_1_0(f) if version == (1, 0)
+                                     else np.lib.format.read_array_header_2_0(f))
+            self.offset = f.tell()
+        if fortran or len(shape) != 2:
+            raise ValueError(f"{path}: expected a C-order [rows, dim] array, got shape {shape}")
+        self.shape, self.dtype = shape, np.dtype(dtype)
+        self.row_bytes = shape[1] * self.dtype.itemsize
+        self.fd = os.open(path, os.O_RDONLY)
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        import os  # noqa: PLC0415
+
+        ids = np.asarray(ids, np.int64)
+        if len(ids) and (ids.min() < 0 or ids.max() >= self.shape[0]):
+            raise IndexError(f"row out of range [0, {self.shape[0]})")
+        out = np.empty((len(ids), self.shape[1]), self.dtype)
+        for j, i in enumerate(ids):
+            out[j] = np.frombuffer(os.pread(self.fd, self.row_bytes, self.offset + int(i) * self.row_bytes), self.dtype)
+        return out
+
+
 def row_reader(array: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     return lambda ids: array[ids]
 

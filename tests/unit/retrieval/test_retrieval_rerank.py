@@ -100,3 +100,14 @@ def test_sharded_rows_reads_by_row_across_files_and_refuses_a_gap(tmp_path):
 def test_an_opq_spec_always_reranks():
     assert IndexConfig("OPQ16,IVF64,PQ16np").resolve(10).rerank == retrieval_index.COMPRESSED_RERANK
     assert IndexConfig("OPQ16,IVF64,PQ16np", rerank=8).resolve(10).rerank == 8
+
+
+def test_file_rows_reads_the_asked_rows_and_refuses_out_of_range(tmp_path):
+    x = unit(50, 8, 4)
+    path = str(tmp_path / "v.npy")
+    retrieval_rerank.write_fp16(path, x)
+    rows = retrieval_rerank.FileRows(path)
+    ids = np.array([49, 0, 7, 7])
+    assert np.array_equal(rows(ids), x.astype(np.float16)[ids])
+    with pytest.raises(IndexError):
+        rows(np.array([50]))
