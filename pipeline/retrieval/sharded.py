@@ -32,6 +32,7 @@ class ShardedSearch:
     k: int
     num_candidates: int  # K: candidates re-ranked exactly per query
     nprobe: int
+    query_blocks: int = 1  # groups per range: ((range, block) keys let several workers load the same range)
 
 
 def range_file(index_dir: str, r: int) -> str:
@@ -78,7 +79,8 @@ class Route(beam.DoFn):
         key, vec, excl = query
         for r in retrieval_ranges.probe_ranges(self.router, vec[None, :], self.search.nprobe,
                                                self.search.num_ranges)[0]:
-            yield r, query
+            # block by the key's first field (the dataset shard): stable across runners
+            yield (r, int(key[0]) % self.search.query_blocks), query
 
 
 class SearchRange(beam.DoFn):
@@ -93,7 +95,7 @@ class SearchRange(beam.DoFn):
         faiss.omp_set_num_threads(1)
 
     def process(self, element):
-        r, queries = element
+        (r, _block), queries = element
         s = self.search
         index = _read(range_file(s.index_dir, r))
         batch = []

@@ -47,14 +47,14 @@ def query_elements(vecs, n=300, seed=1):
     out = []
     for i, r in enumerate(rows):
         lo = int(r) // DOC_LEN * DOC_LEN
-        out.append(((0, int(i), 0), q[i].astype(np.float32), (((lo, lo + DOC_LEN),), ())))
+        out.append(((int(i) % 3, int(i), 0), q[i].astype(np.float32), (((lo, lo + DOC_LEN),), ())))
     return out
 
 
-def run_sharded(tmp_path, index, vecs, queries, num_ranges, workers=1):
-    d = tmp_path / f"r{num_ranges}-w{workers}"
+def run_sharded(tmp_path, index, vecs, queries, num_ranges, workers=1, blocks=1):
+    d = tmp_path / f"r{num_ranges}-w{workers}-b{blocks}"
     sharded.write_ranges(index, vecs, str(d), num_ranges)
-    search = sharded.ShardedSearch(str(d), num_ranges, k=2, num_candidates=16, nprobe=6)
+    search = sharded.ShardedSearch(str(d), num_ranges, k=2, num_candidates=16, nprobe=6, query_blocks=blocks)
     opts = PipelineOptions(flags=[], runner="FnApiRunner", direct_num_workers=workers,
                            direct_running_mode="multi_threading" if workers > 1 else "in_memory")
     with beam.Pipeline(options=opts) as p:
@@ -74,11 +74,11 @@ def test_r1_and_r4_give_byte_identical_neighbours_for_one_and_two_workers(tmp_pa
     queries = query_elements(vecs)
     r1 = run_sharded(tmp_path, index, vecs, queries, 1)
     r4 = run_sharded(tmp_path, index, vecs, queries, 4)
-    r4w2 = run_sharded(tmp_path, index, vecs, queries, 4, workers=2)
+    r4w2 = run_sharded(tmp_path, index, vecs, queries, 4, workers=2, blocks=3)
     assert len(r1) == len(queries)
     assert digest(r1) == digest(r4) == digest(r4w2)
     # the ranges really split the work: with 4 ranges some queries touch more than one of them
-    router = retrieval_index.deserialize((tmp_path / "r4-w1" / "quantizer.faiss").read_bytes())
+    router = retrieval_index.deserialize((tmp_path / "r4-w1-b1" / "quantizer.faiss").read_bytes())
     from transforms.retrieval import retrieval_ranges
     touched = retrieval_ranges.probe_ranges(router, np.stack([q[1] for q in queries]), 6, 4)
     assert any(len(t) > 1 for t in touched) and len({r for t in touched for r in t}) == 4
