@@ -11,7 +11,7 @@ SEQ_LEN ?= 2048
 # torch's OpenMP threads spin and slow TF/Beam in the same process; passive waits cost nothing here.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: help setup setup-test test-deps shard test test-fast bench bench-dry-run bench-megatron bench-profile train clean flex-template worker-image env airflow retrieval retrieval-bench
+.PHONY: help setup setup-test test-deps shard test test-fast bench bench-dry-run bench-megatron bench-profile train clean flex-template worker-image env airflow retrieval retrieval-bench retrieval-scale-bench
 
 # `make help` lists targets with a `## text` after their prerequisites, and these:
 ##@ shard: tokenize, pack and shard the embedded sample corpus into out/sample (TOKENIZER=, SEQ_LEN=)
@@ -156,3 +156,13 @@ retrieval: $(TEST_STAMP) ## chunk database, index and neighbours for out/sample 
 retrieval-bench: $(TEST_STAMP) ## MiniLM encode rate, index build/bytes, queries/s, recall@2 vs exact
 	test -f out/sample/manifest.json || $(MAKE) shard
 	$(BIN)/python bench/retrieval_bench.py --dataset out/sample
+
+# Index kinds on >= 100k real MiniLM vectors of the sample corpus's 64-token chunks (encoded once, cached in
+# out/bench/; CPU-hours on 2 shared cores), and the sharded search's peak RSS at 1x/4x the database.
+RETRIEVAL_CORPUS ?= out/sample-corpus/train/*.jsonl.zst
+RETRIEVAL_BENCH_TOKENIZER ?= ../shared/data/tokenizers/llama2-bpe-32k.model
+retrieval-scale-bench: $(TEST_STAMP) $(SAMPLE_DIR)/.done ## recall@2 / bytes per vector per index kind on cached MiniLM vectors; memory 1x/4x
+	nice -n 10 $(BIN)/python bench/retrieval_corpus.py --input '$(RETRIEVAL_CORPUS)' \
+	  --tokenizer $(RETRIEVAL_BENCH_TOKENIZER) --chunks 120000
+	$(BIN)/python bench/retrieval_bench.py --vectors $$(ls -t out/bench/minilm-*.npz | head -1) --chunks 120000
+	nice -n 10 $(BIN)/python bench/retrieval_memory_bench.py

@@ -69,6 +69,7 @@ def tiny_tokenizer(tmp_path_factory) -> str:
 def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: end-to-end run (runners, CLI, S3, crash, torchrun); tests/e2e/")
     config.addinivalue_line("markers", "unit: a unit test of one module; tests/unit/<room>/")
+    config.addinivalue_line("markers", "retrieval_scale: compressed/re-ranked index and range-sharded neighbour search")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -28,7 +28,7 @@ from pipeline.ops.output_names import sidecar_path
 from pipeline.retrieval import build, store, store_job
 from pipeline.retrieval.config import NeighboursConfig
 from transforms.io import io_utils
-from transforms.retrieval import retrieval_chunks, retrieval_encoders, retrieval_index
+from transforms.retrieval import retrieval_chunks, retrieval_encoders, retrieval_index, retrieval_rerank
 from transforms.tokenize import tokenizer
 from transforms.retrieval.retrieval_encoders import EncoderInfo, EncoderMismatchError
 
@@ -123,6 +123,10 @@ class Searcher:
                      for s in db_manifest.shards if s.index_part is not None)
             self.index = retrieval_index.merge_parts(trained, parts)
             self.nprobe = nprobe or int(index["config"]["nprobe"])
+            self.rerank = retrieval_index.IndexConfig.from_dict(index["config"]).rerank
+            if self.rerank:  # compressed codes in memory, full vectors read by row from the embeddings files
+                self.reranked = retrieval_rerank.RerankedIndex(
+                    self.index, retrieval_rerank.ShardedRows(embedding_files(db_root, db_manifest)), self.rerank)
             self.model = retrieval_encoders.load_minilm(device)
             # decoded with the dataset's own tokenizer options (a tiktoken file's pattern and specials: the contract)
             self.sp = tokenizer.load_processor(model_bytes) if tokenizer_info is None else \
@@ -146,9 +150,26 @@ class Searcher:
         else:
             texts = [self.sp.decode([int(t) for t in c.tokens]) for c in queries]
             vecs = retrieval_encoders.minilm_encode(self.model, texts, self.batch_size)
-            _, ids = retrieval_index.dense_search(self.index, vecs, exclusions, k, self.nprobe)
+            if self.rerank:
+                _, ids = self.reranked.search(vecs, exclusions, k, self.nprobe)
+            else:
+                _, ids = retrieval_index.dense_search(self.index, vecs, exclusions, k, self.nprobe)
         out[live] = ids
         return out
+
+
+def embedding_files(db_root: str, db_manifest: DbManifest) -> list:
+    """[(first row, vectors)] of every shard with embeddings: memory-mapped when local, read once otherwise."""
+    out = []
+    for s in db_manifest.shards:
+        if s.embeddings is None or not s.embeddings.get("rows"):
+            continue
+        path = io_utils.join(db_root, store.contained(s.embeddings["path"]))
+        arr = np.load(path, mmap_mode="r", allow_pickle=False) if io_utils.is_local(path) else store.read_npy(path)
+        if arr.ndim != 2 or len(arr) != int(s.embeddings["rows"]):
+            raise ValueError(f"{path}: {arr.shape} does not match the manifest's {s.embeddings['rows']} rows")
+        out.append((int(s.first_id), arr))
+    return out
 
 
 class NeighbourShard(PlanDoFn):

@@ -10,7 +10,10 @@ selectors: search stays on CPU.)
 
 Index specs are Faiss `index_factory` strings with inner product on unit vectors: "Flat" (exact) for small
 databases, "IVF<n>,Flat" / "IVF<n>,SQ8" / "IVF<n>,PQ<m>np" for large ones ("PQ<m>" alone would ask for
-polysemous training, ~30x slower to train and no better here). IVF indexes are trained on a seeded sample and
+polysemous training, ~30x slower to train and no better here). "OPQ<m>,IVF<n>,PQ<m>np" with `rerank` > 0 keeps
+only m bytes of codes + 8 of id per vector in memory and re-ranks its top `rerank` candidates exactly against the
+database's vectors on disk (transforms/retrieval/retrieval_rerank.py); so does "IVF<n>,PQ<m>np" with `rerank` > 0,
+which `auto` picks from COMPRESSED_MIN_CHUNKS. IVF indexes are trained on a seeded sample and
 filled database shard by database shard; each shard's part is written on its own and merged at load.
 """
 from __future__ import annotations
@@ -24,6 +27,11 @@ import numpy as np
 EXACT = "Flat"
 AUTO = "auto"
 EXACT_MAX_CHUNKS = 50_000  # below this "auto" is exact search: small enough to scan every query
+# at or above this "auto" is IVF+PQ48 re-ranked from disk (56 B/vector resident instead of SQ8's 392): the
+# size where SQ8's resident codes pass ~0.5 GB per worker; recall measured by bench/retrieval_bench.py
+COMPRESSED_MIN_CHUNKS = 1_000_000
+COMPRESSED_PQ = 48
+COMPRESSED_RERANK = 64
 
 
 @dataclass(frozen=True)
@@ -32,22 +40,37 @@ class IndexConfig:
     nprobe: int = 64
     train_size: int = 100_000  # vectors in the seeded training sample (IVF)
     seed: int = 0
+    rerank: int = 0  # candidates re-ranked exactly from the fp16 vectors on disk (0 = none)
 
     def resolve(self, num_vectors: int) -> "IndexConfig":
-        """Turn "auto" into a concrete spec for this database size."""
+        """Turn "auto" into a concrete spec for this database size (an OPQ spec always re-ranks: its codes alone
+        reach recall@2 ~0.66, bench/retrieval_bench.py)."""
+        if self.spec.startswith("OPQ") and not self.rerank:
+            return IndexConfig(self.spec, self.nprobe, self.train_size, self.seed, COMPRESSED_RERANK)
         if self.spec != AUTO:
             return self
         if num_vectors < EXACT_MAX_CHUNKS:
             return IndexConfig(EXACT, self.nprobe, self.train_size, self.seed)
         nlist = 1 << max(4, int(round(np.log2(4 * np.sqrt(num_vectors)))))
+        if num_vectors >= COMPRESSED_MIN_CHUNKS:
+            # no OPQ rotation: with re-ranking it buys no recall here and costs ~13x the training time
+            # (bench/retrieval_bench.py, docs/RETRIEVAL.md "Measured")
+            return IndexConfig(f"IVF{nlist},PQ{COMPRESSED_PQ}np", self.nprobe, self.train_size,
+                               self.seed, self.rerank or COMPRESSED_RERANK)
         return IndexConfig(f"IVF{nlist},SQ8", self.nprobe, self.train_size, self.seed)
 
     def to_dict(self) -> dict:
-        return {"spec": self.spec, "nprobe": self.nprobe, "train_size": self.train_size, "seed": self.seed}
+        d = {"spec": self.spec, "nprobe": self.nprobe, "train_size": self.train_size, "seed": self.seed}
+        if self.rerank:  # absent when 0, so existing databases keep their fingerprints
+            d["rerank"] = self.rerank
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "IndexConfig":
-        return cls(d["spec"], int(d["nprobe"]), int(d["train_size"]), int(d["seed"]))
+        rerank = int(d.get("rerank", 0))
+        if rerank < 0:
+            raise ValueError(f"index config: rerank {rerank} is negative")
+        return cls(d["spec"], int(d["nprobe"]), int(d["train_size"]), int(d["seed"]), rerank)
 
 
 def validate_spec(spec: str) -> Optional[str]:
@@ -56,9 +79,12 @@ def validate_spec(spec: str) -> Optional[str]:
         return None
     if re.fullmatch(r"IVF\d+,(Flat|SQ8|SQ4|SQfp16|PQ\d+(x\d+)?np)", spec):
         return None
-    if re.fullmatch(r"IVF\d+,PQ\d+(x\d+)?", spec):
+    opq = re.fullmatch(r"OPQ(\d+),IVF\d+,PQ(\d+)np", spec)
+    if opq:
+        return None if opq.group(1) == opq.group(2) else f"index spec {spec!r}: OPQ<m> and PQ<m> need the same m"
+    if re.fullmatch(r"(OPQ\d+,)?IVF\d+,PQ\d+(x\d+)?", spec):
         return f"index spec {spec!r}: write PQ<m>np (plain PQ<m> asks Faiss for polysemous training, ~30x slower)"
-    return f"index spec {spec!r}: use auto, Flat, IVF<n>,Flat, IVF<n>,SQ8 or IVF<n>,PQ<m>np"
+    return f"index spec {spec!r}: use auto, Flat, IVF<n>,Flat, IVF<n>,SQ8, IVF<n>,PQ<m>np or OPQ<m>,IVF<n>,PQ<m>np"
 
 
 def new_index(dim: int, spec: str):

@@ -61,7 +61,10 @@ def test_polysemous_pq_spec_is_refused():
     assert "np" in retrieval_index.validate_spec("IVF64,PQ16")
     assert retrieval_index.validate_spec("IVF64,PQ16np") is None
     assert IndexConfig("auto").resolve(1000).spec == "Flat"
-    assert IndexConfig("auto").resolve(10_000_000).spec.startswith("IVF")
+    assert IndexConfig("auto").resolve(100_000).spec.startswith("IVF")
+    big = IndexConfig("auto").resolve(10_000_000)
+    assert big.spec.endswith(",PQ48np") and big.rerank > 0  # compressed + re-ranked
+    assert "np" in retrieval_index.validate_spec("OPQ16,IVF64,PQ16")
 
 
 def test_bm25_search_equals_brute_force_top_k():
