@@ -259,3 +259,52 @@ def test_cli_export_and_verify(datasets, tmp_path):
                          env=env, timeout=300)
     assert run.returncode == 0 and "OK" in run.stdout, run.stdout + run.stderr
     shutil.rmtree(out)
+
+
+# ------------------------------------------------------------------------------------ guards, on their own
+def _piece_example(pieces, seq_len=8):
+    """A decoded example from [(doc id, offset, tokens)], padded with 0."""
+    ids, seg = [], []
+    for k, (_d, _o, toks) in enumerate(pieces, start=1):
+        ids += toks
+        seg += [k] * len(toks)
+    pad = seq_len - len(ids)
+    return {"input_ids": np.array(ids + [0] * pad), "segment_ids": np.array(seg + [0] * pad),
+            "piece_doc_ids": np.array([p[0] for p in pieces]), "piece_offsets": np.array([p[1] for p in pieces])}
+
+
+def test_megatron_refuses_pieces_that_do_not_make_whole_documents(monkeypatch, tmp_path):
+    from pipeline.tools import export_megatron as em
+
+    job = export_formats.SplitJob("megatron", "train", [], "", None, str(tmp_path))
+
+    def run(examples):
+        monkeypatch.setattr(em, "_examples", lambda _job: (("s", r, ex) for r, ex in enumerate(examples)))
+        return em.write_bin(job, str(tmp_path / "x.bin"), np.dtype(np.uint16), eos_id=2)
+
+    lengths = run([_piece_example([(5, 0, [7, 8, 9, 1, 1, 1, 1, 1])]), _piece_example([(5, 8, [4, 2]), (6, 0, [2])])])
+    assert lengths.tolist() == [10, 1]
+    assert np.fromfile(tmp_path / "x.bin", dtype=np.uint16).tolist() == [7, 8, 9, 1, 1, 1, 1, 1, 4, 2, 2]
+    with pytest.raises(em.ExportError, match="continues no piece"):  # a gap: offset 9 where 8 was next
+        run([_piece_example([(5, 0, [7, 8, 9, 1, 1, 1, 1, 1])]), _piece_example([(5, 9, [4, 2])])])
+    with pytest.raises(em.ExportError, match="does not end with EOS"):
+        run([_piece_example([(5, 0, [7, 8, 9])])])
+    with pytest.raises(em.ExportError, match="end to end"):
+        bad = _piece_example([(5, 0, [7, 2]), (6, 0, [2])])
+        bad["segment_ids"][:3] = [2, 1, 1]
+        run([bad])
+
+
+def test_verify_refuses_export_paths_that_leave_the_output(tmp_path):
+    out = tmp_path / "exp"
+    out.mkdir()
+    (tmp_path / "secret").write_text("x")
+    (out / "g").mkdir()
+    os.symlink(tmp_path / "secret", out / "g" / "link")
+    (out / "export.json").write_text(json.dumps({"kind": "export", "format": "megatron", "generation": "g",
+                                                 "files": [{"path": "../secret", "bytes": 1, "sha256": "0" * 64},
+                                                           {"path": "g/link", "bytes": 1, "sha256": "0" * 64}]}))
+    report = verify(str(out))
+    assert not report.ok and report.files_checked == 0
+    assert any("leaves the output" in m for m in report.mismatches)
+    assert any("through a link" in m for m in report.mismatches)
