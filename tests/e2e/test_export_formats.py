@@ -308,3 +308,11 @@ def test_verify_refuses_export_paths_that_leave_the_output(tmp_path):
     assert not report.ok and report.files_checked == 0
     assert any("leaves the output" in m for m in report.mismatches)
     assert any("through a link" in m for m in report.mismatches)
+
+
+def test_report_states_the_packing_of_a_best_fit_dataset(datasets):
+    from pipeline.tools.report import render_report
+
+    page = render_report(datasets["best-fit"][1])
+    assert 'id="packing"' in page and "split although they fit" in page and "best-fit" in page
+    assert 'id="packing"' not in render_report(datasets["concat"][1])
