@@ -316,3 +316,14 @@ def test_report_states_the_packing_of_a_best_fit_dataset(datasets):
     page = render_report(datasets["best-fit"][1])
     assert 'id="packing"' in page and "split although they fit" in page and "best-fit" in page
     assert 'id="packing"' not in render_report(datasets["concat"][1])
+
+
+def test_best_fit_same_bytes_with_the_runner_shuffle(datasets, corpus, tiny_tokenizer, tmp_path):
+    """Both packers' call sites (pipeline/shard/shard_pipeline.py, pipeline/shard/runner_shuffle.py) pass the
+    packing: the runner's shuffle makes the same shards as the file spill."""
+    _path, manifest = datasets["best-fit"]
+    again = shard_pipeline.run(_config(corpus, tmp_path / "runner", tiny_tokenizer, packing="best-fit",
+                                       packing_window=8, shuffle="runner"), IN_MEMORY)
+    assert [(s["path"], s["sha256"]) for s in again["shards"]] == [(s["path"], s["sha256"]) for s in
+                                                                   manifest["shards"]]
+    assert again["packing"] == manifest["packing"]
