@@ -62,7 +62,12 @@ airflow: .venv-airflow/.installed ## real Airflow in .venv-airflow (tests/e2e/te
 # What the end-to-end tests use beyond the venv, brought by `make test` itself (idempotent, cached): real Airflow
 # in its own venv (tests/e2e/test_airflow.py) and, as root with apt, Debian's headless Chromium
 # (tests/e2e/test_report.py). Either failing to install is said in one line; those tests then say why they skip.
+# MosaicML Streaming (the MDS reader of tests/e2e/test_export_formats.py) pins numpy<2.2 and transformers<5; it
+# runs with this venv's, so it and the modules it imports that nothing else brings are installed without deps.
+STREAMING = mosaicml-streaming==0.13.0 brotli==1.2.1 python-snappy==0.7.3 cramjam==2.14.0 zstd==1.5.7.2 \
+  catalogue==2.0.10
 test-deps: $(TEST_STAMP)
+	@$(BIN)/python -c 'import streaming' 2>/dev/null || $(BIN)/pip install -q --no-deps $(STREAMING)
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; } || \
 	  echo 'WARNING: chromium could not be installed; the report browser test will say so'

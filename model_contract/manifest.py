@@ -374,7 +374,8 @@ SECTIONS = (
     ("retrieval", "retrieval", lambda value, key: SidecarInfo.from_dict(value, key)),
 )
 # Sections kept as JSON objects in `extra` (the report reads them), checked to be objects on load.
-EXTRA_OBJECTS = ("statistics", "mixture", "tokenizer_backend", "near_dedup")
+# `packing` (pipeline/shard/manifest_builder.py) is there only when the packing is not the default concat.
+EXTRA_OBJECTS = ("statistics", "mixture", "tokenizer_backend", "near_dedup", "packing")
 
 
 def check_contract_dict(d, prefix: str = "contract") -> None:

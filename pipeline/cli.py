@@ -199,6 +199,13 @@ def cmd_export(args, beam_args) -> int:
     from pipeline.tools.export import export_parquet  # noqa: PLC0415
 
     _filesystem_args(beam_args)
+    if args.format != "parquet":  # Megatron, HF datasets, MDS: pipeline/tools/export_formats.py
+        from pipeline.tools.export_formats import export_format  # noqa: PLC0415
+
+        summary = export_format(args.dataset, args.format, args.output, s3_options=_s3_options(beam_args))
+        print(json.dumps({k: v for k, v in summary.items() if k != "files"} | {"files": len(summary["files"])},
+                         indent=1, sort_keys=True))
+        return 0
     # The store's options for the output lock on an s3:// --output (pipeline/ops/lock.py), as `gc` passes them.
     print(json.dumps(export_parquet(args.dataset, args.output, s3_options=_s3_options(beam_args)), indent=1,
                      sort_keys=True))
@@ -333,11 +340,13 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--run-log", default=None, metavar="FILE",
                         help="the shard run's --run-log: adds its wall time to the headline")
 
-    export = _subcommand(sub, "export", cmd_export, "write a dataset's shards in another format (Parquet)",
-                         epilog=s3_help)
+    export = _subcommand(sub, "export", cmd_export, "write a dataset's shards in another format (Parquet, "
+                         "Megatron .bin/.idx, HF datasets, MosaicML MDS)", epilog=s3_help)
     export.add_argument("dataset", help="dataset directory (local or s3://)")
-    export.add_argument("--format", choices=["parquet"], default="parquet", help="output format")
-    export.add_argument("--output", default=None, help="output directory (default DATASET/parquet)")
+    export.add_argument("--format", choices=["parquet", "megatron", "hf", "mds"], default="parquet",
+                        help="output format: parquet; megatron (documents, <split>_text_document.bin/.idx); hf "
+                        "(Parquet + dataset card for datasets.load_dataset); mds (MosaicML StreamingDataset)")
+    export.add_argument("--output", default=None, help="output directory (default DATASET/FORMAT)")
     gc = _subcommand(sub, "gc", cmd_gc, "remove a dataset's generations that nobody keeps (dry run unless --yes; "
                      "docs/OPERATIONS.md)", epilog=s3_help)
     gc.add_argument("dataset", help="dataset directory (local or s3://)")

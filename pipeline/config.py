@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from pipeline.errors import ConfigError  # noqa: F401 - re-exported: `from pipeline.config import ConfigError`
+from transforms.shard import best_fit
 from transforms.shard import decontaminate as decontaminate_mod
 from transforms.shard import mixture
 from transforms.shard import near_dedup as near_dedup_mod
@@ -147,6 +148,17 @@ class ShardConfig:
                                       "punctuation stripped)", group=_NEAR, metavar="N")
     decontaminate_held_out: bool = option(False, "check val/test documents against the evaluation sets too",
                                           group=_NEAR)
+    # Packing (transforms/shard/packing.py, transforms/shard/best_fit.py): absent from the manifest's config at the
+    # default, so datasets built before the option keep their bytes and generation names.
+    packing: Literal["concat", "best-fit"] = option(
+        "concat", "how documents become examples of --seq-len tokens: concat = laid end to end and cut every "
+        "--seq-len tokens (a document that straddles a cut is split); best-fit = documents longer than --seq-len "
+        "cut into full-length pieces, the rest placed whole by best-fit decreasing, so a document that fits is "
+        "never split (padding per example; transforms/shard/best_fit.py)")
+    packing_window: int = option(
+        best_fit.DEFAULT_WINDOW_EXAMPLES, "with --packing best-fit: the bin-packing window, in examples' worth of "
+        "tokens buffered per packer: larger packs tighter (less padding) and holds more tokens in memory",
+        metavar="EXAMPLES")
     # How the job ran, not what it made: not in the manifest's config, not in the fingerprint.
     allow_unknown_sources: bool = option(
         False, "run even when a source named in --source-weights appears in no sampled record (it is then only "
@@ -215,6 +227,8 @@ class ShardConfig:
             if value not in choices:
                 problems.append(f"--{name.replace('_', '-')} must be {', '.join(choices[:-1])} or {choices[-1]}, "
                                 f"got {value!r}")
+        if self.packing_window < 1:
+            problems.append(f"--packing-window must be at least 1, got {self.packing_window}")
         if self.keep_generations < 0:
             problems.append(f"--keep-generations must be 0 or more, got {self.keep_generations}")
         if not 0.0 <= self.max_dead_letter_fraction <= 1.0:
@@ -274,6 +288,9 @@ class ShardConfig:
                     d.pop(key)
         if d.get("near_dedup_shingles") == near_dedup_mod.DEFAULT_SHINGLES:  # absent at its default, so datasets
             d.pop("near_dedup_shingles")  # built before the option keep their names (generation = fingerprint)
+        if self.packing == "concat":  # absent at the default, so datasets built before the option keep their names
+            d.pop("packing")
+            d.pop("packing_window")
         if not self.source_weights:  # absent when unused, so datasets built before the option keep their names
             d.pop("source_weights")
         else:

@@ -70,6 +70,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: end-to-end run (runners, CLI, S3, crash, torchrun); tests/e2e/")
     config.addinivalue_line("markers", "unit: a unit test of one module; tests/unit/<room>/")
     config.addinivalue_line("markers", "retrieval_scale: compressed/re-ranked index and range-sharded neighbour search")
+    config.addinivalue_line("markers", "formats: Megatron/MDS/HF export or best-fit packing, read back by each "
+                            "format's own library (tests/e2e/test_export_formats.py, tests/unit/shard/test_best_fit.py)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -11,7 +11,7 @@ import math
 from model_contract import DataContract, Manifest, ShardInfo
 from model_contract.manifest import dataset_relative_path
 from pipeline.config import BYTES_PER_TOKEN_ESTIMATE, PILEPREP_VERSION, ShardConfig
-from transforms.shard import corpus_stats, mixture
+from transforms.shard import corpus_stats, mixture, packing_stats
 from transforms.shard.documents import SPLITS
 from transforms.shard.stages import FileStats, ShardTask
 
@@ -123,6 +123,8 @@ def _statistics(config: ShardConfig, unit_results: list, shard_results: list) ->
     for s in shard_results:
         corpus_stats.merge(stats, s.source_stats)
     out = {"statistics": {"sources": corpus_stats.finish(stats), "length_bins": "log2"}}
+    if config.packing != "concat":  # absent at the default packing: a default dataset's manifest bytes stay
+        out["packing"] = _packing_section(config, shard_results)
     weights = config.mixture_weights
     if weights:
         train = [s for s in shard_results if s.task.split == 0]
@@ -136,3 +138,16 @@ def _statistics(config: ShardConfig, unit_results: list, shard_results: list) ->
         out["mixture"] = {"split": "train", "weights": weights,
                           "sources": mixture.realised_shares(dict(unique), dict(written), weights)}
     return out
+
+
+def _packing_section(config: ShardConfig, shard_results: list) -> dict:
+    """Per split and source: documents split, examples per document, and the split's padding fraction
+    (transforms/shard/packing_stats.py)."""
+    per_split: dict = {}
+    padding: dict = {}
+    for s in shard_results:
+        name = SPLITS[s.task.split]
+        packing_stats.merge(per_split.setdefault(name, {}), s.packing)
+        pad, slots = padding.get(name, (0, 0))
+        padding[name] = (pad + s.padding_tokens, slots + s.examples * config.seq_len)
+    return packing_stats.manifest_section(config.packing, config.packing_window, per_split, padding)

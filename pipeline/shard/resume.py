@@ -237,7 +237,7 @@ def shard_record(result: "stages.ShardResult") -> dict:
     """A packed shard's result without its paths (those follow from its task: `shard_from_record`)."""
     t = result.task
     return {"split": t.split, "shard": t.shard, "num_shards": t.num_shards, "sha256": result.sha256,
-            "sources": result.sources, "source_stats": result.source_stats,
+            "sources": result.sources, "source_stats": result.source_stats, "packing": result.packing,
             **{k: getattr(result, k) for k in _SHARD_INTS + _SHARD_COUNT_TABLES + _SHARD_NESTED_TABLES}}
 
 
@@ -261,7 +261,7 @@ def shard_from_record(rec: dict, staging_dir: str, data_dir: str) -> "stages.Sha
         sources={k: _counts(v) for k, v in sources.items()},
         **{k: _counts(rec.get(k)) for k in _SHARD_COUNT_TABLES},
         ids_path=io_utils.join(staging_dir, "ids", task.file_name + ".ids"), ids_count=_need(rec, "ids_count", int),
-        source_stats=_json_tree(rec.get("source_stats", {})), **nested)
+        source_stats=_json_tree(rec.get("source_stats", {})), packing=_json_tree(rec.get("packing", {})), **nested)
 
 
 # ------------------------------------------------------------------------------------------ the markers

@@ -61,6 +61,6 @@ class PackGroupedShard(PlanDoFn):
         cfg = self.plan.config
         result = cancel.call(resume.pack_once, self.plan, task, lambda: stages.pack_shard(
             task, pieces, cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir, dedup, self.plan.staging_dir,
-            cfg.mixture_weights, cfg.seed, gathered))
+            cfg.mixture_weights, cfg.seed, gathered, packing=cfg.packing, packing_window=cfg.packing_window))
         if result is not None:  # None: the driver cancelled the run (pipeline/shard/cancel.py)
             yield result

@@ -218,7 +218,8 @@ class PackShard(PlanDoFn):
         cfg = self.plan.config
         result = cancel.call(resume.pack_once, self.plan, task, lambda: stages.pack_shard(
             task, self._units(units_path), cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir, dedup,
-            self.plan.staging_dir, cfg.mixture_weights, cfg.seed))
+            self.plan.staging_dir, cfg.mixture_weights, cfg.seed, packing=cfg.packing,
+            packing_window=cfg.packing_window))
         if result is not None:  # None: the driver cancelled the run (cancel.py)
             yield result
 

@@ -47,7 +47,8 @@ IN_PROGRESS_MARKER = ".pileprep-export-in-progress"
 # per writer, hidden, as transforms/io/io_utils.py `replace_atomically` names its own). An export killed mid-write
 # leaves one; the next export removes exactly these (and the fixed `<split>-NNNNN-of-NNNNN.parquet.tmp` that
 # exports before this naming used), never another file: `remove_abandoned_temporaries`.
-_TEMP_PARQUET = re.compile(r"\.[^/]+\.parquet\.[0-9a-f]{12}\.tmp|[a-z]+-[0-9]{5}-of-[0-9]{5}\.parquet\.tmp")
+# The other formats' writers (pipeline/tools/export_formats.py) name theirs the same way (`.bin`, `.idx`, `.mds`, ...).
+_TEMP_PARQUET = re.compile(r"\.[^/]+\.[a-z]+\.[0-9a-f]{12}\.tmp|[a-z]+-[0-9]{5}-of-[0-9]{5}\.parquet\.tmp")
 
 
 def temporary_name(target: str) -> str:

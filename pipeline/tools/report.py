@@ -419,6 +419,10 @@ def render_report(manifest: dict, dead_letter_rows: Optional[list] = None, metri
             "The Pile paper's column is each component's share of the Pile's training mix (Gao et al. 2020, "
             "Table 1), for the sources of that name.</p>"))
 
+    from pipeline.tools.report_packing import packing_section  # noqa: PLC0415 - absent for concat datasets
+
+    parts.append(packing_section(manifest))
+
     if stats:
         eff_rows = [[src, s.get("tokenized_documents", 0), s.get("chars", 0), s.get("bytes", 0), s.get("tokens", 0),
                      s.get("chars_per_token", 0.0), s.get("bytes_per_token", 0.0),

@@ -432,6 +432,12 @@ def verify(dataset: str, inputs: Optional[list] = None, sample: int = 200, seed:
         FileSystems.set_options(PipelineOptions(list(filesystem_args)))
     report = VerifyReport(dataset)
     manifest_file = dataset if dataset.endswith(".json") else io_utils.join(dataset, MANIFEST_NAME)
+    if io_utils.is_local(dataset) and not dataset.endswith(".json"):
+        from pipeline.tools import export_verify  # noqa: PLC0415
+
+        if export_verify.is_export(dataset):  # an export's files against its export.json
+            export_verify.verify_export(dataset, report)
+            return report
     if not io_utils.exists(manifest_file):
         report.mismatches.append(f"{manifest_file}: no manifest (never committed, or not a dataset)")
         return report

@@ -26,6 +26,8 @@ from transforms.tokenize import tokenizer
 from transforms.tokenize.long_documents import PRETOKEN_TOO_LONG
 from transforms.shard.documents import (DEAD_LETTER, HASHED, SPLIT_SHIFT, SPLITS, Document, assign_split, parse_record,
                                   shard_key_range, sort_key, split_wins)
+from transforms.shard import packing_stats
+from transforms.shard.best_fit import DEFAULT_WINDOW_EXAMPLES, pack_best_fit
 from transforms.shard.packing import pack_blocks
 from transforms.io.read_records import DEFAULT_MAX_ZSTD_WINDOW_BYTES, FileDamage, compression_of, iter_raw_records
 from transforms.shard.spill import (INDEX_DTYPE, ChunkWriter, iter_chunk, read_index_range, read_index_rows,
@@ -503,6 +505,7 @@ class ShardResult:
     # reason -> {source: n}
     filtered_per_file: dict = field(default_factory=dict)
     filtered_per_source: dict = field(default_factory=dict)
+    packing: dict = field(default_factory=dict)  # source -> counters (transforms/shard/packing_stats.py)
 
 
 def _gather_shard_documents(task: ShardTask, units: list):
@@ -553,7 +556,8 @@ def append_eos(body: np.ndarray, eos_id: int, cache: dict) -> np.ndarray:
 def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: int, data_dir: str,
                dedup: Optional[DedupInputs] = None, staging_dir: Optional[str] = None,
                mixture_weights: Optional[dict] = None, seed: int = 0,
-               gathered: Optional[tuple] = None) -> ShardResult:
+               gathered: Optional[tuple] = None, packing: str = "concat",
+               packing_window: int = DEFAULT_WINDOW_EXAMPLES) -> ShardResult:
     """Write one shard: its documents from every unit, deduplicated, weighted (train, transforms/shard/mixture.py),
     packed, framed, checksummed.
 
@@ -564,7 +568,10 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
 
     `gathered`: the shard's (rows, which, buffers), already merged by `merge_shard_parts` from the pieces the
     runner's shuffle delivered (transforms/shard/shard_shuffle.py); `units` then holds those pieces. Without it the
-    packer gathers its key range from every unit's spill files."""
+    packer gathers its key range from every unit's spill files.
+
+    `packing`: "concat" (transforms/shard/packing.py) or "best-fit" (transforms/shard/best_fit.py, a window of
+    `packing_window` examples' worth of tokens)."""
     rows, which, buffers = gathered if gathered is not None else _gather_shard_documents(task, units)
     elsewhere = duplicate_mask(rows, task.split, dedup)
     removed = near_dedup_removals.reasons_for(rows["doc_id"], task.split, staging_dir)  # after exact dedup
@@ -579,6 +586,8 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
     dropped: dict = collections.Counter()
     stats: dict = {}
     eos_of: dict = {}  # token dtype -> EOS as a 1-array of it
+    packed: dict = {}  # source -> packing counters
+    position = 0  # the concat packer's stream position: which examples a document spans follows from it
 
     def with_eos(body: np.ndarray) -> np.ndarray:
         return append_eos(body, eos_id, eos_of)
@@ -618,8 +627,12 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
         copies = ((doc_id, source_name, payload, 0) for _key, doc_id, source_name, payload in unique_documents())
 
     def documents():
+        nonlocal position
         for doc_id, source_name, (input_path, body), repeat in copies:
             tokens = with_eos(body)
+            packing_stats.add(packed, source_name, tokens.size,
+                              packing_stats.pieces_of(packing, position, tokens.size, seq_len), seq_len)
+            position += tokens.size
             source = sources[source_name]
             source["documents"] += 1
             source["tokens"] += tokens.size
@@ -630,7 +643,9 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
             yield doc_id, tokens
 
     with io_utils.open_write(result.path) as raw, io_utils.HashingWriter(raw) as out:
-        for block in pack_blocks(documents(), seq_len, pad_id):  # a block of examples: one encode call, no GIL
+        blocks = (pack_best_fit(documents(), seq_len, pad_id, packing_window) if packing == "best-fit"
+                  else pack_blocks(documents(), seq_len, pad_id))
+        for block in blocks:  # a block of examples: one encode call, no GIL
             out.write(frame_examples(block.columns(), block.examples))
             result.examples += block.examples
             result.tokens += block.examples * seq_len - block.padding
@@ -642,6 +657,7 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
     result.duplicates_per_source = dict(sorted(duplicate_sources.items()))
     result.dropped_per_file = dict(sorted(dropped.items()))
     result.source_stats = stats
+    result.packing = {k: v for k, v in sorted(packed.items())}
     result.filtered_per_file = {p: dict(sorted(c.items())) for p, c in sorted(filtered.items())}
     result.filtered_per_source = {r: dict(sorted(c.items())) for r, c in sorted(filtered_sources.items())}
     if staging_dir is not None:

@@ -1,0 +1,223 @@
+"""`pileprep export DIR --format megatron|hf|mds`: a committed dataset for the trainer a team already has.
+
+An export, not a stage of the shard job: the TFRecord shards stay the one thing the shard job writes (their bytes
+and the job's resume keys unchanged), and any committed generation can be exported later, again, or to another
+format; the cost is one more read of the shards (their checksums verified on the way, model_contract's checked
+reader). The writers: pipeline/tools/export_megatron.py (documents, `.bin/.idx`), export_hf.py (Parquet with a
+dataset card `datasets` opens), export_mds.py (MosaicML Streaming shards + index.json).
+
+The protocol, shared by every format (pipeline/tools/export.py has the Parquet one and the checks reused here):
+- one writer per output (its lock), an output that is new, empty or an earlier export (`check_export_output`);
+  a ref in the dataset to the generation read, so no commit or gc removes it meanwhile (`register_export`);
+- files go to `<output>/<generation>/`, each written under a temporary name and renamed; a split's files are
+  followed by a done marker (their sizes and sha256, and the key: format, writer version, the split's shard
+  hashes), so an export killed mid-way reuses the splits whose files still hash to their marker;
+- `export.json` (its own manifest: every file's size and sha256, the generation) is published last, whole: it is
+  the commit point. The previous generation's directory is kept for readers that opened it; the one before that
+  is removed (only a directory an earlier export.json named: never another path);
+- `pileprep verify OUTPUT` checks every file export.json lists (pipeline/tools/export_verify.py).
+Output is local (the Megatron writer places a document's pieces by offset in its file, which needs a seekable file).
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from model_contract.hashing import sha256_file
+from pipeline.tools.export import (EXPORT_KIND, IN_PROGRESS_MARKER, SUMMARY_NAME, check_export_output,
+                                   register_export, remove_abandoned_temporaries, temporary_name)
+
+FORMATS = ("megatron", "hf", "mds")
+__all__ = ["FORMATS", "IN_PROGRESS_MARKER", "export_format", "read_summary", "safe_relative"]
+GENERATION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+DONE_MARKER = ".pileprep-export-{split}.done.json"
+KEEP_PREVIOUS = 1
+
+
+@dataclass
+class SplitJob:
+    """One split's export: its shards in manifest order, where they are, where its files go."""
+    fmt: str
+    split: str
+    shards: list  # ShardInfo
+    manifest_file: str
+    manifest: object  # model_contract.Manifest
+    directory: str  # <output>/<generation>: local
+
+    def put(self, name: str, fill: Callable[[str], None]) -> dict:
+        """Write `name` (relative to the directory) by `fill(temporary path)`, then rename it into place; its row
+        for export.json."""
+        target = os.path.join(self.directory, name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmp = temporary_name(target)
+        try:
+            fill(tmp)
+            size, sha = sha256_file(tmp)
+            os.replace(tmp, target)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        return {"path": name, "bytes": size, "sha256": sha, "split": self.split}
+
+
+def _writers() -> dict:
+    from pipeline.tools import export_hf, export_mds, export_megatron  # noqa: PLC0415
+
+    return {"megatron": export_megatron, "hf": export_hf, "mds": export_mds}
+
+
+def export_format(dataset: str, fmt: str, output: Optional[str] = None, splits: Optional[tuple] = None,
+                  s3_options: Optional[dict] = None) -> dict:
+    """Write DIR's committed generation in `fmt` under `output` (default DIR/<fmt>); returns export.json's
+    content with `output`."""
+    from pipeline.errors import ConfigError  # noqa: PLC0415
+    from pipeline.ops import lock  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r}: must be one of parquet, {', '.join(FORMATS)}")
+    output = output or io_utils.join(dataset, fmt)
+    if not io_utils.is_local(output):
+        raise ConfigError(f"--output {output}: a {fmt} export is written to a local or mounted directory (copy it "
+                          f"to the object store after)")
+    check_export_output(output)
+    with lock.OutputLock(output, s3_options).held():
+        remove_abandoned_temporaries(output)
+        return _export(dataset, fmt, output, splits)
+
+
+def _split_key(fmt: str, writer, shards: list) -> str:
+    blob = json.dumps({"format": fmt, "writer": writer.VERSION, "shards": [(s.path, s.sha256) for s in shards]})
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()
+
+
+def _reusable(directory: str, split: str, key: str) -> Optional[list]:
+    """The split's rows from its done marker when the key is this export's and every file still hashes to it."""
+    path = os.path.join(directory, DONE_MARKER.format(split=split))
+    try:
+        with open(path, encoding="utf-8") as f:
+            marker = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(marker, dict) or marker.get("key") != key or not isinstance(marker.get("files"), list):
+        return None
+    rows = marker["files"]
+    for row in rows:
+        if not (isinstance(row, dict) and isinstance(row.get("path"), str) and safe_relative(row["path"])):
+            return None
+        target = os.path.join(directory, row["path"])
+        if os.path.islink(target) or not os.path.isfile(target):
+            return None
+        if sha256_file(target) != (row.get("bytes"), row.get("sha256")):
+            return None
+    return rows
+
+
+def safe_relative(path: str) -> bool:
+    """A relative path inside its directory: no absolute path, no `..`, no empty or hidden-trick parts."""
+    parts = path.split("/")
+    return (bool(path) and not path.startswith("/") and "\\" not in path
+            and all(p not in ("", ".", "..") for p in parts))
+
+
+def read_summary(output: str) -> Optional[dict]:
+    path = os.path.join(output, SUMMARY_NAME)
+    try:
+        with open(path, encoding="utf-8") as f:
+            summary = json.load(f)
+    except FileNotFoundError:
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def _export(dataset: str, fmt: str, output: str, splits: Optional[tuple]) -> dict:
+    from pipeline.errors import ConfigError  # noqa: PLC0415
+    from pipeline.ops import commit  # noqa: PLC0415
+
+    manifest = register_export(dataset, output)
+    manifest_file = commit.manifest_location(dataset)
+    generation = manifest.generation or "current"
+    if not GENERATION_NAME.fullmatch(generation):
+        raise ConfigError(f"{manifest_file}: generation {generation[:40]!r} is not a name an export can use")
+    writer = _writers()[fmt]
+    previous = read_summary(output)
+    if previous is not None and previous.get("format") != fmt:
+        raise ConfigError(f"--output {output}: it holds a {str(previous.get('format'))[:20]} export; a {fmt} export "
+                          f"goes to its own directory: choose another --output")
+    directory = os.path.join(output, generation)
+    if os.path.islink(directory) or (os.path.exists(directory) and not os.path.isdir(directory)):
+        raise ConfigError(f"{directory}: not a directory this export made (a link or a file): choose another --output")
+    marker = os.path.join(output, IN_PROGRESS_MARKER)
+    if previous is None:
+        os.makedirs(output, exist_ok=True)
+        with open(marker, "wb"):
+            pass
+    os.makedirs(directory, exist_ok=True)
+    files, info = [], {}
+    chosen = [s for s in manifest.splits if not splits or s in splits]  # the manifest's split order
+    for split in chosen:
+        shards = [s for s in manifest.shards if s.split == split]
+        key = _split_key(fmt, writer, shards)
+        rows = _reusable(directory, split, key)
+        if rows is None:
+            job = SplitJob(fmt, split, shards, manifest_file, manifest, directory)
+            rows = writer.write_split(job)
+            done = {"key": key, "files": rows}
+            job.put(DONE_MARKER.format(split=split), lambda p: _write_json(p, done))
+        files += [{**r, "path": f"{generation}/{r['path']}"} for r in rows]
+    extra = writer.finish(SplitJob(fmt, "", [], manifest_file, manifest, directory), chosen, files)
+    for row in extra:
+        files.append({**row, "path": f"{generation}/{row['path']}"})
+    info = getattr(writer, "describe", lambda m: {})(manifest)
+    kept = _kept_generations(previous, generation)
+    summary = {"kind": EXPORT_KIND, "format": fmt, "generation": generation, "files": files, "previous": kept,
+               **info}
+    _publish(os.path.join(output, SUMMARY_NAME), summary)
+    for split in chosen:  # the commit is made: the done markers are not needed any more
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, DONE_MARKER.format(split=split)))
+    _remove_older(output, previous, kept, generation)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(marker)
+    return {"output": output, **summary}
+
+
+def _write_json(path: str, value) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(json.dumps(value, indent=1, sort_keys=True) + "\n")
+
+
+def _publish(path: str, summary: dict) -> None:
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    io_utils.publish_bytes(path, (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+
+
+def _kept_generations(previous: Optional[dict], generation: str) -> list:
+    """The generations kept beside this one: the one the earlier export.json committed (a reader may hold it)."""
+    if not previous:
+        return []
+    names = [previous.get("generation")] + list(previous.get("previous") or [])
+    names = [n for n in names if isinstance(n, str) and GENERATION_NAME.fullmatch(n) and n != generation]
+    return names[:KEEP_PREVIOUS]
+
+
+def _remove_older(output: str, previous: Optional[dict], kept: list, generation: str) -> None:
+    """Remove the generation directories an earlier export.json named and that are no longer kept: only those
+    (created by an earlier export), never a link or another path."""
+    if not previous:
+        return
+    named = [previous.get("generation")] + list(previous.get("previous") or [])
+    for name in named:
+        if not (isinstance(name, str) and GENERATION_NAME.fullmatch(name)) or name in kept or name == generation:
+            continue
+        path = os.path.join(output, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)

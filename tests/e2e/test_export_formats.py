@@ -1,0 +1,329 @@
+"""Best-fit packing through the shard job, and `pileprep export --format megatron|hf|mds`, each format read back
+by its own library (megatron-core's IndexedDataset, datasets.load_dataset, streaming.StreamingDataset) and
+compared token for token with the TFRecord shards; exports verified, committed, resumed and kept like shards."""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from model_contract import decode_example, read_records
+from pipeline.config import ShardConfig, fingerprint
+from pipeline.shard import shard_pipeline
+from pipeline.tools import export_formats
+from pipeline.tools.verify import verify
+from tests.corpus_fixtures import write_good_corpus
+
+pytestmark = pytest.mark.formats
+SEQ_LEN = 256
+IN_MEMORY = ["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _config(corpus, out, tokenizer, **overrides) -> ShardConfig:
+    return ShardConfig(inputs=(str(corpus / "*"),), output=str(out), tokenizer=tokenizer, seq_len=SEQ_LEN,
+                       **{**dict(num_shards=2, val_fraction=0.1, test_fraction=0.1, unit_mb=0.25), **overrides})
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus")
+    write_good_corpus(root, limit_bytes=400_000)
+    return root
+
+
+@pytest.fixture(scope="module")
+def datasets(corpus, tiny_tokenizer, tmp_path_factory):
+    base = tmp_path_factory.mktemp("ds")
+    out = {}
+    for packing in ("concat", "best-fit"):
+        path = base / packing
+        extra = {"packing": packing, "packing_window": 8} if packing == "best-fit" else {}
+        manifest = shard_pipeline.run(_config(corpus, path, tiny_tokenizer, **extra), IN_MEMORY)
+        out[packing] = (path, manifest)
+    return out
+
+
+def documents_of(path, manifest, split):
+    """{(doc id, copy): tokens} and the order documents first appear, rebuilt from the shards' provenance."""
+    pieces = collections.defaultdict(list)
+    order = []
+    for s in manifest["shards"]:
+        if s["split"] != split:
+            continue
+        for record in read_records(str(path / s["path"])):
+            ex = decode_example(record)
+            for n, (doc, off) in enumerate(zip(ex["piece_doc_ids"], ex["piece_offsets"]), start=1):
+                if off == 0:
+                    order.append(int(doc))
+                pieces[int(doc)].append((int(off), ex["input_ids"][ex["segment_ids"] == n]))
+    docs = {d: np.concatenate([t for _, t in sorted(p, key=lambda p: p[0])]) for d, p in pieces.items()}
+    return docs, order
+
+
+def examples_of(path, manifest, split):
+    return [decode_example(r) for s in manifest["shards"] if s["split"] == split
+            for r in read_records(str(path / s["path"]))]
+
+
+# ------------------------------------------------------------------------------------------- packing
+def test_default_packing_keeps_config_fingerprint_and_manifest(corpus, tiny_tokenizer, tmp_path):
+    base = _config(corpus, tmp_path, tiny_tokenizer)
+    explicit = _config(corpus, tmp_path, tiny_tokenizer, packing="concat", packing_window=3)
+    assert "packing" not in base.to_manifest_dict() and "packing_window" not in base.to_manifest_dict()
+    assert base.to_manifest_dict() == explicit.to_manifest_dict()
+    assert fingerprint(base, "t", []) == fingerprint(explicit, "t", [])
+    best = _config(corpus, tmp_path, tiny_tokenizer, packing="best-fit")
+    assert fingerprint(best, "t", []) != fingerprint(base, "t", [])  # other bytes: another generation
+    other_window = _config(corpus, tmp_path, tiny_tokenizer, packing="best-fit", packing_window=3)
+    assert fingerprint(best, "t", []) != fingerprint(other_window, "t", [])
+
+
+def test_default_manifest_has_no_packing_section(datasets):
+    _path, manifest = datasets["concat"]
+    assert "packing" not in manifest and "packing" not in manifest["config"]
+
+
+def test_best_fit_dataset_same_documents_none_that_fits_split(datasets):
+    (cpath, cman), (bpath, bman) = datasets["concat"], datasets["best-fit"]
+    assert bman["config"]["packing"] == "best-fit" and bman["config"]["packing_window"] == 8
+    section = bman["packing"]
+    for split in ("train", "val", "test"):
+        concat_docs, _ = documents_of(cpath, cman, split)
+        fit_docs, _ = documents_of(bpath, bman, split)
+        assert concat_docs.keys() == fit_docs.keys()
+        for d in concat_docs:
+            assert np.array_equal(concat_docs[d], fit_docs[d])
+        pieces = collections.Counter(d for ex in examples_of(bpath, bman, split) for d in ex["piece_doc_ids"].tolist())
+        for d, tokens in fit_docs.items():
+            if tokens.size <= SEQ_LEN:
+                assert pieces[d] == 1, f"document {d:x} fits but was split"
+        stats = section["splits"][split]
+        assert stats["fitting_split"] == 0 and stats["documents"] == len(fit_docs)
+        assert stats["pieces"] == sum(pieces.values())
+        examples = sum(s["examples"] for s in bman["shards"] if s["split"] == split)
+        padding = sum(s["padding_tokens"] for s in bman["shards"] if s["split"] == split)
+        assert stats["padding_fraction"] == round(padding / (examples * SEQ_LEN), 8)
+
+
+def test_best_fit_is_read_by_the_trainer_unchanged(datasets):
+    from trainer.config import DataConfig, model_config
+    from trainer.data import ShardLoader, open_dataset
+    from trainer.loss import IGNORE_INDEX
+
+    path, manifest = datasets["best-fit"]
+    cfg = model_config("tiny", seq_len=SEQ_LEN, vocab_size=manifest["contract"]["tokenizer"]["vocab_size"],
+                       n_layers=1, d_model=32, n_heads=2)
+    m, mfile = open_dataset(DataConfig(path=str(path)), cfg)
+    batch = next(iter(ShardLoader(m, mfile, DataConfig(path=str(path), streams=1, shuffle_buffer=1), SEQ_LEN, 4)))
+    seg, labels = batch["segment_ids"].numpy(), batch["labels"].numpy()
+    assert batch["input_ids"].shape == (4, SEQ_LEN)
+    assert (labels[seg == 0] == IGNORE_INDEX).all()
+    # a label never crosses from one document piece to the next
+    crossing = (seg[:, 1:] != seg[:, :-1])
+    assert (labels[:, :-1][crossing] == IGNORE_INDEX).all()
+
+
+# -------------------------------------------------------------------------------------------- exports
+@pytest.mark.parametrize("packing", ["concat", "best-fit"])
+def test_megatron_export_read_back_by_indexed_dataset(datasets, packing, tmp_path):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    path, manifest = datasets[packing]
+    out = tmp_path / "megatron"
+    summary = export_formats.export_format(str(path), "megatron", str(out))
+    gen = summary["generation"]
+    assert summary["megatron"]["dtype"] == "uint16"  # Megatron's choice for a vocabulary under 65,500
+    for split in ("train", "val", "test"):
+        docs, order = documents_of(path, manifest, split)
+        ds = IndexedDataset(str(out / gen / f"{split}_text_document"))
+        assert len(ds) == len(order) == sum(s["documents"] for s in manifest["shards"] if s["split"] == split)
+        assert ds.index.dtype == np.uint16
+        for i, doc in enumerate(order):
+            assert np.array_equal(ds[i].astype(np.int64), docs[doc]), f"{split} document {i}"
+        assert ds[0][-1] == manifest["contract"]["tokenizer"]["eos_id"]
+    assert verify(str(out)).ok
+
+
+def test_hf_export_opened_by_datasets(datasets, tmp_path, monkeypatch):
+    import datasets as hf
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    path, manifest = datasets["best-fit"]
+    out = tmp_path / "hf"
+    summary = export_formats.export_format(str(path), "hf", str(out))
+    loaded = hf.load_dataset(str(out / summary["generation"]), cache_dir=str(tmp_path / "cache"))
+    assert sorted(loaded) == ["test", "train", "val"]
+    for split in ("train", "val", "test"):
+        want = examples_of(path, manifest, split)
+        got = loaded[split]
+        assert len(got) == len(want)
+        for row, ex in zip(got, want):
+            for name in ("input_ids", "segment_ids", "positions", "piece_doc_ids", "piece_offsets"):
+                assert np.array_equal(np.asarray(row[name], dtype=np.int64), ex[name]), name
+    assert verify(str(out)).ok
+
+
+def test_mds_export_read_by_streaming_dataset(datasets, tmp_path):
+    from streaming import StreamingDataset
+
+    path, manifest = datasets["best-fit"]
+    out = tmp_path / "mds"
+    summary = export_formats.export_format(str(path), "mds", str(out))
+    for split in ("train", "val"):
+        want = examples_of(path, manifest, split)
+        ds = StreamingDataset(local=str(out / summary["generation"] / split), shuffle=False, batch_size=1)
+        assert ds.num_samples == len(want)
+        for i, ex in enumerate(want):
+            sample = ds[i]
+            for name in ("input_ids", "segment_ids", "positions", "piece_doc_ids", "piece_offsets"):
+                assert np.array_equal(np.asarray(sample[name], dtype=np.int64), ex[name]), name
+    assert verify(str(out)).ok
+
+
+def test_export_is_deterministic_resumable_and_verified(datasets, tmp_path):
+    from pipeline.tools import export_megatron
+
+    path, manifest = datasets["concat"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    sa = export_formats.export_format(str(path), "megatron", str(a))
+    sb = export_formats.export_format(str(path), "megatron", str(b))
+    assert sa["files"] == sb["files"]  # byte-identical (sha256 per file)
+    gen = sa["generation"]
+    # a flipped byte is a mismatch by name
+    target = a / gen / "val_text_document.bin"
+    data = bytearray(target.read_bytes())
+    data[3] ^= 1
+    target.write_bytes(bytes(data))
+    report = verify(str(a))
+    assert not report.ok and any("val_text_document.bin" in m for m in report.mismatches)
+    # killed after the train split: its done marker is reused while its files still hash to it; val is redone
+    (b / "export.json").unlink()
+    (b / export_formats.IN_PROGRESS_MARKER).write_bytes(b"")  # what a first export killed mid-way leaves
+    shards = [export_formats_shard(s) for s in manifest["shards"]]
+    for split, damaged in (("train", False), ("val", True)):
+        key = export_formats._split_key("megatron", export_megatron, [s for s in shards if s.split == split])
+        rows = [{**r, "path": r["path"].split("/", 1)[1]} for r in sb["files"] if r["split"] == split]
+        marker = b / gen / export_formats.DONE_MARKER.format(split=split)
+        marker.write_text(json.dumps({"key": key, "files": rows}))
+        if damaged:
+            (b / gen / "val_text_document.idx").write_bytes(b"x")
+    train_bin, val_idx = b / gen / "train_text_document.bin", b / gen / "val_text_document.idx"
+    before = train_bin.stat().st_mtime_ns
+    again = export_formats.export_format(str(path), "megatron", str(b))
+    assert again["files"] == sb["files"] and verify(str(b)).ok
+    assert train_bin.stat().st_mtime_ns == before and val_idx.stat().st_size > 1
+    assert not list((b / gen).glob(".pileprep-export-*"))  # markers go once export.json is committed
+
+
+def export_formats_shard(row):
+    from model_contract import ShardInfo
+
+    return ShardInfo(**row)
+
+
+def test_previous_generation_kept_older_removed(datasets, tmp_path):
+    path, _ = datasets["concat"]
+    out = tmp_path / "keep"
+    gen = export_formats.export_format(str(path), "megatron", str(out))["generation"]
+    for name in ("gen0", "gen1", "mine"):
+        (out / name).mkdir()
+        (out / name / "f").write_text(name)
+    (out / "export.json").write_text(json.dumps({"kind": "export", "format": "megatron", "generation": "gen1",
+                                                 "previous": ["gen0"], "files": []}))
+    summary = export_formats.export_format(str(path), "megatron", str(out))
+    assert summary["generation"] == gen and summary["previous"] == ["gen1"]
+    assert (out / "gen1" / "f").exists() and not (out / "gen0").exists()  # kept for readers / removed
+    assert (out / "mine" / "f").exists()  # never named by an export.json: never touched
+    with pytest.raises(Exception, match="holds a megatron export"):
+        export_formats.export_format(str(path), "hf", str(out))
+
+
+def test_cli_export_and_verify(datasets, tmp_path):
+    path, _ = datasets["concat"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = tmp_path / "cli"
+    run = subprocess.run([sys.executable, "-m", "pipeline.cli", "export", str(path), "--format", "megatron",
+                          "--output", str(out)], capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout)["format"] == "megatron"
+    run = subprocess.run([sys.executable, "-m", "pipeline.cli", "verify", str(out)], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert run.returncode == 0 and "OK" in run.stdout, run.stdout + run.stderr
+    shutil.rmtree(out)
+
+
+# ------------------------------------------------------------------------------------ guards, on their own
+def _piece_example(pieces, seq_len=8):
+    """A decoded example from [(doc id, offset, tokens)], padded with 0."""
+    ids, seg = [], []
+    for k, (_d, _o, toks) in enumerate(pieces, start=1):
+        ids += toks
+        seg += [k] * len(toks)
+    pad = seq_len - len(ids)
+    return {"input_ids": np.array(ids + [0] * pad), "segment_ids": np.array(seg + [0] * pad),
+            "piece_doc_ids": np.array([p[0] for p in pieces]), "piece_offsets": np.array([p[1] for p in pieces])}
+
+
+def test_megatron_refuses_pieces_that_do_not_make_whole_documents(monkeypatch, tmp_path):
+    from pipeline.tools import export_megatron as em
+
+    job = export_formats.SplitJob("megatron", "train", [], "", None, str(tmp_path))
+
+    def run(examples):
+        monkeypatch.setattr(em, "_examples", lambda _job: (("s", r, ex) for r, ex in enumerate(examples)))
+        return em.write_bin(job, str(tmp_path / "x.bin"), np.dtype(np.uint16), eos_id=2)
+
+    lengths = run([_piece_example([(5, 0, [7, 8, 9, 1, 1, 1, 1, 1])]), _piece_example([(5, 8, [4, 2]), (6, 0, [2])])])
+    assert lengths.tolist() == [10, 1]
+    assert np.fromfile(tmp_path / "x.bin", dtype=np.uint16).tolist() == [7, 8, 9, 1, 1, 1, 1, 1, 4, 2, 2]
+    with pytest.raises(em.ExportError, match="continues no piece"):  # a gap: offset 9 where 8 was next
+        run([_piece_example([(5, 0, [7, 8, 9, 1, 1, 1, 1, 1])]), _piece_example([(5, 9, [4, 2])])])
+    with pytest.raises(em.ExportError, match="does not end with EOS"):
+        run([_piece_example([(5, 0, [7, 8, 9])])])
+    with pytest.raises(em.ExportError, match="end to end"):
+        bad = _piece_example([(5, 0, [7, 2]), (6, 0, [2])])
+        bad["segment_ids"][:3] = [2, 1, 1]
+        run([bad])
+
+
+def test_verify_refuses_export_paths_that_leave_the_output(tmp_path):
+    out = tmp_path / "exp"
+    out.mkdir()
+    (tmp_path / "secret").write_text("x")
+    (out / "g").mkdir()
+    os.symlink(tmp_path / "secret", out / "g" / "link")
+    (out / "export.json").write_text(json.dumps({"kind": "export", "format": "megatron", "generation": "g",
+                                                 "files": [{"path": "../secret", "bytes": 1, "sha256": "0" * 64},
+                                                           {"path": "g/link", "bytes": 1, "sha256": "0" * 64}]}))
+    report = verify(str(out))
+    assert not report.ok and report.files_checked == 0
+    assert any("leaves the output" in m for m in report.mismatches)
+    assert any("through a link" in m for m in report.mismatches)
+
+
+def test_report_states_the_packing_of_a_best_fit_dataset(datasets):
+    from pipeline.tools.report import render_report
+
+    page = render_report(datasets["best-fit"][1])
+    assert 'id="packing"' in page and "split although they fit" in page and "best-fit" in page
+    assert 'id="packing"' not in render_report(datasets["concat"][1])
+
+
+def test_best_fit_same_bytes_with_the_runner_shuffle(datasets, corpus, tiny_tokenizer, tmp_path):
+    """Both packers' call sites (pipeline/shard/shard_pipeline.py, pipeline/shard/runner_shuffle.py) pass the
+    packing: the runner's shuffle makes the same shards as the file spill."""
+    _path, manifest = datasets["best-fit"]
+    again = shard_pipeline.run(_config(corpus, tmp_path / "runner", tiny_tokenizer, packing="best-fit",
+                                       packing_window=8, shuffle="runner"), IN_MEMORY)
+    assert [(s["path"], s["sha256"]) for s in again["shards"]] == [(s["path"], s["sha256"]) for s in
+                                                                   manifest["shards"]]
+    assert again["packing"] == manifest["packing"]
