@@ -14,7 +14,9 @@ from typing import Any, Optional, Sequence
 #      tiktoken's pattern/special tokens in TokenizerInfo; the dead-letter reason `pretoken_too_long`. A 1.1 reader
 #      ignores the new fields (TokenizerInfo.from_dict reads the fields it knows); the filter reasons
 #      near_duplicate, near_duplicate_of_committed and contaminated (--near-dedup, --decontaminate).
-CONTRACT_VERSION = "1.2"
+# 1.3: the dead-letter reason `tokenizer_panic` (a document the tokenizer's library panicked on,
+#      transforms/tokenize/native.py); shard features and TokenizerInfo unchanged.
+CONTRACT_VERSION = "1.3"
 SUPPORTED_MAJOR = 1
 
 # Feature names. segment_ids: 0 = padding, 1..n = n-th document piece in the example; positions: position

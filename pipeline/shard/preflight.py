@@ -33,7 +33,23 @@ class Checked:
 def check_config(config: ShardConfig) -> None:
     """The configuration on its own: option values, and where staging may live relative to the output."""
     config.validate()
+    check_tokenizer_options(config)
     commit.check_staging_dir(config.output, config.staging_dir)
+
+
+def check_tokenizer_options(config: ShardConfig) -> None:
+    """--tokenizer-pattern, --special-tokens and --eos-token on their own, before the file is read: a pattern that
+    matches the empty string or leaves text unmatched, a repeated text or id, a padded text (TokenizerError, exit
+    2). What needs the file (an EOS that is an ordinary piece, an id taken by the file) is checked when it loads
+    (transforms/tokenize/formats.py)."""
+    from transforms.tokenize import formats, tokenizer  # noqa: PLC0415 - keep the preflight light to import
+
+    options = tokenizer.options_of(config)
+    if options.pattern:
+        formats.tiktoken_pattern(options.pattern)
+    formats.parse_special_tokens(options.special_tokens)
+    if options.eos_token and options.eos_token != options.eos_token.strip():
+        raise formats.TokenizerError(f"--eos-token {options.eos_token[:40]!r} has leading or trailing whitespace")
 
 
 def check_environment(config: ShardConfig, options: PipelineOptions) -> Checked:

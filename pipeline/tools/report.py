@@ -568,13 +568,12 @@ def contract_tokenizer(path, info) -> tuple:
     """(the tokenizer at `path`, "") when the file has the contract's sha256, else (None, a one-line note: token
     ids are shown instead). Decoding with another file would show text the data does not hold; the report and
     `pileprep inspect` (pipeline/tools/inspect_dataset.py) both decode only through this check."""
-    from transforms.io import io_utils  # noqa: PLC0415
     from transforms.tokenize import tokenizer  # noqa: PLC0415
 
     try:
         # a directory stands for its tokenizer.json, and the contract holds the options the file does not carry
         # (a tiktoken file's pattern and special tokens, --eos-token): as inspect and verify load it
-        model = io_utils.read_bytes(tokenizer.resolve_path(path)) if isinstance(path, str) and path else None
+        model = tokenizer.read_model_bytes(path) if isinstance(path, str) and path else None
         if model is None:
             return None, "token ids: no tokenizer file recorded or given"
         got = hashlib.sha256(model).hexdigest()

@@ -373,7 +373,7 @@ def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sam
 
     audit = AuditResult()
     model_path = tokenizer_path or manifest.config.get("tokenizer")
-    model = io_utils.read_bytes(tokenizer.resolve_path(model_path))
+    model = tokenizer.read_model_bytes(model_path)  # regular file, size bound (the one tokenizer opener)
     if hashlib.sha256(model).hexdigest() != manifest.contract.tokenizer.model_sha256:
         audit.problems.append(f"tokenizer {model_path}: sha256 differs from the manifest's "
                               f"{manifest.contract.tokenizer.model_sha256[:16]}…; pass the model the dataset was "

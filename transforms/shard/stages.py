@@ -23,7 +23,6 @@ from model_contract import frame_examples
 from transforms.shard import corpus_stats, doc_ids, mixture, near_dedup, near_dedup_removals
 from transforms.io import io_utils, read_parquet
 from transforms.tokenize import tokenizer
-from transforms.tokenize.long_documents import PRETOKEN_TOO_LONG
 from transforms.shard.documents import (DEAD_LETTER, HASHED, SPLIT_SHIFT, SPLITS, Document, assign_split, parse_record,
                                   shard_key_range, sort_key, split_wins)
 from transforms.shard import packing_stats
@@ -314,15 +313,16 @@ def tokenize_records(chunk: ChunkRef, records, sp, token_dtype: np.dtype, settin
         check_cancelled()  # between batches (~0.1 s of tokenizing each): see pipeline/shard/cancel.py
         encoded = tokenizer.encode_batch(sp, [doc.text for _, doc in batch], settings.long_documents)
         if sig_file is not None:  # the documents that get an index row, signed together
-            kept = [(line, doc.text) for (line, doc), ids in zip(batch, encoded) if ids is not None]
+            kept = [(line, doc.text) for (line, doc), ids in zip(batch, encoded)
+                    if not isinstance(ids, tokenizer.Rejected)]
             signed = np.zeros(len(kept), dtype=unit_signatures_dtype(signing.num_perm))
             signed["line"] = [line for line, _t in kept]
             signed["sig"] = near_dedup.word_signatures([t for _l, t in kept], signing)
             sig_file.write(signed.tobytes())
         for (line, doc), ids in zip(batch, encoded):
-            if ids is None:  # a stretch over --max-pretoken-mb without a piece boundary (long_documents.py)
-                stats.dead_letter(PRETOKEN_TOO_LONG)
-                dead.append(dead_letter_row(chunk.input_path, line, PRETOKEN_TOO_LONG, doc.text[:200]))
+            if isinstance(ids, tokenizer.Rejected):  # pretoken_too_long, tokenizer_panic (tokenizer.encode_batch)
+                stats.dead_letter(ids.reason)
+                dead.append(dead_letter_row(chunk.input_path, line, ids.reason, doc.text[:200], ids.detail))
                 continue
             arr = np.asarray(ids)  # int32 from the tokenizer on
             if arr.size and int(arr.max()) > max_id:

@@ -86,8 +86,14 @@ def _looks_tiktoken(data: bytes) -> bool:
 
 def tiktoken_ranks(data: bytes) -> dict:
     """{token bytes: rank} of a tiktoken BPE file, parsed as tiktoken.load.load_tiktoken_bpe does (that loader
-    reads a path and caches it under /tmp; the job reads the bytes through Beam's FileSystems)."""
-    ranks = {}
+    reads a path and caches it under /tmp; the job reads the bytes through Beam's FileSystems). A token or rank
+    given twice is refused naming both lines: tiktoken panics on a repeated rank, and a repeated token would
+    silently keep the last one."""
+    from transforms.tokenize import file_checks  # noqa: PLC0415 - file_checks imports this module
+
+    ranks: dict = {}
+    line_of_token: dict = {}
+    line_of_rank: dict = {}
     for n, line in enumerate(data.splitlines(), 1):
         if not line.strip():
             continue
@@ -95,11 +101,19 @@ def tiktoken_ranks(data: bytes) -> dict:
             raise FormatError(f"line {n} of the tiktoken file is not 'BASE64 RANK'")
         token, rank = line.split()
         try:
-            ranks[base64.b64decode(token, validate=True)] = int(rank)
+            raw = base64.b64decode(token, validate=True)
         except binascii.Error:
             raise FormatError(f"line {n} of the tiktoken file has invalid base64") from None
+        rank = file_checks.check_id(int(rank), f"line {n} of the tiktoken file")
+        if raw in line_of_token:
+            raise FormatError(f"lines {line_of_token[raw]} and {n} of the tiktoken file hold the same token")
+        if rank in line_of_rank:
+            raise FormatError(f"lines {line_of_rank[rank]} and {n} of the tiktoken file have the same rank {rank}")
+        line_of_token[raw] = line_of_rank[rank] = n
+        ranks[raw] = rank
     if not ranks:
         raise FormatError("the tiktoken file has no tokens")
+    file_checks.check_tiktoken(ranks)
     return ranks
 
 
@@ -117,39 +131,70 @@ def tiktoken_pattern(value: str) -> str:
     except regex.error as e:
         raise FormatError(f"--tokenizer-pattern {value[:40]!r} is neither a name ({', '.join(sorted(PATTERNS))}) "
                           f"nor a valid regex: {e}") from None
+    from transforms.tokenize import file_checks  # noqa: PLC0415 - file_checks imports this module
+
+    file_checks.check_pattern(value)
     return value
 
 
 def parse_special_tokens(value) -> dict:
-    """--special-tokens 'TEXT=ID,TEXT=ID' or '{"TEXT": ID}' (or a dict, from a contract) as {text: id}."""
+    """--special-tokens 'TEXT=ID,TEXT=ID' or '{"TEXT": ID}' (or a dict, from a contract) as {text: id}. Refused:
+    a repeated text, two texts on one id, an id that is not a plain integer, a text padded with whitespace."""
+    from transforms.tokenize import file_checks  # noqa: PLC0415 - file_checks imports this module
+
     if isinstance(value, dict):
-        return {str(k): int(v) for k, v in value.items()}
-    value = (value or "").strip()
-    if not value:
+        out = {str(k): v for k, v in value.items()}
+        file_checks.check_special_ids(out)
+        return out
+    value = value or ""
+    if not value.strip():
         return {}
-    if value.startswith("{"):
+    if value.lstrip().startswith("{"):
+        def pairs(items):
+            seen = {}
+            for k, v in items:
+                if k in seen:
+                    raise FormatError(f"--special-tokens: {k[:40]!r} is given twice")
+                seen[k] = v
+            return seen
+
         try:
-            parsed = json.loads(value)
-            return {str(k): int(v) for k, v in parsed.items()}
-        except (ValueError, TypeError, AttributeError):
+            parsed = json.loads(value, object_pairs_hook=pairs)
+        except FormatError:
+            raise
+        except ValueError:
             raise FormatError("--special-tokens: not a JSON object of {TEXT: ID}") from None
+        if not isinstance(parsed, dict):
+            raise FormatError("--special-tokens: not a JSON object of {TEXT: ID}")
+        file_checks.check_special_ids(parsed)
+        return parsed
     out = {}
     for item in value.split(","):
-        text, sep, tid = item.strip().rpartition("=")
-        if not sep or not text or not tid.strip().isdigit():
+        text, sep, tid = item.rpartition("=")
+        if not sep or not text or not re.fullmatch(r"[0-9]+", tid):
             raise FormatError(f"--special-tokens: {item.strip()[:40]!r} is not TEXT=ID")
+        if text in out:
+            raise FormatError(f"--special-tokens: {text[:40]!r} is given twice")
         out[text] = int(tid)
+    file_checks.check_special_ids(out)
     return out
 
 
 def pick_eos(special: dict, eos_token: str, in_vocab) -> tuple:
     """(text, id) of the end-of-document token: --eos-token when given (FormatError when `in_vocab(text)` gives
-    None), else the only special token, else the only one spelled as an EOS_SPELLINGS."""
+    None, or an ordinary token: not one of `special`), else the only special token, else the only one spelled as an EOS_SPELLINGS."""
     if eos_token:
+        if eos_token != eos_token.strip():
+            raise FormatError(f"--eos-token {eos_token[:40]!r} has leading or trailing whitespace")
+        if eos_token in special:
+            return eos_token, int(special[eos_token])
         tid = in_vocab(eos_token)
         if tid is None:
             raise FormatError(f"--eos-token {eos_token!r} is not in the tokenizer's vocabulary")
-        return eos_token, int(tid)
+        # an ordinary piece (or the unknown token) as EOS: the same id also stands for that text in documents,
+        # so a document's end could not be told from its words
+        raise FormatError(f"--eos-token {eos_token!r} is an ordinary token of the vocabulary (id {int(tid)}), not "
+                          f"a special token; pass one of: {', '.join(sorted(special)[:8]) or 'none'}")
     if len(special) == 1:
         (text, tid), = special.items()
         return text, int(tid)

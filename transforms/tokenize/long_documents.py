@@ -11,7 +11,10 @@ encoders can join tokens across it:
   these patterns consumes a space after a non-space character (letters, digits, punctuation and contractions end
   before it), so a pre-token always starts at that space, and the match from there on sees the same characters
   (its lookaheads look forward only; the piece before ends in a non-space, so `\s+$` cannot match at its end).
-  BPE never crosses pre-tokens; whitespace-run added tokens cannot span it.
+  BPE never crosses pre-tokens. HF added tokens are matched before pre-tokenizing, on the whole text: a cut is
+  not made inside an occurrence of one that holds a space ("New York"), nor beside one that strips whitespace
+  (`rstrip` eats the space after it, `lstrip` the one before), so each piece sees the same matches
+  (`LongDocuments.added`; tests/unit/tokenize/test_long_documents.py has a document with one on a cut).
 A stretch of more than `max_pretoken_bytes` of UTF-8 without such a boundary (one huge token-less run) is the
 caller's to dead-letter (`pretoken_too_long`): it is encoded in one call, whose memory grows with its length. Bytes,
 not characters: the encoders' memory follows the bytes (measured with the Llama 2 model on a 16 Mi-character run
@@ -52,13 +55,22 @@ class LongDocuments:
     dummy_prefix: bool = False
     piece_chars: int = PIECE_CHARS
     max_pretoken_bytes: int = DEFAULT_MAX_PRETOKEN_BYTES
+    added: tuple = ()  # (content, lstrip, rstrip) of the added tokens a cut must not split (HF tokenizer.json)
 
 
 def plan(sp, model_bytes: Optional[bytes], max_pretoken_bytes: int = DEFAULT_MAX_PRETOKEN_BYTES,
          piece_chars: int = PIECE_CHARS) -> LongDocuments:
-    reason = piecewise_reason(getattr(sp, "reference", sp), model_bytes)
-    return LongDocuments(not reason, reason, dummy_prefix(getattr(sp, "reference", sp), model_bytes),
-                         min(piece_chars, max_pretoken_bytes), max_pretoken_bytes)
+    reference = getattr(sp, "reference", sp)
+    reason = piecewise_reason(reference, model_bytes)
+    return LongDocuments(not reason, reason, dummy_prefix(reference, model_bytes),
+                         min(piece_chars, max_pretoken_bytes), max_pretoken_bytes, cut_sensitive(reference))
+
+
+def cut_sensitive(sp) -> tuple:
+    """The added tokens (content, lstrip, rstrip) that a cut at a space could change: those holding a space, and
+    those stripping whitespace beside them. SentencePiece's user pieces with a space are refused by
+    piecewise_reason; tiktoken encodes no added token in text (encode_ordinary)."""
+    return tuple(t for t in getattr(sp, "added", ()) if " " in t[0] or t[1] or t[2])
 
 
 class PretokenTooLong(ValueError):
@@ -93,26 +105,48 @@ def piecewise_reason(sp, model_bytes: Optional[bytes] = None) -> str:
     return ""
 
 
-def _last_cut(text: str, lo: int, hi: int) -> int:
+def _blocked(text: str, i: int, added: tuple) -> bool:
+    """Whether a cut before the space at `i` would split an added token's occurrence or separate a stripping one
+    from the space beside it (in the whole text it takes that space; the cut would give it to the next piece)."""
+    for content, lstrip, rstrip in added:
+        n = len(content)
+        if n > 1 and text.find(content, max(0, i - n + 1), i + n - 1) >= 0:  # an occurrence starting in
+            return True  # [i-n+1, i-1] ends at or after i+1: it spans the cut
+        if (rstrip and text.endswith(content, 0, i)) or (lstrip and text.startswith(content, i + 1)):
+            return True
+    return False
+
+
+def _last_cut(text: str, lo: int, hi: int, added: tuple = ()) -> int:
     """The last boundary in (lo, hi], or -1."""
     i = text.rfind(" ", lo + 1, hi + 1)
     while i > lo:
-        if i + 1 < len(text) and not text[i - 1].isspace() and not text[i + 1].isspace():
+        if i + 1 < len(text) and not text[i - 1].isspace() and not text[i + 1].isspace() \
+                and not (added and _blocked(text, i, added)):
             return i
         i = text.rfind(" ", lo + 1, i)
     return -1
 
 
-def cuts(text: str, piece_chars: int = PIECE_CHARS, max_pretoken_bytes: int = DEFAULT_MAX_PRETOKEN_BYTES) -> list:
+def _next_cut(text: str, start: int, added: tuple) -> int:
+    """The first boundary at or after `start`, or len(text)."""
+    for m in _CUT.finditer(text, start):
+        if not (added and _blocked(text, m.start(), added)):
+            return m.start()
+    return len(text)
+
+
+def cuts(text: str, piece_chars: int = PIECE_CHARS, max_pretoken_bytes: int = DEFAULT_MAX_PRETOKEN_BYTES,
+         added: tuple = ()) -> list:
     """Start offsets of the pieces after the first: each the last boundary within `piece_chars` of the previous
-    one, or the first one after it; PretokenTooLong when a stretch longer than `max_pretoken_bytes` has none."""
+    one, or the first one after it; PretokenTooLong when a stretch longer than `max_pretoken_bytes` has none.
+    `added`: LongDocuments.added, the added tokens no cut may split."""
     out = []
     pos, n = 0, len(text)
     while n - pos > piece_chars:
-        cut = _last_cut(text, pos, pos + piece_chars)
+        cut = _last_cut(text, pos, pos + piece_chars, added)
         if cut < 0:  # no boundary within a piece: the stretch runs to the next one (or the end)
-            m = _CUT.search(text, pos + piece_chars + 1)
-            cut = m.start() if m else n
+            cut = _next_cut(text, pos + piece_chars + 1, added)
             size = _utf8_size(text, pos, cut, max_pretoken_bytes)
             if size > max_pretoken_bytes:
                 raise PretokenTooLong(f"{size:,} bytes without a piece boundary (a space between words); "
@@ -138,10 +172,10 @@ def _utf8_size(text: str, a: int, b: int, limit: int) -> int:
 
 
 def encode_in_pieces(encode, text: str, dummy_prefix: bool, piece_chars: int = PIECE_CHARS,
-                     max_pretoken_bytes: int = DEFAULT_MAX_PRETOKEN_BYTES) -> np.ndarray:
+                     max_pretoken_bytes: int = DEFAULT_MAX_PRETOKEN_BYTES, added: tuple = ()) -> np.ndarray:
     """The ids of `text` as int32, encoded piece by piece with `encode(piece) -> ids`; `dummy_prefix`: the
     encoder prepends `▁` itself (SentencePiece's add_dummy_prefix), so later pieces drop their leading space."""
-    bounds = [0, *cuts(text, piece_chars, max_pretoken_bytes), len(text)]
+    bounds = [0, *cuts(text, piece_chars, max_pretoken_bytes, added), len(text)]
     parts = []
     for i, (a, b) in enumerate(zip(bounds, bounds[1:])):
         piece = text[a + 1 if (i and dummy_prefix) else a:b]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 
-from transforms.tokenize import formats
+from transforms.tokenize import file_checks, formats, native
 
 
 class HFReference:
@@ -26,12 +26,32 @@ class HFReference:
         from tokenizers import Tokenizer  # noqa: PLC0415 - only for this format
 
         try:
-            self._tok = Tokenizer.from_str(data.decode("utf-8"))
+            spec = json.loads(data)
+        except ValueError:  # formats.detect parsed it already; bytes given directly may not be JSON
+            raise formats.FormatError("an HF tokenizer.json that is not valid JSON") from None
+        file_checks.check_hf(spec)  # before the library: what would panic, abort or sample is refused here
+        try:
+            with native.load_guard("HF tokenizers"):
+                self._tok = Tokenizer.from_str(data.decode("utf-8"))
         except Exception as e:  # noqa: BLE001 - tokenizers raises a bare Exception on a malformed file
+            if isinstance(e, formats.FormatError):
+                raise
             raise formats.FormatError(f"an HF tokenizer.json that HF tokenizers cannot load: {str(e)[:200]}") from None
         self._tok.encode_special_tokens = True
-        spec = json.loads(data)  # what transforms/tokenize/long_documents.py checks before cutting a document
+        # HF numbers an added token that is not in the model's vocabulary after the vocabulary, whatever id the file
+        # gives it (an id past a gap is renumbered); gigatoken keeps the file's: refuse the file rather than have
+        # the two read different ids
+        read = {t.content: i for i, t in self._tok.get_added_tokens_decoder().items()}
+        for entry in spec.get("added_tokens") or []:
+            if read.get(entry["content"]) != entry["id"]:
+                raise formats.FormatError(f"added token {entry['content'][:40]!r} has id {entry['id']} in the file "
+                                          f"but HF tokenizers reads id {read.get(entry['content'])} (ids of added "
+                                          f"tokens outside the vocabulary must follow it without gaps)")
+        # what transforms/tokenize/long_documents.py checks before cutting a document, and the added tokens a cut
+        # must not split (content, lstrip, rstrip)
         self.spec = {"normalizer": spec.get("normalizer"), "pre_tokenizer": spec.get("pre_tokenizer")}
+        self.added = tuple((t.content, bool(t.lstrip), bool(t.rstrip))
+                           for _i, t in sorted(self._tok.get_added_tokens_decoder().items()))
         self.special = {t.content: i for i, t in sorted(self._tok.get_added_tokens_decoder().items()) if t.special}
         self.eos_token, self._eos = formats.pick_eos(self.special, options.eos_token, self._tok.token_to_id)
         self.pattern = ""
@@ -89,9 +109,14 @@ class TiktokenReference:
         if clash:
             raise formats.FormatError(f"--special-tokens: id {clash[0]} is already a token of the tiktoken file")
         try:
-            self._enc = tiktoken.Encoding("pileprep", pat_str=self.pattern, mergeable_ranks=ranks,
-                                          special_tokens=self.special)
-        except Exception as e:  # noqa: BLE001 - tiktoken raises ValueError / its Rust panics as Exception
+            with native.load_guard("tiktoken"):
+                self._enc = tiktoken.Encoding("pileprep", pat_str=self.pattern, mergeable_ranks=ranks,
+                                              special_tokens=self.special)
+                if self.pattern not in formats.PATTERNS.values():
+                    self._check_round_trip()
+        except Exception as e:  # noqa: BLE001 - tiktoken raises ValueError on a bad file
+            if isinstance(e, formats.FormatError):
+                raise
             raise formats.FormatError(f"tiktoken cannot build an encoding from this file: {str(e)[:200]}") from None
 
         def lookup(text):
@@ -100,6 +125,15 @@ class TiktokenReference:
             return ranks.get(text.encode("utf-8"))
 
         self.eos_token, self._eos = formats.pick_eos(self.special, options.eos_token, lookup)
+
+    def _check_round_trip(self) -> None:
+        """A custom pattern, judged by tiktoken itself: every probe text decodes back to itself (what the pattern
+        does not match, tiktoken drops; file_checks.check_pattern judged the same with `regex`)."""
+        for text in file_checks.probe_texts():
+            got = self._enc.decode_bytes(self._enc.encode_ordinary(text))
+            if got != text.encode("utf-8"):
+                raise formats.FormatError(f"--tokenizer-pattern {self.pattern[:40]!r}: tiktoken does not give "
+                                          f"{text[:30]!r} back (the pattern leaves part of it unmatched)")
 
     def encode(self, texts, out_type=int, num_threads=1):  # noqa: ARG002 - SentencePiece's signature
         if isinstance(texts, str):

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import sentencepiece as spm
 
 from model_contract import TokenizerInfo
-from transforms.tokenize import formats, long_documents, references
+from transforms.tokenize import file_checks, formats, long_documents, native, references
 from transforms.tokenize.formats import TokenizerError, TokenizerOptions
 
 __all__ = ["TokenizerError", "TokenizerOptions"]
@@ -31,17 +33,70 @@ def resolve_path(path: str) -> str:
 
 
 def read_model_bytes(path: str) -> bytes:
-    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415 - keep this module light to import
-
+    """The tokenizer file's bytes, read as inputs are (pipeline/ops/input_checks.py): a regular file (or object)
+    of at most file_checks.MAX_TOKENIZER_BYTES, else TokenizerError. The one opener of a tokenizer path: the shard
+    job, `inspect`, `verify` and the report read --tokenizer and a manifest's tokenizer through it, so a FIFO
+    cannot block them and /dev/zero cannot be read until memory runs out."""
     if "://" not in path and os.path.isdir(path) and not os.path.exists(resolve_path(path)):
         raise TokenizerError(f"--tokenizer {path}: a directory without a {HF_FILE_NAME}; --tokenizer takes "
                              f"{formats.ACCEPTED}")
     path = resolve_path(path)
+    limit = file_checks.MAX_TOKENIZER_BYTES
+    if "://" not in path:
+        return _read_local(path, limit)
+    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415 - keep this module light to import
+
     try:
+        size = FileSystems.match([path])[0].metadata_list[0].size_in_bytes
+        if size > limit:
+            raise TokenizerError(f"--tokenizer {path}: {size:,} bytes, over the {limit:,} a tokenizer file may have")
         with FileSystems.open(path, compression_type="uncompressed") as f:
-            return f.read()
+            data = f.read(limit + 1)
+    except TokenizerError:
+        raise
     except Exception as e:  # noqa: BLE001 - any failure to read is reported as "cannot read the tokenizer"
-        raise TokenizerError(f"--tokenizer: cannot read the tokenizer file at {path}: {e}") from None
+        raise TokenizerError(f"--tokenizer: cannot read the tokenizer file at {path}: {_one_line(e)}") from None
+    if len(data) > limit:
+        raise TokenizerError(f"--tokenizer {path}: over the {limit:,} bytes a tokenizer file may have")
+    return data
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:200]
+
+
+def _read_local(path: str, limit: int) -> bytes:
+    """A local tokenizer file: opened without blocking (a FIFO would wait for a writer), then checked to be a
+    regular file of at most `limit` bytes on the open descriptor itself, and read no further than the bound."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise TokenizerError(f"--tokenizer: cannot read the tokenizer file at {path}: "
+                             f"{e.strerror or _one_line(e)}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise TokenizerError(f"--tokenizer {path}: not a regular file (a device, FIFO or socket); --tokenizer "
+                                 f"takes {formats.ACCEPTED}")
+        if st.st_size > limit:
+            raise TokenizerError(f"--tokenizer {path}: {st.st_size:,} bytes, over the {limit:,} a tokenizer file "
+                                 f"may have")
+        os.set_blocking(fd, True)
+        chunks, total = [], 0
+        while total <= limit:
+            chunk = os.read(fd, min(1 << 20, limit + 1 - total))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as e:
+        raise TokenizerError(f"--tokenizer: cannot read the tokenizer file at {path}: "
+                             f"{e.strerror or _one_line(e)}") from None
+    finally:
+        os.close(fd)
+    if total > limit:  # it grew while being read
+        raise TokenizerError(f"--tokenizer {path}: over the {limit:,} bytes a tokenizer file may have")
+    return b"".join(chunks)
 
 
 def load_processor(model_bytes: bytes, origin: str = "<bytes>", options: Optional[TokenizerOptions] = None):
@@ -64,9 +119,13 @@ def load_processor(model_bytes: bytes, origin: str = "<bytes>", options: Optiona
                              f"{formats.ACCEPTED}") from None
     if sp.get_piece_size() == 0:
         raise TokenizerError(f"--tokenizer {origin}: a SentencePiece model with an empty vocabulary")
-    if options.eos_token and sp.piece_to_id(options.eos_token) in (sp.unk_id(), -1) \
-            and options.eos_token != sp.id_to_piece(sp.unk_id()):
-        raise TokenizerError(f"--eos-token {options.eos_token!r} is not a piece of the SentencePiece model")
+    if options.eos_token:
+        tid = sp.piece_to_id(options.eos_token)
+        if tid in (sp.unk_id(), -1) and options.eos_token != sp.id_to_piece(sp.unk_id()):
+            raise TokenizerError(f"--eos-token {options.eos_token!r} is not a piece of the SentencePiece model")
+        if not sp.is_control(tid):  # an ordinary piece or <unk>: the same id stands for text in documents
+            raise TokenizerError(f"--eos-token {options.eos_token!r} is not a control piece of the SentencePiece "
+                                 f"model (id {tid} is {'the unknown piece' if sp.is_unknown(tid) else 'ordinary'})")
     return sp
 
 
@@ -134,6 +193,13 @@ TOKEN_ID_DTYPE = np.dtype(np.int32)  # SentencePiece ids are int32 in its own AP
 FAST_BACKEND_MAX_CHARS = 1 << 20
 
 
+@dataclass(frozen=True)
+class Rejected:
+    """In place of a document's ids: why it was not encoded (the dead-letter reason) and what the library said."""
+    reason: str
+    detail: str = ""
+
+
 def encode_batch(sp, texts: list, long_docs: Optional["long_documents.LongDocuments"] = None) -> list:
     """Token ids of each text as an int32 array, exactly `sp.encode(text)`; one thread, because Beam workers are
     the parallelism. `sp` is a format's reference encoder or a fast backend with the same `encode` and a
@@ -141,8 +207,10 @@ def encode_batch(sp, texts: list, long_docs: Optional["long_documents.LongDocume
     as soon as it is converted, so the lists of a batch are not all alive beside their arrays.
 
     With `long_docs` exact (transforms/tokenize/long_documents.py), a text above its piece size is encoded in
-    pieces by `sp` itself, the same ids in memory bounded by the piece; None stands for a text with a stretch
-    longer than --max-pretoken-mb without a piece boundary (the caller dead-letters it, `pretoken_too_long`)."""
+    pieces by `sp` itself, the same ids in memory bounded by the piece. A text that cannot be encoded gets a
+    Rejected in place of its ids, for the caller to dead-letter with its file and line: `pretoken_too_long` (a
+    stretch longer than --max-pretoken-mb without a piece boundary), `tokenizer_panic` (the library panicked on
+    it, e.g. a split regex over its backtrack limit; a fast backend's panic is retried on the reference first)."""
     if long_docs is not None and long_docs.exact and any(len(t) > long_docs.piece_chars for t in texts):
         out: list = [None] * len(texts)
         short = [i for i, t in enumerate(texts) if len(t) <= long_docs.piece_chars]
@@ -150,20 +218,58 @@ def encode_batch(sp, texts: list, long_docs: Optional["long_documents.LongDocume
             out[i] = ids
         for i, text in enumerate(texts):
             if len(text) > long_docs.piece_chars:
-                try:
-                    out[i] = long_documents.encode_in_pieces(
-                        lambda piece: sp.encode([piece], out_type=int, num_threads=1)[0], text,
-                        long_docs.dummy_prefix, long_docs.piece_chars, long_docs.max_pretoken_bytes)
-                except long_documents.PretokenTooLong:
-                    out[i] = None
+                out[i] = _encode_long(sp, text, long_docs)
         return out
     reference = getattr(sp, "reference", None)
     if reference is not None and any(len(t) > FAST_BACKEND_MAX_CHARS for t in texts):
-        encoded = [(reference if len(t) > FAST_BACKEND_MAX_CHARS else sp).encode([t], out_type=int, num_threads=1)[0]
-                   for t in texts]
+        encoded = [_encode_one(reference if len(t) > FAST_BACKEND_MAX_CHARS else sp, t) for t in texts]
     else:
-        encoded = sp.encode(texts, out_type=int, num_threads=1)
+        encoded = _encode_all(sp, texts)
     for i, ids in enumerate(encoded):  # fromiter: ~30 ns per id against np.array's ~43 (measured)
+        if isinstance(ids, Rejected):
+            continue
         encoded[i] = (np.asarray(ids, dtype=TOKEN_ID_DTYPE) if isinstance(ids, np.ndarray)
                       else np.fromiter(ids, dtype=TOKEN_ID_DTYPE, count=len(ids)))
     return encoded
+
+
+def _encode_all(sp, texts: list) -> list:
+    """One batch call; when the library panics on one of the texts, each text alone (native.py)."""
+    try:
+        return sp.encode(texts, out_type=int, num_threads=1)
+    except BaseException as e:
+        if not native.is_panic(e):
+            raise
+    return [_encode_one(sp, t) for t in texts]
+
+
+def _encode_one(encoder, text: str):
+    """`encoder.encode(text)`, or on a panic the reference's ids (a fast backend's), or Rejected."""
+    try:
+        return encoder.encode([text], out_type=int, num_threads=1)[0]
+    except BaseException as e:
+        if not native.is_panic(e):
+            raise
+        reference = getattr(encoder, "reference", None)
+        if reference is not None and reference is not encoder:
+            return _encode_one(reference, text)
+        return Rejected(native.TOKENIZER_PANIC, native.describe(e))
+
+
+def _encode_long(sp, text: str, long_docs: "long_documents.LongDocuments"):
+    """A long text in pieces (long_documents.encode_in_pieces) with `sp`, its reference on a panic, or Rejected."""
+    encoder = sp
+    while True:
+        try:
+            return long_documents.encode_in_pieces(
+                lambda piece: encoder.encode([piece], out_type=int, num_threads=1)[0], text,
+                long_docs.dummy_prefix, long_docs.piece_chars, long_docs.max_pretoken_bytes, long_docs.added)
+        except long_documents.PretokenTooLong:  # no detail: the rows stay as they were before panics had one
+            return Rejected(long_documents.PRETOKEN_TOO_LONG)
+        except BaseException as e:
+            if not native.is_panic(e):
+                raise
+            reference = getattr(encoder, "reference", None)
+            if reference is None or reference is encoder:
+                return Rejected(native.TOKENIZER_PANIC, native.describe(e))
+            encoder = reference

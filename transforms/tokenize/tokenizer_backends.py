@@ -539,13 +539,13 @@ def make_encoder(choice: BackendChoice, model_bytes: bytes, sp):
 
 
 def parity_texts(model_bytes: bytes, sp=None) -> list:
-    """Text spelling each of the tokenizer's special tokens (`<s>`, `<unk>`, `<0x0A>`, `<|endoftext|>`...) alone
-    and inside words: a fast backend must encode them as the reference does (as plain characters), whether or
-    not the run's sample happens to contain them."""
+    """Text spelling each of the tokenizer's special and added tokens (`<s>`, `<unk>`, `<0x0A>`, `<|endoftext|>`,
+    an HF file's non-special added tokens such as whitespace runs...) alone and inside words: a fast backend must
+    encode them as the reference does, whether or not the run's sample happens to contain them."""
     if sp is None or references.format_of(sp) == formats.SENTENCEPIECE:
         special = [p for p, _s, k in model_pieces(model_bytes) if k != 1]
     else:
-        special = sorted(references.special_tokens_of(sp))
+        special = sorted(set(references.special_tokens_of(sp)) | {t[0] for t in getattr(sp, "added", ())})
     return special + [f"x{p} {p}y\n" for p in special] + ["".join(special)]
 
 

@@ -81,7 +81,7 @@ def test_the_fast_backend_in_pieces_and_the_jobs_encode_batch(hf_bpe, tiny_token
         out = tokenizer.encode_batch(encoder, ["short one", long_text, token_less, "x" * 30_000], plan)
         assert out[0].tolist() == list(ref.encode("short one"))
         assert out[1].tolist() == list(ref.encode(long_text)) and out[1].dtype == np.int32
-        assert out[2] is None  # dead-lettered by the caller: pretoken_too_long
+        assert out[2] == tokenizer.Rejected("pretoken_too_long")  # the caller dead-letters it
         assert out[3].tolist() == list(ref.encode("x" * 30_000))  # over a piece, under the pretoken limit
 
 
