@@ -50,8 +50,8 @@ def test_a_number_within_the_limit_and_a_long_float_are_still_documents():
 
 # ---------------------------------------------------------------------------------------------------- fuzz
 def seed_lines(corpus: str) -> list:
-    """Real lines: the Pile-format sample (stdlib text), or every corpus in ../shared/data (skipped, with the
-    reason, where that folder is absent)."""
+    """Real lines: the Pile-format sample (stdlib text), or every corpus in ../shared/data (its generated
+    stand-ins, tests/fixtures/, where that folder is absent)."""
     if corpus == "sample":
         lines = [pile_line(text, source).rstrip(b"\n") for text, source in good_documents(120_000, doc_chars=1500)]
     else:
