@@ -1,4 +1,5 @@
-"""Shared fixtures: a small SentencePiece model trained here, real data from ../shared/data when present."""
+"""Shared fixtures: a small SentencePiece model trained here; real data from ../shared/data when present, else
+generated stand-ins (tests/fixtures/); a whole-suite run fails with more than MAX_SKIPS skips."""
 from __future__ import annotations
 
 import contextlib
@@ -19,14 +20,26 @@ with contextlib.suppress(ImportError):
     import triton  # noqa: F401
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+# PILEPREP_SHARED_DATA=/nonexistent runs the suite as a bare clone does (the skip guard's own test uses it).
+SHARED_DATA = pathlib.Path(os.environ.get("PILEPREP_SHARED_DATA") or REPO.parent / "shared" / "data")
+MAX_SKIPS = 5  # a whole-suite run with more skips than this fails (pytest_terminal_summary below)
+
+
+def shared_data_root() -> pathlib.Path:
+    """../shared/data where present (real files: an extra check), else the generated stand-in with the same names
+    (tests/fixtures/stand_in.py), so that no test's only copy of a path depends on the real files."""
+    if SHARED_DATA.is_dir():
+        return SHARED_DATA
+    from tests.fixtures.stand_in import stand_in_data
+
+    return stand_in_data()
 
 
 def shared_data(*parts: str) -> pathlib.Path:
-    """A file from ../shared/data, or skip the test with the reason (a fresh clone outside CI has none)."""
-    path = SHARED_DATA.joinpath(*parts)
+    """A file from ../shared/data, or its generated stand-in where that folder is absent."""
+    path = shared_data_root().joinpath(*parts)
     if not path.exists():
-        pytest.skip(f"real sample data not available: {path} is absent (it exists beside the repo in CI)")
+        raise FileNotFoundError(f"{path}: neither ../shared/data nor the generated stand-in has it")
     return path
 
 
@@ -80,3 +93,37 @@ def pytest_collection_modifyitems(config, items):
         parts = pathlib.Path(str(item.fspath)).relative_to(REPO / "tests").parts
         if parts and parts[0] in ("unit", "e2e"):
             item.add_marker(getattr(pytest.mark, parts[0]))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--skip-guard", action="store_true",
+                     help=f"fail the session when more than {MAX_SKIPS} tests skip (make test passes it)")
+
+
+def skip_guard_report(skipped: list, limit: int = MAX_SKIPS) -> list:
+    """Lines naming each skip when there are more than `limit`; empty when within it."""
+    if len(skipped) <= limit:
+        return []
+    lines = [f"skip guard: {len(skipped)} tests skipped, at most {limit} allowed (data the tests need is made by "
+             f"tests/fixtures/; a skip must have a reason a bare clone cannot fix):"]
+    for report in skipped:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        lines.append(f"  {report.nodeid}: {reason}")
+    return lines
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Runs before the terminal summary (the reporter prints it after this hook), so the exit status set here is
+    the session's."""
+    config = session.config
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if not config.getoption("--skip-guard") or reporter is None:
+        return  # a partial run (-k, one file) may skip what it likes
+    config._skip_guard_lines = skip_guard_report(reporter.stats.get("skipped", []))
+    if config._skip_guard_lines and session.exitstatus == 0:
+        session.exitstatus = 1
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    for line in getattr(config, "_skip_guard_lines", []):
+        terminalreporter.write_line(line, red=True)

@@ -106,7 +106,7 @@ def run_cli(args, timeout_s: float, env=None, cwd=None) -> subprocess.CompletedP
 # -------------------------------------------------------------------------------------------- corpus
 def real_corpus(dest: pathlib.Path, names=("pile/00.jsonl.zst", "pile/val.jsonl.zst", "pile/test.jsonl.zst",
                                            "other/enron_examples.jsonl", "other/arxiv.jsonl")) -> pathlib.Path:
-    """Copy real sample files (../shared/data) into a scratch directory; skip when the data is absent."""
+    """Copy sample files (../shared/data, or their generated stand-ins: tests/fixtures/) into a scratch directory."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in names:
         shutil.copy(shared_data(*name.split("/")), dest / name.split("/")[-1])

@@ -1,5 +1,6 @@
 """Real corpora from ../shared/data (The Pile, lm_dataformat's naughty strings, arXiv, Dolma, C4) through the
-whole shard job with the real Llama 2 tokenizer; skipped with a reason where that folder is absent."""
+whole shard job with the real Llama 2 tokenizer; where that folder is absent, the same job on the generated stand-ins
+with the same names (tests/fixtures/)."""
 import collections
 import json
 import pathlib

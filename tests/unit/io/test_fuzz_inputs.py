@@ -9,7 +9,7 @@ import random
 import pytest
 import zstandard
 
-from tests.conftest import SHARED_DATA, shared_data
+from tests.conftest import shared_data, shared_data_root
 from tests.corpus_fixtures import good_documents, pile_line
 from transforms.shard.documents import DEAD_LETTER, FILTERED, Document, Rejection, parse_record
 from transforms.io.read_records import FileDamage, RawRecord, compression_of, iter_raw_records
@@ -50,14 +50,13 @@ def test_a_number_within_the_limit_and_a_long_float_are_still_documents():
 
 # ---------------------------------------------------------------------------------------------------- fuzz
 def seed_lines(corpus: str) -> list:
-    """Real lines: the Pile-format sample (stdlib text), or every corpus in ../shared/data (skipped, with the
-    reason, where that folder is absent)."""
+    """Real lines: the Pile-format sample (stdlib text), or every corpus in ../shared/data (its generated
+    stand-ins, tests/fixtures/, where that folder is absent)."""
     if corpus == "sample":
         lines = [pile_line(text, source).rstrip(b"\n") for text, source in good_documents(120_000, doc_chars=1500)]
     else:
-        shared_data("pile")  # skips when ../shared/data is absent
         lines = []
-        for path in sorted(SHARED_DATA.glob("*/*")):
+        for path in sorted(shared_data_root().glob("*/*")):
             if path.suffix in (".md", ".model"):
                 continue
             with open(path, "rb") as f:

@@ -9,7 +9,7 @@ import pytest
 import zstandard
 
 from pipeline.tools.tokenizer_train import tiktoken_path_for
-from tests.conftest import SHARED_DATA, shared_data, stdlib_texts
+from tests.conftest import shared_data, shared_data_root, stdlib_texts
 from transforms.tokenize import long_documents as ld
 from transforms.tokenize import tokenizer
 from transforms.tokenize import tokenizer_backends as tb
@@ -18,9 +18,8 @@ from transforms.tokenize.formats import TokenizerOptions
 
 def _shared_texts() -> list:
     """Every document of ../shared/data (Pile, C4, Dolma, arXiv, Enron, naughty strings)."""
-    shared_data("pile", "val.jsonl.zst")
     texts = []
-    for path in sorted(SHARED_DATA.glob("*/*.json*")):
+    for path in sorted(shared_data_root().glob("*/*.json*")):
         raw = path.read_bytes()
         if path.name.endswith(".zst"):
             raw = zstandard.ZstdDecompressor().stream_reader(raw, read_across_frames=True).read()
