@@ -108,12 +108,29 @@ def test_gpu_requirements_pin_the_same_torch_as_pyproject():
     assert "download.pytorch.org/whl/cu" in (LAUNCH / "requirements-gpu.txt").read_text()
 
 
-def test_torchrun_script_refuses_a_cpu_torch():
-    """The launcher's torch check before any node starts work (this machine has the CPU build)."""
-    out = subprocess.run(["bash", "-c", f"source {LAUNCH / 'efa_env.sh'} && torch_check"], capture_output=True,
-                         text=True, env=dict(os.environ, PATH=os.path.dirname(sys.executable) + ":" +
-                                             os.environ["PATH"]))
+def _torch_check(extra_path: str = "") -> subprocess.CompletedProcess:
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + ":" + os.environ["PATH"])
+    if extra_path:
+        env["PYTHONPATH"] = extra_path + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run(["bash", "-c", f"source {LAUNCH / 'efa_env.sh'} && torch_check"], capture_output=True,
+                          text=True, env=env)
+
+
+def test_torchrun_script_refuses_a_cpu_torch(tmp_path):
+    """The launcher's torch check before any node starts work: a CPU build of torch is refused naming
+    requirements-gpu.txt. PyPI's torch 2.13.0 (what this machine installs) is the CUDA build, so the CPU build
+    is a stand-in package shadowing it on PYTHONPATH: the shell check reads only `__version__` and
+    `version.cuda`, exactly what a real CPU wheel has (`2.13.0+cpu`, cuda None)."""
+    fake = tmp_path / "cpu" / "torch"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("__version__ = '2.13.0+cpu'\n"
+                                      "class version:\n    cuda = None\n")
+    out = _torch_check(str(tmp_path / "cpu"))
     assert out.returncode != 0 and "requirements-gpu.txt" in out.stderr
+    # the installed CUDA build of the pinned version passes the same check
+    import torch  # noqa: PLC0415
+    if torch.version.cuda:
+        assert _torch_check().returncode == 0
 
 
 def _sm(**kw):
