@@ -33,8 +33,15 @@ def hf_bpe_file(tmp_path_factory):
     out = tmp_path_factory.mktemp("hf") / "tokenizer.json"
     train_hf_bpe([f"{corpus}/train/*.jsonl.zst"], str(out), 700, max_sentences=600, max_sentence_chars=1024)
     spec = json.loads(out.read_bytes())  # `'s` merged, so a split beside the `'` changes ids
-    top = max([*spec["model"]["vocab"].values(), *(t["id"] for t in spec["added_tokens"])])
-    spec["model"]["vocab"]["'s"] = top + 1
+    # `'s` takes the id after the vocabulary and the added tokens above it move up by one, so the file stays
+    # consistent (added tokens outside the vocabulary follow it without gaps: transforms/tokenize/file_checks.py)
+    new_id = max(spec["model"]["vocab"].values()) + 1
+    for token in spec["added_tokens"]:
+        if token["id"] >= new_id:
+            token["id"] += 1
+            if token["content"] in spec["model"]["vocab"]:
+                spec["model"]["vocab"][token["content"]] = token["id"]
+    spec["model"]["vocab"]["'s"] = new_id
     spec["model"]["merges"].append(["'", "s"] if isinstance(spec["model"]["merges"][0], list) else "' s")
     out.write_text(json.dumps(spec))
     return out

@@ -21,8 +21,15 @@ def routed(hf_bpe):
     path, _summary = hf_bpe
     spec = json.loads(path.read_bytes())
     # the trained vocabulary has no `'s`; with it merged, a split before or after the `'` changes the ids
-    top = max([*spec["model"]["vocab"].values(), *(t["id"] for t in spec["added_tokens"])])
-    spec["model"]["vocab"]["'s"] = top + 1
+    # `'s` takes the id after the vocabulary and the added tokens above it move up by one, so the file stays
+    # consistent (added tokens outside the vocabulary follow it without gaps: transforms/tokenize/file_checks.py)
+    new_id = max(spec["model"]["vocab"].values()) + 1
+    for token in spec["added_tokens"]:
+        if token["id"] >= new_id:
+            token["id"] += 1
+            if token["content"] in spec["model"]["vocab"]:
+                spec["model"]["vocab"][token["content"]] = token["id"]
+    spec["model"]["vocab"]["'s"] = new_id
     spec["model"]["merges"].append(["'", "s"] if isinstance(spec["model"]["merges"][0], list) else "' s")
     model = json.dumps(spec).encode()
     sp = tokenizer.load_processor(model)
