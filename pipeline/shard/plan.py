@@ -137,10 +137,14 @@ def make_plan(config: ShardConfig, incremental_run: bool = False, committed=comm
     ledger = [LedgerEntry(r["path"], r["bytes"]) for r in rows]
     adds_to_committed = incremental_run and previous is not None
     generation = generation_name(config, contract, ledger, previous, adds_to_committed, nothing_new=not rows)
+    staging_dir = guards.staging_dir_for(config.output, config.staging_dir, generation)
+    from pipeline.shard import resume  # noqa: PLC0415 - resume imports this module's neighbours
+
     backend = tokenizer_backends.choose_backend(config.tokenizer_backend, model_bytes, sp,
-                                                _parity_sample(config, [e.path for e in ledger]))
+                                                _parity_sample(config, [e.path for e in ledger]),
+                                                failed=resume.failed_backends(staging_dir))
     return JobPlan(config, ledger, model_bytes, contract, generation, io_utils.join(config.output, generation),
-                   guards.staging_dir_for(config.output, config.staging_dir, generation), input_rows=tuple(rows),
+                   staging_dir, input_rows=tuple(rows),
                    previous_json=None if previous is None else previous.to_json(),
                    incremental=adds_to_committed, nothing_to_do=not rows, tokenizer_backend=backend,
                    input_splits=split_inputs.input_splits_for(ledger, split_of_path),

@@ -29,6 +29,7 @@ wrote, so every field is type-checked and every file it names must be the one it
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -278,17 +279,58 @@ def _file_rows(files: list, staging_dir: str, data_dir: str, known: Optional[dic
     return rows
 
 
+def backend_key(plan) -> str:
+    """What about the tokenizer backend decides the bytes of a unit (and of everything made from units): its
+    name, versions and proven-equal domain (transforms/tokenize/tokenizer_backends.py BackendChoice.resume_key).
+    Not in the generation's fingerprint (shards are byte-identical across exact backends), so it is in every
+    marker but a split's, and a marker of another backend is never reused."""
+    choice = getattr(plan, "tokenizer_backend", None)
+    return "" if choice is None else choice.resume_key
+
+
+FAILED_BACKENDS_DIR = "failed-backends"
+
+
+def mark_backend_failed(plan) -> None:
+    """A spot check of this run's fast backend failed: recorded in the staging, so no later run of this
+    generation reuses a unit it produced (`_read_marker`) or picks it again (plan.py `failed_backends`)."""
+    key = backend_key(plan)
+    name = hashlib.sha256(key.encode("utf-8")).hexdigest()[:32] + ".json"
+    io_utils.write_bytes(io_utils.join(plan.staging_dir, FAILED_BACKENDS_DIR, name),
+                         json.dumps({"backend": key}, sort_keys=True).encode("utf-8"))
+
+
+def failed_backends(staging_dir: str) -> frozenset:
+    """The backend keys recorded by `mark_backend_failed` in this staging (none when there is no staging)."""
+    try:
+        found = FileSystems.match([io_utils.join(staging_dir, FAILED_BACKENDS_DIR, "*.json")])[0].metadata_list
+    except Exception:  # noqa: BLE001 - no staging, no record
+        return frozenset()
+    keys = set()
+    for m in found:
+        try:
+            rec = json.loads(io_utils.read_bytes(m.path))
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("backend"), str):
+            keys.add(rec["backend"])
+    return frozenset(keys)
+
+
 def _write_marker(staging_dir: str, data_dir: str, generation: str, name: str, record: dict, files: list,
-                  known: Optional[dict] = None) -> None:
+                  known: Optional[dict] = None, backend: str = "") -> None:
     marker = {"fingerprint": generation, "name": name, "result": record,
               "files": _file_rows(files, staging_dir, data_dir, known)}
+    if not name.startswith("split-"):
+        marker["backend"] = backend
     io_utils.write_bytes(marker_path(staging_dir, name), json.dumps(marker, sort_keys=True).encode("utf-8"))
 
 
 def mark_unit(plan, unit: "stages.UnitResult") -> None:
     """After every file of the unit is written: its completion marker, last."""
     _write_marker(plan.staging_dir, plan.data_dir, plan.generation, unit_marker_name(unit.name), unit_record(unit),
-                  _unit_files(unit.name, unit.dead_letter_path is not None, signs_units(plan)))
+                  _unit_files(unit.name, unit.dead_letter_path is not None, signs_units(plan)),
+                  backend=backend_key(plan))
 
 
 def mark_split(plan, out: SplitOutput) -> None:
@@ -301,7 +343,7 @@ def mark_pack(plan, result: "stages.ShardResult") -> None:
     """After the shard and its kept-ids file are written: its completion marker, last."""
     _write_marker(plan.staging_dir, plan.data_dir, plan.generation, pack_marker_name(result.task),
                   shard_record(result), _pack_files(result.task.file_name),
-                  known={(DATA, result.task.file_name): (result.bytes, result.sha256)})
+                  known={(DATA, result.task.file_name): (result.bytes, result.sha256)}, backend=backend_key(plan))
 
 
 def mark_near_dedup(plan, staged: list, published: list) -> None:
@@ -316,7 +358,8 @@ def mark_near_dedup(plan, staged: list, published: list) -> None:
 
     files = sorted({(STAGING, rel(p, plan.staging_dir)) for p in staged} |
                    {(DATA, rel(p, plan.data_dir)) for p in published})
-    _write_marker(plan.staging_dir, plan.data_dir, plan.generation, NEAR_DEDUP, {"stage": NEAR_DEDUP}, files)
+    _write_marker(plan.staging_dir, plan.data_dir, plan.generation, NEAR_DEDUP, {"stage": NEAR_DEDUP}, files,
+                  backend=backend_key(plan))
 
 
 def _read_marker(plan, name: str) -> dict:
@@ -330,6 +373,12 @@ def _read_marker(plan, name: str) -> dict:
         raise Discard(f"fingerprint {str(marker.get('fingerprint'))[:40]!r} is not this run's {plan.generation}")
     if marker.get("name") != name:
         raise Discard("its name does not match its file name")
+    if not name.startswith("split-"):
+        made_by = marker.get("backend")
+        if made_by != backend_key(plan):
+            # a backend that failed a spot check is never this run's (plan.py passes failed_backends to the
+            # choice), so its units are discarded here too
+            raise Discard(f"made by tokenizer backend {str(made_by)[:80]!r}, not this run's")
     return marker
 
 

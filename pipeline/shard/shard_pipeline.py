@@ -133,8 +133,12 @@ class TokenizeChunk(PlanDoFn):
             unit = resume.load_unit(self.plan, chunk.unit_name)  # None: a file did not match (pipeline/shard/resume.py)
         reused = unit is not None
         if not reused:
-            unit = stages.tokenize_chunk(chunk, self.sp, self.dtype, self.settings, self.plan.staging_dir,
-                                         self.plan.data_dir, self.byte_mask, cancel.check)
+            try:
+                unit = stages.tokenize_chunk(chunk, self.sp, self.dtype, self.settings, self.plan.staging_dir,
+                                             self.plan.data_dir, self.byte_mask, cancel.check)
+            except tokenizer_backends.BackendMismatchError:
+                resume.mark_backend_failed(self.plan)  # no later run reuses this backend's units (resume.py)
+                raise
             resume.mark_unit(self.plan, unit)
         return self._count(unit, chunk, reused)
 

@@ -21,12 +21,17 @@ the GIL). Trust is earned, not assumed, in steps:
    run (`BackendMismatchError`) rather than write different tokens. N grows with the backend's speed-up over its
    reference (SPOT_CHECK_EVERY) so the check costs <= 5% of the tokenize stage, and the manifest records the share
    of documents and bytes it re-encoded.
-The backend never changes the shards (byte-identical, tested) and is not part of the dataset's fingerprint; the
-manifest records which backend ran and its parity sample, the only fields that may differ between backends.
+Before all of these, routing by construction (transforms/tokenize/exact_domain.py): a document goes to the fast
+backend only when every character of it lies in the domain proven equal for this (backend, tokenizer file) by
+comparing both libraries on every code point and added-token text; the rest goes to the reference, counted per
+backend in the manifest (`documents_by_backend`). The sample and spot checks are a second line.
+The backend never changes the shards (byte-identical, tested) and is not part of the dataset's fingerprint; it
+is part of every unit's resume key (`BackendChoice.resume_key`, pipeline/shard/resume.py), and a backend that
+failed a spot check is recorded in the staging so no later run reuses its units or picks it again. The manifest
+records which backend ran, its domain, parity sample and per-backend counts: the only fields that may differ.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import hashlib
 import importlib.metadata
@@ -38,7 +43,9 @@ import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from transforms.tokenize import formats, references
+from transforms.tokenize import exact_domain, formats, references, tokenizer_cache
+from transforms.tokenize.sentencepiece_model import (  # noqa: F401 - re-exported: the package's proto reader
+    _PIECE_TYPES, _spec, model_pieces, model_type)
 
 LOG = logging.getLogger("pileprep.tokenizer")
 BACKENDS = ("auto", "reference", "sentencepiece", "gigatoken", "kitoken", "splintr")
@@ -65,10 +72,6 @@ SPOT_CHECK_EVERY = {("gigatoken", formats.SENTENCEPIECE): 1024, ("gigatoken", fo
 PARITY_SAMPLE_BYTES = 1 << 20
 GIGATOKEN_CACHE_BYTES = 64 << 20  # per encoder; gigatoken's default is 512 MiB (tests/e2e/test_memory_bounds.py)
 
-# sentencepiece_model.proto: ModelProto.trainer_spec = 2, TrainerSpec.model_type = 3 (UNIGRAM 1, BPE 2, ...)
-_MODEL_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}
-
-
 class BackendMismatchError(RuntimeError):
     """A fast backend produced ids that differ from SentencePiece's: the run stops, nothing is written."""
 
@@ -84,11 +87,39 @@ class BackendChoice:
     parity_tokens: int = 0
     parity_ids_sha256: str = ""
     spot_check_every: int = 0
+    # The fast backend's proven-equal domain (transforms/tokenize/exact_domain.py Domain.to_json) and its digest;
+    # the workers route by it, and the digest and versions are in the units' resume key (`resume_key`).
+    domain_json: str = ""
+    domain_sha256: str = ""
+    reference_version: str = ""
+    reference_format: str = ""
+
+    @property
+    def resume_key(self) -> str:
+        """Everything about the backend that decides a unit's bytes: the backend and its reference with their
+        versions and, for a fast one, the digest of the domain it was given (pipeline/shard/resume.py)."""
+        return f"{self.name}={self.version}|reference={self.reference_version}|domain={self.domain_sha256}"
 
     def to_manifest(self, spot_checked: Optional[dict] = None) -> dict:
-        """The choice, and with `spot_checked` ({documents, bytes, checked_documents, checked_bytes} summed
-        over the run's units) the share of documents and bytes the workers re-encoded with the reference."""
+        """The choice, and with `spot_checked` ({documents, bytes, checked_documents, checked_bytes,
+        fast_/reference_ documents and bytes} summed over the run's units) the share of documents and bytes the
+        workers re-encoded with the reference, and how many documents and bytes each backend tokenized
+        (`documents_by_backend`; they add up to `documents` and `bytes`)."""
         out = asdict(self)
+        del out["domain_json"]
+        if self.domain_json:
+            domain = exact_domain.Domain.from_json(self.domain_json)
+            out["domain"] = {"sha256": self.domain_sha256, "compared": domain.compared,
+                             "excluded_code_points": domain.excluded_code_points,
+                             "excluded_ranges": len(domain.excluded_ranges),
+                             "excluded_texts": len(domain.excluded_texts)}
+        if spot_checked is not None and self.domain_json:
+            reference = REFERENCE_NAMES.get(self.reference_format, "reference")
+            out["documents_by_backend"] = {
+                self.name: {"documents": spot_checked.get("fast_documents", 0),
+                            "bytes": spot_checked.get("fast_bytes", 0)},
+                reference: {"documents": spot_checked.get("reference_documents", 0),
+                            "bytes": spot_checked.get("reference_bytes", 0)}}
         if spot_checked is not None and self.spot_check_every:
             docs, size = spot_checked.get("documents", 0), spot_checked.get("bytes", 0)
             out["spot_checked"] = {**spot_checked,
@@ -96,112 +127,6 @@ class BackendChoice:
                                    if docs else 0.0,
                                    "byte_share": round(spot_checked.get("checked_bytes", 0) / size, 6) if size else 0.0}
         return out
-
-
-def _varint(buf: bytes, i: int):
-    shift = value = 0
-    while True:
-        b = buf[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, i
-        shift += 7
-
-
-def _fields(buf: bytes):
-    """(field number, wire type, value) of a serialized protobuf message, top level only."""
-    i = 0
-    while i < len(buf):
-        key, i = _varint(buf, i)
-        num, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(buf, i)
-        elif wire == 2:
-            n, i = _varint(buf, i)
-            value, i = buf[i:i + n], i + n
-        elif wire == 1:
-            value, i = buf[i:i + 8], i + 8
-        elif wire == 5:
-            value, i = buf[i:i + 4], i + 4
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}")
-        yield num, wire, value
-
-
-def model_type(model_bytes: bytes) -> str:
-    """The SentencePiece model's algorithm, read from the proto's wire format (sentencepiece's own generated
-    module needs a newer protobuf runtime than the pinned one). Unigram is the proto's default."""
-    for num, wire, value in _fields(model_bytes):
-        if num == 2 and wire == 2:
-            for n, w, v in _fields(value):
-                if n == 3 and w == 0:
-                    return _MODEL_TYPES.get(v, f"type-{v}")
-    return "unigram"
-
-
-# sentencepiece_model.proto, the fields an encode depends on (defaults as in the proto)
-_PIECE_TYPES = {1: "normal", 2: "unknown", 3: "control", 4: "user-defined", 5: "unused", 6: "byte"}
-
-
-def _spec(model_bytes: bytes) -> dict:
-    """What a SentencePiece BPE encode depends on beyond the pieces: the normalizer (ModelProto field 3) and the
-    trainer flags that change encoding (field 2), with the proto's defaults where a field is absent."""
-    spec = {"normalizer": "nmt_nfkc", "charsmap": b"", "add_dummy_prefix": 1, "remove_extra_whitespaces": 1,
-            "escape_whitespaces": 1, "byte_fallback": 0, "treat_whitespace_as_suffix": 0}
-    names = {(3, 1): "normalizer", (3, 2): "charsmap", (3, 3): "add_dummy_prefix", (3, 4): "remove_extra_whitespaces",
-             (3, 5): "escape_whitespaces", (2, 35): "byte_fallback", (2, 24): "treat_whitespace_as_suffix"}
-    for num, wire, value in _fields(model_bytes):
-        if num in (2, 3) and wire == 2:
-            for n, _w, v in _fields(value):
-                if (num, n) in names:
-                    spec[names[num, n]] = v.decode("utf-8", "replace") if (num, n) == (3, 1) else v
-    return spec
-
-
-@functools.lru_cache(maxsize=2)  # the driver asks several times per run (checks, parity texts, the encoder)
-def model_pieces(model_bytes: bytes) -> tuple:
-    """(piece, score, type) of every piece, in id order, from the proto (ModelProto.pieces = 1; piece 1, score 2
-    as a float32, type 3 defaulting to NORMAL): the model file, not a processor, is what a backend is built from.
-    One flat loop rather than `_fields` per piece: a worker builds its encoder from this at start-up."""
-    out = []
-    unpack = struct.Struct("<f").unpack_from
-    for num, wire, value in _fields(model_bytes):
-        if num != 1 or wire != 2:
-            continue
-        piece, score, kind = "", 0.0, 1
-        i, end = 0, len(value)
-        while i < end:
-            key = value[i]
-            i += 1
-            if key == 0x0A:  # field 1, bytes: the piece (length < 128 in any real model; else the general path)
-                n = value[i]
-                if n >= 0x80:
-                    n, i = _varint(value, i)
-                else:
-                    i += 1
-                piece = value[i:i + n].decode("utf-8")
-                i += n
-            elif key == 0x15:  # field 2, float32: the score
-                score = unpack(value, i)[0]
-                i += 4
-            elif key == 0x18:  # field 3, varint: the type
-                kind, i = _varint(value, i)
-            else:  # anything else: skip by wire type
-                i -= 1
-                key, i = _varint(value, i)
-                wire_type = key & 7
-                if wire_type == 0:
-                    _v, i = _varint(value, i)
-                elif wire_type == 2:
-                    n, i = _varint(value, i)
-                    i += n
-                elif wire_type in (1, 5):
-                    i += 8 if wire_type == 1 else 4
-                else:
-                    raise ValueError(f"unsupported protobuf wire type {wire_type}")
-        out.append((piece, score, kind))
-    return tuple(out)
 
 
 def splintr_unsupported(model_bytes: bytes) -> str:
@@ -255,6 +180,9 @@ def spot_check_key(text: str) -> int:
     return zlib.crc32(text[:SPOT_KEY_CHARS].encode("utf-8", "surrogatepass"), len(text) & 0xFFFFFFFF)
 
 
+FAULT_ENV = "PILEPREP_TEST_BACKEND_FAULT"
+
+
 class _SpotChecked:
     """SentencePiece-compatible `encode(texts, out_type=int, num_threads=1)` on a fast backend, spot-checked.
 
@@ -267,42 +195,91 @@ class _SpotChecked:
 
     def __init__(self, sp, spot_check_every: int):
         self._sp = sp
-        self.reference = sp
+        self.reference = _CountedReference(sp, self)
         self.spot_check_every = spot_check_every
         self.spot_checked = 0
-        self.counts = {"documents": 0, "bytes": 0, "checked_documents": 0, "checked_bytes": 0}
+        self.router = None  # exact_domain.Router: set by make_encoder / the parity check (`route`)
+        # Test-only (tests/e2e/test_backend_routing.py): with $PILEPREP_TEST_BACKEND_FAULT=TEXT a worker's encoder
+        # (spot checks on) returns wrong ids for every document, as a broken backend would, and spot-checks the
+        # documents containing TEXT, so a run fails after some units are finished.
+        self.fault = os.environ.get(FAULT_ENV, "") if spot_check_every else ""
+        self.counts = {"documents": 0, "bytes": 0, "checked_documents": 0, "checked_bytes": 0,
+                       "fast_documents": 0, "fast_bytes": 0, "reference_documents": 0, "reference_bytes": 0}
+
+    def route(self, domain) -> "_SpotChecked":
+        """Send only documents inside `domain` (transforms/tokenize/exact_domain.py) to the fast backend."""
+        self.router = domain.router()
+        return self
 
     def _encode_all(self, batch: list) -> list:
         raise NotImplementedError
 
+    def _count_reference(self, size: int) -> None:
+        counts = self.counts
+        counts["documents"] += 1
+        counts["bytes"] += size
+        counts["reference_documents"] += 1
+        counts["reference_bytes"] += size
+
     def encode(self, texts, out_type=int, num_threads=1):  # noqa: ARG002 - SentencePiece's signature
         single = isinstance(texts, str)
         batch = [texts] if single else list(texts)
-        ids = self._encode_all(batch)
-        if self.spot_check_every:
-            counts = self.counts
-            every = self.spot_check_every
-            size_all = checked = checked_size = 0
-            crc = zlib.crc32
-            for text, got in zip(batch, ids):  # utf8_size and spot_check_key inlined: ~25% less per document
-                size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-                size_all += size
-                if crc(text[:SPOT_KEY_CHARS].encode("utf-8", "surrogatepass"), len(text) & 0xFFFFFFFF) % every:
+        router = self.router  # None only for an encoder built directly (the tests' and bench's raw comparisons)
+        fast = list(range(len(batch))) if router is None else [i for i, t in enumerate(batch) if router.admits(t)]
+        ids: list = [None] * len(batch)
+        for i, got in zip(fast, self._encode_all([batch[i] for i in fast])):
+            ids[i] = [x + 1 for x in _as_list(got)] if self.fault else got
+        counts = self.counts
+        every = self.spot_check_every
+        fault = self.fault
+        size_all = checked = checked_size = 0
+        crc = zlib.crc32
+        for i in fast:  # utf8_size and spot_check_key inlined: ~25% less per document
+            text = batch[i]
+            size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+            size_all += size
+            if not every or crc(text[:SPOT_KEY_CHARS].encode("utf-8", "surrogatepass"), len(text) & 0xFFFFFFFF) % every:
+                if not (fault and fault in text):
                     continue
-                checked += 1
-                checked_size += size
-                want = _as_list(self._sp.encode(text, out_type=int))
-                if want != _as_list(got):
-                    raise BackendMismatchError(
-                        f"{self.name} and {REFERENCE_NAMES[references.format_of(self._sp)]} disagree on a "
-                        f"{len(text)}-character document (first ids {_as_list(got[:8])} vs {want[:8]}); rerun "
-                        f"with --tokenizer-backend reference")
-            self.spot_checked += checked
-            counts["documents"] += len(batch)
-            counts["bytes"] += size_all
-            counts["checked_documents"] += checked
-            counts["checked_bytes"] += checked_size
+            checked += 1
+            checked_size += size
+            want = _as_list(self._sp.encode(text, out_type=int))
+            if want != _as_list(ids[i]):
+                raise BackendMismatchError(
+                    f"{self.name} and {REFERENCE_NAMES[references.format_of(self._sp)]} disagree on a "
+                    f"{len(text)}-character document (first ids {_as_list(ids[i][:8])} vs {want[:8]}); rerun "
+                    f"with --tokenizer-backend reference")
+        if len(fast) < len(batch):  # outside the proven domain: the reference's ids, counted as its documents
+            for i, text in enumerate(batch):
+                if ids[i] is None:
+                    ids[i] = self._sp.encode(text, out_type=int)
+                    self._count_reference(utf8_size(text))
+        self.spot_checked += checked
+        counts["documents"] += len(fast)
+        counts["bytes"] += size_all
+        counts["fast_documents"] += len(fast)
+        counts["fast_bytes"] += size_all
+        counts["checked_documents"] += checked
+        counts["checked_bytes"] += checked_size
         return ids[0] if single else ids
+
+
+class _CountedReference:
+    """The reference as a fast encoder's `reference` (the very long texts transforms/tokenize/tokenizer.py sends
+    to it directly): the same encoder, its documents counted as the reference's in the owner's `counts`."""
+
+    def __init__(self, sp, owner: "_SpotChecked"):
+        self._sp = sp
+        self._owner = owner
+
+    def __getattr__(self, name):
+        return getattr(self._sp, name)
+
+    def encode(self, texts, out_type=int, num_threads=1):
+        single = isinstance(texts, str)
+        for text in [texts] if single else texts:
+            self._owner._count_reference(utf8_size(text))  # noqa: SLF001 - the owner's counters
+        return self._sp.encode(texts, out_type=out_type, num_threads=num_threads)
 
 
 class KitokenEncoder(_SpotChecked):
@@ -417,53 +394,29 @@ def gigatoken_tokenizer_json(model_bytes: bytes, kind: str) -> str:
     return json.dumps(spec, ensure_ascii=False)
 
 
-# Where the tokenizer.json given to gigatoken is kept between processes: a `.model`'s conversion
-# (`sentencepiece_to_tokenizer_json`) and the JSON round trip of `gigatoken_tokenizer_json` cost ~0.4 CPU-s of a
-# 32k model in every process that builds the encoder (docs/BENCHMARKS.md: the driver of every run, and each worker
-# process of a multi-process runner). "off" disables it.
-TOKENIZER_CACHE_ENV = "PILEPREP_TOKENIZER_CACHE"
+# The tokenizer.json given to gigatoken is kept between processes (transforms/tokenize/tokenizer_cache.py): a
+# `.model`'s conversion (`sentencepiece_to_tokenizer_json`) and the JSON round trip of `gigatoken_tokenizer_json`
+# cost ~0.4 CPU-s of a 32k model in every process that builds the encoder (docs/BENCHMARKS.md). "off" disables it.
+TOKENIZER_CACHE_ENV = tokenizer_cache.TOKENIZER_CACHE_ENV
+tokenizer_cache_dir = tokenizer_cache.cache_dir
 # Bumped when gigatoken_tokenizer_json's output changes for the same input (the key holds gigatoken's version too).
-_TOKENIZER_JSON_FORMAT = 1
+_TOKENIZER_JSON_FORMAT = 2
 
 
-def tokenizer_cache_dir() -> str:
-    """$PILEPREP_TOKENIZER_CACHE, else $XDG_CACHE_HOME/pileprep/tokenizers (~/.cache/...); "" when off."""
-    configured = os.environ.get(TOKENIZER_CACHE_ENV)
-    if configured is not None:
-        return "" if configured.strip().lower() in ("", "off", "0", "no") else configured
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "pileprep", "tokenizers")
+def gigatoken_json_key(model_bytes: bytes, kind: str) -> dict:
+    """Everything the converted text depends on: the file's sha256, its format, gigatoken's version (its
+    converter) and this module's _TOKENIZER_JSON_FORMAT."""
+    return {"what": "gigatoken-json", "source_sha256": hashlib.sha256(model_bytes).hexdigest(), "kind": kind,
+            "gigatoken": _version("gigatoken-cachefix"), "format": _TOKENIZER_JSON_FORMAT}
 
 
 def cached_gigatoken_tokenizer_json(model_bytes: bytes, kind: str) -> str:
-    """gigatoken_tokenizer_json, read from the local cache when an earlier process wrote it. The key is everything
-    the text depends on: the file's sha256, its format, gigatoken's version (its converter) and this module's
-    _TOKENIZER_JSON_FORMAT. Written under a temporary name and renamed, so a reader sees a whole file or none; a
-    cache that cannot be read or written is skipped (the conversion runs). What it holds is only ever used
-    through the same parity check and spot checks as a fresh conversion."""
-    folder = tokenizer_cache_dir()
-    if not folder:
-        return gigatoken_tokenizer_json(model_bytes, kind)
-    key = f"{hashlib.sha256(model_bytes).hexdigest()}-{kind}-gigatoken-{_version('gigatoken-cachefix')}" \
-          f"-{_TOKENIZER_JSON_FORMAT}"
-    path = os.path.join(folder, f"{key}.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError):
-        pass
-    text = gigatoken_tokenizer_json(model_bytes, kind)
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    try:
-        os.makedirs(folder, mode=0o700, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        LOG.info("tokenizer cache %s not written (%s)", folder, e)
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-    return text
+    """gigatoken_tokenizer_json, from the local cache when an earlier process wrote a verified entry for the same
+    key (transforms/tokenize/tokenizer_cache.py: keyed by the source's sha256 and the versions, the content's
+    sha256 checked on load, written atomically). What it holds is only ever used through the same domain
+    routing, parity check and spot checks as a fresh conversion."""
+    return tokenizer_cache.cached(gigatoken_json_key(model_bytes, kind),
+                                  lambda: gigatoken_tokenizer_json(model_bytes, kind).encode("utf-8")).decode("utf-8")
 
 
 @functools.lru_cache(maxsize=2)
@@ -532,10 +485,42 @@ _ENCODERS = {"kitoken": (KitokenEncoder, "kitoken"), "splintr": (SplintrEncoder,
 
 
 def make_encoder(choice: BackendChoice, model_bytes: bytes, sp):
-    """The encoder a worker uses: the reference itself, or a spot-checked fast backend."""
+    """The encoder a worker uses: the reference itself, or a spot-checked fast backend routed by the domain the
+    driver derived (a fast backend without one refuses to encode)."""
     if choice.name in _ENCODERS:
-        return _ENCODERS[choice.name][0](model_bytes, sp, choice.spot_check_every)
+        encoder = _ENCODERS[choice.name][0](model_bytes, sp, choice.spot_check_every)
+        domain = exact_domain.Domain.from_json(choice.domain_json)
+        if domain.digest != choice.domain_sha256:
+            raise BackendMismatchError("the plan's tokenizer domain does not match its digest")
+        return encoder.route(domain)
     return sp
+
+
+def added_texts(model_bytes: bytes, sp) -> tuple:
+    """Every added / special token's text of the file (and, for a `.model`, its non-normal pieces): text the two
+    libraries must treat alike (transforms/tokenize/exact_domain.py probes each)."""
+    import json  # noqa: PLC0415
+
+    texts = set(parity_texts(model_bytes, sp)[: len(parity_texts(model_bytes, sp)) // 2])
+    if references.format_of(sp) == formats.HF_JSON:
+        texts |= {t.get("content", "") for t in json.loads(model_bytes).get("added_tokens") or []}
+    return tuple(sorted(t for t in texts if t))
+
+
+def derive_domain(name: str, model_bytes: bytes, sp, encoder) -> "exact_domain.Domain":
+    """The proven-equal domain of fast backend `name` against the file's reference, cached per (file, versions)
+    (transforms/tokenize/exact_domain.py). Pre-tokens are compared too where gigatoken's pre-tokenizer is the
+    file's (HF byte-level BPE with the GPT-2 regex)."""
+    kind = references.format_of(sp)
+    pre = None
+    if name == "gigatoken" and kind == formats.HF_JSON and exact_domain.gigatoken_pretokenizer_applies(sp.spec):
+        pre = (exact_domain.boundaries_gigatoken(), exact_domain.boundaries_hf(sp._tok.pre_tokenizer))  # noqa: SLF001
+    sha = hashlib.sha256(model_bytes).hexdigest()
+
+    def derive():
+        return exact_domain.derive(name, kind, sha, lambda t: encoder._encode_all([t])[0],  # noqa: SLF001
+                                   lambda t: sp.encode(t, out_type=int), added_texts(model_bytes, sp), pre)
+    return exact_domain.cached_domain(name, kind, model_bytes, derive)
 
 
 def parity_texts(model_bytes: bytes, sp=None) -> list:
@@ -559,12 +544,19 @@ def _fast_unsupported(kind: str, model_bytes: bytes) -> str:
     return ""
 
 
-def choose_backend(requested: str, model_bytes: bytes, sp, sample_texts: list) -> BackendChoice:
+REFERENCE_DISTRIBUTIONS = {formats.SENTENCEPIECE: "sentencepiece", formats.HF_JSON: "tokenizers",
+                           formats.TIKTOKEN: "tiktoken"}
+
+
+def choose_backend(requested: str, model_bytes: bytes, sp, sample_texts: list,
+                   failed: frozenset = frozenset()) -> BackendChoice:
     """Decide the backend at the driver: the reference as asked (`reference`, or `sentencepiece` for a `.model`);
     a fast backend only after id-for-id parity with the reference on `sample_texts` (the run's own documents)
     and the tokenizer's special tokens spelled as text. `auto` tries FAST_BACKENDS fastest first and takes the
     first that passes; a fast backend asked for explicitly but failing is a fallback too. Every rejection's
-    reason is logged and kept in the choice's `reason`: never different tokens."""
+    reason is logged and kept in the choice's `reason`: never different tokens. `failed`: the resume keys of
+    backends that failed a spot check in an earlier run of this generation (pipeline/shard/resume.py); never
+    chosen again."""
     kind = references.format_of(sp)
     if requested not in BACKENDS:
         raise formats.TokenizerError(f"--tokenizer-backend {requested!r}: choose one of {', '.join(BACKENDS)}")
@@ -572,7 +564,7 @@ def choose_backend(requested: str, model_bytes: bytes, sp, sample_texts: list) -
         raise formats.TokenizerError(f"--tokenizer-backend sentencepiece: the tokenizer is a {kind} file; use "
                                      f"reference (its own library, {REFERENCE_NAMES[kind]}), auto or gigatoken")
     if requested in ("reference", "sentencepiece"):
-        return BackendChoice(REFERENCE_NAMES[kind], requested, "requested")
+        return _reference(kind, requested, "requested")
     problem = _fast_unsupported(kind, model_bytes)
     if problem:
         return _fallback(kind, requested, problem)
@@ -581,6 +573,8 @@ def choose_backend(requested: str, model_bytes: bytes, sp, sample_texts: list) -
     rejected = []
     for name in (FAST_BACKENDS[kind] if requested == "auto" else (requested,)):
         choice, why = _try_backend(name, requested, model_bytes, sp, sample_texts)
+        if choice is not None and BackendChoice(name, requested, "", *choice).resume_key in failed:
+            choice, why = None, "failed a spot check in an earlier run of this generation"
         if choice is not None:
             reason = f"parity with {REFERENCE_NAMES[kind]} on the run's sample"
             if rejected:
@@ -606,6 +600,8 @@ def _try_backend(name: str, requested: str, model_bytes: bytes, sp, sample_texts
         encoder = encoder_class(model_bytes, sp, spot_check_every=0)
     except Exception as e:  # noqa: BLE001 - any failure to load means: not usable
         return None, f"cannot load the model: {e}"
+    domain = derive_domain(name, model_bytes, sp, encoder)
+    encoder.route(domain)
     for text in parity_texts(model_bytes, sp):
         if _as_list(encoder.encode(text)) != _as_list(sp.encode(text, out_type=int)):
             return None, f"the special token text {text!r} encodes differently from {REFERENCE_NAMES[kind]}"
@@ -621,12 +617,19 @@ def _try_backend(name: str, requested: str, model_bytes: bytes, sp, sample_texts
         tokens += len(want)
         digest.update(len(want).to_bytes(4, "little"))
         digest.update(struct.pack(f"<{len(want)}I", *want))
-    return (version, len(sample_texts), tokens, digest.hexdigest(), SPOT_CHECK_EVERY[name, kind]), ""
+    return (version, len(sample_texts), tokens, digest.hexdigest(), SPOT_CHECK_EVERY[name, kind], domain.to_json(),
+            domain.digest, _version(REFERENCE_DISTRIBUTIONS[kind]), kind), ""
+
+
+def _reference(kind: str, requested: str, reason: str) -> BackendChoice:
+    version = _version(REFERENCE_DISTRIBUTIONS[kind])
+    return BackendChoice(REFERENCE_NAMES[kind], requested, reason, version, reference_version=version,
+                         reference_format=kind)
 
 
 def _fallback(kind: str, requested: str, reason: str) -> BackendChoice:
     LOG.warning("tokenizer backend: using %s (%s)", REFERENCE_NAMES[kind], reason)
-    return BackendChoice(REFERENCE_NAMES[kind], requested, reason)
+    return _reference(kind, requested, reason)
 
 
 def sample_documents(paths: list, text_field: str, seed: int, limit_bytes: int = PARITY_SAMPLE_BYTES,

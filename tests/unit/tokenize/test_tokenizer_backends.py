@@ -117,8 +117,10 @@ def test_the_converted_tokenizer_json_is_cached_between_processes(tmp_path, monk
     monkeypatch.setenv(tb.TOKENIZER_CACHE_ENV, str(tmp_path / "cache"))
     assert tb.cached_gigatoken_tokenizer_json(model_bytes, "sentencepiece") == fresh
     [name] = os.listdir(tmp_path / "cache")  # no temporary file left beside it
-    assert name.startswith(hashlib.sha256(model_bytes).hexdigest() + "-sentencepiece-gigatoken-")
-    assert name.endswith(".json")
+    # named by the digest of its key (the model's sha256, format, gigatoken's version), which its header repeats
+    key = tb.gigatoken_json_key(model_bytes, "sentencepiece")
+    assert key["source_sha256"] == hashlib.sha256(model_bytes).hexdigest()
+    assert name == f"gigatoken-json-{tb.tokenizer_cache.key_digest(key)}.bin"
 
     def no_conversion(*_args):
         raise AssertionError("converted again")
