@@ -27,6 +27,7 @@ import hashlib
 import heapq
 import io
 import os
+import stat
 import struct
 import time
 from dataclasses import dataclass, field
@@ -161,6 +162,10 @@ def check_outputs(input_globs, outputs: list, overwrite: bool) -> None:
                               f"reads; choose another --output")
         if os.path.isdir(out):
             raise ConfigError(f"--output {out}: it is a directory; the tokenizer is a file: name the file")
+        if os.path.lexists(out) and not stat.S_ISREG(os.lstat(out).st_mode):
+            # even with --overwrite: replacing /dev/null, a FIFO or a link with a regular file is never asked for
+            raise ConfigError(f"--output {out}: it exists and is not a regular file (a device, FIFO, socket or "
+                              f"link); --overwrite replaces only regular files: choose another --output")
     existing = [o for o in outputs if (os.path.lexists(o) if "://" not in o else _exists(o))]
     if existing and not overwrite:
         raise ConfigError(f"--output: {', '.join(existing)} already exist{'s' * (len(existing) == 1)}, and this "

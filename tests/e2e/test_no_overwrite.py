@@ -92,3 +92,23 @@ def test_tokenizer_train_never_writes_over_one_of_its_inputs(inputs, tmp_path, c
     assert cli.main(["tokenizer", "train", "--input", str(tmp_path / "*.zst"), "--output", str(corpus),
                      "--vocab-size", "300", "--overwrite"]) == 2
     assert "is one of the --input files" in _one_line(capsys) and corpus.read_bytes() == before
+
+
+def test_tokenizer_train_never_replaces_a_special_file_even_with_overwrite(tmp_path):
+    """Hostile review: `tokenizer train --output /dev/null --overwrite` replaced the device with a regular file.
+    A FIFO (and a link) at --output is refused with --overwrite too, before any training."""
+    import pytest  # noqa: PLC0415
+    from pipeline.errors import ConfigError  # noqa: PLC0415
+    from pipeline.tools.tokenizer_train import check_outputs  # noqa: PLC0415
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "x"}\n')
+    fifo = tmp_path / "out.model"
+    os.mkfifo(fifo)
+    link = tmp_path / "link.model"
+    link.symlink_to(tmp_path / "elsewhere.model")
+    for out in (fifo, link):
+        with pytest.raises(ConfigError, match="not a regular file"):
+            check_outputs([str(corpus)], [str(out)], overwrite=True)
+    assert not (tmp_path / "elsewhere.model").exists()
+    assert os.path.exists(fifo) and not os.path.isfile(fifo)
