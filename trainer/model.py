@@ -152,9 +152,6 @@ class GPTStage(nn.Module):
             raise ValueError(f"unknown loss mode {loss!r} (logits | chunked)")
         self.cfg, self.first, self.last = cfg, first, last
         self.attention, self.loss_mode, self.loss_chunk_tokens = attention, loss, loss_chunk_tokens
-        # varlen only: the step's bound on documents per micro-batch (trainer/attention.py varlen_run_bound), set
-        # by the trainer from the host batch; None pads to b * t
-        self.varlen_bound: Optional[int] = None
         self.layer_ids = list(layers)
         if first:
             self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -214,7 +211,7 @@ class GPTStage(nn.Module):
             x = (self.tok_emb(input_ids) + self.pos_emb(positions)).float()
         else:
             x, segment_ids = args
-        mask = build_mask(segment_ids, resolve_impl(self.attention, segment_ids.device), self.varlen_bound)
+        mask = build_mask(segment_ids, resolve_impl(self.attention, segment_ids.device))
         for key, block in self.blocks.items():
             x = block(x, mask)
             if retro and key in self.retro:
