@@ -37,14 +37,3 @@ def test_bound_follows_the_documents_not_b_times_t():
     dense = torch.cat([_packed(2, 64, 2), _packed(2, 64, 60, seed=1)])
     assert varlen_run_bound(dense, microbatches=2) == 2 * 64 and varlen_run_bound(dense[:2], 1) == 64
     assert varlen_run_bound(torch.arange(16).reshape(2, 8), 1) == 16  # every token its own run: b * t
-
-
-def test_the_model_uses_the_trainers_bound():
-    cfg = model_config("tiny", seq_len=128, vocab_size=64, n_layers=1, d_model=16, n_heads=2)
-    stage = build_gpt(cfg)
-    assert stage.varlen_bound is None
-    seg = _packed(2, 128, 3)
-    stage.varlen_bound = varlen_run_bound(seg)
-    mask = build_mask(seg, "varlen", stage.varlen_bound)
-    assert mask.cu_seqlens.numel() == stage.varlen_bound + 1 == 65
-    assert build_mask(seg, "varlen").cu_seqlens.numel() == seg.numel() + 1 == 257
