@@ -6,17 +6,15 @@ pipeline/retrieval/build.py, pipeline/retrieval/neighbours.py) hold only their o
 """
 from __future__ import annotations
 
-import collections
 import os
-import threading
 from typing import Optional
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.ops import runners
 from pipeline.ops.runners import PROCESSES_FROM_RAW_BYTES, default_running_mode  # noqa: F401 - Beam-free, there
+from transforms.io.filesystem_options import filesystem_options, set_filesystem_options
 
 
 def default_beam_args(cores: Optional[int] = None) -> list:
@@ -46,6 +44,12 @@ def chosen_running_mode(options: PipelineOptions, beam_args, raw_bytes: int) -> 
     return direct.direct_running_mode
 
 
+# The one patch of Beam's internals pileprep keeps, because without it elements are lost, not time. Upstream
+# defect: Beam's TimeBasedBufferingClosableOutputStream (apache_beam/runners/worker/data_plane.py, time-based
+# flushing added by BEAM-7949, apache/beam#10246) flushes from its PeriodicThread without the lock the writing
+# thread would need, so a write between the flush's `get()` and `_clear()` is dropped. Checked against the
+# pinned apache-beam==2.77.0 (pyproject.toml); on a Beam upgrade, re-read that class and rerun
+# tests/e2e/test_threaded_data_plane.py before moving the pin.
 def size_flushed_data_plane() -> None:
     """Turn off Beam's time-based flushing of data-plane output buffers in this process (idempotent).
 
@@ -74,62 +78,10 @@ def size_flushed_data_plane() -> None:
     data_plane.ClosableOutputStream.create = staticmethod(size_flushed)
 
 
-def concurrent_worker_shutdown() -> None:
-    """Make FnApiRunner stop its worker processes all at once at the end of a job, not one after the other
-    (idempotent).
-
-    Beam 2.77's WorkerHandlerManager.close_all (fn_api_runner/worker_handlers.py) closes each worker handler in
-    turn, and a subprocess worker's close waits for that process to exit (~0.25 s: its harness winds down its
-    channels, then the interpreter ends). Two workers cost ~0.5 s of a 6 s job at 96 MB with both cores idle
-    (measured with bench/profile_shard.py: "pipeline end"); N workers N x 0.25 s. Here the subprocess workers'
-    handlers are closed each on its own thread and joined; every other handler (in-process workers, whose
-    threads may still be in native code after a SIGTERM: pipeline/cli.py _exit_without_teardown) is closed in
-    turn on the calling thread, as Beam does, which keeps an interrupted run's exit as it was (closing those on
-    threads too let `retrieval neighbours` die of the SIGTERM it had already answered, 1 run in 3). Then the
-    manager is reset as Beam does; a handler's error is logged as Beam logs it.
-    tests/e2e/test_local_runner.py checks the closes overlap."""
-    from apache_beam.runners.portability.fn_api_runner import worker_handlers  # noqa: PLC0415
-
-    manager = worker_handlers.WorkerHandlerManager
-    if getattr(manager.close_all, "_pileprep_concurrent", False):
-        return
-
-    def close_one(worker_handler):
-        try:
-            worker_handler.close()
-        except Exception:  # noqa: BLE001 - as Beam's own close_all: log and go on with the others
-            log = worker_handlers._LOGGER  # noqa: SLF001 - Beam's own logger, as its close_all logs
-            log.error("Error closing worker_handler %s", worker_handler, exc_info=True)
-
-    def close_all(self):
-        handlers = {h for handler_list in self._cached_handlers.values() for h in handler_list}  # noqa: SLF001
-        processes = [h for h in handlers if isinstance(h, worker_handlers.SubprocessSdkWorkerHandler)]
-        if len(processes) < 2:
-            processes = []
-        threads = [threading.Thread(target=close_one, args=(h,), name="pileprep-close-worker", daemon=True)
-                   for h in processes]
-        for t in threads:
-            t.start()
-        for h in handlers.difference(processes):
-            close_one(h)
-        for t in threads:
-            t.join()
-        self._cached_handlers = collections.defaultdict(list)  # noqa: SLF001
-        self._workers_by_id = {}  # noqa: SLF001
-        if self._grpc_server is not None:  # noqa: SLF001
-            self._grpc_server.close()  # noqa: SLF001
-            self._grpc_server = None  # noqa: SLF001
-
-    close_all._pileprep_concurrent = True  # noqa: SLF001
-    manager.close_all = close_all
-
-
 def pipeline_options(beam_args) -> PipelineOptions:
     """The job's Beam options: pileprep's runner short names resolved, and the local runner by default. Also
-    makes this process's data plane safe for in-process workers (size_flushed_data_plane) and its workers'
-    shutdown concurrent (concurrent_worker_shutdown)."""
+    makes this process's data plane safe for in-process workers (size_flushed_data_plane)."""
     size_flushed_data_plane()
-    concurrent_worker_shutdown()
     args = runners.normalise_beam_args(beam_args or [])
     if not any(a.startswith("--runner") for a in args):
         args = default_beam_args() + args
@@ -157,12 +109,11 @@ class FilesystemOptions:
         return cls(picked) if picked else None
 
     def apply(self) -> None:
-        current = FileSystems._pipeline_options  # noqa: SLF001 - Beam keeps the worker's options here
-        d = current.get_all_options(drop_default=True) if current is not None else {}
-        if all(d.get(k) == v for k, v in self.options.items()):
+        given = filesystem_options()  # what this process gave Beam (transforms/io/filesystem_options.py)
+        if all(given.get(k) == v for k, v in self.options.items()):
             return
-        d.update(self.options)
-        FileSystems.set_options(PipelineOptions.from_dictionary(d))
+        given.update(self.options)
+        set_filesystem_options(PipelineOptions.from_dictionary(given))
 
 
 def apply_filesystem_options(options: Optional[FilesystemOptions]) -> None:

@@ -108,19 +108,6 @@ def cmd_shard(args, beam_args) -> int:
                                                        workers=run.dry_run_workers,
                                                        process_startup_cpu_s=dry_run.process_cpu_s())))
         return 0
-    # Before Beam is imported here: FnApiRunner's worker processes, if this run will use them, start importing
-    # now on the core the driver leaves idle (pipeline/shard/warm_workers.py)
-    from pipeline.shard import warm_workers  # noqa: PLC0415
-
-    if not run.incremental:
-        warm_workers.start(warm_workers.expected_workers(config, beam_args))
-    try:
-        return _shard(config, run, args, beam_args)
-    finally:
-        warm_workers.discard()
-
-
-def _shard(config, run, args, beam_args) -> int:
     from pipeline.ops import guards  # noqa: PLC0415
 
     def shard(worker_log):
@@ -170,10 +157,11 @@ def cmd_tokenizer_train(args, _beam_args) -> int:
 def _filesystem_args(beam_args) -> None:
     """inspect/report/export on s3://: Beam's filesystem options (--s3_endpoint_url, ...) after the command."""
     if beam_args:
-        from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
         from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
 
-        FileSystems.set_options(PipelineOptions(beam_args))
+        from transforms.io.filesystem_options import set_filesystem_options  # noqa: PLC0415
+
+        set_filesystem_options(PipelineOptions(beam_args))
 
 
 def cmd_inspect(args, beam_args) -> int:
@@ -474,10 +462,7 @@ def main(argv=None) -> int:
         args, beam_args = parse(argv)
         verbose = getattr(args, "verbose", 0) or 0
         _configure_logging(args)
-        code = args.func(args, beam_args)
-        if argv_is_the_process and code == 0 and runners.runs_in_this_process(beam_args):
-            _exit_without_teardown(0)
-        return code
+        return args.func(args, beam_args)
     except RunInterrupted as e:  # the run committed nothing (pipeline/job.py _abandon)
         if getattr(e, "outside_job", False):
             print("pileprep: interrupted", file=sys.stderr, flush=True)
@@ -510,17 +495,12 @@ def main(argv=None) -> int:
 
 
 def _exit_without_teardown(code: int) -> None:
-    """End the process now, its work done and its output flushed, without interpreter teardown.
-
-    - An interrupted job whose `exit_without_teardown` says so (pipeline/job.py): the retrieval stages cannot be
-      cancelled (pipeline/retrieval/store_job.py `stop_workers`), and a worker thread still in native code when the
-      interpreter tore down aborted the process after the one line (SIGABRT, "terminate called without an active
-      exception"), about one `retrieval neighbours` SIGTERM in six (tests/e2e/test_job_runner.py).
-    - Any command that succeeded on the local runner or as a client of a given Dask cluster
-      (runners.runs_in_this_process: no job server or cluster of its own to stop at exit): the teardown (Beam's,
-      gRPC's and Dask's threads and modules) took 0.3-0.75 s after the last line, ~5% of the 96 MB bench run's
-      wall, ~0.7 s of a Dask run's (docs/BENCHMARKS.md). Everything a command writes is closed (and the commit's
-      files fsynced) before it returns.
+    """End an interrupted job's process now, its line printed and flushed, without interpreter teardown: only
+    for a job whose `exit_without_teardown` says so (pipeline/job.py). The retrieval stages cannot be cancelled
+    (pipeline/retrieval/store_job.py `stop_workers`), and a worker thread still in native code when the
+    interpreter tore down aborted the process after the one line (SIGABRT, "terminate called without an active
+    exception"), about one `retrieval neighbours` SIGTERM in six (tests/e2e/test_job_runner.py). A command that
+    succeeded ends the ordinary way.
     The lock, staging and run log are already released by the job runner."""
     import logging  # noqa: PLC0415
 

@@ -45,6 +45,9 @@ def redact(text: str, secrets=None) -> str:
     # logs a warning (its optional GCP clients) that would reach the user's terminal.
     from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
 
+    # The one read of Beam's private attribute left, on purpose (docs/DESIGN.md): a worker's options are set by
+    # Beam's own worker main, not through transforms/io/filesystem_options.py, and Beam has no public getter;
+    # redaction must hide whatever S3 keys Beam's client was built from. tests/unit/ops/test_redaction.py.
     opts = FileSystems._pipeline_options  # noqa: SLF001 - the options Beam's S3 client was built from
     if opts is not None:
         d = opts.get_all_options(drop_default=True)

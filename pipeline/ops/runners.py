@@ -21,9 +21,8 @@ DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 DEFAULT_DASK_NPARTITIONS = 16
 
 # From this much raw input (unit_plan.raw_bytes_estimate: 3x a compressed file's size) the default runner's
-# workers are processes even on <= 4 cores (shard job, pipeline/beam_glue.py chosen_running_mode; the CLI starts
-# them before it imports Beam, pipeline/shard/warm_workers.py, hence here). gigatoken's per-document `encode`
-# holds the GIL, so two worker threads keep ~1.1-1.2 of 2 cores busy from the first record to the commit; two
+# workers are processes even on <= 4 cores (shard job, pipeline/beam_glue.py chosen_running_mode). gigatoken's
+# per-document `encode` holds the GIL, so two worker threads keep ~1.1-1.2 of 2 cores busy from the first record to the commit; two
 # processes keep 1.73-1.89 there, for ~1.2 s more wall around it (the workers import Beam and pileprep, then
 # stop) and ~0.5-1 CPU-s. bench/profile_shard.py, Llama 2, 2 cores, alternating, neighbours idle
 # (docs/BENCHMARKS.md): 384 MB bench corpus (estimate 252 MB) 13.96-14.63 s with processes against 21.06-22.04 s
@@ -65,8 +64,7 @@ def default_running_mode(cores: Optional[int] = None, raw_bytes: int = 0) -> str
     ~1-2 CPU-s, measured) and share one tokenizer and its warm cache; SentencePiece runs without the GIL (1.85x
     on 2 threads, measured). But the GIL-held share (gigatoken's encode, JSON parsing, packing) caps what
     threads get: above 4 cores always, and on big inputs on small machines, workers are processes.
-    Output bytes do not depend on this choice (tests/e2e/test_shard_pipeline.py runs both). Beam-free: the CLI
-    decides from it, before importing Beam, whether to start warm workers (pipeline/shard/warm_workers.py)."""
+    Output bytes do not depend on this choice (tests/e2e/test_shard_pipeline.py runs both)."""
     cores = cores or len(os.sched_getaffinity(0))
     return "multi_threading" if cores <= 4 and raw_bytes < PROCESSES_FROM_RAW_BYTES else "multi_processing"
 
@@ -158,19 +156,6 @@ def preflight(options: dict) -> None:
 # there the runner moves the pieces (design D). An empty name is the default runner (FnApiRunner).
 LOCAL_SHUFFLE_RUNNERS = ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner", "SwitchingDirectRunner",
                          "PrismRunner", "InteractiveRunner")
-
-
-def runs_in_this_process(beam_args: list) -> bool:
-    """Whether nothing these Beam arguments start outlives the driver in a way its exit must tidy up: the local
-    runner (no --runner, or one of the Direct / FnApiRunner family), or DaskRunner on a cluster it was given
-    (`--dask_client_address`: the driver holds only a client connection, which the scheduler drops with it).
-    Not DaskRunner without an address (it starts a local cluster of its own), nor a job server's runner."""
-    args = list(beam_args or [])
-    _i, runner = _runner_of(args)
-    if _is_dask(runner):
-        return arg_value(args, "--dask_client_address") is not None
-    return runner is None or runner.rsplit(".", 1)[-1] in ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner",
-                                                           "SwitchingDirectRunner")
 
 
 def choose_shuffle(choice: str, runner_name: str) -> str:

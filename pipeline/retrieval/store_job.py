@@ -12,12 +12,12 @@ import logging
 from typing import Callable, Optional
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 
 from pipeline import job
 from pipeline.beam_glue import FilesystemOptions, pipeline_options, s3_options_of
 from pipeline.ops import guards, runlog, runners
 from pipeline.retrieval import store
+from transforms.io.filesystem_options import set_filesystem_options
 from pipeline.shard import cancel
 
 LOG = logging.getLogger("pileprep.retrieval")
@@ -43,7 +43,7 @@ class StoreJob(job.Job):
 
     def preflight(self) -> None:
         runners.preflight(self.options.get_all_options())
-        FileSystems.set_options(self.options)
+        set_filesystem_options(self.options)
         self.filesystem_options = FilesystemOptions.from_pipeline_options(self.options)
         self.config.validate()
         guards.check_local_writable(self.output, "--output")

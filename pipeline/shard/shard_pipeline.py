@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import apache_beam as beam
-from apache_beam.io.filesystems import FileSystems
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
@@ -32,13 +31,14 @@ from pipeline.errors import RunError
 from pipeline.ops import commit, guards, progress, runlog, runners
 from pipeline.ops import generations
 from pipeline.shard import (cancel, input_digests, integrity, near_dedup_graph, preflight, resume, runner_shuffle,
-                            unit_plan, warm_workers)
+                            unit_plan)
 from pipeline.shard.records import CommitParts, InputFile, SplitOutput, TokenizedFile
 from pipeline.shard.manifest_builder import build_manifest, shard_write_tasks
 from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model  # noqa: F401 - the job's public names
 from pipeline.shard import plan as shard_plan
 from transforms.shard import corpus_stats, stages
 from transforms.io import io_utils, memory
+from transforms.io.filesystem_options import set_filesystem_options
 from transforms.tokenize import tokenizer, tokenizer_backends, worker_cache
 
 LOG = logging.getLogger("pileprep.shard")
@@ -415,7 +415,7 @@ class ShardJob(job.Job):
 
     def preflight(self) -> None:
         memory.configure_child_processes()
-        FileSystems.set_options(self.options)  # the driver lists inputs and reads the manifest with the job's S3 settings
+        set_filesystem_options(self.options)  # the driver lists inputs and reads the manifest with the job's S3 settings
         self.checked = preflight.check(self.config, self.options)
 
     def s3_options(self) -> dict:
@@ -459,10 +459,7 @@ class ShardJob(job.Job):
             LOG.info("default runner: %s workers for ~%d MB of raw input (beam_glue.default_running_mode)",
                      "process" if mode == "multi_processing" else "thread", raw_bytes >> 20)
             self.log.event("running_mode", mode=mode, raw_bytes_estimate=raw_bytes)
-        executed = _execute(plan, self.options, self.log, self.progress_every_s)
-        if warm_workers.handed() or warm_workers.waiting():  # started by the CLI (pipeline/shard/warm_workers.py)
-            self.log.event("warm_workers", handed=warm_workers.handed(), unused=warm_workers.waiting())
-        return executed
+        return _execute(plan, self.options, self.log, self.progress_every_s)
 
     def scratch_dirs(self, plan: JobPlan) -> list:
         return [plan.staging_dir, progress.marker_dir(plan.staging_dir)]

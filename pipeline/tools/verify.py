@@ -425,11 +425,12 @@ def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sam
 def verify(dataset: str, inputs: Optional[list] = None, sample: int = 200, seed: int = 0,
            tokenizer_path: Optional[str] = None, filesystem_args: Optional[list] = None) -> VerifyReport:
     """Check `dataset` (a directory or prefix holding manifest.json); see the module doc."""
-    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
     from apache_beam.options.pipeline_options import PipelineOptions  # noqa: PLC0415
 
+    from transforms.io.filesystem_options import set_filesystem_options  # noqa: PLC0415
+
     if filesystem_args:
-        FileSystems.set_options(PipelineOptions(list(filesystem_args)))
+        set_filesystem_options(PipelineOptions(list(filesystem_args)))
     report = VerifyReport(dataset)
     manifest_file = dataset if dataset.endswith(".json") else io_utils.join(dataset, MANIFEST_NAME)
     if io_utils.is_local(dataset) and not dataset.endswith(".json"):

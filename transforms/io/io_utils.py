@@ -15,6 +15,7 @@ from typing import Iterable
 from apache_beam.io.filesystems import FileSystems
 
 from model_contract.hashing import fsync_directory
+from transforms.io.filesystem_options import filesystem_options
 
 
 def join(base: str, *parts: str) -> str:
@@ -172,18 +173,13 @@ class _ObjectWriter(_WriteOnce):
             self._stream.close()
         elif self.path.startswith("s3://"):
             bucket, _, key = self.path.split("://", 1)[1].partition("/")
-            s3_client(_filesystem_options())[1].put_object(Bucket=bucket, Key=key, Body=b"")
+            s3_client(filesystem_options())[1].put_object(Bucket=bucket, Key=key, Body=b"")
         else:
             with FileSystems.create(self.path, compression_type="uncompressed"):
                 pass
 
     def discard(self) -> None:
         self.closed = True  # an unfinished multipart upload is never completed: no object appears
-
-
-def _filesystem_options() -> dict:
-    opts = FileSystems._pipeline_options  # noqa: SLF001 - the options Beam's S3 client was built from
-    return opts.get_all_options(drop_default=True) if opts is not None else {}
 
 
 def s3_client(options):

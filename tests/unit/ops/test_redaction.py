@@ -15,3 +15,16 @@ def test_redaction_removes_userinfo_from_messages_and_log_records():
     RedactingFilter().filter(record)
     assert "s3cr3t" not in record.getMessage() and "***@h" in record.getMessage()
     assert "s3cr3t" not in redaction.redact("url http://a:s3cr3t@h")
+
+
+def test_redaction_hides_the_s3_keys_beam_was_given_by_anyone():
+    """Beam's worker main sets a worker's filesystem options itself (not through
+    transforms/io/filesystem_options.py): redact still hides the keys Beam's S3 client was built from."""
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    FileSystems.set_options(PipelineOptions(["--s3_access_key_id=AKIAXAMPLE", "--s3_secret_access_key=wJalrXUtnFE"]))
+    try:
+        assert redaction.redact("denied for AKIAXAMPLE with wJalrXUtnFE") == "denied for *** with ***"
+    finally:
+        FileSystems.set_options(PipelineOptions([]))
