@@ -170,15 +170,6 @@ def write_ref_local(dataset_dir: str, ref: Ref) -> str:
     return path
 
 
-def remove_ref_local(dataset_dir: str, kind: str, holder: str) -> bool:
-    path = os.path.join(dataset_dir, REFS_DIR, ref_file_name(kind, holder))
-    try:
-        os.unlink(path)
-        return True
-    except FileNotFoundError:
-        return False
-
-
 def pin_generation(dataset_dir: str, holder: str, kind: str = "trainer", attempts: int = 5) -> str:
     """Register `holder`'s ref to the live generation and return that generation (see the module docstring for
     why the second read makes this safe without the dataset's lock)."""

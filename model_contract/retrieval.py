@@ -84,14 +84,6 @@ def decode_sidecar(data: bytes, contract: DataContract) -> dict:
     return out
 
 
-def sidecar_tf_feature_spec(contract: DataContract) -> dict:
-    """tf.io.parse_example spec (tokens arrive as a string: tf.io.decode_raw(x, tf.uint16) then reshape)."""
-    import tensorflow as tf  # noqa: PLC0415
-
-    return {f.name: (tf.io.FixedLenFeature([], tf.string) if f.name == NEIGHBOUR_TOKENS
-                     else tf.io.FixedLenFeature(list(f.shape), tf.int64)) for f in contract.features}
-
-
 def check_sidecar(shards_manifest, sidecar_manifest) -> None:
     """The sidecar must belong to exactly this shard generation, file for file and record for record."""
     problems = []

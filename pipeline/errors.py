@@ -6,8 +6,8 @@ pileprep's). Everything else (a worker crash, a failed commit) is a failed run: 
 
 `UserError` is the base of pileprep's own user errors. The lower layers cannot import `pipeline`
 (`model_contract` is shared with the trainer and stays dependency-light; `transforms` is imported by
-workers), so their user-facing exception classes are *registered* here by class, never matched by name:
-`is_user_error` checks `isinstance` against `USER_ERRORS`. Add a class with `register()`.
+workers), so their user-facing exception classes are listed here by class, never matched by name:
+`is_user_error` checks `isinstance` against `USER_ERRORS`. Add a class to that tuple.
 """
 from __future__ import annotations
 
@@ -54,16 +54,6 @@ class RunInterrupted(BaseException):
 
 
 USER_ERRORS: tuple = (UserError, ContractError, ContractMismatchError, TokenizerError)
-
-
-def register(*classes: type) -> None:
-    """Treat these exception classes (from layers below `pipeline`) as user errors."""
-    global USER_ERRORS  # noqa: PLW0603 - one registry, read by the CLI
-    for cls in classes:
-        if not (isinstance(cls, type) and issubclass(cls, BaseException)):
-            raise TypeError(f"{cls!r} is not an exception class")
-        if cls not in USER_ERRORS:
-            USER_ERRORS = USER_ERRORS + (cls,)
 
 
 def is_user_error(exc: BaseException) -> bool:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -193,7 +192,3 @@ class ChunkDatabase:
             toks = np.concatenate(parts)[:length]
             out[:len(toks)] = toks
         return out
-
-
-def local_path(path: str) -> str:
-    return os.path.abspath(path) if io_utils.is_local(path) else path

@@ -542,12 +542,6 @@ def _unit_sig_rows(plan, name: str, docs: np.ndarray) -> np.ndarray:
         del table
 
 
-def _repeated(keys: np.ndarray) -> np.ndarray:
-    """The keys that occur more than once, sorted unique."""
-    s = np.sort(keys)
-    return np.unique(s[1:][s[1:] == s[:-1]])
-
-
 def committed_range_rows(entry: dict, num_perm: int):
     """(band key, committed Node) of one committed band index file (the runner shuffle's elements): checked
     first, streamed whole against its manifest row (size, sha256) and for keys outside its range (a RunError
@@ -831,7 +825,7 @@ def _finish(grouped, plan):
     summary_path = io_utils.join(plan.data_dir, SUMMARY_NAME)
     io_utils.write_bytes(summary_path, json.dumps(summary, sort_keys=True, indent=1).encode("utf-8"))
     staged = [p for _r, p in indexes] + [removals.write_marker(plan.staging_dir, indexes, contaminated_splits(cfg))]
-    # The global stage's completion marker, last: a rerun of this generation skips the stage (DESIGN §8)
+    # The global stage's completion marker, last: a rerun of this generation skips the stage (pipeline/shard/resume.py mark_near_dedup)
     from pipeline.shard import resume  # noqa: PLC0415 - resume → ops.guards → … → this module
 
     resume.mark_near_dedup(plan, staged, [p["sidecar"] for p in parts] + [b["path"] for b in band_files]

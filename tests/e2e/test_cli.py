@@ -201,14 +201,6 @@ def test_user_errors_are_classes_not_names():
     ContractErrorLookalike = type("ContractError", (ValueError,), {})  # same name, different class
     assert not errors.is_user_error(ContractErrorLookalike("x"))
     assert not errors.is_user_error(ValueError("x"))
-
-    class LowerLayerError(RuntimeError):
-        pass
-
-    errors.register(LowerLayerError)
-    assert errors.is_user_error(LowerLayerError("x"))
-    with pytest.raises(TypeError):
-        errors.register("ContractError")
     assert errors.one_line(errors.ConfigError("invalid:\n  a\n  b")) == "invalid: a; b"
 
 

@@ -14,7 +14,6 @@ a `ModelHandler`, so `RunInference` batches elements and loads the model once pe
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -195,9 +194,3 @@ def encoder_info(name: str) -> EncoderInfo:
     if name == MINILM:
         return minilm_info()
     raise ValueError(f"--encoder must be one of {ENCODERS}, got {name!r}")
-
-
-def replace_params(info: EncoderInfo, **params) -> EncoderInfo:
-    merged = dict(info.params)
-    merged.update(params)
-    return dataclasses.replace(info, params=tuple(sorted(merged.items())))
