@@ -23,6 +23,7 @@ from pipeline import options
 from pipeline.ops import runners
 from pipeline.config import PILEPREP_VERSION, RunOptions, ShardConfig
 from pipeline.errors import RunError, RunInterrupted, UsageError, is_user_error, one_line
+from pipeline.output import print_outcome
 from pipeline.ops.redaction import RedactingFilter, SinkFormatter, install_sink_formatters, redact_userinfo
 from pipeline.ops.safe_text import terminal
 
@@ -125,15 +126,6 @@ def cmd_shard(args, beam_args) -> int:
     print_outcome(outcome)
     print(summary_table(outcome.manifest))
     return 0
-
-
-def print_outcome(outcome) -> None:
-    """A job's outcome (pipeline/job.py: JobOutcome): the nothing-to-do line, or the run's own summary (the
-    shard job's counter table). pipeline/shard/shard_pipeline.py's library `run` prints through this too."""
-    if outcome.message:
-        print(f"pileprep: {outcome.message}", flush=True)
-    if outcome.summary:
-        print(outcome.summary, flush=True)
 
 
 def cmd_sample(args, _beam_args) -> int:

@@ -23,7 +23,7 @@ from model_contract.manifest import (FileDigest, IdIndexRow, LedgerRow, dataset_
                                      resolve_dataset_path)
 from pipeline.config import ConfigError
 from pipeline.ops.incremental import InputsChangedError, file_sha256
-from pipeline.shard import near_dedup_graph
+from pipeline.shard import near_dedup_manifest
 from pipeline.shard.records import InputFile
 from transforms.io import io_utils
 from transforms.shard import corpus_stats
@@ -45,7 +45,7 @@ def add_integrity_sections(manifest: Manifest, output_dir: str, generation: str,
     manifest.dead_letter_files = files
     manifest.doc_id_indexes = [IdIndexRow(generation, dataset_relative_path(path, output_dir), documents, size, sha)]
     manifest.duplicates_by_source = dict(sorted(duplicates.items()))
-    summary, manifest.band_indexes = near_dedup_graph.manifest_section(shard_results, output_dir, generation)
+    summary, manifest.band_indexes = near_dedup_manifest.manifest_section(shard_results, output_dir, generation)
     if summary is not None:
         manifest.extra["near_dedup"] = summary
     return manifest
@@ -61,7 +61,7 @@ def merge_integrity_sections(previous: Manifest, new: Manifest) -> dict:
                                     key=lambda r: r.path),
         "doc_id_indexes": (previous.doc_id_indexes or []) + (new.doc_id_indexes or []),
         "duplicates_by_source": dict(sorted(duplicates.items())),
-        "band_indexes": near_dedup_graph.merge_band_indexes(previous, new),
+        "band_indexes": near_dedup_manifest.merge_band_indexes(previous, new),
     }
 
 

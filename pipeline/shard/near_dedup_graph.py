@@ -26,6 +26,9 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.errors import ConfigError, RunError
+from pipeline.shard import integrity, resume
+from pipeline.shard.near_dedup_manifest import BAND_INDEXES, SUMMARY_NAME
+from pipeline.shard.near_dedup_settings import params_of, tokenize_signing
 from transforms.io import io_utils, read_parquet
 from transforms.io.read_records import RawRecord, compression_of, iter_raw_records
 from transforms.shard import decontaminate, doc_ids, near_dedup, stages
@@ -38,29 +41,7 @@ LOG = logging.getLogger("pileprep.near_dedup")
 SIGN_BATCH_CHARS = 1 << 20
 EXCERPT_CHARS = 400
 EXAMPLE_PAIRS = 3
-SUMMARY_NAME = "near-dedup/summary.json"
 SIDECAR_DIR = "near-dedup"
-BAND_INDEXES = "near_dedup_band_indexes"  # manifest section: every generation's band index files
-
-
-def enabled(config) -> bool:
-    return bool(config.near_dedup or config.decontaminate)
-
-
-def params_of(config) -> near_dedup.MinHashParams:
-    return near_dedup.MinHashParams(config.near_dedup_bands, config.near_dedup_rows, config.seed,
-                                    shingles=getattr(config, "near_dedup_shingles", near_dedup.DEFAULT_SHINGLES))
-
-
-def tokenize_signing(config) -> typing.Optional[near_dedup.MinHashParams]:
-    """The params the tokenize stage signs documents with (transforms/shard/stages.py TokenizeSettings), or
-    None: only word shingles without --near-dedup-verify (shingles to stage) or --decontaminate (text to read),
-    where the signatures are all this stage needs of the text. Re-reading and parsing the unit's chunk was a
-    fifth of near-dedup's CPU on distinct text (docs/NEAR_DEDUP.md "Cost")."""
-    if not config.near_dedup or config.near_dedup_verify or config.decontaminate:
-        return None
-    params = params_of(config)
-    return params if params.shingles == "words" and params.sketch == "oph" else None
 
 
 def _distinct_rows(plan, unit) -> np.ndarray:
@@ -826,8 +807,6 @@ def _finish(grouped, plan):
     io_utils.write_bytes(summary_path, json.dumps(summary, sort_keys=True, indent=1).encode("utf-8"))
     staged = [p for _r, p in indexes] + [removals.write_marker(plan.staging_dir, indexes, contaminated_splits(cfg))]
     # The global stage's completion marker, last: a rerun of this generation skips the stage (pipeline/shard/resume.py mark_near_dedup)
-    from pipeline.shard import resume  # noqa: PLC0415 - resume → ops.guards → … → this module
-
     resume.mark_near_dedup(plan, staged, [p["sidecar"] for p in parts] + [b["path"] for b in band_files]
                            + [summary_path])
     return "done"
@@ -953,7 +932,6 @@ def committed_band_indexes(previous, output_dir: str, shingles: str = near_dedup
     index would match none of its documents: refused, naming the option."""
     from model_contract import MANIFEST_NAME  # noqa: PLC0415
     from model_contract.manifest import is_generation_name, resolve_dataset_path  # noqa: PLC0415
-    from pipeline.shard import integrity  # noqa: PLC0415 - integrity imports this module
 
     if previous is None:
         return []
@@ -1037,36 +1015,6 @@ def _finish_and_release(grouped, plan):
 class _GatherAll(beam.PTransform):
     def expand(self, pcoll):
         return _gather(pcoll, "")
-
-
-def manifest_section(shard_results: list, output_dir: str, generation: str) -> tuple:
-    """(the manifest's `near_dedup` section, its band index rows): removed documents per reason and source (every
-    copy the packers filtered) and the stage's summary (cluster sizes, example pairs, sidecar files with their
-    sha256); [BandIndexRow] of the generation's band index, or None. (None, None) when the stage did not run."""
-    from model_contract.manifest import BandIndexRow  # noqa: PLC0415
-
-    data_dir = io_utils.join(output_dir, generation)
-    path = io_utils.join(data_dir, SUMMARY_NAME)
-    if not io_utils.exists(path):
-        return None, None
-    summary = json.loads(io_utils.read_bytes(path))
-    by_source: dict = {}
-    for s in shard_results:
-        for reason, per in getattr(s, "filtered_per_source", {}).items():
-            for source, n in per.items():
-                by_source.setdefault(reason, {})
-                by_source[reason][source] = by_source[reason].get(source, 0) + n
-    summary["removed_by_source"] = {r: dict(sorted(v.items())) for r, v in sorted(by_source.items())}
-    rows = [BandIndexRow(generation, b["range"], b["path"], b["bytes"], b["sha256"])
-            for b in summary.get("band_index") or []]
-    return summary, rows or None
-
-
-def merge_band_indexes(previous, new):
-    """After an incremental commit the dataset lists every generation's band index (the next run reads them):
-    [BandIndexRow], or None when no generation has one."""
-    rows = list(previous.band_indexes or []) + list(new.band_indexes or [])
-    return rows or None
 
 
 def _dataset_relative(path: str, base: str) -> str:

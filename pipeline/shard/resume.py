@@ -43,7 +43,7 @@ from apache_beam.metrics import Metrics
 
 from model_contract.hashing import sha256_file
 from pipeline.ops import guards, progress
-from pipeline.shard import input_digests
+from pipeline.shard import input_digests, near_dedup_settings
 from pipeline.shard.records import InputFile, SplitOutput
 from transforms.io import io_utils
 from transforms.shard import stages
@@ -116,12 +116,10 @@ def _unit_files(name: str, dead_letter: bool, signed: bool = False) -> list:
 
 
 def signs_units(plan) -> bool:
-    """Whether this run's tokenize stage stages near-dedup signatures per unit (near_dedup_graph.tokenize_signing):
+    """Whether this run's tokenize stage stages near-dedup signatures per unit (near_dedup_settings.tokenize_signing):
     decided by the config, so by the fingerprint every marker carries."""
-    from pipeline.shard import near_dedup_graph  # noqa: PLC0415 - near_dedup_graph → … → ops.guards → this module
-
     config = plan.config
-    return bool(getattr(config, "near_dedup", False)) and near_dedup_graph.tokenize_signing(config) is not None
+    return bool(getattr(config, "near_dedup", False)) and near_dedup_settings.tokenize_signing(config) is not None
 
 
 def _split_files(file_idx: int, chunks: int, dead_letter: bool, spilled: bool = True) -> list:

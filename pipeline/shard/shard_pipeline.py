@@ -23,15 +23,16 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from pipeline import cli, job
+from pipeline import job
 from pipeline.beam_glue import (FilesystemOptions, GatherAll, PlanDoFn, Spread,  # noqa: F401 - public names
                                 apply_filesystem_options, chosen_running_mode, default_beam_args, pipeline_options)
 from pipeline.config import PILEPREP_VERSION, ShardConfig
 from pipeline.errors import RunError
+from pipeline.output import print_outcome
 from pipeline.ops import commit, guards, progress, runlog, runners
 from pipeline.ops import generations
-from pipeline.shard import (cancel, input_digests, integrity, near_dedup_graph, preflight, resume, runner_shuffle,
-                            unit_plan)
+from pipeline.shard import (cancel, input_digests, integrity, near_dedup_graph, near_dedup_settings, preflight, resume,
+                            runner_shuffle, unit_plan)
 from pipeline.shard.records import CommitParts, InputFile, SplitOutput, TokenizedFile
 from pipeline.shard.manifest_builder import build_manifest, shard_write_tasks
 from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model  # noqa: F401 - the job's public names
@@ -113,7 +114,7 @@ class TokenizeChunk(PlanDoFn):
         self.dtype = tokenizer.token_dtype(self.plan.contract.tokenizer.vocab_size)
         self.settings = stages.TokenizeSettings(cfg.text_field, tuple(cfg.source_fields), cfg.val_fraction,
                                                 cfg.test_fraction, cfg.seed, self.plan.input_splits, long_docs,
-                                                near_dedup_graph.tokenize_signing(cfg))
+                                                near_dedup_settings.tokenize_signing(cfg))
 
     def _load(self, model_bytes: bytes) -> tuple:
         cfg = self.plan.config
@@ -349,7 +350,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
              | "SpreadFiles" >> Spread(lambda f: f[0]))
     # The chunks go through staging where other workers tokenize them, or where the near-dedup stage reads them
     # again; else each file's chunks are tokenized by the worker that cuts them, as they are cut.
-    if spread_chunks or near_dedup_graph.enabled(plan.config):
+    if spread_chunks or near_dedup_settings.enabled(plan.config):
         splits = files | "SplitIntoChunks" >> beam.ParDo(SplitInputFile(plan))
         chunks = splits | "Chunks" >> beam.FlatMap(lambda s: s.result.chunks)
         if spread_chunks:
@@ -362,7 +363,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
     # After tokenize (exact dedup is by id), before packing and repeats; left out when an earlier run of this
     # generation finished it (its marker checked with every file's sha256: pipeline/shard/resume.py), since the
     # removals it staged depend only on the fingerprint.
-    if near_dedup_graph.enabled(plan.config) and not plan.resumed_near_dedup:
+    if near_dedup_settings.enabled(plan.config) and not plan.resumed_near_dedup:
         units = units | "NearDedup" >> near_dedup_graph.NearDedup(plan, shuffle)
     if shuffle == "runner":  # pieces through the runner's GroupByKey (pipeline/shard/runner_shuffle.py)
         shards = (units
@@ -511,9 +512,9 @@ def run_outcome(config: ShardConfig, beam_args=None, incremental_run: bool = Fal
 def run(config: ShardConfig, beam_args=None, incremental_run: bool = False, run_log: Optional[str] = None,
         progress_every_s: float = 10.0) -> dict:
     """The library form of `pileprep shard`: run (see run_outcome), print the outcome as the command does
-    (pipeline/cli.py: print_outcome, the one printer) and return the committed manifest as a dict."""
+    (pipeline/output.py: print_outcome, as the CLI prints it) and return the committed manifest as a dict."""
     outcome = run_outcome(config, beam_args, incremental_run, run_log, progress_every_s)
-    cli.print_outcome(outcome)
+    print_outcome(outcome)
     return outcome.manifest
 
 

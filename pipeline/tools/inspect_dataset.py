@@ -89,7 +89,7 @@ def inspect(dataset: str, examples: int = 2, tokenizer_path: str | None = None) 
     out = [summary_table(manifest.to_dict())]
     if examples <= 0 or not manifest.shards:
         return "\n".join(out)
-    from pipeline.tools.report import contract_tokenizer  # noqa: PLC0415 - the report's sha256 check, shared
+    from pipeline.tools.dataset_tokenizer import contract_tokenizer  # noqa: PLC0415 - the sha256 check report shares
 
     sp, note = contract_tokenizer(tokenizer_path or manifest.config.get("tokenizer"), manifest.contract.tokenizer)
     if note:

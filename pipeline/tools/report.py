@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import html
 import io
 import json
 import math
@@ -27,6 +26,9 @@ from typing import Optional
 from transforms.shard import mixture as mixture_weights
 from pipeline.ops import safe_text
 from pipeline.tools import report_near_dedup
+from pipeline.tools.report_html import cell as _cell, escape as _e, escape_lines as _e_lines
+from pipeline.tools.report_html import section as _section, table as _table
+from pipeline.tools.dataset_tokenizer import contract_tokenizer
 from transforms.shard.documents import SPLITS
 
 MAX_EXCERPTS_PER_REASON = 3
@@ -220,25 +222,6 @@ def plot_training(metrics: list) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ tables
-def _table(headers: list, rows: list, cls: str = "") -> str:
-    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in rows)
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
-def _cell(v) -> str:
-    if isinstance(v, float):
-        return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
-    if isinstance(v, int):
-        return f"{v:,}"
-    return _e(v)
-
-
-def _section(title: str, *parts: str) -> str:
-    anchor = "".join(c if c.isalnum() else "-" for c in title.lower())
-    return f'<section id="{anchor}"><h2>{_e(title)}</h2>{"".join(parts)}</section>'
-
-
 def _pct(a: float, b: float) -> str:
     return f"{100 * a / b:.3f}%" if b else "n/a"
 
@@ -275,19 +258,6 @@ def _num(v) -> float:
     """A count or size from the manifest as a number (0 for anything else), for arithmetic only: display goes
     through `_cell`, which escapes whatever the value is."""
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else 0
-
-
-def _e(v) -> str:
-    """Every data string enters the page here (or through `_cell`): made inert by the one sanitizer
-    (pipeline/ops/safe_text.py: control characters, escape sequences, line separators and bidi overrides written
-    as visible escapes, as the terminal sinks write them), then HTML-escaped. html.escape alone left them as raw
-    bytes inside the escaped text."""
-    return html.escape(safe_text.terminal(v), quote=True)
-
-
-def _e_lines(v) -> str:
-    """`_e` for a multi-line block (a decoded example in <pre>): the same, keeping its newlines."""
-    return html.escape(safe_text.log_text(v), quote=True)
 
 
 def _bytes(n: float) -> str:
@@ -562,27 +532,6 @@ def read_wall_time(run_log: str) -> Optional[float]:
         if isinstance(rec, dict) and rec.get("event") == "summary" and isinstance(rec.get("wall_s"), (int, float)):
             wall = float(rec["wall_s"])
     return wall
-
-
-def contract_tokenizer(path, info) -> tuple:
-    """(the tokenizer at `path`, "") when the file has the contract's sha256, else (None, a one-line note: token
-    ids are shown instead). Decoding with another file would show text the data does not hold; the report and
-    `pileprep inspect` (pipeline/tools/inspect_dataset.py) both decode only through this check."""
-    from transforms.tokenize import tokenizer  # noqa: PLC0415
-
-    try:
-        # a directory stands for its tokenizer.json, and the contract holds the options the file does not carry
-        # (a tiktoken file's pattern and special tokens, --eos-token): as inspect and verify load it
-        model = tokenizer.read_model_bytes(path) if isinstance(path, str) and path else None
-        if model is None:
-            return None, "token ids: no tokenizer file recorded or given"
-        got = hashlib.sha256(model).hexdigest()
-        if got != info.model_sha256:
-            return None, (f"token ids: the tokenizer file's sha256 {got[:12]}… is not the contract's "
-                          f"{str(info.model_sha256)[:12]}… (changed since the run, or another tokenizer)")
-        return tokenizer.load_for_info(model, info, path), ""
-    except (OSError, ValueError, RuntimeError) as e:
-        return None, f"token ids: the tokenizer file cannot be read ({type(e).__name__})"
 
 
 def decoded_examples(manifest_file: str, manifest) -> dict:

@@ -1,6 +1,6 @@
 """The report's near-duplicates and decontamination section (pipeline/tools/report.py calls `section`).
 
-Everything shown comes from the manifest's `near_dedup` section (pipeline/shard/near_dedup_graph.py
+Everything shown comes from the manifest's `near_dedup` section (pipeline/shard/near_dedup_manifest.py
 `manifest_section`): removed share per source, the cluster-size histogram, three example pairs side by side,
 and contaminated documents with their evaluation n-gram. Document text is data: every value is escaped, and
 the section adds no script (the page's Content-Security-Policy allows only its own, by hash).

@@ -3,10 +3,10 @@ documents, from the manifest's `packing` section (pipeline/shard/manifest_builde
 packing is not the default concat)."""
 from __future__ import annotations
 
+from pipeline.tools.report_html import escape, section, table
+
 
 def packing_section(manifest: dict) -> str:
-    from pipeline.tools.report import _e, _section, _table  # noqa: PLC0415 - report imports this module lazily
-
     packing = manifest.get("packing")
     if not isinstance(packing, dict) or not isinstance(packing.get("splits"), dict):
         return ""
@@ -20,8 +20,8 @@ def packing_section(manifest: dict) -> str:
         for source, c in sorted((s.get("sources") or {}).items()):
             rows.append([split, source, c.get("documents", 0), f"{100 * float(c.get('split_share', 0)):.3f}%",
                          c.get("fitting_split", 0), float(c.get("examples_per_document", 0)), "—"])
-    return _section(
-        "Packing", _table(["split", "source", "documents", "split over examples", "split although they fit",
+    return section(
+        "Packing", table(["split", "source", "documents", "split over examples", "split although they fit",
                            "examples per document", "padding"], rows),
-        f"<p>Packing {_e(str(packing.get('packing')))}, window {_e(str(packing.get('window_examples')))} examples "
+        f"<p>Packing {escape(str(packing.get('packing')))}, window {escape(str(packing.get('window_examples')))} examples "
         "(transforms/shard/best_fit.py). Padding is per split: an example's padding belongs to no source.</p>")
