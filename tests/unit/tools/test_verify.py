@@ -202,7 +202,9 @@ def test_audit_fails_when_a_document_is_missing(built, tmp_path):
 
 
 def test_verify_an_s3_dataset(built, s3_server):  # noqa: F811
-    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from transforms.io.filesystem_options import set_filesystem_options
 
     _root, out, manifest = built
     client = s3_server.client()
@@ -211,7 +213,6 @@ def test_verify_an_s3_dataset(built, s3_server):  # noqa: F811
         if p.is_file():
             client.upload_file(str(p), "verify", "ds/" + str(p.relative_to(out)))
     fs_args = s3_server.beam_args() + ["--s3_access_key_id=testing", "--s3_secret_access_key=testing"]
-    saved = FileSystems._pipeline_options  # noqa: SLF001 - verify sets the process's filesystem options
     try:
         good = verify("s3://verify/ds", filesystem_args=fs_args)
         assert good.ok and good.files_checked == len(manifest["shards"]) + len(manifest["dead_letters"]) + 1, \
@@ -220,8 +221,8 @@ def test_verify_an_s3_dataset(built, s3_server):  # noqa: F811
         client.put_object(Bucket="verify", Key="ds/" + shard, Body=(out / shard).read_bytes()[:-1])
         bad = verify("s3://verify/ds", filesystem_args=fs_args)
         assert not bad.ok and len(bad.mismatches) == 1 and shard in bad.mismatches[0], bad.render()
-    finally:
-        FileSystems._pipeline_options = saved  # noqa: SLF001
+    finally:  # verify gave the process S3 options: back to none
+        set_filesystem_options(PipelineOptions([]))
 
 
 def _resolver_refuses_outside_paths() -> bool:
