@@ -6,10 +6,10 @@ fork `gigatoken-cachefix`) encodes SentencePiece BPE byte-fallback models and HF
 faster than their references on one thread (bench/tokenizer_backend_bench.py); it is given the tokenizer.json
 (for a `.model`, gigatoken's own conversion of it) minus its `special: true` added tokens, so a document that
 spells `<s>` or `<|endoftext|>` gets the text's ids, as from the reference, and its encode cache is bounded
-explicitly (GIGATOKEN_CACHE_BYTES). `auto` tries the fast backends fastest first (FAST_BACKENDS).
+explicitly (GIGATOKEN_CACHE_BYTES). `auto` considers gigatoken only (FAST_BACKENDS says why).
 
-For SentencePiece models, kitoken (Rust) reads the same SentencePiece model file and, with
-special-token parsing off, gives ids identical to `sp.encode` on BPE models at about a third of the CPU;
+For SentencePiece models, when asked for by name, kitoken (Rust) reads the same SentencePiece model file and,
+with special-token parsing off, gives ids identical to `sp.encode` on the BPE models tested at about a third of the CPU;
 splintr-rs (Rust; its BPE over a tokenizer.json built here from the model's pieces and scores) is exact too on
 the BPE models it accepts, as fast on one thread and faster from two threads of one process (its call releases
 the GIL). Trust is earned, not assumed, in steps:
@@ -49,10 +49,13 @@ from transforms.tokenize.sentencepiece_model import (  # noqa: F401 - re-exporte
 
 LOG = logging.getLogger("pileprep.tokenizer")
 BACKENDS = ("auto", "reference", "sentencepiece", "gigatoken", "kitoken", "splintr")
-# The order `auto` tries them in, fastest first per thread on Llama 2 (bench/tokenizer_backend_bench.py:
-# gigatoken ~32x sp.encode, splintr ~6.6x, kitoken ~3.6x); only gigatoken reads an HF tokenizer.json.
-FAST_BACKENDS = {formats.SENTENCEPIECE: ("gigatoken", "splintr", "kitoken"), formats.HF_JSON: ("gigatoken",),
-                 formats.TIKTOKEN: ()}
+# What `auto` may choose: gigatoken only (~32x sp.encode per thread on Llama 2, bench/tokenizer_backend_bench.py;
+# the only fast backend that reads an HF tokenizer.json). splintr and kitoken stay selectable by name but are not
+# candidates of `auto`: kitoken breaks SentencePiece's score ties by piece id instead of the leftmost pair
+# (tests/fixtures/sp_models.py LLAMA_WHITESPACE_ORDER), and the exact domain (transforms/tokenize/exact_domain.py)
+# compares single code points, so a tie inside a multi-character run is outside what it proves; with one
+# candidate, `auto`'s exactness rests on the domain plus gigatoken's tie tests, not on a sampled parity check.
+FAST_BACKENDS = {formats.SENTENCEPIECE: ("gigatoken",), formats.HF_JSON: ("gigatoken",), formats.TIKTOKEN: ()}
 REFERENCE_NAMES = {formats.SENTENCEPIECE: "sentencepiece", formats.HF_JSON: "tokenizers", formats.TIKTOKEN: "tiktoken"}
 # Spot check 1 document in N: the check re-encodes ~1/N of the bytes with the reference, which is `speed-up` times
 # slower than the backend, so its cost is ~speed-up/N of the encode; N >= 20 x the measured speed-up keeps it
