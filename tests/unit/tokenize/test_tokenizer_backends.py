@@ -13,6 +13,7 @@ from pipeline.shard import shard_pipeline
 from tests.conftest import shared_data, stdlib_texts
 from tests.corpus_fixtures import write_good_corpus
 from tests.ops_fixtures import FAST_LOCAL, dataset_files
+from transforms.tokenize import fast_encoders, tokenizer_cache
 from transforms.tokenize import tokenizer_backends as tb
 
 LLAMA2 = ("tokenizers", "llama2-bpe-32k.model")
@@ -120,14 +121,14 @@ def test_the_converted_tokenizer_json_is_cached_between_processes(tmp_path, monk
     # named by the digest of its key (the model's sha256, format, gigatoken's version), which its header repeats
     key = tb.gigatoken_json_key(model_bytes, "sentencepiece")
     assert key["source_sha256"] == hashlib.sha256(model_bytes).hexdigest()
-    assert name == f"gigatoken-json-{tb.tokenizer_cache.key_digest(key)}.bin"
+    assert name == f"gigatoken-json-{tokenizer_cache.key_digest(key)}.bin"
 
     def no_conversion(*_args):
         raise AssertionError("converted again")
-    monkeypatch.setattr(tb, "gigatoken_tokenizer_json", no_conversion)
+    monkeypatch.setattr(fast_encoders, "gigatoken_tokenizer_json", no_conversion)
     assert tb.cached_gigatoken_tokenizer_json(model_bytes, "sentencepiece") == fresh  # read back, not converted
     monkeypatch.undo()
-    monkeypatch.setattr(tb, "gigatoken_tokenizer_json", lambda *_a: "converted")
+    monkeypatch.setattr(fast_encoders, "gigatoken_tokenizer_json", lambda *_a: "converted")
     for setting in ("off", str(tmp_path / "a-file" / "cache")):
         (tmp_path / "a-file").write_text("")  # a cache folder that cannot be created
         monkeypatch.setenv(tb.TOKENIZER_CACHE_ENV, setting)
