@@ -95,3 +95,14 @@ def test_without_a_bound_a_stage_pads_to_b_times_t(monkeypatch):
     stage(torch.zeros_like(seg), torch.zeros_like(seg), seg)
     assert seen == [(None, 2 * 128 + 1)]
 
+
+def test_gpu_check_attention_says_varlen_is_skipped_on_cpu_and_reports_the_bound(capsys):
+    import time
+
+    from tests.unit.trainer.test_gpu_check import _load
+    out = _load().section_attention(types.SimpleNamespace(tiny=True), torch.device("cpu"), time.monotonic() + 60,
+                               lambda result: None)
+    assert "[attention] varlen skipped: needs a CUDA device" in capsys.readouterr().out
+    for row in out["mixes"].values():
+        assert row["varlen"] == {"status": "skipped", "reason": "needs a CUDA device"}
+        assert row["documents"] <= row["varlen_sequences"] < row["varlen_sequences_unbounded"] == 2 * 64
