@@ -39,7 +39,7 @@ from model_contract import (MANIFEST_NAME, ContractError, Manifest, TFRecordCorr
                             iter_records, resolve_shard_path)
 from model_contract.hashing import sha256_file
 from model_contract.manifest import resolve_dataset_path
-from pipeline.ops.input_checks import readable_inputs
+from pipeline.ops.input_checks import match_input, readable_inputs
 from pipeline.tools import verify_inputs
 from transforms.io import io_utils
 
@@ -367,8 +367,6 @@ def _held_out_split(manifest: Manifest, path: str) -> Optional[str]:
 
 def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sample: int, seed: int,
                   tokenizer_path: Optional[str]) -> AuditResult:
-    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
-
     from transforms.tokenize import tokenizer  # noqa: PLC0415
 
     audit = AuditResult()
@@ -381,7 +379,7 @@ def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sam
         return audit
     sp = tokenizer.load_for_info(model, manifest.contract.tokenizer, model_path)  # the format's reference library
     eos = manifest.contract.tokenizer.eos_id
-    paths = sorted({m.path for g in input_globs for m in FileSystems.match([g])[0].metadata_list})
+    paths = sorted({m.path for g in input_globs for m in match_input(g)})
     paths = readable_inputs(paths, "--inputs", "the audit")  # never a FIFO, /dev/zero or a misnamed .bz2
     held = {row["path"] for row in manifest.inputs}
     records = sample_records(paths, sample, seed)
