@@ -227,8 +227,13 @@ def _write_generation_manifests(output_dir: str, current_gen: Optional[str], new
 
 def _prune(output_dir: str, live_heads: set, keep_generations: int, keep_paths: list) -> None:
     """After the publish: remove the generations nobody keeps (refs are read now, after the new manifest is
-    visible, so a trainer pinning concurrently either sees this commit or is seen by it)."""
-    state = generations.read_state(output_dir, {h for h in live_heads if h.startswith("gen-")})
+    visible, so a trainer pinning concurrently either sees this commit or is seen by it). The order was checked
+    before the publish (generations.next_commit_seq); a copy changed since then leaves every generation in place."""
+    try:
+        state = generations.read_state(output_dir, {h for h in live_heads if h.startswith("gen-")})
+    except generations.HistoryError as e:
+        LOG.warning("committed, but removed no previous generation: %s", e)
+        return
     for gen, _why in generations.plan_prune(state, keep_generations, drop_stale_refs=False).remove:
         _check_deletable(io_utils.join(output_dir, check_generation_name(gen)), output_dir, keep_paths)
         _remove_after_commit(gen, "the generation", lambda g: generations.remove_generation(output_dir, g))
