@@ -29,6 +29,7 @@ import hashlib
 import heapq
 import io
 import json
+import os
 import struct
 from dataclasses import dataclass, field
 from typing import Optional
@@ -353,8 +354,18 @@ def _pieces_of(manifest: Manifest, manifest_file: str, wanted: set, audit: Audit
                         if int(doc) in wanted:
                             found[int(doc)].append((int(off), ex["input_ids"][seg == n], shard.split, shard.path))
         except (ContractError, OSError, TFRecordCorruptError) as e:
-            audit.problems.append(f"shard {shard.path}: cannot be read for the audit ({e})")
+            audit.problems.append(f"shard {shard.path}: cannot be read for the audit ({_read_problem(e)})")
     return found
+
+
+def _read_problem(e: Exception) -> str:
+    """Why a file could not be read, in words: "missing", "Permission denied", or the refusal's own message; never
+    Python's `[Errno 2] No such file or directory: '<path>'` (the path is already named)."""
+    if isinstance(e, FileNotFoundError):
+        return "missing"
+    if isinstance(e, OSError):
+        return e.strerror or type(e).__name__
+    return str(e)
 
 
 def _held_out_split(manifest: Manifest, path: str) -> Optional[str]:
@@ -434,8 +445,12 @@ def verify(dataset: str, inputs: Optional[list] = None, sample: int = 200, seed:
         from pipeline.tools import export_verify  # noqa: PLC0415
 
         if export_verify.is_export(dataset):  # an export's files against its export.json
-            export_verify.verify_export(dataset, report)
+            export_verify.verify_export(dataset, report)  # (a link there is a mismatch it names)
             return report
+    if io_utils.is_local(manifest_file):  # before any read: never through a link inside the dataset
+        from pipeline.ops import guards  # noqa: PLC0415
+
+        guards.check_no_links_inside(os.path.dirname(manifest_file) or ".", "verify")
     if not io_utils.exists(manifest_file):
         report.mismatches.append(f"{manifest_file}: no manifest (never committed, or not a dataset)")
         return report
