@@ -26,6 +26,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.errors import ConfigError, RunError
+from pipeline.ops.input_checks import match_input
 from transforms.io import io_utils, read_parquet
 from transforms.io.read_records import RawRecord, compression_of, iter_raw_records
 from transforms.shard import decontaminate, doc_ids, near_dedup, stages
@@ -121,7 +122,7 @@ def eval_files(config) -> list:
     """The evaluation files --decontaminate names, sorted; a glob matching nothing is a configuration error."""
     files = set()
     for pattern in config.decontaminate:
-        matched = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list]
+        matched = [m.path for m in match_input(pattern)]
         if not matched:
             raise ConfigError(f"--decontaminate: {pattern} matches no file")
         files.update(matched)

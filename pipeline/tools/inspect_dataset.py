@@ -45,10 +45,11 @@ def summary_table(manifest: dict) -> str:
 
 def _load(dataset: str):
     """(manifest, manifest file) from a local directory or manifest.json, or any Beam filesystem (s3://)."""
-    from pipeline.ops import commit  # noqa: PLC0415
+    from pipeline.ops import commit, guards  # noqa: PLC0415
 
     if "://" not in dataset:
         manifest_file = dataset if dataset.endswith(".json") else os.path.join(dataset, MANIFEST_NAME)
+        guards.check_no_links_inside(os.path.dirname(manifest_file) or ".", "inspect")  # before any read
         if not os.path.exists(manifest_file):
             raise FileNotFoundError(f"no manifest at {manifest_file}: the dataset is missing or was never committed")
         with open(manifest_file, encoding="utf-8") as f:
