@@ -23,7 +23,7 @@ import logging
 
 from transforms.tokenize import formats
 
-LOG = logging.getLogger(__name__)
+LOG = logging.getLogger("pileprep.tokenizer")  # the run's own logger: shown on the driver's stderr (pipeline/cli.py)
 # HF tokenizers' pre-tokenizers that drop the characters they split on whatever their settings
 # (tokenizers/src/pre_tokenizers/: whitespace.rs, bert.rs, delimiter.rs use SplitDelimiterBehavior::Removed)
 _DROPPING_PRE_TOKENIZERS = ("Whitespace", "WhitespaceSplit", "BertPreTokenizer", "CharDelimiterSplit")
