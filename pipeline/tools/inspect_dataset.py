@@ -103,8 +103,10 @@ def decoding_tokenizer(given: str | None, manifest):
     path = given or manifest.config.get("tokenizer")
     if not (isinstance(path, str) and path):
         return None, "token ids: no tokenizer file recorded or given"
-    if not given and not (os.path.lexists(path) if "://" not in path else io_utils.exists(tokenizer.resolve_path(path))):
-        return None, f"token ids: no tokenizer file at {path} (the manifest's config.tokenizer); pass --tokenizer"
+    if not given:  # a link or a special file is present: judged below, not called absent
+        present = os.path.lexists(path) if "://" not in path else io_utils.exists(tokenizer.resolve_path(path))
+        if not present:
+            return None, f"token ids: no tokenizer file at {path} (the manifest's config.tokenizer); pass --tokenizer"
     info = manifest.contract.tokenizer
     try:
         model = tokenizer.read_model_bytes(path)  # regular file, size bound (the one tokenizer opener)
