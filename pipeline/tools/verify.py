@@ -56,6 +56,7 @@ class AuditResult:
     # how many written ones were checked by decoding (pipeline/tools/verify_inputs.py)
     removed: dict = field(default_factory=dict)
     round_trip_checked: int = 0
+    round_trip_note: str = ""  # how decode(tokens) was checked, when not against the text as is, or why not
 
 
 @dataclass
@@ -83,6 +84,8 @@ class VerifyReport:
             lines.append(f"audit: {a.sampled} sampled records: {a.documents} documents found once and token-exact, "
                          f"{a.dead_lettered} dead-lettered, {a.filtered} filtered, removed {a.removed or 'none'}, "
                          f"{a.round_trip_checked} round-tripped; {len(a.problems)} problem(s)")
+            if a.round_trip_note:
+                lines.append(f"  note: {t(a.round_trip_note)}")
             lines += [f"  PROBLEM {t(p)}" for p in a.problems]
         lines.append("OK" if self.ok else "FAILED")
         return "\n".join(lines)
@@ -419,11 +422,12 @@ def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sam
     removals = verify_inputs.load_removals(manifest, manifest_file, audit.problems)
     ids = {d.doc_id for d in documents}
     pieces = _pieces_of(manifest, manifest_file, ids | removals.keepers(ids), audit)
-    decode = sp.decode if verify_inputs.decode_is_exact(sp, model) else None
+    trip = verify_inputs.round_trip(sp, model)
+    audit.round_trip_note = trip.note
     counts = collections.Counter()
     for doc in documents:
         expected = list(sp.encode(doc.text)) + [eos]
-        verify_inputs.check_document(doc, expected, pieces, removals, decode, eos, counts, audit.problems)
+        verify_inputs.check_document(doc, expected, pieces, removals, trip, eos, counts, audit.problems)
     audit.documents = counts.pop("written", 0)
     audit.round_trip_checked = counts.pop("round_trip_checked", 0)
     audit.removed = dict(sorted(counts.items()))
