@@ -269,7 +269,12 @@ def section_attention(args, device, deadline, record):
         {"short docs (mean 8)": 8, "long docs (mean 40)": 40}
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     from trainer.attention import varlen_attention_op
-    impls = ["sdpa", "flex"] + (["varlen"] if device.type == "cuda" and varlen_attention_op() is not None else [])
+    # varlen is FlashAttention's (CUDA only, torch with torch.nn.attention.varlen): elsewhere its rows say why
+    no_varlen = ("needs a CUDA device" if device.type != "cuda" else
+                 None if varlen_attention_op() is not None else "this torch has no torch.nn.attention.varlen")
+    impls = ["sdpa", "flex"] + ([] if no_varlen else ["varlen"])
+    if no_varlen:
+        print(f"[attention] varlen skipped: {no_varlen}", flush=True)
     out = {"shape": {"B": b, "H": h, "T": t, "D": d}, "mixes": {}}
     for mix, mean in mixes.items():
         seg_host = _doc_segments(b, t, mean, seed=3)
@@ -277,6 +282,8 @@ def section_attention(args, device, deadline, record):
         starts = (seg[:, 1:] != seg[:, :-1]).sum().item() + b
         bound = varlen_run_bound(seg_host)  # as the trainer sizes it (trainer/train.py _bound_varlen)
         row = {"documents": starts, "varlen_sequences": bound, "varlen_sequences_unbounded": b * t}
+        if no_varlen:
+            row["varlen"] = {"status": "skipped", "reason": no_varlen}
         for impl in impls:
             if time.monotonic() > deadline - 3:
                 row[impl] = {"status": "skipped"}

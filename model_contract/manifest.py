@@ -21,6 +21,10 @@ from model_contract.schema import Fields, check_generation_name, check_relative_
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "pileprep.manifest"
 GENERATION_FIELDS = ("name", "inputs", "shards", "examples", "tokens", "documents")
+# commit_seq stays below 2^53: every JSON reader (a double in JavaScript, an int64 in Arrow, Parquet or Go) holds it
+# exactly, and a forged 10^23 can neither outrank every real commit nor push the next one past int64
+# (docs/wip/hostile-review-issue28.md F5).
+COMMIT_SEQ_LIMIT = 2 ** 53
 
 
 @dataclass(frozen=True)
@@ -441,14 +445,25 @@ def check_manifest_dict(d) -> None:
             LedgerRow.from_dict(row, path)
     for path, row in f.items("skipped_inputs", required=False):
         SkippedInput.from_dict(row, path)
-    if d.get("commit_seq") is not None:
-        f.positive("commit_seq")
+    if "commit_seq" in d:  # absent: written before it was recorded; never null (no pileprep writes that)
+        check_commit_seq(d["commit_seq"])
     for key, _attr, read in SECTIONS:
         if key in d:
             read(d[key], key)
     for key in EXTRA_OBJECTS:
         if key in d:
             f.obj(key)
+
+
+def check_commit_seq(value, where: str = "manifest commit_seq"):
+    """`value` when it is a commit sequence number (an integer, 1 <= value < 2^53; not a bool, a float or a
+    string), else a ContractError naming `where`. Pruning and `pileprep gc` order generations by it
+    (pipeline/ops/generations.py): the live manifest and every generation manifest are held to this one rule."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value < COMMIT_SEQ_LIMIT:
+        shown = repr(value)
+        raise ContractError(f"{where}: expected an integer >= 1 and < 2^53, got "
+                            f"{shown if len(shown) <= 40 else shown[:37] + '...'}")
+    return value
 
 
 def _join(base: str, rel: str) -> str:

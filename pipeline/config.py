@@ -69,8 +69,9 @@ class ShardConfig:
                                     metavar="NAME|REGEX")
     special_tokens: str = option("", "tiktoken file's special tokens: 'TEXT=ID,...' or a JSON object",
                                  metavar="SPEC")
-    eos_token: str = option("", "the token that ends every document (required when the tokenizer has no single "
-                            "obvious one, e.g. '<|endoftext|>')", metavar="TEXT")
+    # None = not given (the tokenizer's single obvious EOS); "" given is refused in validate, not read as absent
+    eos_token: Optional[str] = option(None, "the token that ends every document (required when the tokenizer has no "
+                                      "single obvious one, e.g. '<|endoftext|>')", metavar="TEXT")
     seq_len: int = option(2048, "tokens per example")
     num_shards: Optional[int] = option(None, "train shards (val/test get a proportional count, at least 1)",
                                        exclusive="size", metavar="N")
@@ -231,6 +232,9 @@ class ShardConfig:
             problems.append(f"--packing-window must be at least 1, got {self.packing_window}")
         if self.keep_generations < 0:
             problems.append(f"--keep-generations must be 0 or more, got {self.keep_generations}")
+        if self.eos_token == "":  # `--eos-token ''` (an unset shell variable) must not silently mean "pick one"
+            problems.append("--eos-token is empty: give the text of the end-of-document token (e.g. "
+                            "'<|endoftext|>') or leave the option out")
         if not 0.0 <= self.max_dead_letter_fraction <= 1.0:
             problems.append(f"--max-dead-letter-fraction must be in [0, 1], got {self.max_dead_letter_fraction}")
         if self.unit_mb <= 0 or self.max_line_mb <= 0 or self.max_pretoken_mb <= 0:

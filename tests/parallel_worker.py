@@ -11,8 +11,10 @@ after the last optimizer step, each relative to the reference.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -168,6 +170,22 @@ def run_layout(o: dict, ref: dict) -> dict:
             "params": sorted(got)}
 
 
+def end_of_layout_barrier(layout: str, timeout_s: float = 120.0) -> None:
+    """A barrier that cannot hang the module: when only some ranks fail a layout (an error before a pipeline
+    send), the others wait in a recv that never returns, and a plain barrier turned that into a 330 s timeout
+    of every layout (the varlen wiring's AttributeError on the interleaved views, trainer/model.py stage_view).
+    gloo's monitored barrier names the ranks that did not arrive; then this rank exits and torchrun stops the
+    rest, so the test fails at once with the error lines already written."""
+    if dist.get_backend() != "gloo":
+        dist.barrier()
+        return
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
+    except RuntimeError as e:
+        print(f"layout {layout}: ranks did not reach the barrier: {e}"[:2000], file=sys.stderr, flush=True)
+        os._exit(3)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -185,7 +203,7 @@ def main():
             res = {"layout": tag(o), "rank": int(os.environ["RANK"]), "error": f"{type(e).__name__}: {e}"[:2000]}
         with open(os.path.join(a.out, f"rank{dist.get_rank()}.jsonl"), "a") as f:
             f.write(json.dumps(res) + "\n")
-        dist.barrier()
+        end_of_layout_barrier(tag(o))
     dist.destroy_process_group()
 
 

@@ -128,6 +128,21 @@ def _varlen_causal_kwargs() -> tuple:
 
 
 @dataclass
+class VarlenBound:
+    """The step's bound on sequences per micro-batch for the varlen kernel (`varlen_run_bound` of the host batch,
+    set by trainer/train.py `Trainer._bound_varlen`); None pads to b * t. One mutable object shared by a stage and
+    its interleaved views (trainer/model.py `stage_view`): the trainer sets it on the owner, the pipeline runs the
+    views. (A plain attribute was missing on the views: the first stage raised AttributeError in the pipeline's
+    shape inference while the next waited in `recv_object_list` forever - the hung layouts of commit 76cf715.)
+
+    Every rank that shares a micro-batch (the pp stages and tp shards of one data-parallel replica) reads the same
+    host batch (trainer/data.py ShardLoader is keyed by the dp rank alone), so they agree on the bound without a
+    collective; replicas may differ, which only picks a different compiled variant locally: cu_seqlens never
+    crosses ranks and no collective's shape depends on it."""
+    value: Optional[int] = None
+
+
+@dataclass
 class DocumentMask:
     """What one micro-batch's attention needs, for the chosen kernel."""
     impl: str

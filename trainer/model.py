@@ -28,7 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainer.attention import DocumentMask, attend, build_mask, dense_mask, resolve_impl
+from trainer.attention import DocumentMask, VarlenBound, attend, build_mask, dense_mask, resolve_impl
 from trainer.config import ModelConfig
 from trainer.loss import IGNORE_INDEX, chunked_loss_sum, plain_loss_sum
 
@@ -152,6 +152,7 @@ class GPTStage(nn.Module):
             raise ValueError(f"unknown loss mode {loss!r} (logits | chunked)")
         self.cfg, self.first, self.last = cfg, first, last
         self.attention, self.loss_mode, self.loss_chunk_tokens = attention, loss, loss_chunk_tokens
+        self.varlen_bound = VarlenBound()  # shared with the views (stage_view); trainer/train.py sets it per step
         self.layer_ids = list(layers)
         if first:
             self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -211,7 +212,7 @@ class GPTStage(nn.Module):
             x = (self.tok_emb(input_ids) + self.pos_emb(positions)).float()
         else:
             x, segment_ids = args
-        mask = build_mask(segment_ids, resolve_impl(self.attention, segment_ids.device))
+        mask = build_mask(segment_ids, resolve_impl(self.attention, segment_ids.device), self.varlen_bound.value)
         for key, block in self.blocks.items():
             x = block(x, mask)
             if retro and key in self.retro:
@@ -242,6 +243,7 @@ def stage_view(parent: GPTStage, layers: Iterable[int], first: bool, last: bool)
     nn.Module.__init__(v)
     v.cfg, v.first, v.last = parent.cfg, first, last
     v.attention, v.loss_mode, v.loss_chunk_tokens = parent.attention, parent.loss_mode, parent.loss_chunk_tokens
+    v.varlen_bound = parent.varlen_bound  # the same object: the trainer sets the owner's, the views run with it
     v.layer_ids = list(layers)
     v.retro_spec = parent.retro_spec
     if parent.retro_spec is not None:

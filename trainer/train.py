@@ -327,8 +327,8 @@ class Trainer:
         if self._varlen_stages:
             from trainer.attention import varlen_run_bound  # noqa: PLC0415
             bound = varlen_run_bound(segment_ids, self.cfg.parallel.microbatches)
-            for stage in self._varlen_stages:
-                stage.varlen_bound = bound
+            for stage in self._varlen_stages:  # the owner's VarlenBound is its views' too (model.stage_view)
+                stage.varlen_bound.value = bound
 
     def train_step(self) -> StepResult:
         """One optimizer step: data, forward/backward, gradient sync, clip, AdamW; returns its measurements."""

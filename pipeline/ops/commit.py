@@ -40,7 +40,9 @@ def manifest_location(output_dir: str) -> str:
 
 
 def read_committed(output_dir: str) -> Optional[Manifest]:
-    path = manifest_location(output_dir)
+    """The output's live manifest, validated (None: none yet). Every command that reads an output starts here or
+    at `committed_kind`: a link anywhere inside a local one is refused first (guards.check_no_links_inside)."""
+    path = _checked_manifest_location(output_dir)
     if not io_utils.exists(path):
         return None
     return parse_manifest(io_utils.read_bytes(path).decode("utf-8"), output_dir)
@@ -69,6 +71,11 @@ def require_dataset(manifest: Manifest, where: str) -> Manifest:
     if kind != KIND_DATASET:
         raise ConfigError(f"{where}: it holds a {kind}, not a dataset: pass a shard dataset's directory")
     return manifest
+
+
+def _checked_manifest_location(output_dir: str) -> str:
+    guards.check_no_links_inside(output_dir)
+    return manifest_location(output_dir)
 
 
 def publish_manifest(output_dir: str, manifest_json: str) -> str:
@@ -227,8 +234,13 @@ def _write_generation_manifests(output_dir: str, current_gen: Optional[str], new
 
 def _prune(output_dir: str, live_heads: set, keep_generations: int, keep_paths: list) -> None:
     """After the publish: remove the generations nobody keeps (refs are read now, after the new manifest is
-    visible, so a trainer pinning concurrently either sees this commit or is seen by it)."""
-    state = generations.read_state(output_dir, {h for h in live_heads if h.startswith("gen-")})
+    visible, so a trainer pinning concurrently either sees this commit or is seen by it). The order was checked
+    before the publish (generations.next_commit_seq); a copy changed since then leaves every generation in place."""
+    try:
+        state = generations.read_state(output_dir, {h for h in live_heads if h.startswith("gen-")})
+    except generations.HistoryError as e:
+        LOG.warning("committed, but removed no previous generation: %s", e)
+        return
     for gen, _why in generations.plan_prune(state, keep_generations, drop_stale_refs=False).remove:
         _check_deletable(io_utils.join(output_dir, check_generation_name(gen)), output_dir, keep_paths)
         _remove_after_commit(gen, "the generation", lambda g: generations.remove_generation(output_dir, g))
@@ -257,7 +269,7 @@ def kind_of(manifest: dict) -> str:
 
 def committed_kind(output_dir: str) -> Optional[str]:
     """The kind of what `output_dir` holds (None: no manifest)."""
-    path = manifest_location(output_dir)
+    path = _checked_manifest_location(output_dir)
     if not io_utils.exists(path):
         return None
     try:
@@ -269,7 +281,7 @@ def committed_kind(output_dir: str) -> Optional[str]:
 
 def committed_generation_of(output_dir: str) -> Optional[str]:
     """The generation the output's manifest names, whatever its kind (None: no manifest)."""
-    path = manifest_location(output_dir)
+    path = _checked_manifest_location(output_dir)
     if not io_utils.exists(path):
         return None
     d = json.loads(io_utils.read_bytes(path).decode("utf-8"))
@@ -289,23 +301,12 @@ def foreign_entries(output_dir: str, staging_root: Optional[str] = None) -> list
     return out
 
 
-# Directories inside an output that pileprep itself writes into and removes from (pipeline/ops/guards.py's default
-# staging root, model_contract/refs.py's generation manifests and refs).
-_OWN_DIRS = (guards.DEFAULT_STAGING_NAME, generations.refs_mod.GENERATIONS_DIR, generations.refs_mod.REFS_DIR)
-
-
 def check_no_links(output_dir: str, flag: str = "--output") -> None:
-    """ConfigError (exit 2) when a directory pileprep writes into inside a local output is a symbolic link: its
-    writes and removals would land wherever the link points (files the command did not create). A link where a
-    generation directory goes is garbage the start-up cleanup removes itself (transforms/io/io_utils.py
-    delete_tree never follows one)."""
-    if not io_utils.is_local(output_dir):
-        return
-    links = [name for name in _OWN_DIRS if os.path.islink(os.path.join(output_dir, name))]
-    if links:
-        raise ConfigError(f"{flag} {output_dir}: {', '.join(links)} is a symbolic link; pileprep never writes or "
-                          f"removes through a link inside its output (that would change files elsewhere): replace "
-                          f"it with a directory, or choose another {flag}")
+    """ConfigError (exit 2) when a local output holds a symbolic link anywhere inside (its own directories,
+    a generation directory, a generation manifest, a shard): its reads, writes and removals would land wherever
+    the link points (files the command did not create). Checked at a job's start, under the lock and before
+    anything is read or removed, and again at the commit."""
+    guards.check_no_links_inside(output_dir, flag)
 
 
 def check_output_kind(output_dir: str, kind: str, staging_root: Optional[str] = None, flag: str = "--output",

@@ -13,6 +13,12 @@ is left to the shard run's own cleanup (pipeline/ops/guards.py: cleanup_abandone
 
 `plan_prune` decides (a pure function over what `read_state` listed); `apply` deletes. A ref that cannot be
 read is named and, since the generation it protects is unknown, protects every generation.
+
+Since the order decides what is deleted, a `commit_seq` that cannot be a real commit's is refused (HistoryError,
+exit 2, one line naming the file), never ordered (docs/wip/hostile-review-issue28.md F5): one of the wrong form
+(-5, "9", 3.5, null, true, 1e400, >= 2^53: model_contract/manifest.py check_commit_seq), one that two copies
+share, and a previous generation's that is not below the live manifest's (`check_order`: by `gc`, and at a
+commit before anything is published or removed).
 """
 from __future__ import annotations
 
@@ -26,8 +32,8 @@ from apache_beam.io.filesystems import FileSystems
 from model_contract import MANIFEST_NAME, Manifest
 from model_contract import refs as refs_mod
 from model_contract.contract import ContractError
-from model_contract.manifest import is_generation_name
-from model_contract.schema import is_count
+from model_contract.manifest import check_commit_seq, is_generation_name
+from pipeline.errors import ConfigError
 from pipeline.shard import integrity
 from transforms.io import io_utils
 
@@ -39,6 +45,14 @@ class CommittedGeneration:
     seq: Optional[int]  # the manifest's commit_seq; None: not recorded (an older pileprep's commit, or damaged)
     references: frozenset  # the generations its manifest references (itself, and incremental parents)
     damaged: str = ""  # why the manifest copy could not be read ("" when it was)
+
+
+class HistoryError(ConfigError):
+    """A generation manifest whose commit_seq cannot be trusted to order the generations; the message names it."""
+
+
+_REMEDY = ("the generations' order decides what gc and each commit remove, so nothing was removed: restore the "
+           "file from a backup, or remove that generation by hand")
 
 
 @dataclass(frozen=True)
@@ -132,38 +146,100 @@ def _base(path: str) -> str:
 
 def read_history(output: str) -> list:
     """[CommittedGeneration], newest first by commit_seq, then those without one by name (the order never depends
-    on listing order or on file times)."""
-    out = []
+    on listing order or on file times). HistoryError for a commit_seq of the wrong form or one two copies share."""
+    out, paths = [], {}
     for m in _match(io_utils.join(output, refs_mod.GENERATIONS_DIR, "*.manifest.json")):
         name = refs_mod.generation_of_copy(_base(m.path))
         if name is None:
             continue
+        paths[name] = m.path
         try:
-            manifest = Manifest.from_json(io_utils.read_bytes(m.path).decode("utf-8"))
+            text = io_utils.read_bytes(m.path).decode("utf-8")
+        except (UnicodeDecodeError, OSError) as e:
+            out.append(CommittedGeneration(name, None, frozenset({name}), str(e)[:200]))
+            continue
+        _check_seq_field(text, m.path)
+        try:
+            manifest = Manifest.from_json(text)
             if manifest.generation != name:
                 raise ContractError(f"it names generation {manifest.generation}")
             out.append(CommittedGeneration(name, manifest.commit_seq,
                                            frozenset(integrity.referenced_generations(manifest) | {name})))
-        except (ContractError, UnicodeDecodeError, OSError) as e:
+        except ContractError as e:
             out.append(CommittedGeneration(name, None, frozenset({name}), str(e)[:200]))
+    by_seq: dict = {}
+    for g in out:
+        if g.seq is not None:
+            by_seq.setdefault(g.seq, []).append(g.name)
+    for seq, names in sorted(by_seq.items()):
+        if len(names) > 1:
+            a, b = sorted(names)[:2]
+            raise HistoryError(f"{paths[b]}: commit_seq {seq} is also {paths[a]}'s; two commits never share one: "
+                               f"{_REMEDY}")
     # newest first by commit_seq; those without one after every other (older by construction), by name
     return sorted(out, key=lambda g: (g.seq is None, -(g.seq or 0), g.name))
+
+
+def _check_seq_field(text: str, path: str) -> None:
+    """HistoryError when the copy records a commit_seq that is not one (a copy damaged otherwise, or without one,
+    is ordered as before: see the module doc)."""
+    try:
+        d = json.loads(text)
+    except (ValueError, RecursionError):
+        return
+    if isinstance(d, dict) and "commit_seq" in d:
+        try:
+            check_commit_seq(d["commit_seq"], f"{path} commit_seq")
+        except ContractError as e:
+            raise HistoryError(f"{e}; {_REMEDY}") from None
+
+
+def live_commit(output: str) -> tuple:
+    """(generation, commit_seq) of the live manifest, each None when absent or not of its form (the commit and
+    `read_committed` refuse a damaged live manifest themselves)."""
+    try:
+        live = json.loads(io_utils.read_bytes(io_utils.join(output, MANIFEST_NAME)).decode("utf-8"))
+    except (OSError, ValueError):  # none yet
+        live = {}
+    live = live if isinstance(live, dict) else {}
+    try:
+        seq = check_commit_seq(live.get("commit_seq"))
+    except ContractError:
+        seq = None
+    gen = live.get("generation")
+    return (gen if isinstance(gen, str) else None), seq
+
+
+def check_order(output: str, history: list, committing: Optional[str] = None) -> None:
+    """HistoryError when a previous generation's commit_seq is not below the live manifest's: a forged one would
+    rank as the newest previous generation and the real one would be removed. `committing`: the generation this
+    commit publishes, whose copy a commit killed before its publish may have left (it is rewritten)."""
+    live_gen, live_seq = live_commit(output)
+    if live_seq is None:
+        return
+    for g in history:
+        if g.name not in (live_gen, committing) and g.seq is not None and g.seq >= live_seq:
+            raise HistoryError(f"{copy_path(output, g.name)}: commit_seq {g.seq} is not below the live manifest's "
+                               f"{live_seq} ({live_gen}): forged, or left by a commit killed before it published "
+                               f"(then {g.name} was never live: remove that file); {_REMEDY}")
 
 
 def next_commit_seq(output: str, new_gen: str) -> int:
     """The commit_seq of a commit of `new_gen` into `output`: one more than any the live manifest and the kept
     copies record (1 for the first commit, and for the first over manifests that record none); the live one's own
-    when it already is `new_gen` (the same commit again, e.g. a retried bundle: it publishes equal bytes)."""
-    try:
-        live = json.loads(io_utils.read_bytes(io_utils.join(output, MANIFEST_NAME)).decode("utf-8"))
-    except (OSError, ValueError):  # none yet (a damaged one is refused by the commit itself)
-        live = {}
-    live = live if isinstance(live, dict) else {}
-    live_seq = live.get("commit_seq") if is_count(live.get("commit_seq")) and live.get("commit_seq") > 0 else None
-    if live_seq is not None and live.get("generation") == new_gen:
+    when it already is `new_gen` (the same commit again, e.g. a retried bundle: it publishes equal bytes).
+    HistoryError (before anything is published) when the copies' order cannot be trusted or the next number would
+    reach the cap."""
+    live_gen, live_seq = live_commit(output)
+    if live_seq is not None and live_gen == new_gen:
         return live_seq
-    seqs = [g.seq for g in read_history(output) if g.seq is not None] + ([live_seq] if live_seq else [])
-    return max(seqs, default=0) + 1
+    history = read_history(output)
+    check_order(output, history, committing=new_gen)
+    seqs = [g.seq for g in history if g.seq is not None] + ([live_seq] if live_seq else [])
+    try:
+        return check_commit_seq(max(seqs, default=0) + 1, f"{output}: the next commit_seq")
+    except ContractError as e:
+        raise HistoryError(str(e)) from None
 
 
 def read_refs(output: str) -> list:
@@ -193,7 +269,10 @@ def present_generations(output: str) -> frozenset:
 
 
 def read_state(output: str, live: set) -> DatasetState:
-    return DatasetState(frozenset(live), read_history(output), present_generations(output), read_refs(output))
+    """What pruning and gc decide over; HistoryError when the generations' order cannot be trusted."""
+    history = read_history(output)
+    check_order(output, history)
+    return DatasetState(frozenset(live), history, present_generations(output), read_refs(output))
 
 
 def retained(output: str) -> set:

@@ -8,6 +8,8 @@ line naming the option) / RunError (exit 1). They run on the driver, before Beam
   skipped_inputs           glob matches that are directories or dangling symlinks: listed, never silent
   check_dead_letter_rate   a run that dead-letters most of its input is not committed
   damaged_files            "nothing to do" only if every file the manifest names has its recorded size
+  check_no_links_inside    a symbolic link anywhere inside an output or dataset is refused before anything there
+                           is read, written or removed
   mark_staging / cleanup_abandoned
                            staging of a crashed run carries a marker; the next run on that output (holding
                            the output's lock, so nobody else is writing) removes it, and any generation
@@ -193,6 +195,46 @@ def damaged_files(output: str, manifest: Manifest) -> list:
         elif size is not None and int(found[0].size_in_bytes) != size:
             problems.append(f"{path}: {found[0].size_in_bytes} bytes, the manifest says {size}")
     return problems
+
+
+# ------------------------------------------------------------------------------------------ links
+LINKS_SHOWN = 3
+
+
+def links_inside(root: str, limit: int = LINKS_SHOWN) -> list:
+    """The first `limit` symbolic links under the local directory `root`, as sorted paths relative to it. Entries
+    are judged by their own type (scandir's d_type, lstat when the filesystem gives none), never by what a link
+    points to, and no link is entered; `root` itself may be a link (the operator named it)."""
+    found, stack = [], [""]
+    while stack and len(found) < limit:
+        rel = stack.pop()
+        try:
+            with os.scandir(os.path.join(root, rel) if rel else root) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):  # removed meanwhile, or `root` is no directory
+            continue
+        for entry in reversed(entries):  # depth first, in name order
+            path = f"{rel}/{entry.name}" if rel else entry.name
+            if entry.is_symlink():
+                found.append(path)
+            elif entry.is_dir(follow_symlinks=False):
+                stack.append(path)
+    return sorted(found)[:limit]
+
+
+def check_no_links_inside(root: str, flag: str = "") -> None:
+    """ConfigError (exit 2, one line) when a local output or dataset holds a symbolic link anywhere inside: a
+    generation directory, a generation manifest, a shard, the live manifest, `generations/`, `.refs/`,
+    `_staging/`. Reading through one reads another file than the dataset's, and writing or removing through one
+    changes files the command did not create (docs/wip/hostile-review-issue28.md F6). Object stores have none."""
+    if not root or not io_utils.is_local(root) or not os.path.isdir(root):
+        return
+    links = links_inside(root, LINKS_SHOWN + 1)
+    if links:
+        shown = ", ".join(links[:LINKS_SHOWN]) + (" and more" if len(links) > LINKS_SHOWN else "")
+        raise ConfigError(f"{flag + ' ' if flag else ''}{root}: {shown} is a symbolic link; pileprep never reads, "
+                          f"writes or removes through a link inside an output (that would touch files elsewhere): "
+                          f"replace it with what it points to, or remove it")
 
 
 # ------------------------------------------------------------------------------------------ staging

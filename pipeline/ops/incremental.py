@@ -34,6 +34,7 @@ from model_contract import Manifest
 from model_contract.manifest import LedgerRow
 from model_contract.hashing import sha256_file
 from pipeline.config import ConfigError
+from pipeline.ops.input_checks import match_input
 from pipeline.ops.redaction import redact
 from transforms.io import io_utils
 
@@ -57,7 +58,7 @@ def list_inputs(globs) -> list:
     found = {}
     for pattern in globs:
         try:
-            metadata = FileSystems.match([pattern])[0].metadata_list
+            metadata = match_input(pattern)
         except Exception as e:  # noqa: BLE001 - Beam raises BeamIOError with nested causes
             raise ConfigError(f"--input {pattern}: cannot list it ({redact(str(e))})") from None
         files = [m for m in metadata if not m.path.endswith("/")]

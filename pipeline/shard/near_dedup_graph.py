@@ -26,6 +26,7 @@ import numpy as np
 from apache_beam.io.filesystems import FileSystems
 
 from pipeline.errors import ConfigError, RunError
+from pipeline.ops.input_checks import match_input
 from pipeline.shard import integrity, resume
 from pipeline.shard.near_dedup_manifest import BAND_INDEXES, SUMMARY_NAME
 from pipeline.shard.near_dedup_settings import params_of, tokenize_signing
@@ -102,7 +103,7 @@ def eval_files(config) -> list:
     """The evaluation files --decontaminate names, sorted; a glob matching nothing is a configuration error."""
     files = set()
     for pattern in config.decontaminate:
-        matched = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list]
+        matched = [m.path for m in match_input(pattern)]
         if not matched:
             raise ConfigError(f"--decontaminate: {pattern} matches no file")
         files.update(matched)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 from model_contract import decode_example, resolve_shard_path
 from model_contract.checked_reader import iter_checked_records
@@ -45,10 +46,11 @@ def summary_table(manifest: dict) -> str:
 
 def _load(dataset: str):
     """(manifest, manifest file) from a local directory or manifest.json, or any Beam filesystem (s3://)."""
-    from pipeline.ops import commit  # noqa: PLC0415
+    from pipeline.ops import commit, guards  # noqa: PLC0415
 
     if "://" not in dataset:
         manifest_file = dataset if dataset.endswith(".json") else os.path.join(dataset, MANIFEST_NAME)
+        guards.check_no_links_inside(os.path.dirname(manifest_file) or ".", "inspect")  # before any read
         if not os.path.exists(manifest_file):
             raise FileNotFoundError(f"no manifest at {manifest_file}: the dataset is missing or was never committed")
         with open(manifest_file, encoding="utf-8") as f:
@@ -84,14 +86,50 @@ def inspect_json(dataset: str, examples: int = 2) -> dict:
     return out
 
 
+def decoding_tokenizer(given: str | None, manifest):
+    """(the tokenizer that decodes the examples, "") or (None, a one-line note: ids are shown instead).
+
+    A note only where decoding is rightly impossible: no tokenizer recorded, the recorded file absent (a dataset
+    inspected away from the machine that built it), or a file whose sha256 is not the contract's (never loaded:
+    its text would not be the data's). A file that is there but is no usable tokenizer (a device, a FIFO, over
+    the size bound, refused by the validator: dropout, truncation...) is a TokenizerError: exit 2 with the
+    validator's own reason, as `verify --inputs` gives it (hostile review of issue 28, F7: inspect printed
+    "cannot be read (TokenizerError)" and exited 0). The report keeps degrading instead (pipeline/tools/report.py
+    contract_tokenizer): it must render whatever the dataset's state."""
+    import hashlib  # noqa: PLC0415
+
+    from transforms.io import io_utils  # noqa: PLC0415
+    from transforms.tokenize import tokenizer  # noqa: PLC0415
+
+    path = given or manifest.config.get("tokenizer")
+    if not (isinstance(path, str) and path):
+        return None, "token ids: no tokenizer file recorded or given"
+    if not given:  # a link or a special file is present: judged below, not called absent
+        present = os.path.lexists(path) if "://" not in path else io_utils.exists(tokenizer.resolve_path(path))
+        if not present:
+            return None, f"token ids: no tokenizer file at {path} (the manifest's config.tokenizer); pass --tokenizer"
+    info = manifest.contract.tokenizer
+    try:
+        model = tokenizer.read_model_bytes(path)  # regular file, size bound (the one tokenizer opener)
+        got = hashlib.sha256(model).hexdigest()
+        if got != info.model_sha256:
+            return None, (f"token ids: the tokenizer file's sha256 {got[:12]}… is not the contract's "
+                          f"{str(info.model_sha256)[:12]}… (changed since the run, or another tokenizer)")
+        return tokenizer.load_for_info(model, info, path), ""
+    except tokenizer.TokenizerError as e:
+        if given:
+            raise
+        reason = re.sub(r"^--tokenizer(?: \S+)?: ", "", str(e))  # the file came from the manifest, not an option
+        raise tokenizer.TokenizerError(f"the manifest's config.tokenizer {path} is not a usable tokenizer: "
+                                       f"{reason}") from None
+
+
 def inspect(dataset: str, examples: int = 2, tokenizer_path: str | None = None) -> str:
     manifest, manifest_file = _load(dataset)
     out = [summary_table(manifest.to_dict())]
     if examples <= 0 or not manifest.shards:
         return "\n".join(out)
-    from pipeline.tools.dataset_tokenizer import contract_tokenizer  # noqa: PLC0415 - the sha256 check report shares
-
-    sp, note = contract_tokenizer(tokenizer_path or manifest.config.get("tokenizer"), manifest.contract.tokenizer)
+    sp, note = decoding_tokenizer(tokenizer_path, manifest)
     if note:
         out.append(terminal(note))
     shard = manifest.shards[0]

@@ -28,7 +28,6 @@ from pipeline.ops import safe_text
 from pipeline.tools import report_near_dedup
 from pipeline.tools.report_html import cell as _cell, escape as _e, escape_lines as _e_lines
 from pipeline.tools.report_html import section as _section, table as _table
-from pipeline.tools.dataset_tokenizer import contract_tokenizer
 from transforms.shard.documents import SPLITS
 
 MAX_EXCERPTS_PER_REASON = 3
@@ -532,6 +531,27 @@ def read_wall_time(run_log: str) -> Optional[float]:
         if isinstance(rec, dict) and rec.get("event") == "summary" and isinstance(rec.get("wall_s"), (int, float)):
             wall = float(rec["wall_s"])
     return wall
+
+
+def contract_tokenizer(path, info) -> tuple:
+    """(the tokenizer at `path`, "") when the file has the contract's sha256, else (None, a one-line note: token
+    ids are shown instead). Decoding with another file would show text the data does not hold; the report and
+    `pileprep inspect` (pipeline/tools/inspect_dataset.py) both decode only through this check."""
+    from transforms.tokenize import tokenizer  # noqa: PLC0415
+
+    try:
+        # a directory stands for its tokenizer.json, and the contract holds the options the file does not carry
+        # (a tiktoken file's pattern and special tokens, --eos-token): as inspect and verify load it
+        model = tokenizer.read_model_bytes(path) if isinstance(path, str) and path else None
+        if model is None:
+            return None, "token ids: no tokenizer file recorded or given"
+        got = hashlib.sha256(model).hexdigest()
+        if got != info.model_sha256:
+            return None, (f"token ids: the tokenizer file's sha256 {got[:12]}… is not the contract's "
+                          f"{str(info.model_sha256)[:12]}… (changed since the run, or another tokenizer)")
+        return tokenizer.load_for_info(model, info, path), ""
+    except (OSError, ValueError, RuntimeError) as e:
+        return None, f"token ids: the tokenizer file cannot be read ({type(e).__name__})"
 
 
 def decoded_examples(manifest_file: str, manifest) -> dict:

@@ -33,7 +33,7 @@ import time
 from dataclasses import dataclass, field
 
 from pipeline.errors import ConfigError
-from pipeline.ops.input_checks import readable_inputs
+from pipeline.ops.input_checks import match_input, readable_inputs
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 MIN_VOCAB_SIZE = 4 + 256 + 1  # specials + the 256 byte pieces + at least one learned piece
@@ -47,14 +47,12 @@ class _ReadStats:
 
 
 def _list_inputs(input_globs: list[str]) -> list[str]:
-    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415 - heavy import, only when training
-
     if not input_globs:
         raise ConfigError("no --input given: pass one or more file globs of jsonl / jsonl.zst / jsonl.gz files")
     paths = set()
     for pattern in input_globs:
         try:
-            found = [m.path for m in FileSystems.match([pattern])[0].metadata_list]
+            found = [m.path for m in match_input(pattern)]
         except Exception as e:  # noqa: BLE001 - Beam raises BeamIOError / OSError depending on the filesystem
             raise ConfigError(f"cannot list input glob {pattern!r}: {e}") from None
         if not found:

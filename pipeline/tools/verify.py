@@ -29,6 +29,7 @@ import hashlib
 import heapq
 import io
 import json
+import os
 import struct
 from dataclasses import dataclass, field
 from typing import Optional
@@ -39,7 +40,7 @@ from model_contract import (MANIFEST_NAME, ContractError, Manifest, TFRecordCorr
                             iter_records, resolve_shard_path)
 from model_contract.hashing import sha256_file
 from model_contract.manifest import resolve_dataset_path
-from pipeline.ops.input_checks import readable_inputs
+from pipeline.ops.input_checks import match_input, readable_inputs
 from pipeline.tools import verify_inputs
 from transforms.io import io_utils
 
@@ -55,6 +56,7 @@ class AuditResult:
     # how many written ones were checked by decoding (pipeline/tools/verify_inputs.py)
     removed: dict = field(default_factory=dict)
     round_trip_checked: int = 0
+    round_trip_note: str = ""  # how decode(tokens) was checked, when not against the text as is, or why not
 
 
 @dataclass
@@ -82,6 +84,8 @@ class VerifyReport:
             lines.append(f"audit: {a.sampled} sampled records: {a.documents} documents found once and token-exact, "
                          f"{a.dead_lettered} dead-lettered, {a.filtered} filtered, removed {a.removed or 'none'}, "
                          f"{a.round_trip_checked} round-tripped; {len(a.problems)} problem(s)")
+            if a.round_trip_note:
+                lines.append(f"  note: {t(a.round_trip_note)}")
             lines += [f"  PROBLEM {t(p)}" for p in a.problems]
         lines.append("OK" if self.ok else "FAILED")
         return "\n".join(lines)
@@ -353,8 +357,18 @@ def _pieces_of(manifest: Manifest, manifest_file: str, wanted: set, audit: Audit
                         if int(doc) in wanted:
                             found[int(doc)].append((int(off), ex["input_ids"][seg == n], shard.split, shard.path))
         except (ContractError, OSError, TFRecordCorruptError) as e:
-            audit.problems.append(f"shard {shard.path}: cannot be read for the audit ({e})")
+            audit.problems.append(f"shard {shard.path}: cannot be read for the audit ({_read_problem(e)})")
     return found
+
+
+def _read_problem(e: Exception) -> str:
+    """Why a file could not be read, in words: "missing", "Permission denied", or the refusal's own message; never
+    Python's `[Errno 2] No such file or directory: '<path>'` (the path is already named)."""
+    if isinstance(e, FileNotFoundError):
+        return "missing"
+    if isinstance(e, OSError):
+        return e.strerror or type(e).__name__
+    return str(e)
 
 
 def _held_out_split(manifest: Manifest, path: str) -> Optional[str]:
@@ -367,8 +381,6 @@ def _held_out_split(manifest: Manifest, path: str) -> Optional[str]:
 
 def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sample: int, seed: int,
                   tokenizer_path: Optional[str]) -> AuditResult:
-    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
-
     from transforms.tokenize import tokenizer  # noqa: PLC0415
 
     audit = AuditResult()
@@ -381,7 +393,7 @@ def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sam
         return audit
     sp = tokenizer.load_for_info(model, manifest.contract.tokenizer, model_path)  # the format's reference library
     eos = manifest.contract.tokenizer.eos_id
-    paths = sorted({m.path for g in input_globs for m in FileSystems.match([g])[0].metadata_list})
+    paths = sorted({m.path for g in input_globs for m in match_input(g)})
     paths = readable_inputs(paths, "--inputs", "the audit")  # never a FIFO, /dev/zero or a misnamed .bz2
     held = {row["path"] for row in manifest.inputs}
     records = sample_records(paths, sample, seed)
@@ -410,11 +422,12 @@ def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sam
     removals = verify_inputs.load_removals(manifest, manifest_file, audit.problems)
     ids = {d.doc_id for d in documents}
     pieces = _pieces_of(manifest, manifest_file, ids | removals.keepers(ids), audit)
-    decode = sp.decode if verify_inputs.decode_is_exact(sp, model) else None
+    trip = verify_inputs.round_trip(sp, model)
+    audit.round_trip_note = trip.note
     counts = collections.Counter()
     for doc in documents:
         expected = list(sp.encode(doc.text)) + [eos]
-        verify_inputs.check_document(doc, expected, pieces, removals, decode, eos, counts, audit.problems)
+        verify_inputs.check_document(doc, expected, pieces, removals, trip, eos, counts, audit.problems)
     audit.documents = counts.pop("written", 0)
     audit.round_trip_checked = counts.pop("round_trip_checked", 0)
     audit.removed = dict(sorted(counts.items()))
@@ -437,8 +450,12 @@ def verify(dataset: str, inputs: Optional[list] = None, sample: int = 200, seed:
         from pipeline.tools import export_verify  # noqa: PLC0415
 
         if export_verify.is_export(dataset):  # an export's files against its export.json
-            export_verify.verify_export(dataset, report)
+            export_verify.verify_export(dataset, report)  # (a link there is a mismatch it names)
             return report
+    if io_utils.is_local(manifest_file):  # before any read: never through a link inside the dataset
+        from pipeline.ops import guards  # noqa: PLC0415
+
+        guards.check_no_links_inside(os.path.dirname(manifest_file) or ".", "verify")
     if not io_utils.exists(manifest_file):
         report.mismatches.append(f"{manifest_file}: no manifest (never committed, or not a dataset)")
         return report

@@ -1,8 +1,8 @@
 """A shard run never follows a symbolic link inside its output (transforms/io/io_utils.py delete_tree,
-pipeline/ops/commit.py check_no_links, pipeline/shard/resume.py reconcile): a link where the run's generation
-directory goes is removed itself (its target untouched) before the run writes there; a link where pileprep
-writes its own bookkeeping (`generations/`, `.refs/`, `_staging/`) is refused in one line (exit 2); a removal
-that fails is an error, never logged as done."""
+pipeline/ops/commit.py check_no_links, pipeline/shard/resume.py reconcile): a link anywhere inside it (where the
+run's generation directory goes, where pileprep writes its own bookkeeping: `generations/`, `.refs/`,
+`_staging/`) is refused in one line (exit 2), its target untouched (more cases: test_links_inside_output.py); a
+removal that fails is an error, never logged as done."""
 from __future__ import annotations
 
 import os
@@ -36,19 +36,19 @@ def built(tmp_path_factory, tiny_tokenizer):
     return inbox, manifest["generation"], manifest
 
 
-def test_a_generation_directory_that_is_a_link_is_removed_not_written_through(built, tiny_tokenizer, tmp_path):
-    inbox, generation, first = built
+def test_a_generation_directory_that_is_a_link_is_refused_not_written_through(built, tiny_tokenizer, tmp_path):
+    inbox, generation, _first = built
     victim = tmp_path / "elsewhere"
     victim.mkdir()
     (victim / SHARD).write_bytes(b"a file pileprep did not create")
     out = tmp_path / "out"
     out.mkdir()
     os.symlink(victim, out / generation)  # where the run's shards go
-    manifest = shard_pipeline.run(_config(inbox, out, tiny_tokenizer), FAST_LOCAL, progress_every_s=0)
+    with pytest.raises(ConfigError, match=f"{generation} is a symbolic link"):
+        shard_pipeline.run(_config(inbox, out, tiny_tokenizer), FAST_LOCAL, progress_every_s=0)
     assert (victim / SHARD).read_bytes() == b"a file pileprep did not create"
     assert sorted(os.listdir(victim)) == [SHARD]
-    assert not (out / generation).is_symlink() and (out / generation / SHARD).is_file()
-    assert manifest["generation"] == generation and manifest["shards"] == first["shards"]
+    assert (out / generation).is_symlink() and sorted(os.listdir(out)) == [generation]
 
 
 @pytest.mark.parametrize("name", ["generations", ".refs", "_staging"])

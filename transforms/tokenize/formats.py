@@ -84,6 +84,20 @@ def _looks_tiktoken(data: bytes) -> bool:
     return bool(filled) and all(_TIKTOKEN_LINE.fullmatch(line.rstrip(b"\r")) for line in filled)
 
 
+def check_options_fit(kind: str, options: TokenizerOptions) -> None:
+    """--tokenizer-pattern and --special-tokens supply what a tiktoken file does not hold; a tokenizer.json and a
+    SentencePiece model carry their own pre-tokenizer and special tokens, and their loaders never read these
+    options, so given with them they would be recorded in the manifest and silently have no effect (hostile
+    review of issue 28, F9): refused instead."""
+    if kind == TIKTOKEN:
+        return
+    own = {HF_JSON: "its pre_tokenizer and added_tokens", SENTENCEPIECE: "its own pieces and control symbols"}[kind]
+    for flag, value in (("--tokenizer-pattern", options.pattern), ("--special-tokens", options.special_tokens)):
+        if value:
+            raise FormatError(f"{flag} applies to tiktoken files only; this {kind} file carries {own}, so it "
+                              f"would have no effect: leave it out")
+
+
 def tiktoken_ranks(data: bytes) -> dict:
     """{token bytes: rank} of a tiktoken BPE file, parsed as tiktoken.load.load_tiktoken_bpe does (that loader
     reads a path and caches it under /tmp; the job reads the bytes through Beam's FileSystems). A token or rank

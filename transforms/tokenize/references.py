@@ -70,6 +70,11 @@ class HFReference:
     def decode(self, ids) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
+    def normalize(self, text: str) -> str:
+        """The text as the file's normalizer rewrites it before encoding (the text itself without one)."""
+        normalizer = self._tok.normalizer
+        return normalizer.normalize_str(text) if normalizer is not None else text
+
     def get_piece_size(self) -> int:
         return self._tok.get_vocab_size(with_added_tokens=True)
 

@@ -106,6 +106,7 @@ def load_processor(model_bytes: bytes, origin: str = "<bytes>", options: Optiona
     try:
         kind = formats.detect(model_bytes)
         if kind == formats.HF_JSON:
+            formats.check_options_fit(kind, options)
             return references.HFReference(model_bytes, options)
         if kind == formats.TIKTOKEN:
             return references.TiktokenReference(model_bytes, options)
@@ -119,6 +120,10 @@ def load_processor(model_bytes: bytes, origin: str = "<bytes>", options: Optiona
                              f"{formats.ACCEPTED}") from None
     if sp.get_piece_size() == 0:
         raise TokenizerError(f"--tokenizer {origin}: a SentencePiece model with an empty vocabulary")
+    try:
+        formats.check_options_fit(formats.SENTENCEPIECE, options)  # once sentencepiece took it: it is one
+    except formats.FormatError as e:
+        raise TokenizerError(f"--tokenizer {origin}: {e}") from None
     if options.eos_token:
         tid = sp.piece_to_id(options.eos_token)
         if tid in (sp.unk_id(), -1) and options.eos_token != sp.id_to_piece(sp.unk_id()):
@@ -133,7 +138,7 @@ def options_of(config) -> TokenizerOptions:
     """The shard config's tokenizer options (--tokenizer-pattern, --special-tokens, --eos-token)."""
     return TokenizerOptions(pattern=getattr(config, "tokenizer_pattern", ""),
                             special_tokens=getattr(config, "special_tokens", ""),
-                            eos_token=getattr(config, "eos_token", ""))
+                            eos_token=getattr(config, "eos_token", None) or "")  # None: not given
 
 
 def long_document_plan(sp, model_bytes: bytes, config) -> "long_documents.LongDocuments":
