@@ -204,11 +204,11 @@ def test_every_writer_puts_objects_without_an_acl_header(s3_server, monkeypatch)
     `x-amz-acl` / `x-amz-grant-*`: the bucket's own policy and ownership settings decide who reads, as for
     any object its writer uploads plainly."""
     import botocore.endpoint
-    from apache_beam.io.filesystems import FileSystems
     from apache_beam.options.pipeline_options import PipelineOptions
 
     from pipeline.ops import lock
     from transforms.io import io_utils
+    from transforms.io.filesystem_options import set_filesystem_options
 
     for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                  "AWS_DEFAULT_REGION": "us-east-1"}.items():
@@ -223,7 +223,7 @@ def test_every_writer_puts_objects_without_an_acl_header(s3_server, monkeypatch)
         return real_send(self, request)
 
     monkeypatch.setattr(botocore.endpoint.Endpoint, "_send", recording_send)
-    FileSystems.set_options(PipelineOptions(s3_server.beam_args()))
+    set_filesystem_options(PipelineOptions(s3_server.beam_args()))  # as every pileprep command sets them
     try:
         with io_utils.open_write("s3://acl-out/ds/gen/train-00000.tfrecord") as f:
             f.write(b"x" * (6 << 20))  # more than one multipart part
@@ -234,7 +234,7 @@ def test_every_writer_puts_objects_without_an_acl_header(s3_server, monkeypatch)
         with lock.OutputLock("s3://acl-out/locked", options).held():
             pass
     finally:
-        FileSystems.set_options(PipelineOptions([]))
+        set_filesystem_options(PipelineOptions([]))
     puts = [(u, h) for m, u, h in sent if m in ("PUT", "POST") and "/acl-out/" in u]
     for name in ("train-00000.tfrecord", "empty.tfrecord", "manifest.json", "report.html", lock.LOCK_NAME):
         assert any(u.endswith("/" + name) for u, _h in puts), (name, [u for u, _h in puts])
