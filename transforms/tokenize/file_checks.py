@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 
-from transforms.tokenize import formats, lossy_settings
+from transforms.tokenize import lossy_settings
+from transforms.tokenize.tokenizer_errors import FormatError
 
 # The largest token id accepted, exclusive. Why a bound at all: gigatoken sizes a table by the largest id
 # (~16 bytes an id: an id near 2**31 made it allocate 32 GiB and abort), and every worker builds a byte-piece mask
@@ -25,9 +26,9 @@ MAX_TOKENIZER_BYTES = 256 << 20
 def check_id(value, what: str) -> int:
     """`value` as a token id: an integer (not a bool or float) in [0, MAX_TOKEN_ID)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise formats.FormatError(f"{what}: id {str(value)[:40]!r} is not an integer")
+        raise FormatError(f"{what}: id {str(value)[:40]!r} is not an integer")
     if not 0 <= value < MAX_TOKEN_ID:
-        raise formats.FormatError(f"{what}: id {value} is outside [0, {MAX_TOKEN_ID:,}) (the bound pileprep "
+        raise FormatError(f"{what}: id {value} is outside [0, {MAX_TOKEN_ID:,}) (the bound pileprep "
                                   f"accepts: larger ids make the encoders allocate tables of that size)")
     return value
 
@@ -38,7 +39,7 @@ def _vocab_ids(model: dict) -> dict:
     by_id: dict = {}
     if isinstance(vocab, list):  # Unigram: the id is the position
         if len(vocab) > MAX_TOKEN_ID:
-            raise formats.FormatError(f"the model's vocabulary has {len(vocab):,} entries, over {MAX_TOKEN_ID:,}")
+            raise FormatError(f"the model's vocabulary has {len(vocab):,} entries, over {MAX_TOKEN_ID:,}")
         for i, entry in enumerate(vocab):
             if isinstance(entry, (list, tuple)) and entry and isinstance(entry[0], str):
                 by_id[i] = entry[0]
@@ -48,7 +49,7 @@ def _vocab_ids(model: dict) -> dict:
     for text, tid in vocab.items():
         check_id(tid, f"vocab entry {text[:40]!r}")
         if tid in by_id:
-            raise formats.FormatError(f"vocab entries {by_id[tid][:40]!r} and {text[:40]!r} share id {tid}: an "
+            raise FormatError(f"vocab entries {by_id[tid][:40]!r} and {text[:40]!r} share id {tid}: an "
                                       f"inconsistent tokenizer file (one id, two texts)")
         by_id[tid] = text
     return by_id
@@ -98,7 +99,7 @@ def check_hf(spec: dict) -> None:
     model = spec.get("model") or {}
     sampling = _nondeterministic(spec)
     if sampling:
-        raise formats.FormatError(f"the tokenizer.json samples ({sampling}): two runs would write different ids; "
+        raise FormatError(f"the tokenizer.json samples ({sampling}): two runs would write different ids; "
                                   f"set it to null")
     lossy_settings.check_lossless(spec)  # truncation, padding, removed splits, no decoder: text lost, refused
     lossy_settings.warn_normalizer(spec)  # a normalizer is the tokenizer's design: warned, and verify allows it
@@ -107,27 +108,27 @@ def check_hf(spec: dict) -> None:
     if byte_level and (prefix or suffix):
         # HF tokenizers panics building the merges or drops every character after a word's first (measured)
         knob = "continuing_subword_prefix" if prefix else "end_of_word_suffix"
-        raise formats.FormatError(f"model.{knob} = {str(prefix or suffix)[:20]!r} on a byte-level BPE: not a "
+        raise FormatError(f"model.{knob} = {str(prefix or suffix)[:20]!r} on a byte-level BPE: not a "
                                   f"tokenizer HF tokenizers encodes (it panics or drops text); set it to null")
     if prefix and model.get("type") == "BPE":
         for merge in model.get("merges") or []:
             right = merge.split(" ", 1)[-1] if isinstance(merge, str) else (merge[-1] if merge else "")
             if not (isinstance(right, str) and right.startswith(prefix) and len(right) > len(prefix)):
-                raise formats.FormatError(f"merge {str(merge)[:40]!r} does not continue with "
+                raise FormatError(f"merge {str(merge)[:40]!r} does not continue with "
                                           f"continuing_subword_prefix {prefix!r} (HF tokenizers panics on it)")
     by_id = _vocab_ids(model)
     added_by_id: dict = {}
     for entry in spec.get("added_tokens") or []:
         if not isinstance(entry, dict) or not isinstance(entry.get("content"), str) or not entry["content"]:
-            raise formats.FormatError(f"added token {str(entry)[:60]!r} has no text (\"content\")")
+            raise FormatError(f"added token {str(entry)[:60]!r} has no text (\"content\")")
         content = entry["content"]
         tid = check_id(entry.get("id"), f"added token {content[:40]!r}")
         if tid in added_by_id and added_by_id[tid] != content:
-            raise formats.FormatError(f"added tokens {added_by_id[tid][:40]!r} and {content[:40]!r} share id {tid}: "
+            raise FormatError(f"added tokens {added_by_id[tid][:40]!r} and {content[:40]!r} share id {tid}: "
                                       f"an inconsistent tokenizer file (one id, two texts)")
         added_by_id[tid] = content
         if tid in by_id and not _same_text(content, by_id[tid], byte_level):
-            raise formats.FormatError(f"added token {content[:40]!r} (id {tid}) reuses the id of vocab entry "
+            raise FormatError(f"added token {content[:40]!r} (id {tid}) reuses the id of vocab entry "
                                       f"{by_id[tid][:40]!r}: an inconsistent tokenizer file (one id, two texts; HF "
                                       f"and gigatoken read it differently)")
 
@@ -136,7 +137,7 @@ def check_tiktoken(ranks: dict) -> None:
     """A tiktoken file's {token bytes: rank} has every single byte (tiktoken panics on a byte it lacks)."""
     missing = [b for b in range(256) if bytes([b]) not in ranks]
     if missing:
-        raise formats.FormatError(f"the tiktoken file has no token for byte 0x{missing[0]:02x} ({len(missing)} "
+        raise FormatError(f"the tiktoken file has no token for byte 0x{missing[0]:02x} ({len(missing)} "
                                   f"bytes missing): tiktoken cannot encode text holding it")
 
 
@@ -146,9 +147,9 @@ def check_special_ids(special: dict, what: str = "--special-tokens") -> None:
     for text, tid in special.items():
         check_id(tid, f"{what} {text[:40]!r}")
         if text != text.strip() or not text:
-            raise formats.FormatError(f"{what}: {text[:40]!r} has leading or trailing whitespace (or is empty)")
+            raise FormatError(f"{what}: {text[:40]!r} has leading or trailing whitespace (or is empty)")
         if tid in seen:
-            raise formats.FormatError(f"{what}: {seen[tid][:40]!r} and {text[:40]!r} share id {tid}")
+            raise FormatError(f"{what}: {seen[tid][:40]!r} and {text[:40]!r} share id {tid}")
         seen[tid] = text
 
 
@@ -206,12 +207,12 @@ def check_pattern(pattern: str) -> None:
         pos = 0
         for m in compiled.finditer(text):
             if m.start() == m.end():
-                raise formats.FormatError(f"--tokenizer-pattern {pattern[:40]!r} matches the empty string (at "
+                raise FormatError(f"--tokenizer-pattern {pattern[:40]!r} matches the empty string (at "
                                           f"{m.start()} of {text[:20]!r}): tiktoken cannot split with it")
             if m.start() != pos:
                 break
             pos = m.end()
         if pos != len(text):
-            raise formats.FormatError(f"--tokenizer-pattern {pattern[:40]!r} does not match {text[pos:pos + 1]!r} "
+            raise FormatError(f"--tokenizer-pattern {pattern[:40]!r} does not match {text[pos:pos + 1]!r} "
                                       f"(U+{ord(text[pos]):04X}) in {text[max(0, pos - 10):pos + 10]!r}: tiktoken "
                                       f"would drop that text")

@@ -13,6 +13,9 @@ import json
 import re
 from dataclasses import dataclass
 
+from transforms.tokenize import file_checks
+from transforms.tokenize.tokenizer_errors import FormatError, TokenizerError  # noqa: F401 - re-exported
+
 SENTENCEPIECE = "sentencepiece"
 HF_JSON = "hf-tokenizer-json"
 TIKTOKEN = "tiktoken"
@@ -40,13 +43,6 @@ PATTERNS["r50k"] = PATTERNS["gpt2"]
 EOS_SPELLINGS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
 
 _TIKTOKEN_LINE = re.compile(rb"[A-Za-z0-9+/]+={0,2} [0-9]+")
-
-
-class TokenizerError(ValueError):
-    """The tokenizer file cannot be read or used, or options that do not fit it (the message names the knob)."""
-
-
-FormatError = TokenizerError  # what this module raises: not a tokenizer file of an accepted format
 
 
 @dataclass(frozen=True)
@@ -103,7 +99,6 @@ def tiktoken_ranks(data: bytes) -> dict:
     reads a path and caches it under /tmp; the job reads the bytes through Beam's FileSystems). A token or rank
     given twice is refused naming both lines: tiktoken panics on a repeated rank, and a repeated token would
     silently keep the last one."""
-    from transforms.tokenize import file_checks  # noqa: PLC0415 - file_checks imports this module
 
     ranks: dict = {}
     line_of_token: dict = {}
@@ -145,7 +140,6 @@ def tiktoken_pattern(value: str) -> str:
     except regex.error as e:
         raise FormatError(f"--tokenizer-pattern {value[:40]!r} is neither a name ({', '.join(sorted(PATTERNS))}) "
                           f"nor a valid regex: {e}") from None
-    from transforms.tokenize import file_checks  # noqa: PLC0415 - file_checks imports this module
 
     file_checks.check_pattern(value)
     return value
@@ -154,7 +148,6 @@ def tiktoken_pattern(value: str) -> str:
 def parse_special_tokens(value) -> dict:
     """--special-tokens 'TEXT=ID,TEXT=ID' or '{"TEXT": ID}' (or a dict, from a contract) as {text: id}. Refused:
     a repeated text, two texts on one id, an id that is not a plain integer, a text padded with whitespace."""
-    from transforms.tokenize import file_checks  # noqa: PLC0415 - file_checks imports this module
 
     if isinstance(value, dict):
         out = {str(k): v for k, v in value.items()}

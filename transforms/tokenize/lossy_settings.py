@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 
-from transforms.tokenize import formats
+from transforms.tokenize.tokenizer_errors import FormatError
 
 LOG = logging.getLogger("pileprep.tokenizer")  # the run's own logger: shown on the driver's stderr (pipeline/cli.py)
 # HF tokenizers' pre-tokenizers that drop the characters they split on whatever their settings
@@ -59,7 +59,7 @@ def check_lossless(spec: dict) -> None:
     for knob, effect in (("truncation", "cuts every document to its max_length ids"),
                          ("padding", "adds pad ids to every document")):
         if spec.get(knob) is not None:
-            raise formats.FormatError(f"the tokenizer.json has {knob} = {_brief(spec[knob])}: HF tokenizers "
+            raise FormatError(f"the tokenizer.json has {knob} = {_brief(spec[knob])}: HF tokenizers "
                                       f"{effect}, so the ids would not be the document's; set it to null")
     for where, node in _nodes(spec.get("pre_tokenizer"), "pre_tokenizer"):
         kind = node.get("type")
@@ -67,13 +67,13 @@ def check_lossless(spec: dict) -> None:
             removed = node.get("behavior") == "Removed"
             what = 'behavior "Removed"' if removed else "no behavior but removing what it splits on"
             fix = 'use behavior "Isolated"' if removed else 'use a Split with behavior "Isolated"'
-            raise formats.FormatError(f"the tokenizer.json's {where} is a {kind} pre-tokenizer with {what}: the text "
+            raise FormatError(f"the tokenizer.json's {where} is a {kind} pre-tokenizer with {what}: the text "
                                       f"it splits on would be dropped from every document; {fix}")
     pre_types = _types(spec.get("pre_tokenizer"), "pre_tokenizer")
     decoder_types = _types(spec.get("decoder"), "decoder")
     for kind in ("ByteLevel", "Metaspace"):  # pre-tokenizers that rewrite characters; their decoder undoes it
         if kind in pre_types and kind not in decoder_types:
-            raise formats.FormatError(f"the tokenizer.json has a {kind} pre-tokenizer but decoder = "
+            raise FormatError(f"the tokenizer.json has a {kind} pre-tokenizer but decoder = "
                                       f"{_brief(spec.get('decoder'))}: its ids cannot be decoded back to the text; "
                                       f"add a {kind} decoder")
 

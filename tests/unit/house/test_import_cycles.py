@@ -139,15 +139,6 @@ def test_the_cycle_finder_finds_lazy_imports_and_prints_the_cycle(tmp_path):
     assert cycles(import_graph(tmp_path)) == []
 
 
-# A cycle another change owns, not yet broken here: transforms/tokenize/formats.py parses tiktoken files and
-# options with file_checks' checks, and file_checks raises formats.FormatError; both files are being reworked by
-# the tokenizer-file checks (issue 29 step 3 left them alone so that work merges cleanly). Listed by its modules;
-# the test fails once it is gone too, so the entry cannot outlive the cycle.
-PENDING = [{"transforms.tokenize.file_checks", "transforms.tokenize.formats"}]
-
-
 def test_no_module_level_import_cycle_lazy_imports_included():
     found = cycles(import_graph(pathlib.Path(REPO)))
-    new = [c for c in found if set(c) not in PENDING]
-    assert not new, "import cycles (lazy imports counted):\n" + "\n".join(" -> ".join(c) for c in new)
-    assert [set(c) for c in found] == PENDING, f"a PENDING cycle is gone: remove it from the list ({found})"
+    assert not found, "import cycles (lazy imports counted):\n" + "\n".join(" -> ".join(c) for c in found)
