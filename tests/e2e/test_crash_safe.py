@@ -63,7 +63,10 @@ def _spill_written(out):
 
 
 def _shard_written(out, known):
-    return lambda: any(p.name not in known for p in out.glob("gen-*/*.tfrecord"))
+    """A shard of the new generation is on disk. By path, not name: each generation has its own folder and the
+    same names (train-00000-of-00002) recur, so a name test fired only when the new data happened to give a
+    split another shard count (a hash-split matter; the generated stand-in's did not)."""
+    return lambda: any(str(p.relative_to(out)) not in known for p in out.glob("gen-*/*.tfrecord"))
 
 
 @pytest.mark.parametrize("kill_point", ["spill", "shards"])
@@ -92,7 +95,7 @@ def test_killed_run_leaves_previous_dataset_and_rerun_gives_same_bytes(tmp_path,
     # 3. New input arrives; the incremental run is killed mid-write.
     for p in files[2:]:
         shutil.copy(p, inbox / p.name)
-    known = {p.name for p in out.glob("gen-*/*.tfrecord")}
+    known = {str(p.relative_to(out)) for p in out.glob("gen-*/*.tfrecord")}
     predicate = _spill_written(out) if kill_point == "spill" else _shard_written(out, known)
     proc = _start(shard_args(inputs, out, "--incremental", "--unit-mb", "0.05", *FAST_LOCAL))
     assert _kill_when(proc, predicate), "the job finished before the kill point"
