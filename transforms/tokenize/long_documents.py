@@ -43,7 +43,11 @@ from transforms.tokenize import formats, references
 PIECE_CHARS = 1 << 20  # ~1 MiB pieces: the encoders' memory per call stays that of a 1 MiB text
 DEFAULT_MAX_PRETOKEN_BYTES = 16 << 20
 PRETOKEN_TOO_LONG = "pretoken_too_long"
-_CUT = re.compile(r"(?<=\S) (?=\S)")  # a single space between two non-space characters
+# A single space between two characters that are neither whitespace nor U+2581: SentencePiece writes the space as
+# U+2581, so beside a literal U+2581 it would merge across the cut ("\u2581 \u2581" is one Llama 2 piece whole,
+# two in pieces; docs/wip/newcomer-mutations.md).
+_CUT = re.compile("(?<=[^\\s\u2581]) (?=[^\\s\u2581])")
+_SPACE_MARK = "\u2581"
 _SAFE_HF_NORMALIZERS = (None, "NFC")
 
 
@@ -122,7 +126,7 @@ def _last_cut(text: str, lo: int, hi: int, added: tuple = ()) -> int:
     i = text.rfind(" ", lo + 1, hi + 1)
     while i > lo:
         if i + 1 < len(text) and not text[i - 1].isspace() and not text[i + 1].isspace() \
-                and not (added and _blocked(text, i, added)):
+                and _SPACE_MARK not in (text[i - 1], text[i + 1]) and not (added and _blocked(text, i, added)):
             return i
         i = text.rfind(" ", lo + 1, i)
     return -1
