@@ -98,21 +98,52 @@ class Router:
 
     One precompiled `re` character class of the excluded ranges (plus the excluded texts as alternatives): the
     search runs in C over the text and stops at the first hit; ASCII text skips it when no ASCII character or
-    excluded text can match (str.isascii reads a flag of the string)."""
+    excluded text can match (str.isascii reads a flag of the string).
+
+    Excluded ranges above U+FFFF make that class slow: `re` keeps the BMP part of a class as a bitmap but tests
+    every range above it one by one for each character, and a domain with 19 such ranges (an HF byte-level BPE,
+    Unicode 16 against 17) spent 3.3 CPU-s in `admits` on the 384 MB bench corpus, ~14% of the job's CPU
+    (docs/BENCHMARKS.md "Routing by construction"). So, with no excluded texts, the scan is a class of the
+    excluded BMP ranges plus all of U+10000..U+10FFFF as one range (a bitmap and one comparison per character);
+    a hit above U+FFFF takes the run of such characters there and checks only that run against the excluded
+    ranges above U+FFFF (0.38 CPU-s on the same documents, the same answers)."""
 
     def __init__(self, domain: Domain):
+        ranges, texts = domain.excluded_ranges, domain.excluded_texts
         parts = []
-        if domain.excluded_ranges:
-            parts.append("[" + "".join(_class_range(a, b) for a, b in domain.excluded_ranges) + "]")
-        parts += [re.escape(t) for t in sorted(domain.excluded_texts, key=lambda t: (-len(t), t))]
+        if ranges:
+            parts.append(_class(ranges))
+        parts += [re.escape(t) for t in sorted(texts, key=lambda t: (-len(t), t))]
         self._search = re.compile("|".join(parts)).search if parts else None
-        self._ascii_free = all(a > 0x7F for a, _b in domain.excluded_ranges) and not any(
-            t.isascii() for t in domain.excluded_texts)
+        self._ascii_free = all(a > 0x7F for a, _b in ranges) and not any(t.isascii() for t in texts)
+        astral = [(max(a, 0x10000), b) for a, b in ranges if b > 0xFFFF]
+        self._coarse = None
+        if astral and not texts:
+            bmp = [(a, min(b, 0xFFFF)) for a, b in ranges if a <= 0xFFFF]
+            self._coarse = re.compile(_class([*bmp, (0x10000, MAX_CODE_POINT)])).search
+            self._astral_run = re.compile(_class([(0x10000, MAX_CODE_POINT)]) + "+").match
+            self._astral_search = re.compile(_class(astral)).search
 
     def admits(self, text: str) -> bool:
         if self._search is None or (self._ascii_free and text.isascii()):
             return True
-        return self._search(text) is None
+        if self._coarse is None:
+            return self._search(text) is None
+        at = 0
+        while True:
+            hit = self._coarse(text, at)
+            if hit is None:
+                return True
+            if hit.group() <= "\uffff":  # an excluded BMP character
+                return False
+            run = self._astral_run(text, hit.start())
+            if self._astral_search(run.group()) is not None:
+                return False
+            at = run.end()
+
+
+def _class(ranges) -> str:
+    return "[" + "".join(_class_range(a, b) for a, b in ranges) + "]"
 
 
 def _class_range(a: int, b: int) -> str:

@@ -86,6 +86,25 @@ def test_router_admits_only_the_domain():
     assert exact_domain.Domain.from_json(domain.to_json()) == domain
 
 
+@pytest.mark.parametrize("ranges, texts", [
+    (((0x88F, 0x88F), (0xD800, 0xDFFF), (0x10940, 0x10959), (0x323B0, 0x3347A)), ()),  # BMP and astral (HF-like)
+    (((0x10000, 0x10000), (0x10FFFF, 0x10FFFF)), ()),  # the astral bounds alone
+    (((0xFFFF, 0x10001),), ()),  # one range across U+FFFF
+    (((0x88F, 0x88F), (0x323B0, 0x323B4)), ("<odd>",)),  # excluded texts: the single-pattern path
+])
+def test_router_admits_exactly_the_characters_outside_the_excluded_ranges(ranges, texts):
+    """Every path of `admits` (one class; BMP class + astral runs) against the definition, on random text mixing
+    ASCII, excluded and admitted BMP and astral characters, the range bounds and their neighbours."""
+    router = exact_domain.Domain("gigatoken", "hf", "x", (), ranges, texts).router()
+    near = {c for a, b in ranges for c in (a - 1, a, b, b + 1) if 0 <= c <= exact_domain.MAX_CODE_POINT}
+    pool = [chr(c) for c in sorted(near | {0x41, 0xE9, 0xFFFF, 0x10000, 0x1F600, 0x10FFFF, 0x20000})] + ["<odd>"]
+    rng = random.Random(17)
+    for _ in range(3000):
+        text = "".join(rng.choice(pool) if rng.random() < 0.3 else "ab " for _ in range(rng.randint(0, 12)))
+        want = not any(a <= ord(c) <= b for c in text for a, b in ranges) and not any(t in text for t in texts)
+        assert router.admits(text) is want, ascii(text)
+
+
 def test_encoder_refuses_a_domain_that_does_not_match_its_digest(routed):
     model, sp, choice, _encoder = routed
     forged = exact_domain.Domain.from_json(choice.domain_json)
