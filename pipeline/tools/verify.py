@@ -379,13 +379,29 @@ def _held_out_split(manifest: Manifest, path: str) -> Optional[str]:
     return None
 
 
+def _manifest_tokenizer_unreadable(path: str, error: str) -> str:
+    """The refusal when the tokenizer named by the manifest (config.tokenizer, as typed at shard time) cannot be
+    read: it names where the path came from, not --tokenizer, which the user did not pass (hostile review rv2,
+    F5). A relative path is read from the current directory: the manifest does not record the directory shard
+    ran in, so that is said rather than another directory guessed."""
+    why = error.split(f"{path}: ", 1)[-1] if f"{path}: " in error else error
+    where = ("; it is relative, and the manifest does not record the directory shard ran in: run verify there or "
+             "pass --tokenizer") if not os.path.isabs(path) and io_utils.is_local(path) else "; pass --tokenizer"
+    return f"the manifest's tokenizer (config.tokenizer) cannot be read at {path}: {why}{where}"
+
+
 def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sample: int, seed: int,
                   tokenizer_path: Optional[str]) -> AuditResult:
     from transforms.tokenize import tokenizer  # noqa: PLC0415
 
     audit = AuditResult()
     model_path = tokenizer_path or manifest.config.get("tokenizer")
-    model = tokenizer.read_model_bytes(model_path)  # regular file, size bound (the one tokenizer opener)
+    try:
+        model = tokenizer.read_model_bytes(model_path)  # regular file, size bound (the one tokenizer opener)
+    except tokenizer.TokenizerError as e:
+        if tokenizer_path:
+            raise
+        raise tokenizer.TokenizerError(_manifest_tokenizer_unreadable(str(model_path), str(e))) from None
     if hashlib.sha256(model).hexdigest() != manifest.contract.tokenizer.model_sha256:
         audit.problems.append(f"tokenizer {model_path}: sha256 differs from the manifest's "
                               f"{manifest.contract.tokenizer.model_sha256[:16]}…; pass the model the dataset was "
@@ -395,7 +411,8 @@ def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sam
     eos = manifest.contract.tokenizer.eos_id
     paths = sorted({m.path for g in input_globs for m in match_input(g)})
     paths = readable_inputs(paths, "--inputs", "the audit")  # never a FIFO, /dev/zero or a misnamed .bz2
-    held = {row["path"] for row in manifest.inputs}
+    held, unmatched = verify_inputs.held_inputs(manifest, paths)  # given path -> the manifest's name for it
+    audit.problems.extend(unmatched)
     records = sample_records(paths, sample, seed)
     audit.sampled = len(records)
     dead = _dead_letters(manifest, manifest_file)
@@ -405,8 +422,10 @@ def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sam
     for path, line, data in records:
         where = f"{path}:{line}"
         if path not in held:
-            audit.problems.append(f"{where}: {path} is not an input of this dataset")
+            audit.problems.append(f"{where}: {path} is not an input of this dataset (by name, resolved path or "
+                                  f"content sha256)")
             continue
+        path = held[path]  # dead letters and --val/--test-input globs name the file as the manifest does
         if (path, line) in dead:
             audit.dead_lettered += 1
             continue

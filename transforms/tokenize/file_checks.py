@@ -57,9 +57,7 @@ def _vocab_ids(model: dict) -> dict:
 
 def _byte_level(spec: dict) -> bool:
     """Whether a ByteLevel pre-tokenizer (alone or in a Sequence) maps bytes to printable characters."""
-    pre = spec.get("pre_tokenizer") or {}
-    parts = pre.get("pretokenizers") if pre.get("type") == "Sequence" else [pre]
-    return any(isinstance(p, dict) and p.get("type") == "ByteLevel" for p in parts or [])
+    return bool(lossy_settings.byte_level_pre_tokenizers(spec))
 
 
 def _same_text(content: str, vocab_text: str, byte_level: bool) -> bool:
@@ -95,7 +93,21 @@ def _nondeterministic(node, where: str = "") -> str:
 
 
 def check_hf(spec: dict) -> None:
-    """A tokenizer.json's spec (json.loads of the file) is one pileprep can encode exactly: FormatError otherwise."""
+    """A tokenizer.json's spec (json.loads of the file) is one pileprep can encode exactly: FormatError otherwise.
+    A spec nested deeper than the walks below can recurse is refused the same way, not a crash (hostile review
+    rv2, F8: 3000 nested Sequence pre-tokenizers gave `failed: RecursionError`, exit 1)."""
+    try:
+        _check_hf(spec)
+    except RecursionError:
+        raise FormatError(NESTED_TOO_DEEP) from None
+
+
+# One wording for a tokenizer.json too deeply nested to parse or walk (formats.detect, check_hf)
+NESTED_TOO_DEEP = ("the tokenizer.json is nested too deeply to read (deeper than Python's recursion limit): "
+                   "not a tokenizer pileprep accepts")
+
+
+def _check_hf(spec: dict) -> None:
     model = spec.get("model") or {}
     sampling = _nondeterministic(spec)
     if sampling:
@@ -131,6 +143,24 @@ def check_hf(spec: dict) -> None:
             raise FormatError(f"added token {content[:40]!r} (id {tid}) reuses the id of vocab entry "
                                       f"{by_id[tid][:40]!r}: an inconsistent tokenizer file (one id, two texts; HF "
                                       f"and gigatoken read it differently)")
+    _check_contiguous(by_id, added_by_id)
+
+
+def _check_contiguous(by_id: dict, added_by_id: dict) -> None:
+    """The vocabulary's ids, with the added tokens that fill holes in it, are 0..max without a gap. The spill
+    dtype and the contract's vocab_size come from the count of entries (HF's get_vocab_size;
+    transforms/tokenize/tokenizer.py token_dtype), so an id past a gap (100000 in a 604-entry vocab) passed every
+    check and then failed in the workers with "does not fit the spill dtype uint16" (hostile review rv2, F1).
+    Added tokens numbered past the vocabulary with a gap are refused by references.HFReference (HF renumbers
+    them), which this leaves to it."""
+    if not by_id:
+        return
+    top = max(by_id)
+    ids = set(by_id) | set(added_by_id)
+    missing = next((i for i in range(top) if i not in ids), None)
+    if missing is not None:
+        raise FormatError(f"vocab entry {by_id[top][:40]!r} has id {top}, but no vocab entry or added token has "
+                          f"id {missing}: ids must be 0..N-1 without gaps (the id width is chosen from N)")
 
 
 def check_tiktoken(ranks: dict) -> None:

@@ -62,6 +62,8 @@ def detect(data: bytes) -> str:
             spec = json.loads(data)
         except ValueError:
             spec = None
+        except RecursionError:  # valid JSON nested past the parser's limit (hostile review rv2, F8)
+            raise FormatError(file_checks.NESTED_TOO_DEEP) from None
         if isinstance(spec, dict) and isinstance(spec.get("model"), dict):
             return HF_JSON
         raise FormatError(f"a JSON file that is not an HF tokenizer.json (no \"model\" object); --tokenizer takes "

@@ -10,8 +10,9 @@ document (hostile review of issue 28, F2, docs/wip/hostile-review-issue28.md):
   read back as the text (`verify --inputs` and `inspect` decode them).
 Each is found anywhere in the spec's tree (a `Sequence` of pre-tokenizers included).
 
-A normalizer (Lowercase, Strip, StripAccents, Replace, NFKC, ...) is NOT refused: it is the tokenizer's design
-(BERT lowercases, T5 applies NFKC), the ids are exactly the library's, and refusing it would refuse those models.
+A normalizer that only deletes text (`Replace` with empty `content`, `Strip`) is refused like a removing Split.
+Any other normalizer (Lowercase, StripAccents, Replace with text, NFKC, ...) is NOT refused: it is the tokenizer's
+design (BERT lowercases, T5 applies NFKC), the ids are exactly the library's, and refusing it would refuse those models.
 What it changes is what the ids stand for: the normalized text. So the shard job warns once per process
 (`warn_normalizer`), and `verify --inputs` checks decode(ids) against the text as the normalizer rewrites it
 (pipeline/tools/verify_inputs.py `RoundTrip`).
@@ -69,6 +70,13 @@ def check_lossless(spec: dict) -> None:
             fix = 'use behavior "Isolated"' if removed else 'use a Split with behavior "Isolated"'
             raise FormatError(f"the tokenizer.json's {where} is a {kind} pre-tokenizer with {what}: the text "
                                       f"it splits on would be dropped from every document; {fix}")
+    for where, node in _nodes(spec.get("normalizer"), "normalizer"):
+        deletes = _deleting_normalizer(node)
+        if deletes:
+            raise FormatError(f"the tokenizer.json's {where} is a {node.get('type')} normalizer that {deletes}: "
+                              f"that text would be dropped from every document (and verify would judge the ids "
+                              f"against the text without it); remove it")
+    _check_prefix_space(spec)
     pre_types = _types(spec.get("pre_tokenizer"), "pre_tokenizer")
     decoder_types = _types(spec.get("decoder"), "decoder")
     for kind in ("ByteLevel", "Metaspace"):  # pre-tokenizers that rewrite characters; their decoder undoes it
@@ -76,6 +84,45 @@ def check_lossless(spec: dict) -> None:
             raise FormatError(f"the tokenizer.json has a {kind} pre-tokenizer but decoder = "
                                       f"{_brief(spec.get('decoder'))}: its ids cannot be decoded back to the text; "
                                       f"add a {kind} decoder")
+
+
+def byte_level_pre_tokenizers(spec: dict) -> list:
+    """The ByteLevel pre-tokenizers of a tokenizer.json's spec (alone or in a Sequence), as their dicts."""
+    pre = spec.get("pre_tokenizer") or {}
+    parts = pre.get("pretokenizers") if pre.get("type") == "Sequence" else [pre]
+    return [p for p in parts or [] if isinstance(p, dict) and p.get("type") == "ByteLevel"]
+
+
+def adds_prefix_space(spec: dict) -> bool:
+    """Whether a ByteLevel pre-tokenizer of the spec prepends a space (add_prefix_space)."""
+    return any(p.get("add_prefix_space") is True for p in byte_level_pre_tokenizers(spec))
+
+
+def _check_prefix_space(spec: dict) -> None:
+    """A ByteLevel pre-tokenizer with add_prefix_space prepends a space to every piece of text it sees, and HF
+    hands it the text between added tokens piece by piece: after each non-special added token ("\t\t", a
+    whitespace run) the ids hold a space the document does not ('a\t\tb' decodes to ' a\t\t b', measured).
+    Alone it adds one space at the start, which `verify --inputs` accepts (verify_inputs.RoundTrip); with such
+    added tokens it inserts text mid-document: refused (hostile review rv2, F4)."""
+    if not adds_prefix_space(spec):
+        return
+    plain = [t.get("content") for t in spec.get("added_tokens") or [] if isinstance(t, dict) and not t.get("special")]
+    if plain:
+        raise FormatError(f"the tokenizer.json's ByteLevel pre-tokenizer has add_prefix_space = true and "
+                          f"{len(plain)} non-special added token(s) ({_brief(plain[0])}, ...): a space would be "
+                          f"added to the text after each of them; set add_prefix_space to false")
+
+
+def _deleting_normalizer(node: dict) -> str:
+    """What a normalizer deletes when all it does is delete text ("" for one that rewrites it): a `Replace` with
+    empty `content` and a `Strip` that strips a side are the normalizer form of a Split with behavior "Removed"
+    (hostile review rv2, F3: Replace "e" -> "" passed with a warning and verify called the result OK)."""
+    kind = node.get("type")
+    if kind == "Replace" and node.get("content") == "":
+        return f"replaces {_brief(node.get('pattern'))} with nothing"
+    if kind == "Strip" and (node.get("strip_left", True) or node.get("strip_right", True)):
+        return "strips whitespace at the ends of every document"
+    return ""
 
 
 def normalizers(spec) -> tuple:
