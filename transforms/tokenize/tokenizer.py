@@ -275,7 +275,17 @@ def _encode_one(encoder, text: str):
 
 
 def _encode_long(sp, text: str, long_docs: "long_documents.LongDocuments"):
-    """A long text in pieces (long_documents.encode_in_pieces) with `sp`, its reference on a panic, or Rejected."""
+    """A long text in pieces (long_documents.encode_in_pieces) with `sp`, its reference on a panic, or Rejected;
+    a spot-checked fast backend counts it as one document (spot_check.SpotChecked.count_as_one), not per piece."""
+    counts = getattr(sp, "counts", None)
+    before = dict(counts) if counts is not None else None
+    out = _encode_pieces(sp, text, long_docs)
+    if before is not None:
+        sp.count_as_one(text, before, not isinstance(out, Rejected))
+    return out
+
+
+def _encode_pieces(sp, text: str, long_docs: "long_documents.LongDocuments"):
     encoder = sp
     while True:
         try:
