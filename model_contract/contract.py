@@ -16,7 +16,9 @@ from typing import Any, Optional, Sequence
 #      near_duplicate, near_duplicate_of_committed and contaminated (--near-dedup, --decontaminate).
 # 1.3: the dead-letter reason `tokenizer_panic` (a document the tokenizer's library panicked on,
 #      transforms/tokenize/native.py); shard features and TokenizerInfo unchanged.
-CONTRACT_VERSION = "1.3"
+# 1.4: the dead-letter reason `tokenizer_drops_text` (a document whose ids do not hold all of its text: a tiktoken
+#      --tokenizer-pattern that leaves part of it unmatched, transforms/tokenize/references.py lost_text).
+CONTRACT_VERSION = "1.4"
 SUPPORTED_MAJOR = 1
 
 # Feature names. segment_ids: 0 = padding, 1..n = n-th document piece in the example; positions: position

@@ -132,7 +132,7 @@ def test_near_copies_and_contaminated_documents_are_filtered_with_keeper_and_rea
     assert manifest["near_dedup"]["cluster_sizes"] == {"2": PLANTED}
     pair = manifest["near_dedup"]["example_pairs"][0]
     assert pair["removed_text"] and pair["keeper_text"] and pair["removed"] == min(near)
-    assert manifest["contract"]["version"] == "1.3"
+    assert manifest["contract"]["version"] == "1.4"
 
 
 def test_rounds_too_few_fail_the_run_naming_the_option(built, tmp_path):

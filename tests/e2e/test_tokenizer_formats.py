@@ -70,7 +70,7 @@ def test_each_format_shards_exactly_and_the_trainer_reads_it(kind, trained, corp
     shard_pipeline.run(cfg, FAST_LOCAL, progress_every_s=0)
     manifest = Manifest.from_json((out / "manifest.json").read_text())
     t = manifest.contract.tokenizer
-    assert manifest.contract.version == "1.3" and t.kind == kind and t.special_token_policy == "text"
+    assert manifest.contract.version == "1.4" and t.kind == kind and t.special_token_policy == "text"
     assert (t.eos_token, t.eos_id) == {"sentencepiece": ("</s>", 3)}.get(kind, ("<|endoftext|>", 0))
     # every document audited against the format's own library: stored ids == reference ids + EOS
     report = verify(str(out), inputs=[str(corpus / "*")], sample=10_000)

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 from transforms.tokenize import file_checks, formats, native
+
+TOKENIZER_DROPS_TEXT = "tokenizer_drops_text"  # the dead-letter reason of a document whose ids lost text
 
 
 class HFReference:
@@ -130,6 +134,26 @@ class TiktokenReference:
             return ranks.get(text.encode("utf-8"))
 
         self.eos_token, self._eos = formats.pick_eos(self.special, options.eos_token, lookup)
+        # each rank's byte length, for `lost_text` (encode_ordinary gives ranks only, never a special id)
+        self._byte_lengths = np.zeros(max(ranks.values(), default=-1) + 1, dtype=np.int64)
+        self._byte_lengths[np.fromiter(ranks.values(), dtype=np.int64, count=len(ranks))] = \
+            np.fromiter(map(len, ranks), dtype=np.int64, count=len(ranks))
+
+    def lost_text(self, text: str, ids) -> str:
+        """Why `ids` (this encoder's, of `text`) do not hold all of the text, or "". tiktoken's encode_ordinary
+        concatenates the bytes of the pattern's matches, so the ids lost text exactly when their byte lengths
+        do not add up to the text's UTF-8 size: a pattern can leave text unmatched only in some contexts
+        (`(?:(?!abcxyz).)+|\\s+` skips the "a" of "abcxyz"), which `_check_round_trip`'s probe of every code
+        point cannot see. A take and a sum per document (transforms/tokenize/tokenizer.py encode_batch)."""
+        got = int(self._byte_lengths.take(np.asarray(ids, dtype=np.int64)).sum())
+        want = len(text.encode("utf-8", "surrogatepass"))
+        if got == want:
+            return ""
+        decoded = self._enc.decode_bytes([int(i) for i in ids])
+        at = next((i for i, (a, b) in enumerate(zip(decoded, text.encode("utf-8", "surrogatepass"))) if a != b),
+                  min(len(decoded), want))
+        return (f"the ids hold {got:,} of the text's {want:,} UTF-8 bytes, the first lost at byte {at:,}: "
+                f"--tokenizer-pattern {self.pattern[:40]!r} leaves it unmatched")
 
     def _check_round_trip(self) -> None:
         """A custom pattern, judged by tiktoken itself: every probe text decodes back to itself (what the pattern

@@ -82,6 +82,29 @@ class SpotChecked:
     def _encode_all(self, batch: list) -> list:
         raise NotImplementedError
 
+    def count_as_one(self, text: str, before: dict, encoded: bool) -> None:
+        """Count a long text encoded in pieces (transforms/tokenize/tokenizer.py `_encode_long`) as one document
+        of its whole UTF-8 size: `encode` counted each piece as a document, and without the space a later piece
+        drops under SentencePiece's dummy prefix (long_documents.encode_in_pieces). `before`: `counts` before the
+        pieces; `encoded`: False when the text was Rejected (not tokenized, so not counted). The text counts as
+        the reference's when any piece went to the reference, and as spot-checked when any piece was."""
+        counts = self.counts
+        reference = counts["reference_documents"] > before["reference_documents"]
+        checked = counts["checked_documents"] > before["checked_documents"]
+        checked_bytes = counts["checked_bytes"] - before["checked_bytes"]
+        counts.update(before)  # in place: the job reads the same dict (transforms/shard/stages.py spot_before)
+        if not encoded:
+            return
+        size = utf8_size(text)
+        kind = "reference" if reference else "fast"
+        counts["documents"] += 1
+        counts["bytes"] += size
+        counts[f"{kind}_documents"] += 1
+        counts[f"{kind}_bytes"] += size
+        if checked:
+            counts["checked_documents"] += 1
+            counts["checked_bytes"] += checked_bytes
+
     def _count_reference(self, size: int) -> None:
         counts = self.counts
         counts["documents"] += 1
@@ -144,7 +167,7 @@ class _CountedReference:
         return getattr(self._sp, name)
 
     def encode(self, texts, out_type=int, num_threads=1):
-        single = isinstance(texts, str)
-        for text in [texts] if single else texts:
+        ids = self._sp.encode(texts, out_type=out_type, num_threads=num_threads)  # a panic: nothing counted
+        for text in [texts] if isinstance(texts, str) else texts:
             self._owner._count_reference(utf8_size(text))  # noqa: SLF001 - the owner's counters
-        return self._sp.encode(texts, out_type=out_type, num_threads=num_threads)
+        return ids

@@ -215,11 +215,24 @@ def encode_batch(sp, texts: list, long_docs: Optional["long_documents.LongDocume
     pieces by `sp` itself, the same ids in memory bounded by the piece. A text that cannot be encoded gets a
     Rejected in place of its ids, for the caller to dead-letter with its file and line: `pretoken_too_long` (a
     stretch longer than --max-pretoken-mb without a piece boundary), `tokenizer_panic` (the library panicked on
-    it, e.g. a split regex over its backtrack limit; a fast backend's panic is retried on the reference first)."""
+    it, e.g. a split regex over its backtrack limit; a fast backend's panic is retried on the reference first),
+    `tokenizer_drops_text` (ids that do not hold all of the text: a tiktoken pattern that leaves part of it
+    unmatched, references.TiktokenReference.lost_text)."""
+    encoded = _encode_batch(sp, texts, long_docs)
+    lost_text = getattr(getattr(sp, "reference", sp), "lost_text", None)
+    if lost_text is not None:
+        for i, ids in enumerate(encoded):
+            detail = "" if isinstance(ids, Rejected) else lost_text(texts[i], ids)
+            if detail:
+                encoded[i] = Rejected(references.TOKENIZER_DROPS_TEXT, detail)
+    return encoded
+
+
+def _encode_batch(sp, texts: list, long_docs: Optional["long_documents.LongDocuments"] = None) -> list:
     if long_docs is not None and long_docs.exact and any(len(t) > long_docs.piece_chars for t in texts):
         out: list = [None] * len(texts)
         short = [i for i, t in enumerate(texts) if len(t) <= long_docs.piece_chars]
-        for i, ids in zip(short, encode_batch(sp, [texts[i] for i in short])):
+        for i, ids in zip(short, _encode_batch(sp, [texts[i] for i in short])):
             out[i] = ids
         for i, text in enumerate(texts):
             if len(text) > long_docs.piece_chars:
@@ -262,7 +275,17 @@ def _encode_one(encoder, text: str):
 
 
 def _encode_long(sp, text: str, long_docs: "long_documents.LongDocuments"):
-    """A long text in pieces (long_documents.encode_in_pieces) with `sp`, its reference on a panic, or Rejected."""
+    """A long text in pieces (long_documents.encode_in_pieces) with `sp`, its reference on a panic, or Rejected;
+    a spot-checked fast backend counts it as one document (spot_check.SpotChecked.count_as_one), not per piece."""
+    counts = getattr(sp, "counts", None)
+    before = dict(counts) if counts is not None else None
+    out = _encode_pieces(sp, text, long_docs)
+    if before is not None:
+        sp.count_as_one(text, before, not isinstance(out, Rejected))
+    return out
+
+
+def _encode_pieces(sp, text: str, long_docs: "long_documents.LongDocuments"):
     encoder = sp
     while True:
         try:

@@ -149,7 +149,7 @@ def test_contract_records_the_format_and_an_older_reader_still_reads_it(hf_bpe):
                                                                          hf.get_piece_size())
     contract = DataContract.for_tokens(128, info)
     d = contract.to_dict()
-    assert d["version"] == "1.3"
+    assert d["version"] == "1.4"
     assert DataContract.from_dict(json.loads(json.dumps(d))) == contract
     # a 1.1 reader builds TokenizerInfo from the 1.1 fields only: the new ones do not stop it
     old_fields = ("kind", "model_sha256", "vocab_size", "bos_id", "eos_id", "pad_id", "unk_id")
