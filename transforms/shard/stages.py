@@ -320,7 +320,7 @@ def tokenize_records(chunk: ChunkRef, records, sp, token_dtype: np.dtype, settin
             signed["sig"] = near_dedup.word_signatures([t for _l, t in kept], signing)
             sig_file.write(signed.tobytes())
         for (line, doc), ids in zip(batch, encoded):
-            if isinstance(ids, tokenizer.Rejected):  # pretoken_too_long, tokenizer_panic (tokenizer.encode_batch)
+            if isinstance(ids, tokenizer.Rejected):  # pretoken_too_long, tokenizer_panic, tokenizer_drops_text (tokenizer.encode_batch)
                 stats.dead_letter(ids.reason)
                 dead.append(dead_letter_row(chunk.input_path, line, ids.reason, doc.text[:200], ids.detail))
                 continue
