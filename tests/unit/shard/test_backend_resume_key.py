@@ -7,8 +7,13 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+import pytest
+
 from pipeline.shard import resume
+from tests.conftest import shared_data
 from tests.unit.shard.test_resume import UNIT, _finished_run, _plan
+from tests.unit.tokenize.test_tokenizer_backends import LLAMA2, _sp
+from transforms.tokenize import tokenizer_backends as tb
 from transforms.tokenize.tokenizer_backends import BackendChoice
 
 GIGA = BackendChoice("gigatoken", "auto", "parity", "0.5.0", domain_sha256="d" * 64, reference_version="0.22.1",
@@ -29,7 +34,7 @@ def _notes(caplog):
 
 
 def test_a_unit_is_reused_by_the_same_backend(tmp_path, caplog):
-    units, _plan_again = _reused_with(tmp_path, GIGA, dataclasses.replace(GIGA, reason="another sample"))
+    units, _ = _reused_with(tmp_path, GIGA, dataclasses.replace(GIGA, reason="another sample"))
     assert units == {"unit-" + UNIT} and _notes(caplog) == []
 
 
@@ -57,16 +62,9 @@ def test_a_backend_marked_failed_is_listed_in_its_staging(tmp_path):
 
 
 def test_auto_never_chooses_a_backend_that_failed_in_this_generation():
-    import pytest
-    import sentencepiece as spm
-
-    from tests.conftest import shared_data
-    from tests.unit.tokenize.test_tokenizer_backends import LLAMA2
-    from transforms.tokenize import tokenizer_backends as tb
-
     pytest.importorskip("gigatoken")
     model = shared_data(*LLAMA2)
-    sp = spm.SentencePieceProcessor(model_file=str(model))
+    sp = _sp(model)
     texts = ["A plain sample document, it's fine.\n" * 20]
     first = tb.choose_backend("auto", model.read_bytes(), sp, texts)
     assert first.name == "gigatoken", first.reason
