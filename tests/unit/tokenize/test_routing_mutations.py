@@ -34,6 +34,16 @@ def test_an_added_token_text_the_encoders_disagree_on_is_excluded_as_a_whole():
     assert not domain.router().admits("before <odd> after") and domain.router().admits("<even> and ABC")
 
 
+def test_a_code_point_whose_pre_tokens_differ_is_excluded_though_the_ids_agree():
+    """A class difference this vocabulary happens to encode to the same ids is still outside the domain (a larger
+    vocabulary would not encode it alike): the split points are compared too."""
+    def fast_splits(text):  # the fast pre-tokenizer splits after every "B", the reference never
+        return [i + 1 for i, c in enumerate(text) if c == "B"]
+
+    domain = exact_domain.derive("fast", "hf", "f" * 64, _ids, _ids, (), (fast_splits, lambda _t: []), 0x41, 0x43)
+    assert domain.compared == "ids+pretokens" and domain.excluded_ranges == ((0x42, 0x42),)
+
+
 def test_a_domain_with_a_range_outside_unicode_is_refused_when_read():
     good = exact_domain.Domain("fast", "hf", "f" * 64, (), ((0x41, 0x42),))
     assert exact_domain.Domain.from_json(good.to_json()) == good
