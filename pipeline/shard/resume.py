@@ -10,6 +10,9 @@ and by the output (pipeline/ops/guards.py: staging_dir_for). Besides the work fi
   done/pack-train-00003-of-00013.json  open_write): the stage's result and the size + sha256 of every file it
                                    wrote (a packed shard lives in the run's partial generation, which no
                                    manifest names until the commit; its kept-ids file in staging)
+  failed-backends/<key hash>.json  {backend}: a fast tokenizer backend that failed a spot check in a run of
+                                   this generation (`mark_backend_failed`); kept by `keep_finished`, so the next
+                                   run never picks it again (pipeline/shard/plan.py) nor reuses its units
 
 Units depend only on the inputs and --unit-mb (pipeline/shard/unit_plan.py subdivides --unit-mb for a small
 input from the ledger alone; transforms/shard/stages.py split_input_file cuts), never on the worker count, so
@@ -298,16 +301,21 @@ def mark_backend_failed(plan) -> None:
                          json.dumps({"backend": key}, sort_keys=True).encode("utf-8"))
 
 
-def failed_backends(staging_dir: str) -> frozenset:
-    """The backend keys recorded by `mark_backend_failed` in this staging (none when there is no staging)."""
+def _failed_backend_records(staging_dir: str) -> list:
+    """The paths of the records `mark_backend_failed` wrote in this staging."""
     try:
         found = FileSystems.match([io_utils.join(staging_dir, FAILED_BACKENDS_DIR, "*.json")])[0].metadata_list
     except Exception:  # noqa: BLE001 - no staging, no record
-        return frozenset()
+        return []
+    return [m.path for m in found]
+
+
+def failed_backends(staging_dir: str) -> frozenset:
+    """The backend keys recorded by `mark_backend_failed` in this staging (none when there is no staging)."""
     keys = set()
-    for m in found:
+    for path in _failed_backend_records(staging_dir):
         try:
-            rec = json.loads(io_utils.read_bytes(m.path))
+            rec = json.loads(io_utils.read_bytes(path))
         except (OSError, ValueError):
             continue
         if isinstance(rec, dict) and isinstance(rec.get("backend"), str):
@@ -700,9 +708,12 @@ def keep_finished(plan) -> Kept:
     Kept: `resume.json`, the staging marker (pipeline/ops/guards.py cleanup_abandoned finds the staging by it,
     and keeps the partial generation beside a resumable staging) and each completion marker that still checks
     (`check_marker`, sizes) with the files it names: in staging, and in the partial generation (a packed shard,
-    a unit's dead letters). Removed: everything else in both (in-progress units and chunks, temp files, the
-    staged model, shards without a marker, the progress marker dir). When no marker is left, the staging and the
-    partial generation go entirely. The next run judges what is kept like a killed run's staging (`reconcile`),
+    a unit's dead letters); and the failed-backend records (`mark_backend_failed`). A failed backend's units are
+    kept as they are (the issue-28 message says so), but the next run never picks that backend, so `reconcile`
+    discards them with a note (`_read_marker`: another backend key). Removed: everything else in both
+    (in-progress units and chunks, temp files, the staged model, shards without a marker, the progress marker
+    dir). When neither a marker nor a record is left, the staging and the partial
+    generation go entirely. The next run judges what is kept like a killed run's staging (`reconcile`),
     so another config or a changed input ledger still discards it with a note."""
     staging, data = plan.staging_dir, plan.data_dir
     io_utils.delete_tree(progress.marker_dir(staging))
@@ -712,6 +723,11 @@ def keep_finished(plan) -> Kept:
         found = []
     names = [n[: -len(".json")] for n in sorted(m.path.rsplit("/", 1)[-1] for m in found) if _MARKER_NAME.fullmatch(n)]
     keep = {io_utils.join(staging, RESUME_FILE), io_utils.join(staging, guards.STAGING_MARKER)}
+    # A spot-check failure record outlives the run: the next run's plan reads it (plan.py failed_backends), so it
+    # never picks that backend again. Named as _staging_files names them (a match may return another spelling).
+    records = [io_utils.join(staging, FAILED_BACKENDS_DIR, p.rsplit("/", 1)[-1])
+               for p in _failed_backend_records(staging)]
+    keep.update(records)
     counts = {"unit-": 0, "split-": 0, "pack-": 0, "near-": 0}
     for name in names:
         try:
@@ -724,7 +740,7 @@ def keep_finished(plan) -> Kept:
         keep.update(_root_path(r["root"], staging, data, r["path"]) for r in marker["files"])
         counts[name[: name.index("-") + 1]] += 1
     kept = Kept(counts["unit-"], counts["split-"], counts["pack-"], bool(counts["near-"]))
-    if not kept:
+    if not kept and not records:
         io_utils.delete_tree(staging)
         io_utils.delete_tree(data)
         return kept

@@ -134,14 +134,22 @@ class TokenizeChunk(PlanDoFn):
             unit = resume.load_unit(self.plan, chunk.unit_name)  # None: a file did not match (pipeline/shard/resume.py)
         reused = unit is not None
         if not reused:
-            try:
-                unit = stages.tokenize_chunk(chunk, self.sp, self.dtype, self.settings, self.plan.staging_dir,
-                                             self.plan.data_dir, self.byte_mask, cancel.check)
-            except tokenizer_backends.BackendMismatchError:
-                resume.mark_backend_failed(self.plan)  # no later run reuses this backend's units (resume.py)
-                raise
-            resume.mark_unit(self.plan, unit)
+            unit = self._marked(lambda: stages.tokenize_chunk(
+                chunk, self.sp, self.dtype, self.settings, self.plan.staging_dir, self.plan.data_dir, self.byte_mask,
+                cancel.check))
         return self._count(unit, chunk, reused)
+
+    def _marked(self, tokenize) -> "stages.UnitResult":
+        """`tokenize()`'s unit, marked finished. A failed spot check is recorded in the staging first
+        (pipeline/shard/resume.py mark_backend_failed; the driver's keep_finished keeps the record): no later run
+        of this generation picks this backend again or reuses a unit it made. Both tokenize graphs come here."""
+        try:
+            unit = tokenize()
+        except tokenizer_backends.BackendMismatchError:
+            resume.mark_backend_failed(self.plan)
+            raise
+        resume.mark_unit(self.plan, unit)
+        return unit
 
     def _count(self, unit: "stages.UnitResult", chunk, reused: bool) -> "stages.UnitResult":
         """A unit's counters: Beam's and a progress marker (runners without live metrics)."""
@@ -204,9 +212,9 @@ class SplitAndTokenizeFile(TokenizeChunk):
             unit = resume.load_unit(self.plan, chunk.unit_name)
         reused = unit is not None
         if not reused:
-            unit = stages.tokenize_records(chunk, records, self.sp, self.dtype, self.settings, self.plan.staging_dir,
-                                           self.plan.data_dir, self.byte_mask, cancel.check)
-            resume.mark_unit(self.plan, unit)
+            unit = self._marked(lambda: stages.tokenize_records(
+                chunk, records, self.sp, self.dtype, self.settings, self.plan.staging_dir, self.plan.data_dir,
+                self.byte_mask, cancel.check))
         return self._count(unit, chunk, reused)
 
 

@@ -5,14 +5,13 @@ does not choose it again, so none of the units it finished are reused. Guards th
 differs anyway.
 
 Both tokenize graphs (pipeline/shard/shard_pipeline.py spread_chunks_needed): 2 workers on these files spread
-the chunks (TokenizeChunk writes the record), 1 worker fuses split and tokenize (SplitAndTokenizeFile, which
-writes none). Today neither holds: after the failure the driver's resume.keep_finished removes every staging
-file no completion marker names, `failed-backends/` included (the directory is left empty), so the rerun picks
-gigatoken again and reuses the failed run's units. Both are xfail, strict, until the record survives (and the
-fused graph writes it)."""
+the chunks (TokenizeChunk), 1 worker fuses split and tokenize (SplitAndTokenizeFile); both record the failure
+(TokenizeChunk._marked) and the driver's resume.keep_finished keeps the record beside the finished units. The
+rerun's reconcile discards every unit the failed backend finished (another backend key) and reuses none."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -20,12 +19,6 @@ from tests.e2e.test_backend_routing import FAULT, hf_bpe_file, setup  # noqa: F4
 from tests.ops_fixtures import run_cli, subprocess_env
 
 pytest.importorskip("gigatoken")
-
-PRUNED = ("resume.keep_finished removes failed-backends/*.json after the failure (not a marker's file), so no "
-          "rerun sees the record")
-SPREAD = pytest.mark.xfail(strict=True, reason=PRUNED)
-FUSED = pytest.mark.xfail(strict=True, reason=PRUNED + "; and SplitAndTokenizeFile._tokenize_records never "
-                          "calls resume.mark_backend_failed")
 
 
 def _shard(root, tok, out, cache, workers: int, fault: str = ""):
@@ -35,15 +28,19 @@ def _shard(root, tok, out, cache, workers: int, fault: str = ""):
                     f"--direct_num_workers={workers}", "--direct_running_mode=in_memory"], timeout_s=400, env=env)
 
 
-@pytest.mark.parametrize("workers", [pytest.param(2, marks=SPREAD), pytest.param(1, marks=FUSED)],
-                         ids=["spread", "fused"])
+@pytest.mark.parametrize("workers", [2, 1], ids=["spread", "fused"])
 def test_an_auto_rerun_after_a_failed_spot_check_uses_the_reference(setup, tmp_path, workers):  # noqa: F811
     root, tok = setup
     cache, out = tmp_path / "cache", tmp_path / "out"
     failed = _shard(root, tok, out, cache, workers, fault=FAULT)
     assert failed.returncode != 0 and "--tokenizer-backend reference" in failed.stderr, failed.stderr[-3000:]
+    assert list((out / "_staging").glob("*/failed-backends/*.json")), "no failure record survived the run"
     proc = _shard(root, tok, out, cache, workers)  # the same command again, without the fault
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # the failed backend's finished units were there to reuse, and each was discarded (another backend key)
+    assert "made by tokenizer backend 'gigatoken=" in proc.stderr, proc.stderr[-3000:]
+    reused = re.search(r"^units_reused +([0-9,]+)", proc.stdout + proc.stderr, re.M)
+    assert reused is None or reused.group(1) == "0", reused.group(0)
     section = json.loads((out / "manifest.json").read_bytes())["tokenizer_backend"]
     assert section["name"] == "tokenizers", section
     assert "gigatoken: failed a spot check in an earlier run of this generation" in section["reason"]
