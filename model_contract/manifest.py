@@ -75,6 +75,13 @@ class Manifest:
     # commit (pipeline/ops/commit.py): pruning and `pileprep gc` order generations by it, never by file mtimes,
     # which a copy, a sync or a `touch` rewrites. None: a manifest written before it was recorded.
     commit_seq: Optional[int] = None
+    # The generation that was live when this one was committed (None: the output's first commit), set by the same
+    # commit with `commit_seq` and written exactly when `previous_generation_recorded` (a manifest from before the
+    # field has no key; a first commit writes null). It chains the copies, so a swap of two copies' valid
+    # commit_seq values contradicts it and is refused (pipeline/ops/generations.py check_chain). A generation name,
+    # no time: the manifest stays byte-identical across equal runs.
+    previous_generation: Optional[str] = None
+    previous_generation_recorded: bool = False
     # The sections besides the core, each None when absent from the JSON (see `SECTIONS`): what the manifest
     # commits (pipeline/ops/commit.py), the shard job's integrity sections (pipeline/shard/integrity.py), the
     # near-dedup band indexes (pipeline/shard/near_dedup_graph.py) and a neighbours sidecar's `retrieval`.
@@ -118,6 +125,8 @@ class Manifest:
             d["skipped_inputs"] = self.skipped_inputs
         if self.commit_seq is not None:
             d["commit_seq"] = self.commit_seq
+        if self.previous_generation_recorded:
+            d["previous_generation"] = self.previous_generation
         for key, attr, _read in SECTIONS:
             value = getattr(self, attr)
             if value is not None:
@@ -141,7 +150,7 @@ class Manifest:
         check_manifest_dict(d)
         known = {"format", "pileprep_version", "contract", "shards", "splits", "sources", "padding_fraction",
                  "records", "inputs", "dead_letters", "config", "generation", "generations", "ledger", "skipped_inputs",
-                 "commit_seq", *(key for key, _attr, _read in SECTIONS)}
+                 "commit_seq", "previous_generation", *(key for key, _attr, _read in SECTIONS)}
         shards = [ShardInfo.from_dict(s) for s in d["shards"]]
         ledger = d.get("ledger")
         return cls(
@@ -160,6 +169,8 @@ class Manifest:
             ledger=None if ledger is None else [LedgerRow.from_dict(r, f"ledger[{i}]") for i, r in enumerate(ledger)],
             skipped_inputs=d.get("skipped_inputs", []),
             commit_seq=d.get("commit_seq"),
+            previous_generation=d.get("previous_generation"),
+            previous_generation_recorded="previous_generation" in d,
             **{attr: read(d[key], key) for key, attr, read in SECTIONS if key in d},
             extra={k: v for k, v in d.items() if k not in known},
         )
@@ -447,6 +458,8 @@ def check_manifest_dict(d) -> None:
         SkippedInput.from_dict(row, path)
     if "commit_seq" in d:  # absent: written before it was recorded; never null (no pileprep writes that)
         check_commit_seq(d["commit_seq"])
+    if d.get("previous_generation") is not None:  # null: the output's first commit; absent: before the field
+        check_generation_name(d["previous_generation"], "previous_generation")  # itself: refused by check_chain
     for key, _attr, read in SECTIONS:
         if key in d:
             read(d[key], key)

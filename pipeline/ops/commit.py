@@ -148,6 +148,9 @@ def commit_dataset(output_dir: str, manifest: Manifest, expected_previous: Optio
     # Its place in the output's history, recorded in the manifest (and so in its generations/ copy): pruning and
     # gc order by it (pipeline/ops/generations.py), not by file times. Under the output's lock, like the commit.
     manifest.commit_seq = generations.next_commit_seq(output_dir, new_gen)
+    # ... and the generation live before it, which chains the copies so a swap of their seqs is caught (check_chain)
+    manifest.previous_generation_recorded, manifest.previous_generation = \
+        generations.previous_of_commit(output_dir, new_gen)
     durable = [s.path for s in manifest.shards if s.path.startswith(str(new_gen) + "/")] + \
         [d for d in manifest.dead_letters if d.startswith(str(new_gen) + "/")]
     keep = integrity.referenced_generations(manifest)

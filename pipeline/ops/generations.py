@@ -18,7 +18,10 @@ Since the order decides what is deleted, a `commit_seq` that cannot be a real co
 exit 2, one line naming the file), never ordered (docs/wip/hostile-review-issue28.md F5): one of the wrong form
 (-5, "9", 3.5, null, true, 1e400, >= 2^53: model_contract/manifest.py check_commit_seq), one that two copies
 share, and a previous generation's that is not below the live manifest's (`check_order`: by `gc`, and at a
-commit before anything is published or removed).
+commit before anything is published or removed). A swap of two copies' valid values passes those checks, so each
+commit also records the generation that was live before it (`previous_generation`, model_contract/manifest.py)
+and `check_chain` refuses a copy whose predecessor is itself or a present copy with an equal or higher
+commit_seq (rv2 review F6). A predecessor already removed, or a copy from before the field, is accepted.
 """
 from __future__ import annotations
 
@@ -45,6 +48,7 @@ class CommittedGeneration:
     seq: Optional[int]  # the manifest's commit_seq; None: not recorded (an older pileprep's commit, or damaged)
     references: frozenset  # the generations its manifest references (itself, and incremental parents)
     damaged: str = ""  # why the manifest copy could not be read ("" when it was)
+    previous: Optional[str] = None  # its previous_generation (None: the first commit, or not recorded)
 
 
 class HistoryError(ConfigError):
@@ -164,7 +168,8 @@ def read_history(output: str) -> list:
             if manifest.generation != name:
                 raise ContractError(f"it names generation {manifest.generation}")
             out.append(CommittedGeneration(name, manifest.commit_seq,
-                                           frozenset(integrity.referenced_generations(manifest) | {name})))
+                                           frozenset(integrity.referenced_generations(manifest) | {name}),
+                                           previous=manifest.previous_generation))
         except ContractError as e:
             out.append(CommittedGeneration(name, None, frozenset({name}), str(e)[:200]))
     by_seq: dict = {}
@@ -224,6 +229,38 @@ def check_order(output: str, history: list, committing: Optional[str] = None) ->
                                f"(then {g.name} was never live: remove that file); {_REMEDY}")
 
 
+def check_chain(output: str, history: list) -> None:
+    """HistoryError naming both copies when one's previous_generation contradicts the commit_seq order: it names
+    itself, or a copy still present whose commit_seq is not below its own (two copies' values swapped). A
+    predecessor no longer present (pruned) or of unknown order (a copy without commit_seq: older by construction)
+    is accepted, and so is a lower one that is not the next lower: a commit killed before it published leaves a
+    copy between the live one and the next commit's predecessor."""
+    by_name = {g.name: g for g in history}
+    for g in history:
+        p = by_name.get(g.previous) if g.previous else None
+        if g.seq is None or p is None or p.seq is None or (p.seq < g.seq and p.name != g.name):
+            continue
+        raise HistoryError(f"{copy_path(output, g.name)}: commit_seq {g.seq} with previous_generation {p.name}, "
+                           f"but {copy_path(output, p.name)} has commit_seq {p.seq}: a generation is committed after "
+                           f"the one it follows, so one of the two was changed; {_REMEDY}")
+
+
+def previous_of_commit(output: str, new_gen: str) -> tuple:
+    """(recorded, previous_generation) for a commit of `new_gen` into `output`: the live generation (None for the
+    first commit); for the same commit again (a retried bundle) the live manifest's own value, unrecorded when it
+    has none, so the retry publishes equal bytes."""
+    live_gen, _seq = live_commit(output)
+    if live_gen != new_gen:
+        return True, live_gen
+    try:
+        live = json.loads(io_utils.read_bytes(io_utils.join(output, MANIFEST_NAME)).decode("utf-8"))
+    except (OSError, ValueError):
+        live = {}
+    if not isinstance(live, dict) or "previous_generation" not in live:
+        return False, None
+    return True, live["previous_generation"]
+
+
 def next_commit_seq(output: str, new_gen: str) -> int:
     """The commit_seq of a commit of `new_gen` into `output`: one more than any the live manifest and the kept
     copies record (1 for the first commit, and for the first over manifests that record none); the live one's own
@@ -235,6 +272,7 @@ def next_commit_seq(output: str, new_gen: str) -> int:
         return live_seq
     history = read_history(output)
     check_order(output, history, committing=new_gen)
+    check_chain(output, history)
     seqs = [g.seq for g in history if g.seq is not None] + ([live_seq] if live_seq else [])
     try:
         return check_commit_seq(max(seqs, default=0) + 1, f"{output}: the next commit_seq")
@@ -272,6 +310,7 @@ def read_state(output: str, live: set) -> DatasetState:
     """What pruning and gc decide over; HistoryError when the generations' order cannot be trusted."""
     history = read_history(output)
     check_order(output, history)
+    check_chain(output, history)
     return DatasetState(frozenset(live), history, present_generations(output), read_refs(output))
 
 

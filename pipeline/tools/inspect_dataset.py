@@ -95,7 +95,9 @@ def decoding_tokenizer(given: str | None, manifest):
     the size bound, refused by the validator: dropout, truncation...) is a TokenizerError: exit 2 with the
     validator's own reason, as `verify --inputs` gives it (hostile review of issue 28, F7: inspect printed
     "cannot be read (TokenizerError)" and exited 0). The report keeps degrading instead (pipeline/tools/report.py
-    contract_tokenizer): it must render whatever the dataset's state."""
+    contract_tokenizer): it must render whatever the dataset's state. Another tokenizer stays a note here, while
+    `verify --inputs` refuses it (exit 2, rv2 F7): inspect is a viewer, and the raw ids it shows are still the
+    data's; only an audit needs the tokenizer the ids came from."""
     import hashlib  # noqa: PLC0415
 
     from transforms.io import io_utils  # noqa: PLC0415
@@ -114,7 +116,8 @@ def decoding_tokenizer(given: str | None, manifest):
         got = hashlib.sha256(model).hexdigest()
         if got != info.model_sha256:
             return None, (f"token ids: the tokenizer file's sha256 {got[:12]}… is not the contract's "
-                          f"{str(info.model_sha256)[:12]}… (changed since the run, or another tokenizer)")
+                          f"{str(info.model_sha256)[:12]}… (changed since the run, or another tokenizer); the raw ids below "
+                          f"are still the data's (verify --inputs needs the right file: pass --tokenizer)")
         return tokenizer.load_for_info(model, info, path), ""
     except tokenizer.TokenizerError as e:
         if given:

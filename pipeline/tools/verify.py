@@ -40,6 +40,7 @@ from model_contract import (MANIFEST_NAME, ContractError, Manifest, TFRecordCorr
                             iter_records, resolve_shard_path)
 from model_contract.hashing import sha256_file
 from model_contract.manifest import resolve_dataset_path
+from pipeline.errors import ConfigError
 from pipeline.ops.input_checks import match_input, readable_inputs
 from pipeline.tools import verify_inputs
 from transforms.io import io_utils
@@ -390,6 +391,14 @@ def _manifest_tokenizer_unreadable(path: str, error: str) -> str:
     return f"the manifest's tokenizer (config.tokenizer) cannot be read at {path}: {why}{where}"
 
 
+def _other_tokenizer(path: str, got: str, want: str, given: bool) -> str:
+    """The refusal when the tokenizer file is not the one the dataset was built with: nothing can be audited
+    against another tokenizer's ids, so this is exit 2 (pipeline/errors.py), never a FAILED audit (exit 1)."""
+    where = f"--tokenizer {path}" if given else f"the manifest's tokenizer (config.tokenizer) {path}"
+    return (f"{where}: sha256 {got[:12]}… is not the contract's {str(want)[:12]}… (changed since the run, or "
+            f"another tokenizer); pass --tokenizer with the file the dataset was built with")
+
+
 def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sample: int, seed: int,
                   tokenizer_path: Optional[str]) -> AuditResult:
     from transforms.tokenize import tokenizer  # noqa: PLC0415
@@ -402,11 +411,10 @@ def audit_content(manifest: Manifest, manifest_file: str, input_globs: list, sam
         if tokenizer_path:
             raise
         raise tokenizer.TokenizerError(_manifest_tokenizer_unreadable(str(model_path), str(e))) from None
-    if hashlib.sha256(model).hexdigest() != manifest.contract.tokenizer.model_sha256:
-        audit.problems.append(f"tokenizer {model_path}: sha256 differs from the manifest's "
-                              f"{manifest.contract.tokenizer.model_sha256[:16]}…; pass the model the dataset was "
-                              "built with (--tokenizer)")
-        return audit
+    got = hashlib.sha256(model).hexdigest()
+    if got != manifest.contract.tokenizer.model_sha256:  # a configuration error, not an audit result (rv2 F7)
+        raise ConfigError(_other_tokenizer(str(model_path), got, manifest.contract.tokenizer.model_sha256,
+                                           given=bool(tokenizer_path)))
     sp = tokenizer.load_for_info(model, manifest.contract.tokenizer, model_path)  # the format's reference library
     eos = manifest.contract.tokenizer.eos_id
     paths = sorted({m.path for g in input_globs for m in match_input(g)})
