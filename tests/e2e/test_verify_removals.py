@@ -56,7 +56,7 @@ def test_every_removal_kind_is_accounted_for(built):
 def test_only_a_real_mismatch_fails():
     """check_document on its own: absent with no recorded reason, absent although its weight keeps it, written
     although recorded as removed, a near-duplicate whose keeper is gone, an n-gram the text does not hold."""
-    from pipeline.tools.verify_inputs import Removals, Sampled, check_document
+    from pipeline.tools.verify_inputs import Removals, RoundTrip, Sampled, check_document
 
     text = "one two three four five six seven eight nine ten eleven twelve thirteen fourteen"
     doc = Sampled("in.jsonl:1", 1234, text, "Src", None)
@@ -64,7 +64,7 @@ def test_only_a_real_mismatch_fails():
 
     def run(pieces, removals):
         counts, problems = collections.Counter(), []
-        check_document(doc, [5, 6, 3], pieces, removals, None, 3, counts, problems)
+        check_document(doc, [5, 6, 3], pieces, removals, RoundTrip(), 3, counts, problems)  # no decode: not checked
         return dict(counts), problems
 
     assert run(written, Removals()) == ({"written": 1}, [])
