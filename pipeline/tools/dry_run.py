@@ -54,7 +54,7 @@ ENCODE_EXAMPLES = 256  # examples packed and encoded to measure output bytes per
 # experiments beside it): still noisy, so the estimate adds the difference rather than multiplying by the ratio
 # (`Calibration.extra_cpu_per_byte`). 16 MB costs a dry run ~3 CPU-s more than 4 MB with a fast tokenizer.
 CALIBRATION_BYTES = 16 << 20
-CALIBRATION_REPEATS = 2  # runs of the slice and of its half; each size's least CPU counts (load only adds)
+CALIBRATION_REPEATS = 3  # runs of the slice and of its half; each size's least CPU counts (load only adds; with 2, one full-suite run under load measured the marginal rate at 0.07x the model)
 
 
 class _CountingReader:
