@@ -7,6 +7,7 @@ import pytest
 
 from tests.corpus_fixtures import pile_line, write_good_corpus
 from tests.ops_fixtures import FAST_LOCAL, dataset_files, run_cli, subprocess_env
+from tests.unit.tokenize import crafted
 
 pytest.importorskip("gigatoken")
 EXT_J = "\U000323B0"  # a letter in Unicode 17 (gigatoken), unassigned in Unicode 16 (HF tokenizers)
@@ -32,17 +33,7 @@ def hf_bpe_file(tmp_path_factory):
     write_sample_corpus(str(corpus), target_mb=1)
     out = tmp_path_factory.mktemp("hf") / "tokenizer.json"
     train_hf_bpe([f"{corpus}/train/*.jsonl.zst"], str(out), 700, max_sentences=600, max_sentence_chars=1024)
-    spec = json.loads(out.read_bytes())  # `'s` merged, so a split beside the `'` changes ids
-    # `'s` takes the id after the vocabulary and the added tokens above it move up by one, so the file stays
-    # consistent (added tokens outside the vocabulary follow it without gaps: transforms/tokenize/file_checks.py)
-    new_id = max(spec["model"]["vocab"].values()) + 1
-    for token in spec["added_tokens"]:
-        if token["id"] >= new_id:
-            token["id"] += 1
-            if token["content"] in spec["model"]["vocab"]:
-                spec["model"]["vocab"][token["content"]] = token["id"]
-    spec["model"]["vocab"]["'s"] = new_id
-    spec["model"]["merges"].append(["'", "s"] if isinstance(spec["model"]["merges"][0], list) else "' s")
+    spec = crafted.with_apostrophe_s(json.loads(out.read_bytes()))  # `'s` merged: a split beside `'` changes ids
     out.write_text(json.dumps(spec))
     return out
 

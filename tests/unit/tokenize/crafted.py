@@ -40,3 +40,18 @@ def tiktoken_bytes(extra=(), skip=()) -> bytes:
     """A tiktoken file of the 256 single bytes (rank = byte value, but those in `skip`) and `extra` (token, rank)."""
     rows = [(bytes([b]), b) for b in range(256) if b not in skip] + list(extra)
     return "".join(f"{base64.b64encode(t).decode()} {r}\n" for t, r in rows).encode("ascii")
+
+
+def with_apostrophe_s(spec: dict) -> dict:
+    """The trained byte-level BPE `spec` with `'s` merged (a split before or after the `'` then changes ids).
+    `'s` takes the id after the vocabulary and the added tokens above it move up by one, so the file stays
+    consistent (added tokens outside the vocabulary follow it without gaps: transforms/tokenize/file_checks.py)."""
+    new_id = max(spec["model"]["vocab"].values()) + 1
+    for token in spec["added_tokens"]:
+        if token["id"] >= new_id:
+            token["id"] += 1
+            if token["content"] in spec["model"]["vocab"]:
+                spec["model"]["vocab"][token["content"]] = token["id"]
+    spec["model"]["vocab"]["'s"] = new_id
+    spec["model"]["merges"].append(["'", "s"] if isinstance(spec["model"]["merges"][0], list) else "' s")
+    return spec

@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from tests.unit.tokenize import crafted
 from transforms.tokenize import exact_domain, tokenizer, tokenizer_backends as tb, tokenizer_cache
 
 pytest.importorskip("gigatoken")
@@ -19,18 +20,7 @@ EXT_J = "\U000323B0"  # CJK Extension J: a letter in Unicode 17 (gigatoken), una
 def routed(hf_bpe):
     """`auto` on the trained byte-level BPE: gigatoken, routed by its derived domain."""
     path, _summary = hf_bpe
-    spec = json.loads(path.read_bytes())
-    # the trained vocabulary has no `'s`; with it merged, a split before or after the `'` changes the ids
-    # `'s` takes the id after the vocabulary and the added tokens above it move up by one, so the file stays
-    # consistent (added tokens outside the vocabulary follow it without gaps: transforms/tokenize/file_checks.py)
-    new_id = max(spec["model"]["vocab"].values()) + 1
-    for token in spec["added_tokens"]:
-        if token["id"] >= new_id:
-            token["id"] += 1
-            if token["content"] in spec["model"]["vocab"]:
-                spec["model"]["vocab"][token["content"]] = token["id"]
-    spec["model"]["vocab"]["'s"] = new_id
-    spec["model"]["merges"].append(["'", "s"] if isinstance(spec["model"]["merges"][0], list) else "' s")
+    spec = crafted.with_apostrophe_s(json.loads(path.read_bytes()))  # the trained vocabulary has no `'s`
     model = json.dumps(spec).encode()
     sp = tokenizer.load_processor(model)
     choice = tb.choose_backend("auto", model, sp, ["A plain sample document, it's fine.\n" * 20])
