@@ -1,4 +1,4 @@
-"""`pileprep verify --inputs`: what became of each sampled input document (pipeline/tools/verify.py samples and
+"""`pileprep verify --inputs`: what became of each sampled input document (pipeline/tools/verify_audit.py samples and
 re-tokenizes them; this module judges each one).
 
 A document of the inputs is, in the committed dataset, exactly one of:
