@@ -168,6 +168,7 @@ def cmd_retrieval(args, beam_args) -> int:
 
     return in_worker_log(guards.staging_root(args.output, None), args, run_and_print)
 
+
 def _commands() -> dict:
     """The handler of each command (`args.command`, pipeline/cli_parser.py), looked up when a command runs."""
     return {"shard": cmd_shard, "sample": cmd_sample, "tokenizer": cmd_tokenizer_train, "inspect": cmd_inspect,

@@ -81,9 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
 
     shard = _subcommand(sub, "shard", "tokenize, pack and shard a corpus into TFRecords + manifest",
-                        beam_args=True, path_errors=False, epilog="Other options go to Apache Beam (--runner, --project, "
-                                               "--temp_location, ...), see README 'Running on Dataflow, Flink "
-                                               "or Spark'.")
+                        beam_args=True, path_errors=False,
+                        epilog="Other options go to Apache Beam (--runner, --project, --temp_location, ...), see "
+                               "README 'Running on Dataflow, Flink or Spark'.")
     shard.add_argument("--config", metavar="FILE.toml", default=None,
                        help="read options from a TOML file (keys are the option names, e.g. seq-len = 2048; "
                             "beam-args = [...] for Beam options); options on the command line override it")
@@ -101,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     tok = sub.add_parser("tokenizer", help="tokenizer tools", description="tokenizer tools")
     _verbosity(tok, top=False)
     tok_sub = tok.add_subparsers(dest="tokenizer_command", required=True, metavar="COMMAND", parser_class=Parser)
-    train = _subcommand(tok_sub, "train", "train a SentencePiece model (byte fallback) or an HF byte-level BPE on a corpus sample")
+    train = _subcommand(tok_sub, "train",
+                        "train a SentencePiece model (byte fallback) or an HF byte-level BPE on a corpus sample")
     train.add_argument("--input", nargs="+", required=True, metavar="GLOB", help="corpus files or globs")
     train.add_argument("--output", required=True, metavar="PATH", help="where to write the model (.model or .json)")
     train.add_argument("--vocab-size", type=int, default=8000, help="vocabulary size")
@@ -112,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="replace an existing --output (and, for hf-bpe, the .tiktoken file beside it)")
 
     s3_help = "For s3:// datasets, Beam's S3 options may follow: --s3_endpoint_url=URL --s3_region_name=NAME ..."
-    inspect = _subcommand(sub, "inspect", "print a dataset's manifest summary and decode a few examples", epilog=s3_help)
+    inspect = _subcommand(sub, "inspect", "print a dataset's manifest summary and decode a few examples",
+                          epilog=s3_help)
     inspect.add_argument("dataset", help="dataset directory or manifest.json (local or s3://)")
     inspect.add_argument("--examples", type=int, default=2, help="examples to decode")
     inspect.add_argument("--tokenizer", default=None, help="decode with this model (default: the manifest's)")
@@ -144,7 +146,8 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (inspect, report, export, gc):
         p.set_defaults(filesystem_args=True)
 
-    verify = _subcommand(sub, "verify", "check every shard, dead letter and id index against the manifest (size, sha256); "
+    verify = _subcommand(sub, "verify",
+                         "check every shard, dead letter and id index against the manifest (size, sha256); "
                          "with --inputs, audit a seeded sample of documents", beam_args=True,
                          epilog="Beam's filesystem options (--s3_endpoint_url, ...) reach s3:// datasets.")
     verify.add_argument("dataset", help="dataset directory (local, mounted or s3://bucket/prefix)")
