@@ -104,7 +104,7 @@ SPREAD_THREADS = ["--runner=FnApiRunner", "--direct_num_workers=3", "--direct_ru
 
 @pytest.mark.parametrize("rerun_args", [FAST_LOCAL, SPREAD_THREADS], ids=["fused-rerun", "spread-rerun"])
 def test_a_run_that_tokenizes_files_as_it_cuts_them_resumes_from_its_units(tmp_path, rerun_args):
-    """8 files on 2 worker processes: each file's chunks are tokenized as they are cut (SplitAndTokenizeFile),
+    """8 files on 2 worker processes: each file's chunks are tokenized as they are cut (CutAndTokenizeFile),
     and no chunk file is written. Killed at 70% of its units, the run resumes from them, whether the rerun cuts
     and tokenizes files the same way (its finished files are not even read) or spreads the chunks through
     staging (its files are split again, their units still reused), with the uninterrupted bytes."""
