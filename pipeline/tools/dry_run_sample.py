@@ -187,7 +187,7 @@ def _add_document(s: Sample, doc: Document, config: ShardConfig, sp, chars_budge
 
 def output_bytes_per_example(s: Sample, seq_len: int, eos_id: int, pad_id: int) -> tuple:
     """(bytes per framed example, CPU seconds per example) from packing and framing sampled documents a block at
-    a time, as the shard stage does (transforms/shard/stages.py pack_shard: pack_blocks, frame_examples)."""
+    a time, as the shard stage does (transforms/shard/pack.py pack_shard: pack_blocks, frame_examples)."""
     eos = np.array([eos_id], dtype=np.int64)
     docs = ((i, np.concatenate((t, eos))) for i, t in enumerate(s.token_arrays))
     n, total, t0 = 0, 0, time.process_time()
