@@ -39,7 +39,7 @@ import numpy as np
 from model_contract import (MANIFEST_NAME, ContractError, Manifest, TFRecordCorruptError, decode_example,
                             iter_records, resolve_shard_path)
 from model_contract.hashing import sha256_file
-from model_contract.manifest import resolve_dataset_path
+from model_contract.dataset_paths import resolve_dataset_path
 from pipeline.errors import ConfigError
 from pipeline.ops.input_checks import match_input, readable_inputs
 from pipeline.tools import verify_inputs
