@@ -28,7 +28,8 @@ from transforms.shard.documents import (DEAD_LETTER, HASHED, SPLIT_SHIFT, SPLITS
 from transforms.shard import packing_stats
 from transforms.shard.best_fit import DEFAULT_WINDOW_EXAMPLES, pack_best_fit
 from transforms.shard.packing import pack_blocks
-from transforms.io.read_records import DEFAULT_MAX_ZSTD_WINDOW_BYTES, FileDamage, compression_of, iter_raw_records
+from transforms.io.decompress import DEFAULT_MAX_ZSTD_WINDOW_BYTES
+from transforms.io.read_records import FileDamage, compression_of, iter_raw_records
 from transforms.shard.spill import (INDEX_DTYPE, ChunkWriter, iter_chunk, read_index_range, read_index_rows,
                               read_token_range, write_index)
 
