@@ -13,6 +13,7 @@ import pytest
 from model_contract import Manifest
 from pipeline.cli import main as cli_main
 from pipeline.config import ShardConfig
+from pipeline.ops import incremental
 from pipeline.shard import shard_pipeline
 from tests.ops_fixtures import FAST_LOCAL, real_corpus, tokenizer_path
 
