@@ -5,8 +5,8 @@
                                                              GroupByKey by id partition: write indexes ┘
     then a barrier: the units pass on only once the removal indexes are staged (packing reads them).
 
-The logic is in transforms/shard/near_dedup.py and decontaminate.py; the packers' lookup in
-transforms/shard/near_dedup_removals.py. Candidate pairs meet in the runner's own GroupByKey on band keys (no
+The logic is in transforms/shard/near_dedup/ and decontaminate.py; the packers' lookup in
+transforms/shard/near_dedup/removals.py. Candidate pairs meet in the runner's own GroupByKey on band keys (no
 driver-side table); the union-find is label propagation over a fixed number of rounds unrolled into the graph
 (`--near-dedup-rounds`), each one GroupByKey, so no process holds more than one bucket or one node's
 neighbours. Elements are small (a Node: ids, split, a 400-byte signature). Every name and every choice depends
@@ -29,13 +29,12 @@ from pipeline.errors import ConfigError, RunError
 from pipeline.ops.input_checks import match_input
 from pipeline.shard import integrity, resume
 from pipeline.shard.near_dedup_manifest import BAND_INDEXES, SUMMARY_NAME
-from pipeline.shard.near_dedup_settings import params_of, tokenize_signing
+from pipeline.shard.near_dedup_settings import tokenize_signing
 from transforms.io import io_utils, read_parquet
 from transforms.io.read_records import RawRecord, compression_of, iter_raw_records
-from transforms.shard import decontaminate, doc_ids, near_dedup, stages
-from transforms.shard import near_dedup_band_index as band_index
-from transforms.shard import near_dedup_removals as removals
-from transforms.shard.documents import SPLIT_SHIFT, SPLITS, Document, parse_record
+from transforms.shard import decontaminate, doc_ids, stages
+from transforms.shard.near_dedup import band_index, clusters, minhash, removals, shingling
+from transforms.shard.documents import SPLIT_SHIFT, Document, parse_record
 from transforms.shard.spill import INDEX_DTYPE, iter_chunk, read_index_rows
 
 LOG = logging.getLogger("pileprep.near_dedup")
@@ -81,7 +80,7 @@ def _staged_signatures(plan, unit, num_perm: int):
     path = stages.unit_signatures_path(plan.staging_dir, unit.name)
     dtype = stages.unit_signatures_dtype(num_perm)
     if unit.n_docs == 0:
-        return [], np.zeros((0, num_perm), dtype=near_dedup.SIGNATURE_DTYPE)
+        return [], np.zeros((0, num_perm), dtype=minhash.SIGNATURE_DTYPE)
     if not io_utils.exists(path):
         return None
     data = io_utils.read_bytes(path)
@@ -102,7 +101,7 @@ def _staged_signatures(plan, unit, num_perm: int):
 def eval_files(config) -> list:
     """The evaluation files --decontaminate names, sorted; a glob matching nothing is a configuration error."""
     files = set()
-    for pattern in config.decontaminate:
+    for pattern in config.decontaminate_config.globs:
         matched = [m.path for m in match_input(pattern)]
         if not matched:
             raise ConfigError(f"--decontaminate: {pattern} matches no file")
@@ -121,8 +120,8 @@ def _eval_texts(path: str, field: str):
 
 
 def load_eval_set(config, files: list) -> decontaminate.EvalSet:
-    return decontaminate.build_eval_set([(p, list(_eval_texts(p, config.decontaminate_field))) for p in files],
-                                        config.decontaminate_ngram)
+    decon = config.decontaminate_config
+    return decontaminate.build_eval_set([(p, list(_eval_texts(p, decon.field))) for p in files], decon.ngram)
 
 
 def shingle_path(staging_dir: str, unit_name: str) -> str:
@@ -167,10 +166,10 @@ class SignUnit(beam.DoFn):
     def setup(self):
         self.plan.setup_worker()
         cfg = self.plan.config
-        self.params = params_of(cfg)
+        self.params = cfg.near_dedup_config.params
         self.coefficients = self.params.coefficients()
         self.eval_set = load_eval_set(cfg, list(self.eval_paths)) if self.eval_paths else None
-        self.checked_splits = contaminated_splits(cfg)
+        self.checked_splits = cfg.decontaminate_config.checked_splits
 
     def process(self, unit):
         # files: the band rows go to staged files and only the unit's name travels on (FnApiRunner holds a
@@ -187,15 +186,15 @@ class SignUnit(beam.DoFn):
                 keys.append(e[3])
             else:
                 others.append(e)
-        if self.plan.config.near_dedup:
+        if self.plan.config.near_dedup_config.enabled:
             num_perm, bands = self.params.num_perm, self.params.bands
-            sigs = np.concatenate(sigs) if sigs else np.zeros((0, num_perm), dtype=near_dedup.SIGNATURE_DTYPE)
+            sigs = np.concatenate(sigs) if sigs else np.zeros((0, num_perm), dtype=minhash.SIGNATURE_DTYPE)
             keys = np.concatenate(keys) if keys else np.zeros((0, bands), dtype=np.uint64)
             write_band_files(self.plan.staging_dir, unit.name, docs, sigs, keys)
             yield ("bands", unit.name, None)
             if self.shuffle != "files":
                 for (doc_id, split, source, loc), sig, ks in zip(docs, sigs, keys):
-                    node = near_dedup.Node(near_dedup.rank(split, doc_id), doc_id, split, sig.tobytes(), source, loc)
+                    node = clusters.Node(clusters.rank(split, doc_id), doc_id, split, sig.tobytes(), source, loc)
                     for k in ks.tolist():
                         yield ("band", k, node)
         yield from others
@@ -205,7 +204,7 @@ class SignUnit(beam.DoFn):
         batch: list = []
         chars = 0
         shingle_file = None
-        if cfg.near_dedup and cfg.near_dedup_verify:
+        if cfg.near_dedup_config.enabled and cfg.near_dedup_config.verify:
             shingle_file = io_utils.open_write(shingle_path(self.plan.staging_dir, unit.name)).__enter__()
         staged = [shingle_file, 0]  # the unit's shingle file and the shingles written to it so far
         try:
@@ -214,9 +213,9 @@ class SignUnit(beam.DoFn):
             if staged_sigs is not None:  # signed by the tokenize stage: no text to read here
                 docs, sigs = staged_sigs
                 if docs:
-                    yield ("signed", docs, sigs, near_dedup.band_keys(sigs, self.params) >> np.uint64(1))
+                    yield ("signed", docs, sigs, minhash.band_keys(sigs, self.params) >> np.uint64(1))
                 return
-            tokens = cfg.near_dedup and self.params.shingles == "tokens"
+            tokens = cfg.near_dedup_config.enabled and self.params.shingles == "tokens"
             # token shingles need no text; decontamination still does (word n-grams of the text)
             text_docs = _unit_documents(self.plan, unit) if self.eval_set is not None or not tokens else None
             id_docs = _unit_documents(self.plan, unit, text=False) if tokens else None
@@ -230,7 +229,7 @@ class SignUnit(beam.DoFn):
                         yield ("removal", doc_id, {"id": doc_id, "reason": removals.CONTAMINATED, "source": source,
                                                    "eval_file": hit.eval_file, "ngram": hit.ngram})
                         continue
-                if not cfg.near_dedup:
+                if not cfg.near_dedup_config.enabled:
                     continue
                 content = id_docs[k][4] if tokens else text  # the same documents in the same order either way
                 batch.append((doc_id, split, source, line, content))
@@ -245,19 +244,19 @@ class SignUnit(beam.DoFn):
 
     def _sign(self, unit, batch, staged):
         """('signed', [(doc_id, split, source, loc)], signatures, band keys) of one batch of documents; their
-        shingles are computed together (near_dedup.shingles_batch) and, for --near-dedup-verify, staged."""
+        shingles are computed together (shingling.shingles_batch) and, for --near-dedup-verify, staged."""
         if not batch:
             return
-        if self.params.shingles == "tokens":  # unsorted windows suffice for signatures (near_dedup.py)
-            sets = near_dedup.token_shingles_batch([b[4] for b in batch], near_dedup.SHINGLE_TOKENS,
+        if self.params.shingles == "tokens":  # unsorted windows suffice for signatures (minhash.py)
+            sets = shingling.token_shingles_batch([b[4] for b in batch], shingling.SHINGLE_TOKENS,
                                                    unique=staged[0] is not None)
         elif staged[0] is None:  # nothing to stage: signatures straight from the texts (C when built, no sort)
-            sigs = near_dedup.word_signatures([b[4] for b in batch], self.params, self.coefficients)
+            sigs = minhash.word_signatures([b[4] for b in batch], self.params, self.coefficients)
             docs = [(doc_id, split, source, (unit.name, line)) for doc_id, split, source, line, _t in batch]
-            yield ("signed", docs, sigs, near_dedup.band_keys(sigs, self.params) >> np.uint64(1))
+            yield ("signed", docs, sigs, minhash.band_keys(sigs, self.params) >> np.uint64(1))
             return
         else:
-            sets = near_dedup.shingles_batch([b[4] for b in batch], self.params.shingle_words)
+            sets = shingling.shingles_batch([b[4] for b in batch], self.params.shingle_words)
         docs = []
         for (doc_id, split, source, line, _text), sh in zip(batch, sets):
             loc = (unit.name, line)
@@ -266,8 +265,8 @@ class SignUnit(beam.DoFn):
                 loc = (unit.name, line, staged[1], int(sh.size))
                 staged[1] += int(sh.size)
             docs.append((doc_id, split, source, loc))
-        sigs = near_dedup.signatures(sets, self.params, self.coefficients)
-        keys = near_dedup.band_keys(sigs, self.params) >> np.uint64(1)  # 63 bits: Beam's int coder is signed
+        sigs = minhash.signatures(sets, self.params, self.coefficients)
+        keys = minhash.band_keys(sigs, self.params) >> np.uint64(1)  # 63 bits: Beam's int coder is signed
         yield ("signed", docs, sigs, keys)
 
 
@@ -502,22 +501,22 @@ def _range_rows(plan, r: int, unit_names) -> list:
 
 
 def _unit_sigs(plan, name: str) -> np.ndarray:
-    num_perm = params_of(plan.config).num_perm
+    num_perm = plan.config.near_dedup_config.params.num_perm
     return np.frombuffer(io_utils.read_bytes(unit_sigs_path(plan.staging_dir, name)),
-                         dtype=near_dedup.SIGNATURE_DTYPE).reshape(-1, num_perm)
+                         dtype=minhash.SIGNATURE_DTYPE).reshape(-1, num_perm)
 
 
 def _unit_sig_rows(plan, name: str, docs: np.ndarray) -> np.ndarray:
     """The signatures of rows `docs` of a unit's staged signature table. Local paths (EFS/FSx too) are mapped,
     so only the pages of those rows are read and nothing but the rows is held; elsewhere the table is read
     (bounded by a unit's size)."""
-    num_perm = params_of(plan.config).num_perm
+    num_perm = plan.config.near_dedup_config.params.num_perm
     if docs.size == 0:
-        return np.zeros((0, num_perm), dtype=near_dedup.SIGNATURE_DTYPE)
+        return np.zeros((0, num_perm), dtype=minhash.SIGNATURE_DTYPE)
     path = unit_sigs_path(plan.staging_dir, name)
     if not io_utils.is_local(path):
         return _unit_sigs(plan, name)[docs]
-    table = np.memmap(path, dtype=near_dedup.SIGNATURE_DTYPE, mode="r").reshape(-1, num_perm)
+    table = np.memmap(path, dtype=minhash.SIGNATURE_DTYPE, mode="r").reshape(-1, num_perm)
     try:
         return np.array(table[docs])
     finally:
@@ -540,8 +539,8 @@ def range_edges(task, plan, committed: tuple = ()):
     become Nodes (numpy finds them): on distinct text nearly none. Window by window (_RangeWindows): a bucket is
     one key, so it lies in one window, and the edges come in the same (key) order as from the whole range."""
     r, unit_names = task
-    num_perm = params_of(plan.config).num_perm
-    threshold = plan.config.near_dedup_threshold
+    num_perm = plan.config.near_dedup_config.params.num_perm
+    threshold = plan.config.near_dedup_config.threshold
     for parts, committed_rows in _RangeWindows(plan, r, unit_names, committed, num_perm).windows():
         yield from _window_edges(plan, parts, committed_rows, threshold)
 
@@ -580,11 +579,11 @@ def _window_edges(plan, parts: list, committed_rows: list, threshold: float):
         if key in hot_set:
             yield from _hot_bucket_edges(plan, key, parts, hot_committed.get(key, []), threshold)
         elif len(buckets[key]) > 1:
-            yield from near_dedup.bucket_edges(buckets[key], threshold)
+            yield from clusters.bucket_edges(buckets[key], threshold)
 
 
 def _hot_bucket_edges(plan, key: int, parts: list, committed_nodes: list, threshold: float):
-    """near_dedup.bucket_edges of one large bucket, without a Node per member at once: the same edges, in
+    """clusters.bucket_edges of one large bucket, without a Node per member at once: the same edges, in
     another order (nothing downstream depends on it: the adjacency is grouped and sorted). The members are
     chosen and ranked in numpy as merge_copies does (per id the copy in the highest split, then the smallest
     location: the first unit in name order, as a Node's location starts with its unit's name; then by rank);
@@ -599,10 +598,10 @@ def _hot_bucket_edges(plan, key: int, parts: list, committed_nodes: list, thresh
         docs.append(m["doc"])
         units.append(np.full(m.size, u, dtype=np.int32))
     ids, splits, units, docs = (np.concatenate(x) for x in (ids, splits, units, docs))
-    committed = near_dedup.merge_copies(committed_nodes)
+    committed = clusters.merge_copies(committed_nodes)
     if np.isin(ids, np.array([c.doc_id for c in committed], dtype=np.uint64)).any():  # not expected (exact
         nodes = _member_nodes(plan, parts, ids, splits, units, docs, np.arange(ids.size))  # copies of committed
-        yield from near_dedup.bucket_edges(nodes + committed_nodes, threshold)  # documents take no part): whole
+        yield from clusters.bucket_edges(nodes + committed_nodes, threshold)  # documents take no part): whole
         return
     order = np.lexsort((units, -splits, ids))
     first = np.ones(order.size, dtype=bool)
@@ -621,12 +620,12 @@ def _hot_bucket_edges(plan, key: int, parts: list, committed_nodes: list, thresh
             for m in _member_nodes(plan, parts, ids, splits, units, docs, rows[start:start + HOT_CHUNK]):
                 msig = m.signature()
                 for c, sig in zip(committed, committed_sigs):
-                    j = near_dedup.estimated_jaccard(sig, msig)
+                    j = minhash.estimated_jaccard(sig, msig)
                     if j >= threshold:
                         yield c, m, j
                         break
                 if m.doc_id != centre.doc_id:
-                    j = near_dedup.estimated_jaccard(csig, msig)
+                    j = minhash.estimated_jaccard(csig, msig)
                     if j >= threshold:
                         yield centre, m, j
 
@@ -643,12 +642,8 @@ def _member_nodes(plan, parts, ids, splits, units, docs, picked) -> list:
         for k, (i, r) in enumerate(zip(at.tolist(), rows.tolist())):
             doc_id, split = int(ids[r]), int(splits[r])
             source, loc = meta[int(docs[r])]
-            out[i] = near_dedup.Node(near_dedup.rank(split, doc_id), doc_id, split, sigs[k].tobytes(), source, loc)
+            out[i] = clusters.Node(clusters.rank(split, doc_id), doc_id, split, sigs[k].tobytes(), source, loc)
     return out
-
-
-def contaminated_splits(config) -> list:
-    return list(range(len(SPLITS))) if config.decontaminate_held_out else [0]
 
 
 def _read_shingles(staging_dir: str, loc: tuple) -> np.ndarray:
@@ -663,8 +658,8 @@ def _verify(edge, plan):
     if a.committed or b.committed:  # committed shingles are not kept: the estimate decided the edge
         yield a, b, est
         return
-    j = near_dedup.exact_jaccard(_read_shingles(plan.staging_dir, a.loc), _read_shingles(plan.staging_dir, b.loc))
-    if j >= plan.config.near_dedup_threshold:
+    j = minhash.exact_jaccard(_read_shingles(plan.staging_dir, a.loc), _read_shingles(plan.staging_dir, b.loc))
+    if j >= plan.config.near_dedup_config.threshold:
         yield a, b, j
 
 
@@ -698,7 +693,7 @@ def _relabel(kv):
         else:
             labels.append(value)
     node, nbrs, label = state
-    new = near_dedup.best_label([label] + labels)
+    new = clusters.best_label([label] + labels)
     return doc_id, (node, nbrs, new, new != label)
 
 
@@ -708,7 +703,7 @@ def _final_rows(kv, rounds: int):
         raise RunError(f"near-dedup clusters did not converge within --near-dedup-rounds {rounds} (a cluster "
                        "holds documents farther apart than that); raise --near-dedup-rounds")
     yield ("cluster", keeper.doc_id)
-    removal = None if node.committed else near_dedup.removal_of(node, keeper)  # committed files are immutable
+    removal = None if node.committed else clusters.removal_of(node, keeper)  # committed files are immutable
     if removal is not None:
         removed, keeper_id, j = removal
         row = {"id": removed, "reason": removals.NEAR_DUPLICATE, "keeper": keeper_id, "jaccard": j,
@@ -781,11 +776,11 @@ def _finish(grouped, plan):
         sidecars.append({"path": _dataset_relative(p["sidecar"], plan.config.output), "bytes": size, "sha256": sha})
     cfg = plan.config
     summary = {
-        "near_dedup": cfg.near_dedup,
-        "decontaminate": [_name(p) for p in eval_files(cfg)] if cfg.decontaminate else [],
+        "near_dedup": cfg.near_dedup_config.enabled,
+        "decontaminate": [_name(p) for p in eval_files(cfg)] if cfg.decontaminate_config.globs else [],
         "removed": dict(sorted(sum((collections.Counter(p["removed"]) for p in parts), collections.Counter())
                                .items())),
-        "cluster_sizes": near_dedup.cluster_size_bins(
+        "cluster_sizes": clusters.cluster_size_bins(
             [size for size, n in sorted(sizes.items()) for _ in range(n)]),
         "example_pairs": pairs,
         "contaminated_examples": [{k: e[k] for k in ("id", "source", "eval_file", "ngram")} for e in contaminated],
@@ -795,18 +790,19 @@ def _finish(grouped, plan):
         summary["band_index"] = [{"range": b["range"], "path": _dataset_relative(b["path"], plan.config.output),
                                   "rows": b["rows"], "bytes": b["bytes"], "sha256": b["sha256"]}
                                  for b in band_files]
-    if cfg.near_dedup:
-        summary["minhash"] = {"bands": cfg.near_dedup_bands, "rows": cfg.near_dedup_rows,
-                              "threshold": cfg.near_dedup_threshold, "verify": cfg.near_dedup_verify,
-                              "shingle_words": near_dedup.SHINGLE_WORDS, "sketch": params_of(cfg).sketch,
-                              "s_curve": near_dedup.s_curve_text(cfg.near_dedup_bands, cfg.near_dedup_rows)}
-        if params_of(cfg).shingles != near_dedup.DEFAULT_SHINGLES:  # absent at the default: sections as before
-            summary["minhash"].update(shingles=params_of(cfg).shingles, shingle_tokens=near_dedup.SHINGLE_TOKENS)
+    near = cfg.near_dedup_config
+    if near.enabled:
+        summary["minhash"] = {"bands": near.bands, "rows": near.rows, "threshold": near.threshold,
+                              "verify": near.verify, "shingle_words": shingling.SHINGLE_WORDS,
+                              "sketch": near.params.sketch, "s_curve": minhash.s_curve_text(near.bands, near.rows)}
+        if near.shingles != shingling.DEFAULT_SHINGLES:  # absent at the default: sections as before
+            summary["minhash"].update(shingles=near.shingles, shingle_tokens=shingling.SHINGLE_TOKENS)
     for e in summary["contaminated_examples"]:
         e["eval_file"] = _name(e["eval_file"])
     summary_path = io_utils.join(plan.data_dir, SUMMARY_NAME)
     io_utils.write_bytes(summary_path, json.dumps(summary, sort_keys=True, indent=1).encode("utf-8"))
-    staged = [p for _r, p in indexes] + [removals.write_marker(plan.staging_dir, indexes, contaminated_splits(cfg))]
+    staged = [p for _r, p in indexes] + [removals.write_marker(plan.staging_dir, indexes,
+                                                               cfg.decontaminate_config.checked_splits)]
     # The global stage's completion marker, last: a rerun of this generation skips the stage (pipeline/shard/resume.py mark_near_dedup)
     resume.mark_near_dedup(plan, staged, [p["sidecar"] for p in parts] + [b["path"] for b in band_files]
                            + [summary_path])
@@ -837,18 +833,18 @@ class NearDedup(beam.PTransform):
         super().__init__()
         self.plan = plan
         self.shuffle = shuffle  # 'runner' (GroupByKey on band keys) or 'files' (staged band files, key ranges)
-        self.eval_paths = tuple(eval_files(plan.config)) if plan.config.decontaminate else ()
+        self.eval_paths = tuple(eval_files(plan.config)) if plan.config.decontaminate_config.globs else ()
         # --incremental: new documents meet the committed generations' kept documents in the band buckets
         self.committed = (tuple(committed_band_indexes(plan.previous, plan.config.output,
-                                                       params_of(plan.config).shingles))
-                          if plan.incremental and plan.config.near_dedup else ())
+                                                       plan.config.near_dedup_config.params.shingles))
+                          if plan.incremental and plan.config.near_dedup_config.enabled else ())
 
     def expand(self, units):
         plan, cfg = self.plan, self.plan.config
         signed = units | "NDSign" >> beam.ParDo(SignUnit(plan, self.eval_paths, self.shuffle))
         rows = [signed | "NDContaminated" >> beam.Filter(lambda e: e[0] == "removal")]
         sizes = []
-        if cfg.near_dedup and self.shuffle == "files":
+        if cfg.near_dedup_config.enabled and self.shuffle == "files":
             edges = (signed
                      | "NDBandFiles" >> beam.FlatMap(lambda e: [e[1]] if e[0] == "bands" else [])
                      | "NDCollectBandFiles" >> _GatherAll()
@@ -858,32 +854,32 @@ class NearDedup(beam.PTransform):
                      | "NDSpreadRanges" >> beam.GroupByKey()  # runner (Reshuffle is a no-op on DaskRunner)
                      | "NDRangeTasks" >> beam.FlatMap(lambda kv: kv[1])
                      | "NDEdges" >> beam.FlatMap(range_edges, plan, self.committed))
-        elif cfg.near_dedup:
+        elif cfg.near_dedup_config.enabled:
             bands = [signed | "NDBands" >> beam.FlatMap(lambda e: [(e[1], e[2])] if e[0] == "band" else [])
                      .with_output_types(typing.Any)]
             if self.committed:  # one element per committed file, read where it lands
-                num_perm = params_of(cfg).num_perm
+                num_perm = cfg.near_dedup_config.params.num_perm
                 bands.append(units.pipeline
                              | "NDCommittedFiles" >> beam.Create([dict(e) for e in self.committed])
                              | "NDCommittedRows" >> beam.FlatMap(committed_range_rows, num_perm)
                              .with_output_types(typing.Any))
             edges = (tuple(bands) | "NDAllBands" >> beam.Flatten()
                      | "NDGroupBands" >> beam.GroupByKey()
-                     | "NDEdges" >> beam.FlatMap(lambda kv, t: near_dedup.bucket_edges(kv[1], t),
-                                                 cfg.near_dedup_threshold))
-        if cfg.near_dedup:
-            if cfg.near_dedup_verify:
+                     | "NDEdges" >> beam.FlatMap(lambda kv, t: clusters.bucket_edges(kv[1], t),
+                                                 cfg.near_dedup_config.threshold))
+        if cfg.near_dedup_config.enabled:
+            if cfg.near_dedup_config.verify:
                 edges = edges | "NDVerify" >> beam.FlatMap(_verify, plan)
             state = (edges
                      | "NDAdjacency" >> beam.FlatMap(_adjacency)
                      | "NDGroupAdjacency" >> beam.GroupByKey()
                      | "NDInitial" >> beam.Map(_initial_state))
-            for r in range(cfg.near_dedup_rounds):
+            for r in range(cfg.near_dedup_config.rounds):
                 state = (state
                          | f"NDMessages{r}" >> beam.FlatMap(_messages)
                          | f"NDGroupMessages{r}" >> beam.GroupByKey()
                          | f"NDRelabel{r}" >> beam.Map(_relabel))
-            final = state | "NDFinal" >> beam.FlatMap(_final_rows, cfg.near_dedup_rounds)
+            final = state | "NDFinal" >> beam.FlatMap(_final_rows, cfg.near_dedup_config.rounds)
             rows.append(final | "NDNearRows" >> beam.Filter(lambda e: e[0] == "removal"))
             sizes.append(final
                          | "NDKeepers" >> beam.FlatMap(lambda e: [e[1]] if e[0] == "cluster" else [])
@@ -894,7 +890,7 @@ class NearDedup(beam.PTransform):
                       | "NDGroupPartitions" >> beam.GroupByKey()
                       | "NDWritePartition" >> beam.Map(_write_partition, plan)
                       | "NDTagPartition" >> beam.Map(lambda p: ("partition", p)).with_output_types(typing.Any))
-        if cfg.near_dedup:  # the generation's band index, of the documents it keeps: after the removals
+        if cfg.near_dedup_config.enabled:  # the generation's band index, of the documents it keeps: after the removals
             names = signed | "NDIndexNames" >> beam.FlatMap(
                 lambda e: [("bands", e[1])] if e[0] == "bands" else []).with_output_types(typing.Any)
             sizes.append((names, partitions) | "NDIndexInputs" >> beam.Flatten()
@@ -922,10 +918,10 @@ class NearDedup(beam.PTransform):
 def committed_shingles(previous) -> str:
     """The shingle kind the committed dataset's band index was built with: its config's `near_dedup_shingles`,
     absent at the default (pipeline/config.py to_manifest_dict drops it, as in datasets built before it)."""
-    return str(dict(previous.config).get("near_dedup_shingles", near_dedup.DEFAULT_SHINGLES))
+    return str(dict(previous.config).get("near_dedup_shingles", shingling.DEFAULT_SHINGLES))
 
 
-def committed_band_indexes(previous, output_dir: str, shingles: str = near_dedup.DEFAULT_SHINGLES) -> list:
+def committed_band_indexes(previous, output_dir: str, shingles: str = shingling.DEFAULT_SHINGLES) -> list:
     """Every committed generation's band index files, paths validated: [{generation, rel, path, range, bytes,
     sha256}]. A generation without one (built before band indexes were written) cannot be checked, and
     skipping it would keep near-copies of its documents: a configuration error naming the fix. Signatures of
@@ -979,7 +975,7 @@ def write_band_index_range(task, plan) -> dict:
     Window by window (_RangeWindows), appended in key order: encode_arrays sorts by (key, id) and keeps one row
     per (key, id), and one key lies in one window, so the bytes are those of encoding the whole range at once."""
     r, names, indexes = task
-    num_perm = params_of(plan.config).num_perm
+    num_perm = plan.config.near_dedup_config.params.num_perm
     removed_ids = [doc_ids.IdIndex(path) for _reason, path in indexes]
     path = io_utils.join(plan.data_dir, band_index.FILE_PATTERN.format(r))
     with io_utils.open_write(path) as raw, io_utils.HashingWriter(raw) as out:

@@ -220,7 +220,7 @@ def _keeper_accounted(row: dict, pieces: dict, removals: Removals) -> bool:
 
 
 def _holds_ngram(text: str, ngram: str) -> bool:
-    from transforms.shard.near_dedup import normalised_words  # noqa: PLC0415 - decontamination's normalisation
+    from transforms.shard.near_dedup.shingling import normalised_words  # noqa: PLC0415 - decontamination's normalisation
 
     words, want = normalised_words(text), ngram.split()
     n = len(want)

@@ -1,4 +1,4 @@
-"""--incremental --near-dedup (pipeline/shard/near_dedup_graph.py, transforms/shard/near_dedup_band_index.py).
+"""--incremental --near-dedup (pipeline/shard/near_dedup_graph.py, transforms/shard/near_dedup/band_index.py).
 
 Generation A holds distinct documents and one within-A near-copy pair; the train-only addition B holds
 near-copies of A's documents (one of them a copy of the A document whose own copy A removed), a new-vs-new pair
@@ -21,7 +21,7 @@ from pipeline.config import ShardConfig
 from pipeline.shard import near_dedup_graph, shard_pipeline
 from tests.corpus_fixtures import good_documents, pile_line, write_zst
 from tests.e2e.test_near_dedup_pipeline import IN_MEMORY, assert_same_files, shard_doc_ids, sidecar_rows
-from transforms.shard import near_dedup, near_dedup_band_index
+from transforms.shard.near_dedup import band_index, minhash, shingling
 from transforms.shard.documents import document_id
 
 pytestmark = pytest.mark.timeout(300)
@@ -37,7 +37,7 @@ def copy_above(text: str) -> str:
 
 
 def write_corpus(root: pathlib.Path) -> dict:
-    docs = [t for t, _s in good_documents(400_000) if len(near_dedup.normalised_words(t)) >= 60][:44]
+    docs = [t for t, _s in good_documents(400_000) if len(shingling.normalised_words(t)) >= 60][:44]
     a_docs, b_docs = docs[:20], docs[20:]
     a_copy = copy_above(a_docs[0])  # removed by A itself
     b_of_committed = [copy_above(t) for t in a_docs[1:5]]
@@ -97,13 +97,13 @@ def test_each_generation_lists_its_band_index_of_kept_documents_with_sha256(buil
     root, plan, _full, first, added = builds
     entries = added[near_dedup_graph.BAND_INDEXES]
     assert {e["generation"] for e in entries} == {first["generation"], added["generation"]}
-    num_perm = near_dedup.MinHashParams().num_perm
+    num_perm = minhash.MinHashParams().num_perm
     indexed = {}
     for e in entries:
         data = (root / "inc" / e["path"]).read_bytes()
         assert e["path"].startswith(e["generation"] + "/near-dedup/")
         assert (len(data), hashlib.sha256(data).hexdigest()) == (e["bytes"], e["sha256"])
-        rows = near_dedup_band_index.decode(data, num_perm, e["path"])
+        rows = band_index.decode(data, num_perm, e["path"])
         indexed.setdefault(e["generation"], set()).update(int(i) for i in rows["doc_id"])
     # kept documents only, each generation its own: A's removed copy and B's removed copies are not listed
     assert indexed[first["generation"]] == set(plan["a_docs"]) | set(
@@ -188,7 +188,7 @@ def test_incremental_signatures_from_the_tokenize_stage_are_the_text_paths_bytes
     text is in memory"); incrementally the near-dedup stage must still leave out exact copies of committed
     documents (their ids are in a committed doc-ids.idx) and pick the same copies as when it reads the text."""
     plan = write_corpus(tmp_path)
-    a_text = [t for t, _s in good_documents(400_000) if len(near_dedup.normalised_words(t)) >= 60][3]
+    a_text = [t for t, _s in good_documents(400_000) if len(shingling.normalised_words(t)) >= 60][3]
     write_zst(tmp_path / "in" / "c.jsonl.zst", [pile_line(a_text, "C")])  # an exact copy of a committed document
 
     def build(name):

@@ -21,7 +21,8 @@ from pipeline.shard import near_dedup_graph, shard_pipeline
 from tests.corpus_fixtures import good_documents, pile_line, write_zst
 from tests.e2e.test_dask_runner import dask_cluster  # noqa: F401 - the module's Dask cluster fixture
 from tests.ops_fixtures import portable_args, portable_services, run_cli  # noqa: F401
-from transforms.shard import near_dedup, stages
+from transforms.shard import stages
+from transforms.shard.near_dedup import hashing, minhash, shingling
 from transforms.shard.documents import document_id
 
 pytestmark = pytest.mark.timeout(300)
@@ -36,7 +37,7 @@ def near_copy(text: str) -> str:
 def write_corpus(root: pathlib.Path, near_copy=near_copy) -> dict:
     """Files in root/in (train), root/val.jsonl (one held-out near-copy), root/eval.jsonl; returns the plan."""
     docs = good_documents(360_000)
-    docs = [(t, s) for t, s in docs if len(near_dedup.normalised_words(t)) >= 60][:60]
+    docs = [(t, s) for t, s in docs if len(shingling.normalised_words(t)) >= 60][:60]
     (root / "in").mkdir(parents=True)
     originals = docs[:PLANTED]
     copies = [(near_copy(t), s) for t, s in originals[1:]]
@@ -54,9 +55,9 @@ def write_corpus(root: pathlib.Path, near_copy=near_copy) -> dict:
 def unique_passage(docs: list) -> tuple:
     """(document, 20 of its words) whose 13-word windows no other document has (plain tuples, no hashing)."""
     grams = [{tuple(w[i:i + 13]) for i in range(len(w) - 12)}
-             for w in (near_dedup.normalised_words(t) for t, _ in docs)]
+             for w in (shingling.normalised_words(t) for t, _ in docs)]
     for d in range(len(docs) - 1, -1, -1):
-        words = near_dedup.normalised_words(docs[d][0])
+        words = shingling.normalised_words(docs[d][0])
         others = set().union(*(g for k, g in enumerate(grams) if k != d))
         for start in range(0, len(words) - 20, 7):
             passage = words[start:start + 20]
@@ -114,8 +115,8 @@ def test_near_copies_and_contaminated_documents_are_filtered_with_keeper_and_rea
     assert near[plan["originals"][0]]["keeper"] == plan["held_out"]
     # nothing else is removed unless it really is a near-copy (exact Jaccard of the shingles)
     for i, r in near.items():
-        truth = near_dedup.exact_jaccard(near_dedup.shingles(plan["texts"][i]),
-                                         near_dedup.shingles(plan["texts"][r["keeper"]]))
+        truth = minhash.exact_jaccard(shingling.shingles(plan["texts"][i]),
+                                      shingling.shingles(plan["texts"][r["keeper"]]))
         assert truth >= 0.8 and abs(truth - r["jaccard"]) < 0.2  # verified: exact Jaccard >= the threshold
     assert rows[plan["contaminated"]]["reason"] == "contaminated"
     assert rows[plan["contaminated"]]["eval_file"].endswith("eval.jsonl")
@@ -303,8 +304,8 @@ def test_signatures_from_the_tokenize_stage_and_from_the_c_path_write_the_same_b
         m.setattr(near_dedup_graph, "tokenize_signing", lambda _config: None)
         run("text-signed")
     assert_same_files(tmp_path / "tokenize-signed", tmp_path / "text-signed")
-    if near_dedup._fast is not None:
+    if hashing.fast is not None:
         with monkeypatch.context() as m:
-            m.setattr(near_dedup, "_fast", None)
+            m.setattr(hashing, "fast", None)
             run("numpy")
         assert_same_files(tmp_path / "tokenize-signed", tmp_path / "numpy")

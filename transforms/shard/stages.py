@@ -20,7 +20,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from model_contract import frame_examples
-from transforms.shard import corpus_stats, doc_ids, mixture, near_dedup, near_dedup_removals
+from transforms.shard import corpus_stats, doc_ids, mixture
+from transforms.shard.near_dedup import minhash, removals
 from transforms.io import io_utils, read_parquet
 from transforms.tokenize import tokenizer
 from transforms.shard.documents import (DEAD_LETTER, HASHED, SPLIT_SHIFT, SPLITS, Document, assign_split, parse_record,
@@ -252,7 +253,7 @@ class TokenizeSettings:
     # --near-dedup with word shingles and nothing else reading the text (no --near-dedup-verify, no
     # --decontaminate): sign each document here, where its text is already in memory, and stage the signatures
     # (`unit_signatures_path`); the near-dedup stage reads them instead of re-reading and parsing the chunk.
-    near_dedup_params: Optional[near_dedup.MinHashParams] = None
+    near_dedup_params: Optional[minhash.MinHashParams] = None
 
     def input_split(self, file_idx: int) -> int:
         return self.input_splits[file_idx] if file_idx < len(self.input_splits) else HASHED
@@ -260,7 +261,7 @@ class TokenizeSettings:
 
 def unit_signatures_dtype(num_perm: int) -> np.dtype:
     """A staged signature row: the document's line in its input file and its `num_perm` one-permutation values."""
-    return np.dtype([("line", "<u8"), ("sig", near_dedup.SIGNATURE_DTYPE, (num_perm,))])
+    return np.dtype([("line", "<u8"), ("sig", minhash.SIGNATURE_DTYPE, (num_perm,))])
 
 
 def unit_signatures_path(staging_dir: str, unit_name: str) -> str:
@@ -317,7 +318,7 @@ def tokenize_records(chunk: ChunkRef, records, sp, token_dtype: np.dtype, settin
                     if not isinstance(ids, tokenizer.Rejected)]
             signed = np.zeros(len(kept), dtype=unit_signatures_dtype(signing.num_perm))
             signed["line"] = [line for line, _t in kept]
-            signed["sig"] = near_dedup.word_signatures([t for _l, t in kept], signing)
+            signed["sig"] = minhash.word_signatures([t for _l, t in kept], signing)
             sig_file.write(signed.tobytes())
         for (line, doc), ids in zip(batch, encoded):
             if isinstance(ids, tokenizer.Rejected):  # pretoken_too_long, tokenizer_panic, tokenizer_drops_text (tokenizer.encode_batch)
@@ -501,7 +502,7 @@ class ShardResult:
     ids_count: int = 0  # how many (repeats by a mixture weight count once; dropped ones are still kept)
     dropped_per_file: dict = field(default_factory=dict)  # input path -> documents a mixture weight < 1 dropped
     source_stats: dict = field(default_factory=dict)  # transforms/shard/corpus_stats.py, of what was written
-    # near-dedup / decontamination (transforms/shard/near_dedup_removals.py): input path -> {reason: n}, and
+    # near-dedup / decontamination (transforms/shard/near_dedup/removals.py): input path -> {reason: n}, and
     # reason -> {source: n}
     filtered_per_file: dict = field(default_factory=dict)
     filtered_per_source: dict = field(default_factory=dict)
@@ -574,7 +575,7 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
     `packing_window` examples' worth of tokens)."""
     rows, which, buffers = gathered if gathered is not None else _gather_shard_documents(task, units)
     elsewhere = duplicate_mask(rows, task.split, dedup)
-    removed = near_dedup_removals.reasons_for(rows["doc_id"], task.split, staging_dir)  # after exact dedup
+    removed = removals.reasons_for(rows["doc_id"], task.split, staging_dir)  # after exact dedup
     filtered: dict = collections.defaultdict(collections.Counter)
     filtered_sources: dict = collections.defaultdict(collections.Counter)
     result = ShardResult(task, io_utils.join(data_dir, task.file_name), 0, 0, 0, 0, 0, "")

@@ -1,5 +1,5 @@
 """Incremental near-dedup's pure parts: committed documents in the band buckets, the band index file, and the
-checks on what a committed manifest says about it (transforms/shard/near_dedup_band_index.py,
+checks on what a committed manifest says about it (transforms/shard/near_dedup/band_index.py,
 pipeline/shard/near_dedup_graph.py committed_band_indexes / committed_range_rows)."""
 from __future__ import annotations
 
@@ -12,22 +12,22 @@ import pytest
 from model_contract.manifest import BandIndexRow
 from pipeline.errors import ConfigError, RunError
 from pipeline.shard import near_dedup_graph as graph
-from transforms.shard import near_dedup as nd
-from transforms.shard import near_dedup_band_index as bi
+from transforms.shard.near_dedup import band_index as bi
+from transforms.shard.near_dedup import clusters, minhash, shingling
 
 TEXT = " ".join(f"word{i % 97} token{i % 13} item{i}" for i in range(120))
 NEAR = "Mirrored from an archive. " + TEXT.upper()
 OTHER = " ".join(f"other{i % 31} thing{i}" for i in range(120))
 GEN = "gen-00000000000000aa"
-PARAMS = nd.MinHashParams()
+PARAMS = minhash.MinHashParams()
 
 
 def _sig(text):
-    return nd.signatures([nd.shingles(text)], PARAMS)[0]
+    return minhash.signatures([shingling.shingles(text)], PARAMS)[0]
 
 
 def _new(doc_id, text, split=0):
-    return nd.Node(nd.rank(split, doc_id), doc_id, split, _sig(text).tobytes())
+    return clusters.Node(clusters.rank(split, doc_id), doc_id, split, _sig(text).tobytes())
 
 
 def _committed(doc_id, text, split=0):
@@ -38,21 +38,21 @@ def _committed(doc_id, text, split=0):
 
 def test_a_committed_document_keeps_a_near_copy_out_even_when_the_copy_would_win_a_full_build():
     committed, copy = _committed(900, TEXT), _new(3, NEAR)  # the new copy has the smaller id
-    full = nd.components(nd.bucket_edges([_new(900, TEXT), copy], 0.8))[0]
+    full = clusters.components(clusters.bucket_edges([_new(900, TEXT), copy], 0.8))[0]
     assert full[900][1].doc_id == 3  # a full build keeps the smaller id
-    clusters, converged = nd.components(nd.bucket_edges([copy, committed], 0.8))
-    assert converged and clusters[3][1] is committed  # incrementally the committed one wins
-    assert nd.rank(0, 1 << 60, committed=True) < nd.rank(2, 0)  # over any new split too
+    labels, converged = clusters.components(clusters.bucket_edges([copy, committed], 0.8))
+    assert converged and labels[3][1] is committed  # incrementally the committed one wins
+    assert clusters.rank(0, 1 << 60, committed=True) < clusters.rank(2, 0)  # over any new split too
 
 
 def test_committed_documents_are_not_linked_to_each_other_and_new_ones_still_cluster():
     a, b = _committed(10, TEXT), _committed(11, NEAR)  # near each other, but both committed: decided already
-    assert nd.bucket_edges([a, b], 0.8) == []
+    assert clusters.bucket_edges([a, b], 0.8) == []
     n1, n2 = _new(20, OTHER), _new(21, OTHER.upper())
-    edges = nd.bucket_edges([a, b, n1, n2], 0.8)
+    edges = clusters.bucket_edges([a, b, n1, n2], 0.8)
     assert [(x.doc_id, y.doc_id) for x, y, _j in edges] == [(20, 21)]  # far from both committed ones
     near = _new(30, TEXT + " tail")
-    assert [(x.doc_id, y.doc_id) for x, y, _j in nd.bucket_edges([b, a, near], 0.8)] == [(10, 30)]  # the best
+    assert [(x.doc_id, y.doc_id) for x, y, _j in clusters.bucket_edges([b, a, near], 0.8)] == [(10, 30)]  # the best
 
 
 def test_band_index_round_trip_keeps_one_row_per_key_and_id_sorted_and_refuses_damage():
@@ -141,12 +141,12 @@ def test_band_index_from_arrays_is_the_same_bytes_as_from_nodes():
     write_band_index_range): the bytes must equal `encode` of the same rows as Nodes, copies of one id in two
     units and splits included (the highest split is the row kept)."""
     texts = [f"document {i} " + " ".join(f"w{(i * 7 + j) % 50}" for j in range(60)) for i in range(6)]
-    sigs = nd.signatures([nd.shingles(t) for t in texts], PARAMS)
-    keys = nd.band_keys(sigs, PARAMS) >> np.uint64(1)
+    sigs = minhash.signatures([shingling.shingles(t) for t in texts], PARAMS)
+    keys = minhash.band_keys(sigs, PARAMS) >> np.uint64(1)
     docs = [(100 + i, i % 3, i) for i in range(6)] + [(100, 2, 0), (103, 0, 3)]  # (id, split, text) copies
     nodes, cols, rows_of = [], ([], [], [], []), []
     for n, (doc_id, split, t) in enumerate(docs):
-        node = nd.Node(nd.rank(split, doc_id), doc_id, split, sigs[t].tobytes(), "s", ("u", n))
+        node = clusters.Node(clusters.rank(split, doc_id), doc_id, split, sigs[t].tobytes(), "s", ("u", n))
         for k in keys[t].tolist():
             nodes.append((k, node))
             rows_of.append(t)

@@ -10,16 +10,17 @@ import numpy as np
 import pytest
 
 from pipeline.shard import near_dedup_graph as graph
-from transforms.shard import doc_ids, near_dedup
-from transforms.shard import near_dedup_band_index as band_index
+from pipeline.shard.near_dedup_settings import NearDedupConfig
+from transforms.shard import doc_ids
+from transforms.shard.near_dedup import band_index, minhash
 
-PARAMS = near_dedup.MinHashParams()
+PARAMS = minhash.MinHashParams()
 CAP = 40
 
 
 def make_plan(tmp_path):
-    config = types.SimpleNamespace(near_dedup_bands=PARAMS.bands, near_dedup_rows=PARAMS.rows, seed=0,
-                                   near_dedup_shingles=PARAMS.shingles, near_dedup_threshold=0.8)
+    config = types.SimpleNamespace(near_dedup_config=NearDedupConfig(True, PARAMS.bands, PARAMS.rows, 0.8,
+                                                                     shingles=PARAMS.shingles, seed=0))
     return types.SimpleNamespace(config=config, staging_dir=str(tmp_path / "staging"), data_dir=str(tmp_path / "d"))
 
 
@@ -40,7 +41,7 @@ def stage_units(plan, n_units: int = 3, n_docs: int = 120) -> list:
         if u:  # exact copies of unit 0's documents 10..13 (same id and text), in another split in unit 2, and
             sigs[10:14] = sigs[14:18] = base[10:14]  # near-copies of them (other ids), so that they have edges
             docs[10:14] = [(i * 7 + 1, int(u == 2 and i % 2 == 0), f"src{u}", (f"unit-{u}", i)) for i in range(10, 14)]
-        keys = near_dedup.band_keys(sigs, PARAMS) >> np.uint64(1)
+        keys = minhash.band_keys(sigs, PARAMS) >> np.uint64(1)
         name = f"unit-{u}"
         graph.write_band_files(plan.staging_dir, name, docs, sigs, keys)
         names.append(name)

@@ -18,7 +18,8 @@ from typing import Optional
 
 import numpy as np
 
-from transforms.shard import near_dedup
+from transforms.shard.near_dedup.clusters import Node, rank
+from transforms.shard.near_dedup.minhash import SIGNATURE_DTYPE
 
 FILE_PATTERN = "near-dedup/band-index-r{:02d}.bin"
 
@@ -86,8 +87,8 @@ def committed_nodes(rows: np.ndarray, generation: str) -> list:
     out = []
     for r in rows:
         doc_id, split = int(r["doc_id"]), int(r["split"])
-        node = near_dedup.Node(near_dedup.rank(split, doc_id, committed=True), doc_id, split,
-                               np.ascontiguousarray(r["sig"], dtype=near_dedup.SIGNATURE_DTYPE).tobytes(),
-                               "", ("committed", generation), "", True)
+        node = Node(rank(split, doc_id, committed=True), doc_id, split,
+                    np.ascontiguousarray(r["sig"], dtype=SIGNATURE_DTYPE).tobytes(),
+                    "", ("committed", generation), "", True)
         out.append((int(r["key"]), node))
     return out
