@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from pipeline.errors import ConfigError  # noqa: F401 - re-exported: `from pipeline.config import ConfigError`
-from pipeline.shard.near_dedup_settings import DecontaminateConfig, NearDedupConfig
+from pipeline.shard.near_dedup.settings import DecontaminateConfig, NearDedupConfig
 from transforms.shard import best_fit
 from transforms.shard import decontaminate as decontaminate_mod
 from transforms.shard import mixture
@@ -115,7 +115,7 @@ class ShardConfig:
         "", "mixture weights as epochs per source: 'Pile-CC=1,Wikipedia (en)=3', the preset 'pile' (the Pile "
         "paper's epochs), or both ('pile,Github=0.5'); unlisted sources weigh 1; train split only "
         "(transforms/shard/mixture.py)", metavar="SPEC")
-    # Near-duplicates and decontamination (docs/NEAR_DEDUP.md, pipeline/shard/near_dedup_graph.py); off by default.
+    # Near-duplicates and decontamination (docs/NEAR_DEDUP.md, pipeline/shard/near_dedup/); off by default.
     near_dedup: bool = option(
         False, "remove near-duplicate documents: MinHash LSH over word 5-grams (or token n-grams: "
         "--near-dedup-shingles), one keeper per cluster (test over val over train, then the smallest id), removed "

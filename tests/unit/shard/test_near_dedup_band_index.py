@@ -1,6 +1,6 @@
 """Incremental near-dedup's pure parts: committed documents in the band buckets, the band index file, and the
 checks on what a committed manifest says about it (transforms/shard/near_dedup/band_index.py,
-pipeline/shard/near_dedup_graph.py committed_band_indexes / committed_range_rows)."""
+pipeline/shard/near_dedup/committed.py committed_band_indexes, windows.py committed_range_rows)."""
 from __future__ import annotations
 
 import hashlib
@@ -11,7 +11,7 @@ import pytest
 
 from model_contract.manifest import BandIndexRow
 from pipeline.errors import ConfigError, RunError
-from pipeline.shard import near_dedup_graph as graph
+from pipeline.shard.near_dedup import committed, windows
 from transforms.shard.near_dedup import band_index as bi
 from transforms.shard.near_dedup import clusters, minhash, shingling
 
@@ -81,14 +81,14 @@ def _row(**kw):
 
 
 def test_committed_band_index_rows_are_validated_before_use(tmp_path):
-    got = graph.committed_band_indexes(_manifest([_row()]), str(tmp_path))
+    got = committed.committed_band_indexes(_manifest([_row()]), str(tmp_path))
     assert got[0]["path"] == str(tmp_path / GEN / "near-dedup" / "band-index-r00.bin")
     for bad in (_row(path=f"{GEN}/../../etc/passwd"), _row(path="gen-00000000000000bb/x.bin"),
                 _row(generation="../x"), _row(range=99), _row(sha256=None)):
         with pytest.raises(ConfigError, match="--incremental --near-dedup"):
-            graph.committed_band_indexes(_manifest([bad]), str(tmp_path))
+            committed.committed_band_indexes(_manifest([bad]), str(tmp_path))
     with pytest.raises(ConfigError, match="gen-00000000000000bb .*no band index"):
-        graph.committed_band_indexes(_manifest([_row()], (GEN, "gen-00000000000000bb")), str(tmp_path))
+        committed.committed_band_indexes(_manifest([_row()], (GEN, "gen-00000000000000bb")), str(tmp_path))
 
 
 def test_an_incremental_run_with_other_shingles_than_the_committed_band_index_is_refused_by_name(tmp_path):
@@ -96,13 +96,13 @@ def test_an_incremental_run_with_other_shingles_than_the_committed_band_index_is
     committed one, so its near-copies of committed documents would stay. A config without the key is `words`
     (pipeline/config.py drops it at the default, as datasets built before the option have it)."""
     words, tokens = _manifest([_row()]), _manifest([_row()], config={"near_dedup_shingles": "tokens"})
-    assert graph.committed_band_indexes(words, str(tmp_path), "words")
-    assert graph.committed_band_indexes(tokens, str(tmp_path), "tokens")
+    assert committed.committed_band_indexes(words, str(tmp_path), "words")
+    assert committed.committed_band_indexes(tokens, str(tmp_path), "tokens")
     with pytest.raises(ConfigError, match="--near-dedup-shingles tokens differs from the committed dataset's "
                                           r"\(words\)"):
-        graph.committed_band_indexes(words, str(tmp_path), "tokens")
+        committed.committed_band_indexes(words, str(tmp_path), "tokens")
     with pytest.raises(ConfigError, match=r"--near-dedup-shingles words differs .*\(tokens\)"):
-        graph.committed_band_indexes(tokens, str(tmp_path), "words")
+        committed.committed_band_indexes(tokens, str(tmp_path), "words")
 
 
 def test_the_shingle_kind_is_in_the_fingerprint_only_when_it_is_not_the_default():
@@ -128,16 +128,16 @@ def test_a_committed_band_index_that_does_not_match_its_manifest_row_fails_the_r
     path.write_bytes(data)
     entry = {"generation": GEN, "rel": "b.bin", "path": str(path), "range": 4, "bytes": len(data),
              "sha256": hashlib.sha256(data).hexdigest()}
-    assert [n.doc_id for _k, n in graph.committed_range_rows(entry, PARAMS.num_perm)] == [1]
+    assert [n.doc_id for _k, n in windows.committed_range_rows(entry, PARAMS.num_perm)] == [1]
     with pytest.raises(RunError, match="outside its range"):
-        graph.committed_range_rows({**entry, "range": 0}, PARAMS.num_perm)
+        windows.committed_range_rows({**entry, "range": 0}, PARAMS.num_perm)
     path.write_bytes(data[:-4] + b"\0\0\0\0")
     with pytest.raises(RunError, match="unusable.*sha256"):
-        graph.committed_range_rows(entry, PARAMS.num_perm)
+        windows.committed_range_rows(entry, PARAMS.num_perm)
 
 
 def test_band_index_from_arrays_is_the_same_bytes_as_from_nodes():
-    """The shard job encodes its staged band rows as arrays (pipeline/shard/near_dedup_graph.py
+    """The shard job encodes its staged band rows as arrays (pipeline/shard/near_dedup/band_index_writer.py
     write_band_index_range): the bytes must equal `encode` of the same rows as Nodes, copies of one id in two
     units and splits included (the highest split is the row kept)."""
     texts = [f"document {i} " + " ".join(f"w{(i * 7 + j) % 50}" for j in range(60)) for i in range(6)]

@@ -1,12 +1,12 @@
-"""The nested near-dedup and decontamination config (pipeline/shard/near_dedup_settings.py): a typed view of
+"""The nested near-dedup and decontamination config (pipeline/shard/near_dedup/settings.py): a typed view of
 ShardConfig's flat `near_dedup*` / `decontaminate*` fields, which stay the options and the fingerprint."""
 from __future__ import annotations
 
 import pytest
 
 from pipeline.config import ShardConfig, fingerprint
-from pipeline.shard import near_dedup_settings
-from pipeline.shard.near_dedup_settings import DecontaminateConfig, NearDedupConfig
+from pipeline.shard.near_dedup import settings as near_dedup_settings
+from pipeline.shard.near_dedup.settings import DecontaminateConfig, NearDedupConfig
 from transforms.shard.near_dedup import minhash
 
 BASE = dict(inputs=("a/*.jsonl",), output="out", tokenizer="tok.model")

@@ -1,5 +1,5 @@
 """Near-duplicate detection as pure functions (no Beam): the shard job's near-dedup stage
-(pipeline/shard/near_dedup_graph.py) and bench/near_dedup_bench.py call these, so they can be tested and
+(pipeline/shard/near_dedup/) and bench/near_dedup_bench.py call these, so they can be tested and
 benchmarked without a runner. One module per job:
 
 - hashing.py: the fixed 64-bit mix every hash here is built from, and the optional C extension's handle.

@@ -1,7 +1,7 @@
 """A generation's band index: the LSH band keys of the documents it kept, for later --incremental runs.
 
 Every generation built with --near-dedup writes, inside its directory, one file per band-key range
-(pipeline/shard/near_dedup_graph.py BAND_RANGES, the key's top bits): `near-dedup/band-index-rNN.bin`, fixed-size
+(BAND_RANGES, the key's top bits): `near-dedup/band-index-rNN.bin` (paths.py), fixed-size
 little-endian rows (band key, document id, split, MinHash signature) sorted by (key, id). Only kept documents
 are listed (near-copies and contaminated documents removed by the generation are not), so a new document that
 matches a row is near a document readers actually see. The signature travels in the row so that a candidate is
@@ -21,7 +21,7 @@ import numpy as np
 from transforms.shard.near_dedup.clusters import Node, rank
 from transforms.shard.near_dedup.minhash import SIGNATURE_DTYPE
 
-FILE_PATTERN = "near-dedup/band-index-r{:02d}.bin"
+BAND_RANGES = 8  # band keys are cut into this many ranges (their top bits): one file, and one task, each
 
 
 def row_dtype(num_perm: int) -> np.dtype:

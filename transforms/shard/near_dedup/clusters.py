@@ -8,7 +8,7 @@ outranks every new one (`rank(..., committed=True)`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Iterable, NamedTuple, Optional
 
 import numpy as np
 
@@ -46,6 +46,13 @@ class Node:
         return np.frombuffer(self.sig, dtype=SIGNATURE_DTYPE)
 
 
+class Edge(NamedTuple):
+    """Two documents near each other: `a` the better ranked, with their (estimated or exact) Jaccard."""
+    a: Node
+    b: Node
+    jaccard: float
+
+
 def merge_copies(nodes: Iterable[Node]) -> list:
     """Distinct documents of a band bucket, one Node per id: the exact copy in the highest split, then the
     smallest location (copies share text, hence signature; which copy stands for the id must not depend on
@@ -77,14 +84,14 @@ def bucket_edges(nodes: Iterable[Node], threshold: float) -> list:
         for c in committed:
             j = estimated_jaccard(c.signature(), msig)
             if j >= threshold:
-                out.append((c, m, j))
+                out.append(Edge(c, m, j))
                 break
     centre = new[0]
     csig = centre.signature()
     for m in new[1:]:
         j = estimated_jaccard(csig, m.signature())
         if j >= threshold:
-            out.append((centre, m, j))
+            out.append(Edge(centre, m, j))
     return out
 
 

@@ -6,10 +6,10 @@ The flat fields stay the command line's, the TOML file's and the fingerprint's s
 derives one option per field; ShardConfig.to_manifest_dict hashes them as they are, so generation names do not
 move); every stage reads them through `config.near_dedup_config` and `config.decontaminate_config`.
 
-Kept out of the stage's Beam wiring (pipeline/shard/near_dedup_graph.py) so that the modules that only need these
-answers - the resume markers (pipeline/shard/resume.py), the graph builder - do not import the stage, which
-imports them back (that closed the cycle ops/guards -> shard/integrity -> shard/near_dedup_graph ->
-shard/resume -> ops/guards).
+Kept out of the stage's Beam wiring (transform.py) so that the modules that only need these answers - the
+config, the resume markers (pipeline/shard/resume.py), the graph builder - do not import the stage, which
+imports them back (that closed the cycle ops/guards -> shard/integrity -> the near-dedup graph -> shard/resume
+-> ops/guards).
 """
 from __future__ import annotations
 
