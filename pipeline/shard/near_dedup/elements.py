@@ -112,7 +112,7 @@ class BandIndexWritten:
 @dataclass(frozen=True)
 class Release:
     """A unit passed on to the packers once the removal indexes are staged."""
-    unit: object  # transforms/shard/stages.py UnitResult
+    unit: object  # transforms/shard/records.py UnitResult
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ def enabled(config) -> bool:
 
 
 def tokenize_signing(config) -> typing.Optional[minhash.MinHashParams]:
-    """The params the tokenize stage signs documents with (transforms/shard/stages.py TokenizeSettings), or
+    """The params the tokenize stage signs documents with (transforms/shard/tokenize_unit.py TokenizeSettings), or
     None: only word shingles without --near-dedup-verify (shingles to stage) or --decontaminate (text to read),
     where the signatures are all this stage needs of the text. Re-reading and parsing the unit's chunk was a
     fifth of near-dedup's CPU on distinct text (docs/NEAR_DEDUP.md "Cost")."""

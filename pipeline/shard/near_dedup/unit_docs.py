@@ -1,6 +1,6 @@
 """A unit's distinct documents as the near-dedup stage sees them: from its index rows, with their text (read
 again from the unit's staged chunk), their token ids (from the tokenize stage's spill) or the signatures the
-tokenize stage staged for them. The tokenize stage's files are named by transforms/shard/stages.py."""
+tokenize stage staged for them. The tokenize stage's files are named in transforms/shard/layout.py."""
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
@@ -9,7 +9,7 @@ import numpy as np
 
 from pipeline.shard.near_dedup.elements import DocRef
 from transforms.io import io_utils
-from transforms.shard import doc_ids, stages
+from transforms.shard import doc_ids, layout, tokenize_unit
 from transforms.shard.documents import SPLIT_SHIFT, Document, parse_record
 from transforms.shard.near_dedup import minhash
 from transforms.shard.spill import INDEX_DTYPE, iter_chunk, read_index_rows
@@ -21,6 +21,10 @@ class UnitDocument(NamedTuple):
     split: int
     source: str
     content: object  # its text (str) or its token ids (an int array)
+
+
+def _staged(plan, placed: layout.Placed) -> str:
+    return layout.Layout(plan.staging_dir, plan.data_dir).path(placed)
 
 
 def distinct_rows(plan, unit) -> np.ndarray:
@@ -56,8 +60,8 @@ def staged_signatures(plan, unit, num_perm: int) -> Optional[tuple]:
     signatures its tokenize stage staged (settings.tokenize_signing): the same documents and values as signing
     their text here. None when the file is missing or does not hold one row per indexed document (a unit
     staged by a run that signed nothing): the caller then reads the text."""
-    path = stages.unit_signatures_path(plan.staging_dir, unit.name)
-    dtype = stages.unit_signatures_dtype(num_perm)
+    path = _staged(plan, layout.unit_signatures(unit.name))
+    dtype = tokenize_unit.unit_signatures_dtype(num_perm)
     if unit.n_docs == 0:
         return [], np.zeros((0, num_perm), dtype=minhash.SIGNATURE_DTYPE)
     if not io_utils.exists(path):
@@ -93,7 +97,7 @@ def unit_documents(plan, unit, text: bool = True) -> list:
     by_line = {line: (doc_id, split) for line, doc_id, split, _source in (_row_fields(unit, r) for r in rows)}
     cfg = plan.config
     out = []
-    with io_utils.open_read(stages.chunk_spill_path(plan.staging_dir, unit.name)) as f:
+    with io_utils.open_read(_staged(plan, layout.chunk_file(unit.name))) as f:
         for line, data in iter_chunk(f):
             if line not in by_line:
                 continue
@@ -111,7 +115,7 @@ def text_at(plan, loc) -> str:
         return ""
     unit_name, line = loc[0], loc[1]
     cfg = plan.config
-    with io_utils.open_read(stages.chunk_spill_path(plan.staging_dir, unit_name)) as f:
+    with io_utils.open_read(_staged(plan, layout.chunk_file(unit_name))) as f:
         for ln, data in iter_chunk(f):
             if ln == line:
                 doc = parse_record(data, cfg.text_field, tuple(cfg.source_fields))

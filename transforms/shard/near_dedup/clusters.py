@@ -31,7 +31,7 @@ class Node:
 
     `split` is the highest split any exact copy of it sits in (the copy exact dedup keeps); `loc` says where
     its shingles are staged (unit name, first element, count) for --near-dedup-verify. A `committed` node comes
-    from a committed generation's band index (transforms/shard/near_dedup_band_index.py): its `loc` is
+    from a committed generation's band index (band_index.py): its `loc` is
     ("committed", generation), it has no staged shingles or text, and it is never removed."""
     rank: tuple
     doc_id: int

@@ -1,7 +1,7 @@
 """Every file the near-dedup and decontamination stage writes, named once: in the run's staging directory (what
 the stage hands between its own steps and to the packers) and in the partial generation (what the dataset
 keeps). The tokenize stage's per-unit signatures are named with its other staging files (transforms/shard/
-stages.py). Names depend only on the unit, range or partition, so a retried bundle rewrites the same bytes.
+layout.py). Names depend only on the unit, range or partition, so a retried bundle rewrites the same bytes.
 """
 from __future__ import annotations
 

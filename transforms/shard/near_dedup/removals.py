@@ -2,7 +2,7 @@
 
 The near-dedup stage (pipeline/shard/near_dedup/partitions.py) ends by writing, per partition of the document ids
 (id % PARTITIONS), one id index (transforms/shard/doc_ids.py layout) per removal reason, and one marker,
-`near-dedup/removals.json`, listing them. A packer (transforms/shard/stages.py `pack_shard`) asks each index
+`near-dedup/removals.json`, listing them. A packer (transforms/shard/pack.py `pack_shard`) asks each index
 about its shard's ids: memory per packer is the indexes' fences plus one block, whatever the number of removed
 documents. No marker in the staging directory: the run has no near-dedup stage, nothing is removed.
 """
