@@ -36,7 +36,7 @@ def fine_bounds() -> np.ndarray:
     return np.arange(total + 1, dtype=np.uint64) << np.uint64(shift)
 
 
-def write_band_files(staging_dir: str, unit_name: str, docs: list, sigs: np.ndarray, keys: np.ndarray) -> None:
+def write_band_files(staging_dir: str, unit_name: str, docs: list, sigs: np.ndarray, keys: np.ndarray):
     """A unit's band rows (`docs`: its DocRefs, row for row with `sigs` and `keys`), one file per key range, each sorted by (key, row), plus the unit's signatures (once
     per document, not once per band row), its documents' (source, location), read only for documents that
     share a bucket, and its window offsets (paths.window_offsets). A retried bundle rewrites the same bytes.

@@ -130,7 +130,8 @@ _ASCII_LOWER_PLUS_1 = _ASCII_LOWER + np.uint64(1)
 
 def _sorted_unique(h: np.ndarray) -> np.ndarray:
     h = np.sort(h)
-    return h[np.concatenate(([True], h[1:] != h[:-1]))] if h.size else h  # np.unique's hash path: 8x slower
+    # a sort and a neighbour compare, not np.unique (docs/BENCHMARKS.md, "Near-dedup")
+    return h[np.concatenate(([True], h[1:] != h[:-1]))] if h.size else h
 
 
 def shingles_batch(texts: list, n: int = SHINGLE_WORDS) -> list:
@@ -209,9 +210,9 @@ _TOKEN_SALT = np.uint64(0x746F6B656E736869)  # token hashes never equal word has
 
 def token_shingles_batch(arrays: list, n: int = SHINGLE_TOKENS, unique: bool = True) -> list:
     """Token n-gram shingles of each document's token ids (the tokenize stage's int arrays): per token a
-    splitmix64 mix of its id, then `_window_hashes` (one mix per window) over all documents' tokens at once, each document
-    taking the windows that lie inside it (a document shorter than n tokens: one shingle of all its tokens, as
-    `shingles`). No text is read or lower-cased: ids are identical across exact tokenizer backends, so the
+    splitmix64 mix of its id, then `_window_hashes` (one mix per window) over all documents' tokens at once, each
+    document taking the windows that lie inside it (a document shorter than n tokens: one shingle of all its
+    tokens, as `shingles`). No text is read or lower-cased: ids are identical across exact tokenizer backends, so the
     hashes are too. `unique=False` leaves each document's windows unsorted and repeated: one-permutation
     signatures (a minimum per bin) are the same either way, and sorting is most of this function's cost;
     exact Jaccard (--near-dedup-verify) needs the sorted unique sets."""
