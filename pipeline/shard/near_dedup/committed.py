@@ -8,6 +8,7 @@ import hashlib
 
 from pipeline.errors import ConfigError, RunError
 from pipeline.shard import integrity
+from pipeline.shard.near_dedup.elements import CommittedBandFile
 from pipeline.shard.near_dedup.manifest import BAND_INDEXES
 from transforms.io import io_utils
 from transforms.shard.near_dedup import band_index, shingling
@@ -31,21 +32,21 @@ def committed_bound(f, n: int, row_size: int, key: int) -> int:
     return lo
 
 
-def committed_checked(entry: dict, num_perm: int) -> int:
+def committed_checked(entry: CommittedBandFile, num_perm: int) -> int:
     """A committed band index file's row count, once its size and sha256 (streamed, not held) match its manifest
     row: band_index.checked_bytes without the whole file in memory."""
-    what = f"{BAND_INDEXES} {entry['rel']}"
+    what = f"{BAND_INDEXES} {entry.rel}"
     sha, size = hashlib.sha256(), 0
-    with io_utils.open_read(entry["path"]) as f:
+    with io_utils.open_read(entry.path) as f:
         while True:
             block = f.read(1 << 24)
             if not block:
                 break
             sha.update(block)
             size += len(block)
-    if size != int(entry["bytes"]) or sha.hexdigest() != entry["sha256"]:
+    if size != int(entry.bytes) or sha.hexdigest() != entry.sha256:
         raise ValueError(f"{what}: {size} bytes, sha256 {sha.hexdigest()[:12]}..., but the manifest lists "
-                         f"{entry['bytes']} bytes, sha256 {str(entry['sha256'])[:12]}...")
+                         f"{entry.bytes} bytes, sha256 {str(entry.sha256)[:12]}...")
     item = band_index.row_dtype(num_perm).itemsize
     if size % item:
         raise ValueError(f"{what}: {size} bytes is not a whole number of {item}-byte rows "
@@ -65,8 +66,7 @@ def committed_shingles(previous) -> str:
 
 
 def committed_band_indexes(previous, output_dir: str, shingles: str = shingling.DEFAULT_SHINGLES) -> list:
-    """Every committed generation's band index files, paths validated: [{generation, rel, path, range, bytes,
-    sha256}]. A generation without one (built before band indexes were written) cannot be checked, and
+    """Every committed generation's band index files, paths validated: [CommittedBandFile]. A generation without one (built before band indexes were written) cannot be checked, and
     skipping it would keep near-copies of its documents: a configuration error naming the fix. Signatures of
     word and token shingles never agree, so new documents signed with another kind than the committed band
     index would match none of its documents: refused, naming the option."""
@@ -95,9 +95,8 @@ def committed_band_indexes(previous, output_dir: str, shingles: str = shingling.
             path = resolve_dataset_path(manifest_file, rel, f"{what}.path")
         except ValueError as e:  # ContractError: a path that leaves the dataset directory
             raise ConfigError(f"--incremental --near-dedup: {e}; rebuild without --incremental") from None
-        out.append({"generation": generation, "rel": rel, "range": row.range, "bytes": row.bytes,
-                    "sha256": row.sha256, "path": path})
-    held = {e["generation"] for e in out}
+        out.append(CommittedBandFile(generation, rel, row.range, row.bytes, row.sha256, path))
+    held = {e.generation for e in out}
     missing = sorted({g["name"] for g in integrity.generations_of(previous)} - held)
     if missing:
         raise ConfigError(f"--incremental --near-dedup: generation(s) {', '.join(missing)} of {output_dir} have no "

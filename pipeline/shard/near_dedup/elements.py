@@ -43,6 +43,18 @@ class Removal:
     row: dict  # id, reason, source and the reason's own fields (keeper, jaccard / eval_file, ngram)
 
 
+@dataclass(frozen=True)
+class CommittedBandFile:
+    """One committed generation's band index file of one key range, as its manifest row lists it, path resolved
+    (committed.py checks the row; windows.py checks the bytes against it before using a row)."""
+    generation: str
+    rel: str  # the path the manifest lists, relative to the dataset
+    range: int
+    bytes: int
+    sha256: str
+    path: str
+
+
 # ------------------------------------------------------------------------------------- the key-range tasks
 @dataclass(frozen=True)
 class RangeTask:

@@ -99,7 +99,7 @@ class NearDedup(beam.PTransform):
                                                     else []).with_output_types(typing.Any)]
         if self.committed:
             bands.append(units.pipeline
-                         | "NDCommittedFiles" >> beam.Create([dict(e) for e in self.committed])
+                         | "NDCommittedFiles" >> beam.Create(list(self.committed))
                          | "NDCommittedRows" >> beam.FlatMap(committed_range_rows, near.params.num_perm)
                          .with_output_types(typing.Any))
         return (tuple(bands) | "NDAllBands" >> beam.Flatten()

@@ -7,6 +7,7 @@ import numpy as np
 from pipeline.errors import RunError
 from pipeline.shard.near_dedup import band_files
 from pipeline.shard.near_dedup.committed import committed_bound, committed_checked, unusable
+from pipeline.shard.near_dedup.elements import CommittedBandFile
 from pipeline.shard.near_dedup.manifest import BAND_INDEXES
 from transforms.io import io_utils
 from transforms.shard.near_dedup import band_index, paths
@@ -24,7 +25,7 @@ class RangeWindows:
         self.committed = []
         try:
             for entry in committed:
-                if entry["range"] == r:
+                if entry.range == r:
                     self.committed.append((entry, committed_checked(entry, num_perm)))
         except (OSError, ValueError) as e:
             raise unusable(e) from None
@@ -59,13 +60,13 @@ class RangeWindows:
         row_size = band_index.row_dtype(self.num_perm).itemsize
         for entry, n in self.committed:
             try:
-                with io_utils.open_read(entry["path"]) as f:
+                with io_utils.open_read(entry.path) as f:
                     at = [committed_bound(f, n, row_size, k) for k in self.keys]
             except (OSError, ValueError) as e:
-                raise unusable(f"{BAND_INDEXES} {entry['rel']}: {e}") from None
+                raise unusable(f"{BAND_INDEXES} {entry.rel}: {e}") from None
             if at[0] != 0 or at[-1] != n:
-                raise RunError(f"--incremental --near-dedup: {BAND_INDEXES} {entry['rel']} holds keys outside its "
-                               f"range {entry['range']}")
+                raise RunError(f"--incremental --near-dedup: {BAND_INDEXES} {entry.rel} holds keys outside its "
+                               f"range {entry.range}")
             out.append(at)
         return out
 
@@ -73,22 +74,22 @@ class RangeWindows:
         out = []
         dtype = band_index.row_dtype(self.num_perm)
         for (entry, _n), at in zip(self.committed, committed_at):
-            what = f"{BAND_INDEXES} {entry['rel']}"
+            what = f"{BAND_INDEXES} {entry.rel}"
             try:
-                data = band_files.read_rows(entry["path"], at[w], at[w + 1], dtype).tobytes()
+                data = band_files.read_rows(entry.path, at[w], at[w + 1], dtype).tobytes()
                 rows = band_index.decode(data, self.num_perm, what)
                 if rows.size and (int(rows["key"][0]) < self.keys[w] or int(rows["key"][-1]) >= self.keys[w + 1]):
                     raise ValueError(f"{what}: rows are not sorted by band key")
             except (OSError, ValueError) as e:
                 raise unusable(e) from None
-            out += band_index.committed_nodes(rows, entry["generation"])
+            out += band_index.committed_nodes(rows, entry.generation)
         return out
 
 
-def committed_range_rows(entry: dict, num_perm: int):
+def committed_range_rows(entry: CommittedBandFile, num_perm: int):
     """(band key, committed Node) of one committed band index file (the runner shuffle's elements): checked
     first, streamed whole against its manifest row (size, sha256) and for keys outside its range (a RunError
     on the call), then read a window at a time (RangeWindows), so no process holds the whole file."""
-    ranges = RangeWindows(None, entry["range"], (), (entry,), num_perm)
+    ranges = RangeWindows(None, entry.range, (), (entry,), num_perm)
     at = ranges._committed_bounds()
     return (row for w in range(len(ranges)) for row in ranges._committed_rows(w, at))

@@ -3,6 +3,7 @@ checks on what a committed manifest says about it (transforms/shard/near_dedup/b
 pipeline/shard/near_dedup/committed.py committed_band_indexes, windows.py committed_range_rows)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import types
 
@@ -12,6 +13,7 @@ import pytest
 from model_contract.manifest import BandIndexRow
 from pipeline.errors import ConfigError, RunError
 from pipeline.shard.near_dedup import committed, windows
+from pipeline.shard.near_dedup.elements import CommittedBandFile
 from transforms.shard.near_dedup import band_index as bi
 from transforms.shard.near_dedup import clusters, minhash, shingling
 
@@ -82,7 +84,7 @@ def _row(**kw):
 
 def test_committed_band_index_rows_are_validated_before_use(tmp_path):
     got = committed.committed_band_indexes(_manifest([_row()]), str(tmp_path))
-    assert got[0]["path"] == str(tmp_path / GEN / "near-dedup" / "band-index-r00.bin")
+    assert got[0].path == str(tmp_path / GEN / "near-dedup" / "band-index-r00.bin")
     for bad in (_row(path=f"{GEN}/../../etc/passwd"), _row(path="gen-00000000000000bb/x.bin"),
                 _row(generation="../x"), _row(range=99), _row(sha256=None)):
         with pytest.raises(ConfigError, match="--incremental --near-dedup"):
@@ -126,11 +128,10 @@ def test_a_committed_band_index_that_does_not_match_its_manifest_row_fails_the_r
     data = rows.tobytes()
     path = tmp_path / "b.bin"
     path.write_bytes(data)
-    entry = {"generation": GEN, "rel": "b.bin", "path": str(path), "range": 4, "bytes": len(data),
-             "sha256": hashlib.sha256(data).hexdigest()}
+    entry = CommittedBandFile(GEN, "b.bin", 4, len(data), hashlib.sha256(data).hexdigest(), str(path))
     assert [n.doc_id for _k, n in windows.committed_range_rows(entry, PARAMS.num_perm)] == [1]
     with pytest.raises(RunError, match="outside its range"):
-        windows.committed_range_rows({**entry, "range": 0}, PARAMS.num_perm)
+        windows.committed_range_rows(dataclasses.replace(entry, range=0), PARAMS.num_perm)
     path.write_bytes(data[:-4] + b"\0\0\0\0")
     with pytest.raises(RunError, match="unusable.*sha256"):
         windows.committed_range_rows(entry, PARAMS.num_perm)

@@ -4,6 +4,7 @@ index) of the whole range at once. The end-to-end byte check (shards, manifest, 
 tests/e2e/test_near_dedup_pipeline.py and tests/e2e/test_near_dedup_incremental.py."""
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 from pipeline.errors import RunError
 from pipeline.shard.near_dedup import band_files, band_index_writer, windows
 from pipeline.shard.near_dedup import edges as near_edges
-from pipeline.shard.near_dedup.elements import DocRef, IndexTask, RangeTask
+from pipeline.shard.near_dedup.elements import CommittedBandFile, DocRef, IndexTask, RangeTask
 from pipeline.shard.near_dedup.settings import NearDedupConfig
 from transforms.shard import doc_ids
 from transforms.shard.near_dedup import band_index, minhash, paths
@@ -128,8 +129,8 @@ def test_committed_band_index_files_are_read_by_window_and_checked_whole(tmp_pat
     committed_path.write_bytes(data)
     import hashlib  # noqa: PLC0415
 
-    entry = {"generation": "gen-0", "rel": "gen-0/near-dedup/band-index-r03.bin", "range": r, "bytes": len(data),
-             "sha256": hashlib.sha256(data).hexdigest(), "path": str(committed_path)}
+    entry = CommittedBandFile("gen-0", "gen-0/near-dedup/band-index-r03.bin", r, len(data),
+                              hashlib.sha256(data).hexdigest(), str(committed_path))
     monkeypatch.setattr(band_files, "WINDOW_ROWS", CAP)
     edges = list(near_edges.range_edges(RangeTask(r, tuple(names[1:])), plan, (entry,)))
     assert len(counted) > 3 and sum(n for n, _f in counted) == len(data) // band_index.row_dtype(
@@ -142,7 +143,7 @@ def test_committed_band_index_files_are_read_by_window_and_checked_whole(tmp_pat
     committed_path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     with pytest.raises(RunError, match="committed band index unusable"):
         list(near_edges.range_edges(RangeTask(r, tuple(names[1:])), plan, (entry,)))
-    entry_wrong_range = {**entry, "range": 2}
+    entry_wrong_range = dataclasses.replace(entry, range=2)
     committed_path.write_bytes(data)
     with pytest.raises(RunError, match="outside its range"):
         list(near_edges.range_edges(RangeTask(2, tuple(names[1:])), plan, (entry_wrong_range,)))
@@ -161,8 +162,8 @@ def test_hot_buckets_are_streamed_to_the_same_edges(tmp_path, monkeypatch):
         committed_path = tmp_path / f"committed-r{r:02d}.bin"
         data = one_window_index(plan, r, names[:1], ())
         committed_path.write_bytes(data)
-        entry = {"generation": "gen-0", "rel": f"gen-0/near-dedup/band-index-r{r:02d}.bin", "range": r,
-                 "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "path": str(committed_path)}
+        entry = CommittedBandFile("gen-0", f"gen-0/near-dedup/band-index-r{r:02d}.bin", r, len(data),
+                                  hashlib.sha256(data).hexdigest(), str(committed_path))
         for task, committed in ((RangeTask(r, tuple(names)), ()), (RangeTask(r, tuple(names[1:])), (entry,))):
             whole = list(near_edges.range_edges(task, plan, committed))
             monkeypatch.setattr(near_edges, "HOT_BUCKET_ROWS", 1)
