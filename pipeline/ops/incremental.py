@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from apache_beam.io.filesystems import FileSystems
 
 from model_contract import Manifest
-from model_contract.manifest import LedgerRow
+from model_contract.manifest_rows import LedgerRow
 from model_contract.hashing import sha256_file
 from pipeline.config import ConfigError
 from pipeline.ops.input_checks import match_input

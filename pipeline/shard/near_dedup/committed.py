@@ -71,7 +71,8 @@ def committed_band_indexes(previous, output_dir: str, shingles: str = shingling.
     word and token shingles never agree, so new documents signed with another kind than the committed band
     index would match none of its documents: refused, naming the option."""
     from model_contract import MANIFEST_NAME  # noqa: PLC0415
-    from model_contract.manifest import is_generation_name, resolve_dataset_path  # noqa: PLC0415
+    from model_contract.dataset_paths import resolve_dataset_path  # noqa: PLC0415
+    from model_contract.schema import is_generation_name  # noqa: PLC0415
 
     if previous is None:
         return []

@@ -118,6 +118,6 @@ def _digest(path: str) -> tuple:
 
 
 def _dataset_relative(path: str, base: str) -> str:
-    from model_contract.manifest import dataset_relative_path  # noqa: PLC0415
+    from model_contract.dataset_paths import dataset_relative_path  # noqa: PLC0415
 
     return dataset_relative_path(path, base)

@@ -10,7 +10,7 @@ import types
 import numpy as np
 import pytest
 
-from model_contract.manifest import BandIndexRow
+from model_contract.manifest_rows import BandIndexRow
 from pipeline.errors import ConfigError, RunError
 from pipeline.shard.near_dedup import committed, windows
 from pipeline.shard.near_dedup.elements import CommittedBandFile
