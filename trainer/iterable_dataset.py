@@ -1,6 +1,6 @@
 """A torch `IterableDataset` over pileprep shards, for users with their own training loop and `DataLoader`.
 
-(The bundled trainer uses trainer/data.py's resumable streams; this is the plain, familiar interface.)
+(The bundled trainer uses trainer/streams.py's resumable streams (read by trainer/data.py); this is the plain, familiar interface.)
 
 The work-splitting rule, which makes every example appear at most once per epoch and gives every
 data-parallel rank the same number of batches:

@@ -12,7 +12,9 @@ from model_contract import frame_record
 from model_contract.tfrecord import read_records
 from tests.trainer_fixtures import write_dataset
 from trainer.config import DataConfig, model_config
-from trainer.data import DataIntegrityError, ShardLoader, open_dataset, shard_offsets
+from trainer.data import ShardLoader
+from trainer.dataset import open_dataset
+from trainer.shard_files import DataIntegrityError, shard_offsets
 
 CFG = model_config("tiny", seq_len=32, vocab_size=64, n_layers=2, d_model=32, n_heads=2)
 SHARD1 = "gen-test/train-00001-of-00003.tfrecord"
@@ -60,7 +62,7 @@ def test_examples_off_by_one_with_bytes_right_is_refused_by_the_count_check(data
 
 def test_offsets_cache_is_keyed_by_the_file_not_only_the_manifest(dataset, tmp_path):
     """Offsets cached from the intact shard must not be used for the file cut afterwards."""
-    from trainer.data import read_manifest
+    from trainer.dataset import read_manifest
 
     index_dir = str(tmp_path / "idx")
     _loader(dataset, index_dir=index_dir).close()  # caches every shard's offsets
@@ -120,12 +122,12 @@ def test_trainer_cli_refuses_a_huge_vocab_in_one_line(dataset, capfd):
 
 
 def test_trainer_cli_refuses_a_contract_whose_model_exceeds_the_host_by_the_plan(dataset, capfd, monkeypatch):
-    """A vocab within trainer/data.py's limits still sizes a model past this host's memory: the plan refuses it
+    """A vocab within trainer/dataset.py's limits still sizes a model past this host's memory: the plan refuses it
     in one line before any allocation (tiny model: 2 x 16M x d_model embedding + head with AdamW state)."""
-    from trainer import train
+    from trainer import args, train
 
     _edit_manifest(dataset, lambda m: m["contract"]["tokenizer"].update(vocab_size=16_000_000))
-    monkeypatch.setattr(train, "host_memory_bytes", lambda: 8 * 2**30)  # a small host, whatever runs the test
+    monkeypatch.setattr(args, "host_memory_bytes", lambda: 8 * 2**30)  # a small host, whatever runs the test
     assert train.main(["--data", dataset, "--model", "tiny", "--steps", "1", "--global-batch", "4", "--device",
                        "cpu"]) == 2
     err = capfd.readouterr().err
@@ -150,7 +152,7 @@ def test_checked_reader_refuses_size_and_count_by_shard_name(dataset, sized):
     import io
 
     from model_contract.checked_reader import ShardMismatchError, iter_checked_records
-    from trainer.data import read_manifest
+    from trainer.dataset import read_manifest
 
     manifest, _ = read_manifest(DataConfig(path=dataset))
     info = manifest.shards[1]
@@ -173,7 +175,7 @@ def test_checked_reader_refuses_size_and_count_by_shard_name(dataset, sized):
 
 def test_trainer_refuses_a_checkpoint_dir_holding_a_pileprep_output(dataset, capfd):
     """--checkpoint-dir naming the dataset wrote step_*/, latest and the offsets cache among its files (exit 0);
-    trainer/train.py `check_checkpoint_dir` refuses any directory with a manifest.json, before any work."""
+    trainer/args.py `check_checkpoint_dir` refuses any directory with a manifest.json, before any work."""
     from trainer.train import main
 
     before = sorted(os.listdir(dataset))

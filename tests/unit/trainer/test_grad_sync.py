@@ -36,7 +36,7 @@ def test_a_grad_reduce_that_cannot_run_is_refused_at_parse_time(changes, knob):
 def test_bucket_plan_is_the_after_backward_plan():
     """Both modes pack alike (reverse order, one dtype per bucket, closed at bucket_bytes)."""
     from trainer.grad_sync import plan_buckets
-    from trainer.parallel import GradBuckets
+    from trainer.grad_sync import GradBuckets
     shapes = [(7, 3), (5,), (4, 4), (1,), (9, 2), (3,), (8,)]
     dtypes = [torch.float32, torch.float32, torch.float32, torch.float64, torch.float64, torch.float32,
               torch.float32]

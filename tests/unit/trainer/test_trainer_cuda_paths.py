@@ -14,7 +14,7 @@ from trainer.plan import GPUS, GiB, Layout, estimate
 
 def test_grad_buckets_reuse_their_buffers_and_average(monkeypatch):
     import torch.distributed as dist
-    from trainer.parallel import GradBuckets
+    from trainer.grad_sync import GradBuckets
 
     class Done:
         def wait(self):
@@ -63,7 +63,7 @@ def test_planner_uses_usable_memory_and_counts_fsdp_accumulation_grads():
 
 def test_process_group_gets_an_explicit_timeout(monkeypatch):
     import torch.distributed as dist
-    from trainer import parallel
+    from trainer import mesh
     seen = {}
 
     class Stop(Exception):
@@ -80,17 +80,17 @@ def test_process_group_gets_an_explicit_timeout(monkeypatch):
                  "MASTER_PORT": "29999"}.items():
         monkeypatch.setenv(k, v)
     with pytest.raises(Stop):
-        parallel.init_distributed(types.SimpleNamespace(dp=1, pp=1, tp=1, timeout_minutes=45.0), "cpu")
+        mesh.init_distributed(types.SimpleNamespace(dp=1, pp=1, tp=1, timeout_minutes=45.0), "cpu")
     assert seen["timeout"].total_seconds() == 45 * 60
 
 
 def test_partition_profile_runs_the_resolved_attention_kernel(monkeypatch):
-    from trainer import attention, parallel
+    from trainer import attention, schedule
     impls = []
     real = attention.build_mask
     monkeypatch.setattr(attention, "build_mask", lambda seg, impl: impls.append(impl) or real(seg, impl))
     cfg = model_config("tiny", seq_len=16, vocab_size=64, n_layers=2, d_model=32, n_heads=2)
     # (flex has no CPU backward: on CPU the run resolves to sdpa, and so must the profile)
-    times = parallel.profile_unit_times(cfg, 2, torch.device("cpu"), repeats=1, attention="auto")
+    times = schedule.profile_unit_times(cfg, 2, torch.device("cpu"), repeats=1, attention="auto")
     assert len(times) == cfg.n_layers + 2 and all(t > 0 for t in times)
     assert impls and set(impls) == {"sdpa"}

@@ -97,14 +97,14 @@ def _launcher_args(script: str, world: int) -> list:
 def test_launchers_header_layouts_fit_p4d(script):
     """Each launcher's resolved command passes the trainer's validation *and* the memory plan on A100-40GB
     (on the p4d node the GPU is detected; here it is named)."""
-    from trainer.train import parse_args
+    from trainer.args import parse_args
     cfg = parse_args(_launcher_args(script, 32) + ["--gpu", "A100-40GB"], world=32)
     assert cfg.plan.fits and cfg.plan.gpu == "A100-40GB" and cfg.plan.total < 40 * GiB
 
 
 def test_the_trainer_refuses_a_layout_over_the_gpu_and_takes_6_7b_as_tp_x_pp_x_dp():
     from trainer.config import ConfigError
-    from trainer.train import parse_args
+    from trainer.args import parse_args
     common = ["--data", "/nonexistent", "--gpu", "A100-40GB", "--device", "cuda", "--global-batch", "512"]
     with pytest.raises(ConfigError, match=r"does not fit on A100-40GB even at micro-batch 1 \(\d+\.\d GiB\)"):
         parse_args(["--model", "6.7B", "--pp", "4", *common], world=16)  # pipeline alone: weights + Adam > 40 GB

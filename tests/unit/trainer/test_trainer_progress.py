@@ -20,7 +20,7 @@ def _help_of(parser, flag):
 
 
 def test_help_shows_every_default_and_the_inverted_flags_say_what_they_do():
-    from trainer.train import _parser
+    from trainer.args import _parser
     p = _parser()
     missing = [a.option_strings[0] for a in p._actions
                if a.option_strings and a.option_strings[0] != "-h" and "default" not in (a.help or "")]

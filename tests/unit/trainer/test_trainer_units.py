@@ -12,7 +12,9 @@ from model_contract import ContractMismatchError, TFRecordCorruptError
 from tests.trainer_fixtures import write_dataset
 from trainer.checkpoint import latest_checkpoint
 from trainer.config import DataConfig, model_config
-from trainer.data import ShardLoader, make_labels, merge_states, open_dataset
+from trainer.data import ShardLoader, make_labels
+from trainer.dataset import open_dataset
+from trainer.streams import merge_states
 from trainer.model import IGNORE_INDEX, GPTStage, attention_mask, build_gpt
 from trainer.partition import (balanced_splits, even_splits, model_units, partition_model, stage_loads,
                                unit_costs)
@@ -301,7 +303,7 @@ def _clip_worker(rank: int, init_file: str, grads: dict, max_norm: float, out: s
     """One pipeline stage of two: its parameters get the whole model's gradients, then the trainer clips."""
     import torch.distributed as dist
 
-    from trainer.parallel import clip_grad_norm
+    from trainer.grad_sync import clip_grad_norm
     from trainer.partition import partition_model
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
@@ -371,14 +373,14 @@ def _damaged(tmp_path, how):
 
 @pytest.mark.parametrize("how", ["cut", "empty", "swapped"])
 def test_damaged_shard_is_refused_on_open_naming_it(tmp_path, how):
-    from trainer.data import DataIntegrityError
+    from trainer.shard_files import DataIntegrityError
     d = _damaged(tmp_path, how)
     with pytest.raises(DataIntegrityError, match="shard gen-test/train-00000-of-00003.tfrecord: .* manifest says"):
         _loader(d, streams=2)
 
 
 def test_verify_data_catches_a_same_size_replacement(tmp_path):
-    from trainer.data import prepare_shards
+    from trainer.shard_files import prepare_shards
     d = _damaged(tmp_path, "reordered")
     manifest, mfile = open_dataset(DataConfig(path=d), CFG)
     _loader(d, streams=2)  # size and record count agree: only the content hash can tell
@@ -392,7 +394,7 @@ def test_verify_data_catches_a_same_size_replacement(tmp_path):
 
 def test_shard_path_outside_the_dataset_is_refused(tmp_path, dataset):
     import json
-    from trainer.data import DataIntegrityError
+    from trainer.shard_files import DataIntegrityError
     d = tmp_path / "escape"
     d.mkdir()
     m = json.loads(open(os.path.join(dataset, "manifest.json")).read())
@@ -409,7 +411,7 @@ def test_shard_path_outside_the_dataset_is_refused(tmp_path, dataset):
 
 def test_tokenizer_pin_is_checked_against_the_contract(dataset, tmp_path):
     from model_contract import load_manifest, manifest_path
-    from trainer.data import tokenizer_pin
+    from trainer.dataset import tokenizer_pin
     model = tmp_path / "tok.model"
     model.write_bytes(b"not the tokenizer the data was made with")
     with pytest.raises(ContractMismatchError, match="tokenizer"):
@@ -421,7 +423,7 @@ def test_tokenizer_pin_is_checked_against_the_contract(dataset, tmp_path):
 
 def test_record_offsets_are_cached_once_and_reused(dataset, tmp_path, monkeypatch):
     """The first loader walks each shard's headers once and caches the offsets; the next only reads the cache."""
-    import trainer.data as data
+    import trainer.shard_files as data
     walks = []
     real = data.record_offsets
     monkeypatch.setattr(data, "record_offsets", lambda f, **k: walks.append(k["name"]) or real(f, **k))
@@ -439,7 +441,7 @@ def test_record_offsets_are_cached_once_and_reused(dataset, tmp_path, monkeypatc
 def test_model_shape_defaults_from_the_dataset_contract(dataset):
     """The tiny preset (seq_len 128, vocab 8192) trains on a seq_len-32, vocab-64 dataset without flags; an explicit
     flag still wins, and a mismatch is refused naming the fix."""
-    from trainer.train import parse_args
+    from trainer.args import parse_args
     cfg = parse_args(["--data", dataset, "--model", "tiny"], world=1)
     assert (cfg.model.seq_len, cfg.model.vocab_size) == (32, 64)
     assert parse_args(["--data", dataset, "--vocab-size", "128"], world=1).model.vocab_size == 128
