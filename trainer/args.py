@@ -1,16 +1,21 @@
-"""The trainer's command line: its options, and the whole configuration resolved and checked before any
-process-group work (the model from the data contract, the batch rules, the memory plan against the GPU or the host,
-the checkpoint directory, the RETRO sidecar), so that a bad configuration is one clear error (exit 2), not a hang.
+"""The trainer's command line: its options (derived from trainer/config.py's dataclasses), and the whole
+configuration resolved and checked before any process-group work (the model from the data contract, the batch
+rules, the memory plan against the GPU or the host, the checkpoint directory, the RETRO sidecar), so that a bad
+configuration is one clear error (exit 2), not a hang.
 `python -m trainer.train` (trainer/train.py) runs it first; launchers call `parse_args` to validate a layout.
 """
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
-from typing import TYPE_CHECKING, Optional, Sequence
+import typing
+from typing import TYPE_CHECKING, Literal, Optional, Sequence
 
 from model_contract import MANIFEST_NAME
 from trainer import checkpoint as ckpt
-from trainer.config import ConfigError, TrainConfig, build_parser, from_namespace, resolve_layout, resolve_model
+from trainer.config import (ConfigError, DataConfig, ModelArgs, OptimConfig, ParallelConfig, TrainConfig,
+                            resolve_layout, resolve_model)
 from trainer.dataset import open_dataset, read_manifest
 from trainer.plan import LayoutDoesNotFit, plan_for_config
 
@@ -19,6 +24,71 @@ if TYPE_CHECKING:
 
 # trainer/train.py's first docstring line: `--help` shows the command it belongs to
 DESCRIPTION = 'Entry point: `torchrun --nproc-per-node N -m trainer.train --data out/sample --pp 2 ...`.'
+
+
+def _fields(cls):
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("cli"):
+            yield f, hints[f.name]
+
+
+def help_with_default(text: str, is_flag: bool, default=None) -> str:
+    """The help text with its default: a flag is off unless given (its text says what it does); a value shows
+    its default, unless the text already explains a computed one ("default: the dataset's ...")."""
+    text = text.replace("%", "%%")  # argparse %-formats help strings
+    if is_flag:
+        return f"{text} (default: off)"
+    if default is None and "default" in text:
+        return text
+    shown = "none" if default is None else str(default).replace("%", "%%")
+    return f"{text} (default: {shown})"
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str) -> None:
+    """One option per CLI field of `cls`, its type, default, choices (Literal) and help from the dataclass."""
+    for f, tp in _fields(cls):
+        flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
+        dest = f"{prefix}{f.name}"
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if tp is bool:
+            inverted = flag.startswith("--no-")
+            parser.add_argument(flag, dest=dest, action="store_false" if inverted else "store_true",
+                                default=default, help=help_with_default(f.metadata["help"], True))
+            continue
+        args = typing.get_args(tp)
+        if typing.get_origin(tp) is typing.Union:  # Optional[X]
+            tp = next(a for a in args if a is not type(None))
+            args = typing.get_args(tp)
+        kw = {}
+        if typing.get_origin(tp) is Literal:
+            kw["choices"] = list(args)
+            tp = type(args[0])
+        parser.add_argument(flag, dest=dest, type=tp, default=default,
+                            help=help_with_default(f.metadata["help"], False, default), **kw)
+
+
+def build_parser(prog: str = "trainer.train", description: str = "") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
+    for cls, prefix in ((ModelArgs, "model."), (DataConfig, "data."), (ParallelConfig, "parallel."),
+                        (OptimConfig, "optim."), (TrainConfig, "")):
+        add_arguments(p, cls, prefix)
+    return p
+
+
+def from_namespace(ns: argparse.Namespace) -> tuple[ModelArgs, TrainConfig]:
+    vals = vars(ns)
+
+    def build(cls, prefix):
+        return cls(**{f.name: vals[prefix + f.name] for f, _ in _fields(cls)})
+
+    model_args = build(ModelArgs, "model.")
+    cfg = TrainConfig(data=build(DataConfig, "data."), parallel=build(ParallelConfig, "parallel."),
+                      optim=build(OptimConfig, "optim."),
+                      **{f.name: vals[f.name] for f, _ in _fields(TrainConfig)})
+    cfg.data.seed = cfg.seed
+    return model_args, cfg
+
 
 
 def _parser():

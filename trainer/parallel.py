@@ -1,6 +1,6 @@
 """The parallelisms applied to this rank's stage(s), in the order they compose: tensor parallel, activation
-checkpointing, compile per block, then FSDP2 or DDP over dp. The mesh they run on is trainer/mesh.py's; the
-pipeline schedule over the stages trainer/schedule.py's; the dp gradient average trainer/grad_sync.py's."""
+checkpointing, compile per block, then FSDP2 or DDP over dp. The mesh they run on is trainer/mesh.py's, the
+pipeline schedule over the stages trainer/schedule.py's, the dp gradient average trainer/grad_sync.py's."""
 from __future__ import annotations
 
 import torch.nn as nn
@@ -10,9 +10,10 @@ from trainer.model import GPTStage
 
 
 def wrap_data_parallel(module: nn.Module, env: ParallelEnv) -> nn.Module:
-    """DDP for pure data parallelism. With pp > 1 the stage stays unwrapped and `allreduce_grads` (trainer/grad_sync.py) averages
-    gradients after the schedule: DDP's reducer expects one backward per forward and, with several
-    micro-batches in flight, torch 2.13 fails in bucket rebuilding (INTERNAL ASSERT in reducer.cpp)."""
+    """DDP for pure data parallelism. With pp > 1 the stage stays unwrapped and `allreduce_grads`
+    (trainer/grad_sync.py) averages gradients after the schedule: DDP's reducer expects one backward per forward
+    and, with several micro-batches in flight, torch 2.13 fails in bucket rebuilding (INTERNAL ASSERT in
+    reducer.cpp)."""
     if env.dp == 1 or env.pp > 1:
         return module
     from torch.nn.parallel import DistributedDataParallel as DDP

@@ -1,11 +1,11 @@
 """Entry point: `torchrun --nproc-per-node N -m trainer.train --data out/sample --pp 2 ...`.
 
-Order of work: parse config (options derived from `trainer.config`'s dataclasses) -> read manifest, resolve
-the model from the data contract, apply the batch rules (`resolve_layout`) and check the contract — all before
-any process-group work, so a bad configuration is one clear error (exit 2), not a hang -> `Trainer.build`
-(process groups + mesh, partition, this rank's stage, optimizer, shard checks, loader, checkpoint restore)
--> `Trainer.train` (per step: `train_step` = data, `forward_backward_step`, gradient sync, clipping, AdamW)
--> metrics -> checkpoints.
+Order of work: parse config (trainer/args.py `parse_args`; options derived from `trainer.config`'s dataclasses)
+-> read manifest, resolve the model from the data contract, apply the batch rules (`resolve_layout`) and check
+the contract — all before any process-group work, so a bad configuration is one clear error (exit 2), not a
+hang -> `Trainer.build` (process groups + mesh, partition, this rank's stage, optimizer, shard checks, loader,
+checkpoint restore) -> `Trainer.train` (per step: `train_step` = data, `forward_backward_step`, gradient sync,
+clipping, AdamW) -> metrics -> checkpoints.
 
 Loss normalisation: every micro-batch's loss is sum(token losses) * dp / (valid tokens in the *global*
 batch), with the schedule's own scaling off. Summed over micro-batches and averaged by DDP this is exactly the
