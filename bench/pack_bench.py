@@ -5,7 +5,7 @@
     python bench/pack_bench.py frame SO [SO ...]   # built _varint modules against each other, on the same blocks
 
 `capture` runs the bench's `pileprep shard` command line (bench/shard_bench.py `shard_args`, Beam's FnApiRunner
-in memory, one worker, so every stage runs in this process) with `stages.pack_shard` wrapped: each call's
+in memory, one worker, so every stage runs in this process) with `pack.pack_shard` wrapped: each call's
 arguments are pickled to OUT/pack-capture/NNNN.pkl and the job's CPU-s (time.process_time around the whole
 job) and the CPU-s spent inside pack_shard are printed. `replay` calls pack_shard again on every captured
 shard, writing into a scratch directory, `--repeats` times, and prints each pass's CPU-s (process_time: the
@@ -31,7 +31,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
-from transforms.shard import stages  # noqa: E402
+from transforms.shard import pack  # noqa: E402
 
 BEAM_ARGS = ["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 
@@ -46,7 +46,7 @@ def capture(corpus: str, out: str, tokenizer: str, seq_len: int, profile_path: s
     job_out = os.path.join(out, "job")
     shutil.rmtree(job_out, ignore_errors=True)
     shutil.rmtree(os.path.join(out, "kept-staging"), ignore_errors=True)
-    real = stages.pack_shard
+    real = pack.pack_shard
     spent = [0.0, 0]
     profile = cProfile.Profile() if profile_path else None  # the pack_shard calls only
 
@@ -66,7 +66,7 @@ def capture(corpus: str, out: str, tokenizer: str, seq_len: int, profile_path: s
                 profile.disable()
             spent[0] += time.process_time() - t
 
-    stages.pack_shard = wrapped
+    pack.pack_shard = wrapped
     argv = sb.shard_args(corpus, tokenizer, job_out, "auto", seq_len, BEAM_ARGS)[3:]
     t = time.process_time()
     rc = cli.main(argv)
@@ -101,7 +101,7 @@ def replay(out: str, repeats: int, profile: str | None) -> None:
                 args[7] = staging
             else:
                 kwargs["staging_dir"] = staging
-            stages.pack_shard(*args, **kwargs)
+            pack.pack_shard(*args, **kwargs)
         if prof:
             prof.disable()
             prof.dump_stats(profile)

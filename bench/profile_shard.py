@@ -51,7 +51,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 SAMPLE_S = 0.1
 # the first one that reads records
-READING_STAGES = ("SplitIntoChunks", "SplitAndTokenize", "ReadRecords", "SplitFiles", "Tokenize")
+READING_STAGES = ("CutIntoChunks", "CutAndTokenize", "ReadRecords", "SplitFiles", "Tokenize")
 COMMIT_STAGE = "CommitManifest"
 
 

@@ -6,7 +6,7 @@ import json
 from model_contract import DataContract, Manifest, ShardInfo, TokenizerInfo
 from model_contract.manifest import LedgerRow
 from pipeline.config import ShardConfig
-from transforms.shard import stages
+from transforms.shard import records
 
 
 TOK = TokenizerInfo("sentencepiece", "ab" * 32, 1000, 2, 3, 0, 1)
@@ -17,16 +17,16 @@ def shard_config(**kw) -> ShardConfig:
     return ShardConfig(**{"inputs": ("in/*",), "output": "/out", "tokenizer": "t.model", "seq_len": 8, **kw})
 
 
-def split_result(path, read, dead=0):
-    stats = stages.FileStats(read=read)
+def cut_result(path, read, dead=0):
+    stats = records.FileStats(read=read)
     if dead:
         stats.dead_letter("invalid_json", dead)
-    return stages.SplitResult(0, path, [], stats, None)
+    return records.CutResult(0, path, [], stats, None)
 
 
 def shard_result(path, written, split=0):
-    task = stages.ShardTask(split, 0, 1)
-    return stages.ShardResult(task, f"/out/{GEN_A}/{task.file_name}", examples=1, tokens=5, padding_tokens=3,
+    task = records.ShardTask(split, 0, 1)
+    return records.ShardResult(task, f"/out/{GEN_A}/{task.file_name}", examples=1, tokens=5, padding_tokens=3,
                               documents=written, bytes=10, sha256="0" * 64,
                               sources={"s": {"documents": written, "tokens": 5}}, written_per_file={path: written})
 

@@ -6,14 +6,14 @@ resume ledger row (pipeline/shard/resume.py `_mismatch`: path, bytes, mtime / ET
 were reused and the manifest's ledger recorded the sha256 of the old bytes. Now:
 
   staging/inputs/f000003.json   {fingerprint, file_idx, digest: {path, bytes, sha256}}: written by the worker
-                                that cuts the file, before it cuts it (`mark_input`); the split stage hands on
+                                that cuts the file, before it cuts it (`mark_input`); the cut stage hands on
                                 this digest, so the ledger's sha256 is of the bytes the units were cut from
-                                (computed where it was before, by the split stage: one full read of the file
+                                (computed where it was before, by the cut stage: one full read of the file
                                 besides the cut, as before)
-  done/split-f000003.json       its `digest` (pipeline/shard/records.py InputFile) is the same record
+  done/cut-f000003.json         its `digest` (transforms/shard/records.py InputFile) is the same record
 
 On the driver (`screen`, from pipeline/shard/resume.py reconcile, under the output's lock): every input with a
-finished split or unit is hashed again (full sha256, threads: hashlib releases the GIL) and compared. A file
+finished cut or unit is hashed again (full sha256, threads: hashlib releases the GIL) and compared. A file
 whose bytes changed has its finished work discarded, and so have the packed shards and the near-dedup stage
 (they were built from every unit); a unit whose file has no recorded digest (a staging written before digests
 were recorded, and that file not finished) cannot be proven and is redone. Each with a note.
@@ -27,13 +27,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from model_contract.hashing import sha256_file
-from pipeline.shard.records import InputFile
+from transforms.shard.records import InputFile
 from transforms.io import io_utils
 
 INPUTS_DIR = "inputs"
 CHECK_THREADS = 4
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-_FILE_OF = re.compile(r"(?:split|unit)-f([0-9]{6})(?:-c[0-9]{5})?")
+_FILE_OF = re.compile(r"(?:cut|unit)-f([0-9]{6})(?:-c[0-9]{5})?")
 
 
 def record_path(staging_dir: str, file_idx: int) -> str:
@@ -69,7 +69,7 @@ def recorded_sha256(plan, file_idx: int) -> Optional[str]:
     return sha if isinstance(sha, str) and _SHA256.fullmatch(sha) else None
 
 
-def _split_sha256(marker: dict) -> Optional[str]:
+def _cut_sha256(marker: dict) -> Optional[str]:
     digest = (marker.get("result") or {}).get("digest")
     sha = digest.get("sha256") if isinstance(digest, dict) else None
     return sha if isinstance(sha, str) and _SHA256.fullmatch(sha) else None
@@ -92,8 +92,8 @@ def screen(plan, markers: dict, hasher=digest_of) -> Screened:
             files.setdefault(int(m.group(1)), []).append(name)
     recorded, notes = {}, []
     for idx in sorted(files):
-        shas = {s for s in (recorded_sha256(plan, idx), *(_split_sha256(markers[n]) for n in files[idx]
-                                                           if n.startswith("split-"))) if s is not None}
+        shas = {s for s in (recorded_sha256(plan, idx), *(_cut_sha256(markers[n]) for n in files[idx]
+                                                           if n.startswith("cut-"))) if s is not None}
         if len(shas) == 1:
             recorded[idx] = shas.pop()
         elif len(shas) > 1:
@@ -106,7 +106,7 @@ def screen(plan, markers: dict, hasher=digest_of) -> Screened:
     for i in changed:
         notes.append(f"resume: input {plan.ledger[i].path} changed since an earlier run read it (its sha256 is "
                      f"{str(current[i])[:12]}…, not {recorded[i][:12] or 'one recorded value'}…): its "
-                     f"{len(files[i])} finished split/unit(s) are redone")
+                     f"{len(files[i])} finished cut/unit(s) are redone")
     if changed:
         dependent = {n for n in markers if n.startswith("pack-") or n == "near-dedup"}
         if dependent:

@@ -24,7 +24,7 @@ from model_contract.manifest import (FileDigest, IdIndexRow, LedgerRow, dataset_
 from pipeline.config import ConfigError
 from pipeline.ops.incremental import InputsChangedError, file_sha256
 from pipeline.shard import near_dedup_manifest
-from pipeline.shard.records import InputFile
+from transforms.shard.records import InputFile
 from transforms.io import io_utils
 from transforms.shard import corpus_stats
 

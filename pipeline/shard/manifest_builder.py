@@ -13,7 +13,7 @@ from model_contract.manifest import dataset_relative_path
 from pipeline.config import BYTES_PER_TOKEN_ESTIMATE, PILEPREP_VERSION, ShardConfig
 from transforms.shard import corpus_stats, mixture, packing_stats
 from transforms.shard.documents import SPLITS
-from transforms.shard.stages import FileStats, ShardTask
+from transforms.shard.records import FileStats, ShardTask
 
 
 class ReconciliationError(RuntimeError):
@@ -46,9 +46,9 @@ def shard_write_tasks(units: list, config: ShardConfig) -> list:
 
 
 def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, generation: str, output_dir: str,
-                   split_results: list, unit_results: list, shard_results: list) -> Manifest:
+                   cut_results: list, unit_results: list, shard_results: list) -> Manifest:
     files = {e.path: FileStats() for e in ledger}
-    for r in split_results:
+    for r in cut_results:
         files[r.input_path].merge(r.stats)
     for u in unit_results:
         files[u.input_path].merge(u.stats)
@@ -94,7 +94,7 @@ def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, ge
     examples = sum(s.examples for s in shard_results)
     padding = sum(s.padding_tokens for s in shard_results)
     dead_letters = sorted(dataset_relative_path(p, output_dir) for p in
-                          [r.dead_letter_path for r in split_results] + [u.dead_letter_path for u in unit_results]
+                          [r.dead_letter_path for r in cut_results] + [u.dead_letter_path for u in unit_results]
                           if p)
     shards = [ShardInfo(path=dataset_relative_path(s.path, output_dir), split=SPLITS[s.task.split],
                         examples=s.examples, tokens=s.tokens, padding_tokens=s.padding_tokens,

@@ -32,7 +32,7 @@ from pipeline.shard.near_dedup_manifest import BAND_INDEXES, SUMMARY_NAME
 from pipeline.shard.near_dedup_settings import params_of, tokenize_signing
 from transforms.io import io_utils, read_parquet
 from transforms.io.read_records import RawRecord, compression_of, iter_raw_records
-from transforms.shard import decontaminate, doc_ids, near_dedup, stages
+from transforms.shard import decontaminate, doc_ids, layout, near_dedup, tokenize_unit
 from transforms.shard import near_dedup_band_index as band_index
 from transforms.shard import near_dedup_removals as removals
 from transforms.shard.documents import SPLIT_SHIFT, SPLITS, Document, parse_record
@@ -78,8 +78,8 @@ def _staged_signatures(plan, unit, num_perm: int):
     line order, from the signatures its tokenize stage staged (`tokenize_signing`): the same documents and
     values as signing their text here. None when the file is missing or does not hold one row per indexed
     document (a unit staged by a run that signed nothing): the caller then reads the text."""
-    path = stages.unit_signatures_path(plan.staging_dir, unit.name)
-    dtype = stages.unit_signatures_dtype(num_perm)
+    path = layout.Layout(plan.staging_dir, plan.data_dir).path(layout.unit_signatures(unit.name))
+    dtype = tokenize_unit.unit_signatures_dtype(num_perm)
     if unit.n_docs == 0:
         return [], np.zeros((0, num_perm), dtype=near_dedup.SIGNATURE_DTYPE)
     if not io_utils.exists(path):
@@ -144,7 +144,7 @@ def _unit_documents(plan, unit, text: bool = True):
     by_line = {line: (doc_id, split) for line, doc_id, split, _source in (_row_fields(unit, r) for r in rows)}
     cfg = plan.config
     out = []
-    with io_utils.open_read(stages.chunk_spill_path(plan.staging_dir, unit.name)) as f:
+    with io_utils.open_read(layout.Layout(plan.staging_dir, plan.data_dir).path(layout.chunk_file(unit.name))) as f:
         for line, data in iter_chunk(f):
             if line not in by_line:
                 continue
@@ -753,7 +753,7 @@ def _text_at(plan, loc) -> str:
         return ""
     unit_name, line = loc[0], loc[1]
     cfg = plan.config
-    with io_utils.open_read(stages.chunk_spill_path(plan.staging_dir, unit_name)) as f:
+    with io_utils.open_read(layout.Layout(plan.staging_dir, plan.data_dir).path(layout.chunk_file(unit_name))) as f:
         for ln, data in iter_chunk(f):
             if ln == line:
                 doc = parse_record(data, cfg.text_field, tuple(cfg.source_fields))

@@ -21,7 +21,7 @@ from pipeline.job import Build, Decision, NothingToDo
 from pipeline.ops import commit, guards, incremental, input_checks
 from pipeline.ops import generations
 from pipeline.shard import integrity, source_check, split_inputs
-from pipeline.shard.records import LedgerEntry
+from transforms.shard.records import LedgerEntry
 from transforms.io import io_utils, memory
 from transforms.tokenize import tokenizer, tokenizer_backends
 
@@ -57,8 +57,8 @@ class JobPlan:
     # and megabytes of graph (Dataflow caps a job's graph at 10 MB).
     model_path: Optional[str] = None
     # Resume (pipeline/shard/resume.py): the completion markers of an earlier killed run of this generation that
-    # the driver checked; workers reuse those splits and units instead of redoing them.
-    resumed_splits: frozenset = frozenset()
+    # the driver checked; workers reuse those cuts and units instead of redoing them.
+    resumed_cuts: frozenset = frozenset()
     resumed_units: frozenset = frozenset()
     resumed_packs: frozenset = frozenset()  # and the packed shards (pack-<split>-<shard>-of-<n>)
     resumed_near_dedup: bool = False  # and the near-dedup stage's output (the graph then leaves the stage out)

@@ -5,7 +5,7 @@ and by the output (pipeline/ops/guards.py: staging_dir_for). Besides the work fi
 
   resume.json                      {output, generation, inputs}: whose staging it is, over which ledger rows
                                    (path, bytes, mtime / ETag), written before any work
-  done/split-f000003.json          one completion marker per split input file, per tokenized unit and per
+  done/cut-f000003.json            one completion marker per cut input file, per tokenized unit and per
   done/unit-f000003-c00012.json    packed shard, written last (temp + rename, transforms/io/io_utils.py
   done/pack-train-00003-of-00013.json  open_write): the stage's result and the size + sha256 of every file it
                                    wrote (a packed shard lives in the run's partial generation, which no
@@ -15,11 +15,11 @@ and by the output (pipeline/ops/guards.py: staging_dir_for). Besides the work fi
                                    run never picks it again (pipeline/shard/plan.py) nor reuses its units
 
 Units depend only on the inputs and --unit-mb (pipeline/shard/unit_plan.py subdivides --unit-mb for a small
-input from the ledger alone; transforms/shard/stages.py split_input_file cuts), never on the worker count, so
+input from the ledger alone; transforms/shard/cut.py cuts), never on the worker count, so
 markers survive a rerun on another runner or worker count. The driver checks every marker
 before the pipeline starts (`reconcile`: names, fingerprint, ledger, sizes); workers reuse only what the plan
-lists, after checking the sha256 of its files (`load_split`, `load_unit`), and mark what they finish
-(`mark_split`, `mark_unit`, `mark_pack`). A packed shard is reused the same way (`load_pack`): its
+lists, after checking the sha256 of its files (`load_cut`, `load_unit`), and mark what they finish
+(`mark_cut`, `mark_unit`, `mark_pack`). A packed shard is reused the same way (`load_pack`): its
 marker's fingerprint names the config, the tokenizer, the input ledger and, for an incremental run, the
 committed generation it adds to, so the shard it describes is the one this run would write (same bytes).
 After a failure the driver itself sees, `keep_finished` keeps exactly the marked work, in staging and in the
@@ -47,18 +47,17 @@ from apache_beam.metrics import Metrics
 from model_contract.hashing import sha256_file
 from pipeline.ops import guards, progress
 from pipeline.shard import input_digests, near_dedup_settings
-from pipeline.shard.records import InputFile, SplitOutput
 from transforms.io import io_utils
-from transforms.shard import stages
+from transforms.shard import layout
+from transforms.shard.layout import DATA, STAGING, Layout
+from transforms.shard.records import BadRecord, CutOutput, ShardResult, ShardTask, UnitResult
 
 LOG = logging.getLogger("pileprep.resume")
 RESUME_FILE = guards.RESUME_RECORD
 DONE_DIR = "done"
-STAGING, DATA = "staging", "data"  # the two roots a marker's files live under
-_UNIT_NAME = re.compile(r"f[0-9]{6}-c[0-9]{5}")
 _PACK_NAME = re.compile(r"pack-(train|val|test)-[0-9]{5}-of-[0-9]{5}")
 NEAR_DEDUP = "near-dedup"  # the global stage's one marker (its clusters need every unit: docs/OPERATIONS.md)
-_MARKER_NAME = re.compile(r"(split-f[0-9]{6}|unit-f[0-9]{6}-c[0-9]{5}|pack-(train|val|test)-[0-9]{5}-of-[0-9]{5}"
+_MARKER_NAME = re.compile(r"(cut-f[0-9]{6}|unit-f[0-9]{6}-c[0-9]{5}|pack-(train|val|test)-[0-9]{5}-of-[0-9]{5}"
                           r"|near-dedup)\.json")
 # What the near-dedup stage writes (pipeline/shard/near_dedup_graph.py _finish): removal indexes and their list in
 # staging; the summary, removed-id sidecars and band indexes in the partial generation. One directory level.
@@ -69,36 +68,33 @@ CHECK_THREADS = 8  # one stat per file: on an object store the driver waits on r
 NOTES_SHOWN = 5
 
 
-class Discard(ValueError):
-    """A marker (or a staging) that does not match this run; the message is the reason, for the note."""
-
-
 @dataclass(frozen=True)
 class Resumed:
-    """What the driver found reusable: marker names (`split-f…`, `unit-f…`, `pack-…`) and the one-line notes it
+    """What the driver found reusable: marker names (`cut-f…`, `unit-f…`, `pack-…`) and the one-line notes it
     logged."""
-    splits: frozenset = frozenset()
+    cuts: frozenset = frozenset()
     units: frozenset = frozenset()
     notes: tuple = ()
     packs: frozenset = frozenset()
     near_dedup: bool = False  # the near-dedup stage's staged removals and published files
 
     def to_event(self) -> dict:
-        return {"splits_reusable": len(self.splits), "units_reusable": len(self.units),
+        # "splits_reusable": the run log's key since before "split" meant train/val/test only (docs/OPERATIONS.md)
+        return {"splits_reusable": len(self.cuts), "units_reusable": len(self.units),
                 "shards_reusable": len(self.packs), "near_dedup_reusable": self.near_dedup,
                 "notes": list(self.notes)}
 
 
 # ------------------------------------------------------------------------------------------- names, files
-def split_marker_name(file_idx: int) -> str:
-    return f"split-f{file_idx:06d}"
+def cut_marker_name(file_idx: int) -> str:
+    return f"cut-f{file_idx:06d}"
 
 
 def unit_marker_name(unit_name: str) -> str:
     return "unit-" + unit_name
 
 
-def pack_marker_name(task: "stages.ShardTask") -> str:
+def pack_marker_name(task: ShardTask) -> str:
     return "pack-" + task.file_name[: -len(".tfrecord")]
 
 
@@ -107,15 +103,15 @@ def marker_path(staging_dir: str, name: str) -> str:
 
 
 def _root_path(root: str, staging_dir: str, data_dir: str, rel: str) -> str:
-    return io_utils.join(staging_dir if root == STAGING else data_dir, rel)
+    return Layout(staging_dir, data_dir).path(layout.Placed(root, rel))
 
 
 def _unit_files(name: str, dead_letter: bool, signed: bool = False) -> list:
-    """(root, relative path) of every file tokenize_chunk writes for unit `name` (transforms/shard/stages.py):
-    with `signed`, the near-dedup signatures it staged too (`signs_units`)."""
-    files = [(STAGING, f"units/{name}.index"), (STAGING, f"units/{name}.tokens")]
-    files += [(STAGING, f"near-dedup/unit-signatures/{name}.sigs")] if signed else []
-    return files + ([(DATA, f"dead_letter/{name}.jsonl")] if dead_letter else [])
+    """(root, relative path) of every file tokenize_chunk writes for unit `name`
+    (transforms/shard/tokenize_unit.py): with `signed`, the near-dedup signatures it staged too (`signs_units`)."""
+    files = [layout.unit_index(name), layout.unit_tokens(name)]
+    files += [layout.unit_signatures(name)] if signed else []
+    return files + ([layout.unit_dead_letters(name)] if dead_letter else [])
 
 
 def signs_units(plan) -> bool:
@@ -125,145 +121,17 @@ def signs_units(plan) -> bool:
     return bool(getattr(config, "near_dedup", False)) and near_dedup_settings.tokenize_signing(config) is not None
 
 
-def _split_files(file_idx: int, chunks: int, dead_letter: bool, spilled: bool = True) -> list:
-    """(root, relative path) of every file the split of input file `file_idx` writes: its chunk files when they
-    were spilled (split_input_file; transforms/shard/stages.py InputCutter), its dead letters."""
-    files = [(STAGING, stages.chunk_file(stages.unit_name_of(file_idx, i))) for i in range(chunks if spilled else 0)]
-    return files + ([(DATA, f"dead_letter/f{file_idx:06d}-read.jsonl")] if dead_letter else [])
+def _cut_files(file_idx: int, chunks: int, dead_letter: bool, spilled: bool = True) -> list:
+    """(root, relative path) of every file the cut of input file `file_idx` writes: its chunk files when they
+    were spilled (transforms/shard/cut.py cut_input_file), its dead letters."""
+    files = [layout.chunk_file(layout.unit_name_of(file_idx, i)) for i in range(chunks if spilled else 0)]
+    return files + ([layout.cut_dead_letters(file_idx)] if dead_letter else [])
 
 
 def _pack_files(file_name: str) -> list:
-    """(root, relative path) of every file pack_shard writes for shard `file_name` (transforms/shard/stages.py):
+    """(root, relative path) of every file pack_shard writes for shard `file_name` (transforms/shard/pack.py):
     the shard in the partial generation, the ids it kept in staging."""
-    return [(DATA, file_name), (STAGING, f"ids/{file_name}.ids")]
-
-
-# ---------------------------------------------------------------------------------- results as records
-def _need(d, key, kind):
-    value = d.get(key) if isinstance(d, dict) else None
-    if kind is int and isinstance(value, bool) or not isinstance(value, kind):
-        raise Discard(f"field {key!r} missing or not {kind.__name__}")
-    return value
-
-
-def _counts(d) -> dict:
-    if not isinstance(d, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in d.items()):
-        raise Discard("a count table is not {name: int}")
-    return dict(d)
-
-
-def _stats(d) -> stages.FileStats:
-    return stages.FileStats(_need(d, "read", int), _need(d, "written", int), _counts(d.get("filtered")),
-                            _counts(d.get("dead_lettered")))
-
-
-def _json_tree(value):
-    """source_stats / spot_checked: nested dicts and lists of numbers (transforms/shard/corpus_stats.py)."""
-    if isinstance(value, dict):
-        if not all(isinstance(k, str) for k in value):
-            raise Discard("a stats table has a non-string key")
-        return {k: _json_tree(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_tree(v) for v in value]
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value
-    raise Discard("a stats table holds something other than numbers")
-
-
-def unit_record(unit: "stages.UnitResult") -> dict:
-    return {"name": unit.name, "file_idx": unit.file_idx, "input_path": unit.input_path, "n_docs": unit.n_docs,
-            "token_dtype": unit.token_dtype, "sources": list(unit.sources), "split_tokens": list(unit.split_tokens),
-            "stats": unit.stats.to_dict(), "dead_letter": unit.dead_letter_path is not None,
-            "source_stats": unit.source_stats, "held_out_start": unit.held_out_start,
-            "spot_checked": unit.spot_checked}
-
-
-def unit_from_record(rec: dict, staging_dir: str, data_dir: str) -> "stages.UnitResult":
-    """The UnitResult a marker describes, with paths made here from the unit's name (never read from it)."""
-    name = _need(rec, "name", str)
-    if not _UNIT_NAME.fullmatch(name):
-        raise Discard(f"unit name {name!r} is not f<file>-c<chunk>")
-    sources = _need(rec, "sources", list)
-    split_tokens = _need(rec, "split_tokens", list)
-    if not all(isinstance(s, str) for s in sources) or not all(isinstance(t, int) for t in split_tokens):
-        raise Discard("sources / split_tokens have the wrong types")
-    held_out = rec.get("held_out_start")
-    if held_out is not None and not isinstance(held_out, int):
-        raise Discard("held_out_start is not an int")
-    dead = _need(rec, "dead_letter", bool)
-    return stages.UnitResult(
-        name, _need(rec, "file_idx", int), _need(rec, "input_path", str),
-        io_utils.join(staging_dir, "units", name + ".index"), io_utils.join(staging_dir, "units", name + ".tokens"),
-        _need(rec, "n_docs", int), _need(rec, "token_dtype", str), list(sources), list(split_tokens),
-        _stats(rec.get("stats")), io_utils.join(data_dir, "dead_letter", name + ".jsonl") if dead else None,
-        _json_tree(rec.get("source_stats", {})), held_out, _json_tree(rec.get("spot_checked", {})))
-
-
-def split_record(out: SplitOutput) -> dict:
-    r = out.result
-    return {"file_idx": r.file_idx, "input_path": r.input_path, "stats": r.stats.to_dict(),
-            "dead_letter": r.dead_letter_path is not None, "digest": out.digest.to_dict(),
-            "chunks": [{"records": c.records, "raw_bytes": c.raw_bytes} for c in r.chunks], "spilled": r.spilled}
-
-
-def split_from_record(rec: dict, staging_dir: str, data_dir: str) -> SplitOutput:
-    idx, path = _need(rec, "file_idx", int), _need(rec, "input_path", str)
-    spilled = rec.get("spilled", True)
-    if not isinstance(spilled, bool):
-        raise Discard("spilled is not a bool")
-    chunks = []
-    for i, c in enumerate(_need(rec, "chunks", list)):
-        chunk_path = stages.chunk_spill_path(staging_dir, stages.unit_name_of(idx, i)) if spilled else ""
-        chunks.append(stages.ChunkRef(idx, path, i, chunk_path, _need(c, "records", int), _need(c, "raw_bytes", int)))
-    digest = _need(rec, "digest", dict)
-    try:
-        input_file = InputFile.from_dict(digest)
-    except TypeError as e:
-        raise Discard(f"digest: {e}") from None
-    if not (isinstance(input_file.path, str) and isinstance(input_file.bytes, int)
-            and isinstance(input_file.sha256, str)):
-        raise Discard("digest has the wrong types")
-    dead = _need(rec, "dead_letter", bool)
-    result = stages.SplitResult(idx, path, chunks, _stats(rec.get("stats")),
-                                io_utils.join(data_dir, "dead_letter", f"f{idx:06d}-read.jsonl") if dead else None,
-                                spilled)
-    return SplitOutput(result, input_file)
-
-
-_SHARD_INTS = ("examples", "tokens", "padding_tokens", "documents", "bytes", "ids_count")
-_SHARD_COUNT_TABLES = ("written_per_file", "duplicates_per_file", "duplicates_per_source", "dropped_per_file")
-_SHARD_NESTED_TABLES = ("filtered_per_file", "filtered_per_source")  # {name: {name: int}}
-
-
-def shard_record(result: "stages.ShardResult") -> dict:
-    """A packed shard's result without its paths (those follow from its task: `shard_from_record`)."""
-    t = result.task
-    return {"split": t.split, "shard": t.shard, "num_shards": t.num_shards, "sha256": result.sha256,
-            "sources": result.sources, "source_stats": result.source_stats, "packing": result.packing,
-            **{k: getattr(result, k) for k in _SHARD_INTS + _SHARD_COUNT_TABLES + _SHARD_NESTED_TABLES}}
-
-
-def shard_from_record(rec: dict, staging_dir: str, data_dir: str) -> "stages.ShardResult":
-    """The ShardResult a pack marker describes, its paths made here from the task (never read from the marker)."""
-    task = stages.ShardTask(_need(rec, "split", int), _need(rec, "shard", int), _need(rec, "num_shards", int))
-    if not (0 <= task.split < len(stages.SPLITS) and 0 <= task.shard < task.num_shards <= 99999):
-        raise Discard("split / shard / num_shards out of range")
-    sources = _need(rec, "sources", dict)
-    if not all(isinstance(v, dict) for v in sources.values()):
-        raise Discard("sources is not {source: {documents, tokens}}")
-    sha = _need(rec, "sha256", str)
-    if not re.fullmatch(r"[0-9a-f]{64}", sha):
-        raise Discard("sha256 is not a hex digest")
-    nested = {}
-    for key in _SHARD_NESTED_TABLES:
-        table = _need(rec, key, dict)
-        nested[key] = {str(k): _counts(v) for k, v in table.items()}
-    return stages.ShardResult(
-        task, io_utils.join(data_dir, task.file_name), *(_need(rec, k, int) for k in _SHARD_INTS[:5]), sha,
-        sources={k: _counts(v) for k, v in sources.items()},
-        **{k: _counts(rec.get(k)) for k in _SHARD_COUNT_TABLES},
-        ids_path=io_utils.join(staging_dir, "ids", task.file_name + ".ids"), ids_count=_need(rec, "ids_count", int),
-        source_stats=_json_tree(rec.get("source_stats", {})), packing=_json_tree(rec.get("packing", {})), **nested)
+    return [layout.shard_file(file_name), layout.shard_ids(file_name)]
 
 
 # ------------------------------------------------------------------------------------------ the markers
@@ -284,7 +152,7 @@ def backend_key(plan) -> str:
     """What about the tokenizer backend decides the bytes of a unit (and of everything made from units): its
     name, versions and proven-equal domain (transforms/tokenize/tokenizer_backends.py BackendChoice.resume_key).
     Not in the generation's fingerprint (shards are byte-identical across exact backends), so it is in every
-    marker but a split's, and a marker of another backend is never reused."""
+    marker but a cut's, and a marker of another backend is never reused."""
     choice = getattr(plan, "tokenizer_backend", None)
     return "" if choice is None else choice.resume_key
 
@@ -327,28 +195,28 @@ def _write_marker(staging_dir: str, data_dir: str, generation: str, name: str, r
                   known: Optional[dict] = None, backend: str = "") -> None:
     marker = {"fingerprint": generation, "name": name, "result": record,
               "files": _file_rows(files, staging_dir, data_dir, known)}
-    if not name.startswith("split-"):
+    if not name.startswith("cut-"):
         marker["backend"] = backend
     io_utils.write_bytes(marker_path(staging_dir, name), json.dumps(marker, sort_keys=True).encode("utf-8"))
 
 
-def mark_unit(plan, unit: "stages.UnitResult") -> None:
+def mark_unit(plan, unit: UnitResult) -> None:
     """After every file of the unit is written: its completion marker, last."""
-    _write_marker(plan.staging_dir, plan.data_dir, plan.generation, unit_marker_name(unit.name), unit_record(unit),
+    _write_marker(plan.staging_dir, plan.data_dir, plan.generation, unit_marker_name(unit.name), unit.to_json(),
                   _unit_files(unit.name, unit.dead_letter_path is not None, signs_units(plan)),
                   backend=backend_key(plan))
 
 
-def mark_split(plan, out: SplitOutput) -> None:
+def mark_cut(plan, out: CutOutput) -> None:
     r = out.result
-    _write_marker(plan.staging_dir, plan.data_dir, plan.generation, split_marker_name(r.file_idx), split_record(out),
-                  _split_files(r.file_idx, len(r.chunks), r.dead_letter_path is not None, r.spilled))
+    _write_marker(plan.staging_dir, plan.data_dir, plan.generation, cut_marker_name(r.file_idx), out.to_json(),
+                  _cut_files(r.file_idx, len(r.chunks), r.dead_letter_path is not None, r.spilled))
 
 
-def mark_pack(plan, result: "stages.ShardResult") -> None:
+def mark_pack(plan, result: ShardResult) -> None:
     """After the shard and its kept-ids file are written: its completion marker, last."""
     _write_marker(plan.staging_dir, plan.data_dir, plan.generation, pack_marker_name(result.task),
-                  shard_record(result), _pack_files(result.task.file_name),
+                  result.to_json(), _pack_files(result.task.file_name),
                   known={(DATA, result.task.file_name): (result.bytes, result.sha256)}, backend=backend_key(plan))
 
 
@@ -372,34 +240,34 @@ def _read_marker(plan, name: str) -> dict:
     try:
         marker = json.loads(io_utils.read_bytes(marker_path(plan.staging_dir, name)))
     except (OSError, ValueError) as e:
-        raise Discard(f"unreadable ({type(e).__name__})") from None
+        raise BadRecord(f"unreadable ({type(e).__name__})") from None
     if not isinstance(marker, dict) or not isinstance(marker.get("result"), dict):
-        raise Discard("not a marker")
+        raise BadRecord("not a marker")
     if marker.get("fingerprint") != plan.generation:
-        raise Discard(f"fingerprint {str(marker.get('fingerprint'))[:40]!r} is not this run's {plan.generation}")
+        raise BadRecord(f"fingerprint {str(marker.get('fingerprint'))[:40]!r} is not this run's {plan.generation}")
     if marker.get("name") != name:
-        raise Discard("its name does not match its file name")
-    if not name.startswith("split-"):
+        raise BadRecord("its name does not match its file name")
+    if not name.startswith("cut-"):
         made_by = marker.get("backend")
         if made_by != backend_key(plan):
             # a backend that failed a spot check is never this run's (plan.py passes failed_backends to the
             # choice), so its units are discarded here too
-            raise Discard(f"made by tokenizer backend {str(made_by)[:80]!r}, not this run's")
+            raise BadRecord(f"made by tokenizer backend {str(made_by)[:80]!r}, not this run's")
     return marker
 
 
-def load_unit(plan, unit_name: str) -> Optional["stages.UnitResult"]:
+def load_unit(plan, unit_name: str) -> Optional[UnitResult]:
     """A reusable unit's result, its files' sha256 checked here; None (with the note) when one does not match."""
     marker = _checked_on_worker(plan, unit_marker_name(unit_name))
-    return None if marker is None else unit_from_record(marker["result"], plan.staging_dir, plan.data_dir)
+    return None if marker is None else UnitResult.from_json(marker["result"], Layout(plan.staging_dir, plan.data_dir))
 
 
-def load_pack(plan, task: "stages.ShardTask") -> Optional["stages.ShardResult"]:
+def load_pack(plan, task: ShardTask) -> Optional[ShardResult]:
     """A reusable packed shard's result (its files' sha256 checked here); None when it is not reusable."""
     marker = _checked_on_worker(plan, pack_marker_name(task))
     if marker is None:
         return None
-    result = shard_from_record(marker["result"], plan.staging_dir, plan.data_dir)
+    result = ShardResult.from_json(marker["result"], Layout(plan.staging_dir, plan.data_dir))
     if result.task != task:
         LOG.warning("resume: discarded the finished %s (it describes another shard); it is redone",
                     pack_marker_name(task))
@@ -407,7 +275,7 @@ def load_pack(plan, task: "stages.ShardTask") -> Optional["stages.ShardResult"]:
     return result
 
 
-def pack_once(plan, task: "stages.ShardTask", pack) -> Optional["stages.ShardResult"]:
+def pack_once(plan, task: ShardTask, pack) -> Optional[ShardResult]:
     """An earlier run's shard when the driver found its marker and its files still check, else `pack()` (None
     when the driver cancelled the run), marked once written; counted either way. The packers of both shuffles
     (pipeline/shard/shard_pipeline.py PackShard, pipeline/shard/runner_shuffle.py PackGroupedShard) call this."""
@@ -423,7 +291,7 @@ def pack_once(plan, task: "stages.ShardTask", pack) -> Optional["stages.ShardRes
     return result
 
 
-def count_packed(plan, result: "stages.ShardResult", reused: bool) -> None:
+def count_packed(plan, result: ShardResult, reused: bool) -> None:
     """A packed shard's counters: Beam's (examples, shards packed or reused) and a progress marker (runners
     without live metrics; pipeline/ops/progress.py)."""
     what = "shards_reused" if reused else "shards_packed"
@@ -432,21 +300,21 @@ def count_packed(plan, result: "stages.ShardResult", reused: bool) -> None:
     progress.write_marker(plan.staging_dir, pack_marker_name(result.task), {what: 1})
 
 
-def load_split(plan, file_idx: int, spilled: bool = True) -> Optional[SplitOutput]:
-    """A reusable split of input file `file_idx` made the way this run needs it (`spilled`: with its chunk files
+def load_cut(plan, file_idx: int, spilled: bool = True) -> Optional[CutOutput]:
+    """A reusable cut of input file `file_idx` made the way this run needs it (`spilled`: with its chunk files
     in staging, for a tokenize stage that reads them; else with its chunks tokenized as they were cut); None
-    otherwise, and the file is split again."""
-    name = split_marker_name(file_idx)
-    try:  # the kind first, from the marker alone: a spilled split's chunk files are not hashed for nothing
+    otherwise, and the file is cut again."""
+    name = cut_marker_name(file_idx)
+    try:  # the kind first, from the marker alone: a spilled cut's chunk files are not hashed for nothing
         made_spilled = _read_marker(plan, name)["result"].get("spilled", True)
-    except Discard:
+    except BadRecord:
         made_spilled = spilled  # _checked_on_worker notes why and discards it
     if made_spilled != spilled:
-        LOG.info("resume: the finished %s was split %s chunk files; it is split again", name,
+        LOG.info("resume: the finished %s was cut %s chunk files; it is cut again", name,
                  "into" if made_spilled else "without")
         return None
     marker = _checked_on_worker(plan, name)
-    return None if marker is None else split_from_record(marker["result"], plan.staging_dir, plan.data_dir)
+    return None if marker is None else CutOutput.from_json(marker["result"], Layout(plan.staging_dir, plan.data_dir))
 
 
 def _checked_on_worker(plan, name: str) -> Optional[dict]:
@@ -454,7 +322,7 @@ def _checked_on_worker(plan, name: str) -> Optional[dict]:
     checked by the worker that reuses it, so those reads are spread over the workers like the work itself."""
     try:
         return check_marker(plan, name, hashes=True)
-    except Discard as e:
+    except BadRecord as e:
         LOG.warning("resume: discarded the finished %s (%s); it is redone", name, e)
         _delete_file(marker_path(plan.staging_dir, name))
         return None
@@ -471,31 +339,31 @@ def _size(path: str) -> int:
 
 def check_marker(plan, name: str, hashes: bool = False) -> dict:
     """Marker `name`, unless it is not this run's, does not describe the work this plan would do, or a file it
-    names is missing or not of its recorded size (with `hashes`, sha256 too): then Discard with the reason."""
+    names is missing or not of its recorded size (with `hashes`, sha256 too): then BadRecord with the reason."""
     marker = _read_marker(plan, name)
     rec = marker["result"]
     if name == NEAR_DEDUP:
         return _check_files(plan, marker, _near_dedup_files(marker), hashes)
     if name.startswith("pack-"):
-        shard = shard_from_record(rec, plan.staging_dir, plan.data_dir)
+        shard = ShardResult.from_json(rec, Layout(plan.staging_dir, plan.data_dir))
         if pack_marker_name(shard.task) != name:
-            raise Discard("the shard it describes has another name")
+            raise BadRecord("the shard it describes has another name")
         return _check_files(plan, marker, _pack_files(shard.task.file_name), hashes)
     if name.startswith("unit-"):
-        unit = unit_from_record(rec, plan.staging_dir, plan.data_dir)
+        unit = UnitResult.from_json(rec, Layout(plan.staging_dir, plan.data_dir))
         if unit_marker_name(unit.name) != name:
-            raise Discard("the unit it describes has another name")
+            raise BadRecord("the unit it describes has another name")
         file_idx, input_path = unit.file_idx, unit.input_path
         expected = _unit_files(unit.name, unit.dead_letter_path is not None, signs_units(plan))
     else:
-        split = split_from_record(rec, plan.staging_dir, plan.data_dir)
-        file_idx, input_path = split.result.file_idx, split.result.input_path
-        if split_marker_name(file_idx) != name:
-            raise Discard("the input file it describes has another index")
-        expected = _split_files(file_idx, len(split.result.chunks), split.result.dead_letter_path is not None,
-                                split.result.spilled)
+        cut = CutOutput.from_json(rec, Layout(plan.staging_dir, plan.data_dir))
+        file_idx, input_path = cut.result.file_idx, cut.result.input_path
+        if cut_marker_name(file_idx) != name:
+            raise BadRecord("the input file it describes has another index")
+        expected = _cut_files(file_idx, len(cut.result.chunks), cut.result.dead_letter_path is not None,
+                              cut.result.spilled)
     if not 0 <= file_idx < len(plan.ledger) or plan.ledger[file_idx].path != input_path:
-        raise Discard(f"input file #{file_idx} is not {input_path[:200]!r} in this run's ledger")
+        raise BadRecord(f"input file #{file_idx} is not {input_path[:200]!r} in this run's ledger")
     return _check_files(plan, marker, expected, hashes)
 
 
@@ -504,34 +372,34 @@ def _near_dedup_files(marker: dict) -> list:
     staging or in the partial generation, the removals list and the summary among them (never a path elsewhere)."""
     rows = marker.get("files")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise Discard("no file list")
+        raise BadRecord("no file list")
     files = [(r.get("root"), r.get("path")) for r in rows]
     for root, path in files:
         if root not in (STAGING, DATA) or not isinstance(path, str) or not _NEAR_DEDUP_FILE.fullmatch(path) \
                 or ".." in path:
-            raise Discard(f"{str(path)[:80]!r} is not a file the near-dedup stage writes")
+            raise BadRecord(f"{str(path)[:80]!r} is not a file the near-dedup stage writes")
     if (STAGING, "near-dedup/removals.json") not in files or (DATA, "near-dedup/summary.json") not in files:
-        raise Discard("its files lack the removals list or the summary")
+        raise BadRecord("its files lack the removals list or the summary")
     return files
 
 
 def _check_files(plan, marker: dict, expected: list, hashes: bool) -> dict:
     """`marker`, when it lists exactly the `expected` files and each has its recorded size (sha256 too with
-    `hashes`); else Discard naming the first that does not."""
+    `hashes`); else BadRecord naming the first that does not."""
     rows = marker.get("files")
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
-        raise Discard("no file list")
+        raise BadRecord("no file list")
     if [(r.get("root"), r.get("path")) for r in rows] != expected:
-        raise Discard("its files are not the ones its unit writes")
+        raise BadRecord("its files are not the ones its unit writes")
     for r in rows:
         path = _root_path(r["root"], plan.staging_dir, plan.data_dir, r["path"])
         try:
             size, sha = sha256_file(path, opener=io_utils.open_read) if hashes else (_size(path), None)
         except OSError:
-            raise Discard(f"{r['path']} is missing") from None
+            raise BadRecord(f"{r['path']} is missing") from None
         if size != r.get("bytes") or (hashes and sha != r.get("sha256")):
             found = f"{size} bytes" + (f", sha256 {sha[:12]}…" if hashes else "")
-            raise Discard(f"{r['path']} is damaged ({found}; the marker says {r.get('bytes')} bytes, sha256 "
+            raise BadRecord(f"{r['path']} is damaged ({found}; the marker says {r.get('bytes')} bytes, sha256 "
                           f"{str(r.get('sha256'))[:12]}…)")
     return marker
 
@@ -651,7 +519,7 @@ def reconcile(plan, enabled: bool = True, live=frozenset()) -> Resumed:
     def check(name):
         try:  # the near-dedup stage's files are read by no worker that could check them: sha256 here
             return name, check_marker(plan, name, hashes=name == NEAR_DEDUP), None
-        except Discard as e:
+        except BadRecord as e:
             return name, None, str(e)
 
     with ThreadPoolExecutor(CHECK_THREADS) as pool:
@@ -668,13 +536,13 @@ def reconcile(plan, enabled: bool = True, live=frozenset()) -> Resumed:
         _delete_file(marker_path(plan.staging_dir, name))
     notes += list(screened.notes)
     good = [n for n, _marker, why in results if why is None and n not in screened.discard]
-    resumed = Resumed(frozenset(n for n in good if n.startswith("split-")),
+    resumed = Resumed(frozenset(n for n in good if n.startswith("cut-")),
                       frozenset(n for n in good if n.startswith("unit-")), tuple(notes),
                       frozenset(n for n in good if n.startswith("pack-")), NEAR_DEDUP in good)
     for note in notes:
         LOG.warning("%s", note)
-    LOG.info("resume: %d split input file(s), %d tokenized unit(s) and %d packed shard(s) of an earlier run are "
-             "reused%s", len(resumed.splits), len(resumed.units), len(resumed.packs),
+    LOG.info("resume: %d cut input file(s), %d tokenized unit(s) and %d packed shard(s) of an earlier run are "
+             "reused%s", len(resumed.cuts), len(resumed.units), len(resumed.packs),
              ", and its near-dedup stage" if resumed.near_dedup else "")
     return resumed
 
@@ -683,20 +551,20 @@ def reconcile(plan, enabled: bool = True, live=frozenset()) -> Resumed:
 class Kept:
     """What a failed run kept for the next one (`keep_finished`)."""
     units: int = 0
-    splits: int = 0
+    cuts: int = 0
     shards: int = 0
     near_dedup: bool = False
 
     def __bool__(self) -> bool:
-        return bool(self.units or self.splits or self.shards or self.near_dedup)
+        return bool(self.units or self.cuts or self.shards or self.near_dedup)
 
     def describe(self) -> str:
         """'3 finished units and 2 packed shards', for the CLI's one line ('' for nothing)."""
         parts = [f"{n} {what}{'s' * (n != 1)}" for n, what in ((self.units, "finished unit"),
                                                                  (self.shards, "packed shard")) if n]
         parts += ["the near-dedup stage"] if self.near_dedup else []
-        if not parts and self.splits:
-            parts = [f"{self.splits} split input file{'s' * (self.splits != 1)}"]
+        if not parts and self.cuts:
+            parts = [f"{self.cuts} cut input file{'s' * (self.cuts != 1)}"]
         return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
@@ -728,18 +596,18 @@ def keep_finished(plan) -> Kept:
     records = [io_utils.join(staging, FAILED_BACKENDS_DIR, p.rsplit("/", 1)[-1])
                for p in _failed_backend_records(staging)]
     keep.update(records)
-    counts = {"unit-": 0, "split-": 0, "pack-": 0, "near-": 0}
+    counts = {"unit-": 0, "cut-": 0, "pack-": 0, "near-": 0}
     for name in names:
         try:
             marker = check_marker(plan, name)
-        except Discard:
+        except BadRecord:
             continue
         keep.add(marker_path(staging, name))
-        if name.startswith(("unit-f", "split-f")):  # its input's recorded sha256 (pipeline/shard/input_digests.py)
+        if name.startswith(("unit-f", "cut-f")):  # its input's recorded sha256 (pipeline/shard/input_digests.py)
             keep.add(input_digests.record_path(staging, int(name.split("-f", 1)[1][:6])))
         keep.update(_root_path(r["root"], staging, data, r["path"]) for r in marker["files"])
         counts[name[: name.index("-") + 1]] += 1
-    kept = Kept(counts["unit-"], counts["split-"], counts["pack-"], bool(counts["near-"]))
+    kept = Kept(counts["unit-"], counts["cut-"], counts["pack-"], bool(counts["near-"]))
     if not kept and not records:
         io_utils.delete_tree(staging)
         io_utils.delete_tree(data)

@@ -14,7 +14,7 @@ from apache_beam.metrics import Metrics
 
 from pipeline.beam_glue import PlanDoFn
 from pipeline.shard import cancel, resume
-from transforms.shard import shard_shuffle, stages
+from transforms.shard import pack, shard_shuffle
 
 
 def unit_elements(units: list, tasks: list, dedup) -> list:
@@ -52,14 +52,15 @@ class EmitPieces(PlanDoFn):
 
 
 class PackGroupedShard(PlanDoFn):
-    """One shard from its grouped pieces: the file spill's packer (stages.pack_shard) given the merged rows."""
+    """One shard from its grouped pieces: the file spill's packer (transforms/shard/pack.py pack_shard) given the
+    merged rows."""
 
     def process(self, key_and_values):
         key, values = key_and_values
         task, dedup, pieces, gathered = shard_shuffle.gather_pieces(key, values)
         t = self.plan.contract.tokenizer
         cfg = self.plan.config
-        result = cancel.call(resume.pack_once, self.plan, task, lambda: stages.pack_shard(
+        result = cancel.call(resume.pack_once, self.plan, task, lambda: pack.pack_shard(
             task, pieces, cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir, dedup, self.plan.staging_dir,
             cfg.mixture_weights, cfg.seed, gathered, packing=cfg.packing, packing_window=cfg.packing_window))
         if result is not None:  # None: the driver cancelled the run (pipeline/shard/cancel.py)

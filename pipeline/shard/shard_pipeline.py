@@ -1,7 +1,8 @@
 """The shard job: inputs → chunks → tokenized units → packed TFRecord shards → manifest (written last).
 
-Wiring only; the work is in transforms/shard/stages.py. Bulk data moves through files in the staging directory,
-elements are small descriptors, and every name and order is derived from the input and config, so the
+Wiring only; the work is in transforms/shard/ (cut.py, tokenize_unit.py, exact_dedup.py, pack.py; the records
+they hand each other in records.py). Bulk data moves through files in the staging directory, elements are small
+descriptors, and every name and order is derived from the input and config, so the
 output is byte-identical whatever the runner or the number of workers.
 
 The driver's steps are elsewhere, one job each: pipeline/shard/preflight.py (checks), pipeline/shard/plan.py
@@ -33,11 +34,11 @@ from pipeline.ops import commit, guards, progress, runlog, runners
 from pipeline.ops import generations
 from pipeline.shard import (cancel, input_digests, integrity, near_dedup_graph, near_dedup_settings, preflight, resume,
                             runner_shuffle, unit_plan)
-from pipeline.shard.records import CommitParts, InputFile, SplitOutput, TokenizedFile
 from pipeline.shard.manifest_builder import build_manifest, shard_write_tasks
 from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model  # noqa: F401 - the job's public names
 from pipeline.shard import plan as shard_plan
-from transforms.shard import corpus_stats, stages
+from transforms.shard import corpus_stats, cut, exact_dedup, pack, tokenize_unit
+from transforms.shard.records import CommitParts, CutOutput, CutResult, InputFile, TokenizedFile, UnitResult
 from transforms.io import io_utils, memory
 from transforms.io.filesystem_options import set_filesystem_options
 from transforms.tokenize import tokenizer, tokenizer_backends, worker_cache
@@ -46,48 +47,49 @@ LOG = logging.getLogger("pileprep.shard")
 
 
 def _cut_options(cfg) -> dict:
-    """The config's arguments for cutting an input file (transforms/shard/stages.py InputCutter)."""
+    """The config's arguments for cutting an input file (transforms/shard/cut.py InputCutter)."""
     return {"unit_bytes": cfg.unit_bytes, "max_line_bytes": cfg.max_line_bytes,
             "max_zstd_window_bytes": cfg.max_zstd_window_bytes, "fields": (cfg.text_field, *cfg.source_fields)}
 
 
-def _marked_split(plan: JobPlan, result: "stages.SplitResult", digest: InputFile) -> SplitOutput:
-    """A file's split with the digest of the input recorded before it was cut (pipeline/shard/input_digests.py),
+def _marked_cut(plan: JobPlan, result: CutResult, digest: InputFile) -> CutOutput:
+    """A file's cut with the digest of the input recorded before it was cut (pipeline/shard/input_digests.py),
     its completion marker written."""
-    output = SplitOutput(result, digest)
-    resume.mark_split(plan, output)
+    output = CutOutput(result, digest)
+    resume.mark_cut(plan, output)
     return output
 
 
-def _count_split(plan: JobPlan, output: SplitOutput) -> None:
-    """A split file's counters: Beam's and a progress marker (runners without live metrics)."""
+def _count_cut(plan: JobPlan, output: CutOutput) -> None:
+    """A cut file's counters: Beam's and a progress marker (runners without live metrics)."""
     Metrics.counter("pileprep", "input_files").inc()
     Metrics.counter("pileprep", "input_bytes").inc(output.digest.bytes)
-    progress.write_marker(plan.staging_dir, f"split-f{output.result.file_idx:06d}", {
+    # "split_raw_bytes": pipeline/ops/progress.py's key (the run log's progress event sums it)
+    progress.write_marker(plan.staging_dir, resume.cut_marker_name(output.result.file_idx), {
         "input_files": 1, "input_bytes": output.digest.bytes,
         "split_raw_bytes": sum(c.raw_bytes for c in output.result.chunks)})
 
 
-class SplitInputFile(PlanDoFn):
-    """Cuts one input file into line-aligned chunks in staging; yields a SplitOutput."""
+class CutInputFile(PlanDoFn):
+    """Cuts one input file into line-aligned chunks in staging; yields a CutOutput."""
 
     def process(self, element):
         # Every write of the call, its progress marker included, happens inside cancel.call: once the driver
         # has cancelled the run and seen no call running, nothing writes into the staging it removes.
-        output = cancel.call(self._split, *element)
+        output = cancel.call(self._cut, *element)
         if output is not None:  # None: the driver cancelled the run (pipeline/shard/cancel.py)
             yield output
 
-    def _split(self, file_idx: int, path: str, chunk_bytes: Optional[int] = None) -> SplitOutput:
+    def _cut(self, file_idx: int, path: str, chunk_bytes: Optional[int] = None) -> CutOutput:
         output = None
-        if resume.split_marker_name(file_idx) in self.plan.resumed_splits:  # an earlier run's (resume.py)
-            output = resume.load_split(self.plan, file_idx)  # None: a file did not match its sha256
+        if resume.cut_marker_name(file_idx) in self.plan.resumed_cuts:  # an earlier run's (resume.py)
+            output = resume.load_cut(self.plan, file_idx)  # None: a file did not match its sha256
         if output is None:
             digest = input_digests.mark_input(self.plan, file_idx, path)
-            output = _marked_split(self.plan, stages.split_input_file(
+            output = _marked_cut(self.plan, cut.cut_input_file(
                 file_idx, path, self.plan.staging_dir, self.plan.data_dir, check_cancelled=cancel.check,
                 chunk_bytes=chunk_bytes, **_cut_options(self.plan.config)), digest)
-        _count_split(self.plan, output)
+        _count_cut(self.plan, output)
         return output
 
 
@@ -112,9 +114,9 @@ class TokenizeChunk(PlanDoFn):
                    getattr(cfg, "max_pretoken_mb", None))
         self.sp, self.byte_mask, long_docs = worker_cache.cached(model_bytes, options, lambda: self._load(model_bytes))
         self.dtype = tokenizer.token_dtype(self.plan.contract.tokenizer.vocab_size)
-        self.settings = stages.TokenizeSettings(cfg.text_field, tuple(cfg.source_fields), cfg.val_fraction,
-                                                cfg.test_fraction, cfg.seed, self.plan.input_splits, long_docs,
-                                                near_dedup_settings.tokenize_signing(cfg))
+        self.settings = tokenize_unit.TokenizeSettings(
+            cfg.text_field, tuple(cfg.source_fields), cfg.val_fraction, cfg.test_fraction, cfg.seed,
+            self.plan.input_splits, long_docs, near_dedup_settings.tokenize_signing(cfg))
 
     def _load(self, model_bytes: bytes) -> tuple:
         cfg = self.plan.config
@@ -128,18 +130,18 @@ class TokenizeChunk(PlanDoFn):
         if unit is not None:
             yield unit
 
-    def _tokenize(self, chunk) -> "stages.UnitResult":
+    def _tokenize(self, chunk) -> UnitResult:
         unit = None
         if resume.unit_marker_name(chunk.unit_name) in self.plan.resumed_units:  # finished by an earlier run
             unit = resume.load_unit(self.plan, chunk.unit_name)  # None: a file did not match (pipeline/shard/resume.py)
         reused = unit is not None
         if not reused:
-            unit = self._marked(lambda: stages.tokenize_chunk(
+            unit = self._marked(lambda: tokenize_unit.tokenize_chunk(
                 chunk, self.sp, self.dtype, self.settings, self.plan.staging_dir, self.plan.data_dir, self.byte_mask,
                 cancel.check))
         return self._count(unit, chunk, reused)
 
-    def _marked(self, tokenize) -> "stages.UnitResult":
+    def _marked(self, tokenize) -> UnitResult:
         """`tokenize()`'s unit, marked finished. A failed spot check is recorded in the staging first
         (pipeline/shard/resume.py mark_backend_failed; the driver's keep_finished keeps the record): no later run
         of this generation picks this backend again or reuses a unit it made. Both tokenize graphs come here."""
@@ -151,7 +153,7 @@ class TokenizeChunk(PlanDoFn):
         resume.mark_unit(self.plan, unit)
         return unit
 
-    def _count(self, unit: "stages.UnitResult", chunk, reused: bool) -> "stages.UnitResult":
+    def _count(self, unit: UnitResult, chunk, reused: bool) -> UnitResult:
         """A unit's counters: Beam's and a progress marker (runners without live metrics)."""
         (self.units_reused if reused else self.units_tokenized).inc()
         self.documents.inc(unit.n_docs)
@@ -165,54 +167,54 @@ class TokenizeChunk(PlanDoFn):
         return unit
 
 
-class SplitAndTokenizeFile(TokenizeChunk):
+class CutAndTokenizeFile(TokenizeChunk):
     """Cuts one input file into chunks and tokenizes each as it is cut, in this worker: the chunks never go
-    through staging (transforms/shard/stages.py InputCutter). For graphs where a file's chunks would stay on the
+    through staging (transforms/shard/cut.py InputCutter). For graphs where a file's chunks would stay on the
     worker that cut them anyway (`spread_chunks_needed` false) and nothing reads the chunks later (no near-dedup
     stage): the zstd spill and its read back were ~6% of the 384 MB bench job's CPU (docs/BENCHMARKS.md).
 
-    Same units, names and bytes as SplitInputFile + TokenizeChunk. Resume: each unit is marked as it is
-    written and the file's split (chunk sizes, digest, damage) once all are; a rerun reuses a file whose split
+    Same units, names and bytes as CutInputFile + TokenizeChunk. Resume: each unit is marked as it is
+    written and the file's cut (chunk sizes, digest, damage) once all are; a rerun reuses a file whose cut
     and units are all marked without reading it, and otherwise reads it again and tokenizes only the chunks
     whose units are not (pipeline/shard/resume.py)."""
 
     def process(self, element):
-        tokenized = cancel.call(self._split_and_tokenize, *element)
+        tokenized = cancel.call(self._cut_and_tokenize, *element)
         if tokenized is not None:  # None: the driver cancelled the run (pipeline/shard/cancel.py)
             yield tokenized
 
-    def _split_and_tokenize(self, file_idx: int, path: str, chunk_bytes: Optional[int] = None) -> TokenizedFile:
+    def _cut_and_tokenize(self, file_idx: int, path: str, chunk_bytes: Optional[int] = None) -> TokenizedFile:
         reused = self._reuse(file_idx)
         if reused is not None:
             output, units = reused[0], [self._count(u, c, True) for u, c in zip(reused[1], reused[0].result.chunks)]
         else:
             digest = input_digests.mark_input(self.plan, file_idx, path)
-            cutter = stages.InputCutter(file_idx, path, check_cancelled=cancel.check, chunk_bytes=chunk_bytes,
-                                        **_cut_options(self.plan.config))
+            cutter = cut.InputCutter(file_idx, path, check_cancelled=cancel.check, chunk_bytes=chunk_bytes,
+                                     **_cut_options(self.plan.config))
             units = [self._tokenize_records(chunk, records) for chunk, records in cutter.chunks()]
-            output = _marked_split(self.plan, cutter.finish(self.plan.data_dir, list(cutter.refs), spilled=False),
-                                   digest)
-        _count_split(self.plan, output)
+            output = _marked_cut(self.plan, cutter.finish(self.plan.data_dir, list(cutter.refs), spilled=False),
+                                 digest)
+        _count_cut(self.plan, output)
         return TokenizedFile(output, tuple(units))
 
     def _reuse(self, file_idx: int) -> Optional[tuple]:
-        """(split, its units) when an earlier run finished the whole file this way and every file checks."""
-        if resume.split_marker_name(file_idx) not in self.plan.resumed_splits:
+        """(cut, its units) when an earlier run finished the whole file this way and every file checks."""
+        if resume.cut_marker_name(file_idx) not in self.plan.resumed_cuts:
             return None
-        output = resume.load_split(self.plan, file_idx, spilled=False)
+        output = resume.load_cut(self.plan, file_idx, spilled=False)
         if output is None or not all(resume.unit_marker_name(c.unit_name) in self.plan.resumed_units
                                      for c in output.result.chunks):
             return None
         units = [resume.load_unit(self.plan, c.unit_name) for c in output.result.chunks]
         return None if any(u is None for u in units) else (output, units)
 
-    def _tokenize_records(self, chunk, records) -> "stages.UnitResult":
+    def _tokenize_records(self, chunk, records) -> UnitResult:
         unit = None
         if resume.unit_marker_name(chunk.unit_name) in self.plan.resumed_units:  # finished by an earlier run
             unit = resume.load_unit(self.plan, chunk.unit_name)
         reused = unit is not None
         if not reused:
-            unit = self._marked(lambda: stages.tokenize_records(
+            unit = self._marked(lambda: tokenize_unit.tokenize_records(
                 chunk, records, self.sp, self.dtype, self.settings, self.plan.staging_dir, self.plan.data_dir,
                 self.byte_mask, cancel.check))
         return self._count(unit, chunk, reused)
@@ -229,7 +231,7 @@ class PackShard(PlanDoFn):
         task, units_path, dedup = task_and_units_path
         t = self.plan.contract.tokenizer
         cfg = self.plan.config
-        result = cancel.call(resume.pack_once, self.plan, task, lambda: stages.pack_shard(
+        result = cancel.call(resume.pack_once, self.plan, task, lambda: pack.pack_shard(
             task, self._units(units_path), cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir, dedup,
             self.plan.staging_dir, cfg.mixture_weights, cfg.seed, packing=cfg.packing,
             packing_window=cfg.packing_window))
@@ -242,20 +244,20 @@ def _sorted_units(units):
 
 
 def _index_doc_ids(shard_results, plan: JobPlan) -> tuple:
-    id_index = stages.write_generation_id_index(shard_results, plan.data_dir)
+    id_index = exact_dedup.write_generation_id_index(shard_results, plan.data_dir)
     io_utils.fsync_files([id_index[0]])  # durable before the manifest that references it (pipeline/ops/commit.py)
     return id_index
 
 
 def _commit(grouped, plan: JobPlan):
-    """The commit point: one element holding every stage's results (pipeline/shard/records.py CommitParts)."""
+    """The commit point: one element holding every stage's results (transforms/shard/records.py CommitParts)."""
     apply_filesystem_options(plan.filesystem_options)
     parts = CommitParts.gather(grouped)
-    split_outputs = sorted(parts.splits, key=lambda s: s.result.file_idx)
-    split_results = [s.result for s in split_outputs]
-    digests = [s.digest for s in split_outputs]
+    cut_outputs = sorted(parts.cuts, key=lambda s: s.result.file_idx)
+    cut_results = [s.result for s in cut_outputs]
+    digests = [s.digest for s in cut_outputs]
     manifest = build_manifest(plan.config, plan.contract, plan.ledger, plan.generation, plan.config.output,
-                              split_results, _sorted_units(parts.units), parts.shards)
+                              cut_results, _sorted_units(parts.units), parts.shards)
     guards.check_dead_letter_rate(manifest.records, plan.config.max_dead_letter_fraction)
     manifest = integrity.add_integrity_sections(manifest, plan.config.output, plan.generation, parts.shards,
                                                 _index_doc_ids(parts.shards, plan))
@@ -267,7 +269,7 @@ def _commit(grouped, plan: JobPlan):
     manifest.kind = commit.KIND_DATASET  # checked before any commit into this output (ops/commit.py)
     if plan.tokenizer_backend is not None:  # how this generation was tokenized; the only backend-dependent field
         manifest.extra["tokenizer_backend"] = plan.tokenizer_backend.to_manifest(
-            stages.spot_check_totals(parts.units))
+            tokenize_unit.spot_check_totals(parts.units))
     commit.commit_dataset(plan.config.output, manifest,
                           None if previous is None else previous.generation, plan.staging_dir,
                           previous, plan.config.keep_generations)
@@ -298,8 +300,8 @@ def _units_tasks_dedup(units, plan: "JobPlan") -> tuple:
     units = _sorted_units(units)
     # Cross-split dedup needs every held-out id before any shard is packed: one global pass over the units'
     # (small) held-out key ranges here, where all units meet; packers skip ids a winning split or a committed
-    # generation holds (stages.DedupInputs: a few paths, cheap to carry in every task).
-    dedup = dataclasses.replace(stages.index_held_out_ids(units, plan.staging_dir),
+    # generation holds (transforms/shard/records.py DedupInputs: a few paths, cheap to carry in every task).
+    dedup = dataclasses.replace(exact_dedup.index_held_out_ids(units, plan.staging_dir),
                                 committed=plan.committed_id_indexes)
     return units, shard_write_tasks(units, plan.config), dedup
 
@@ -315,16 +317,16 @@ def shuffle_for(p: beam.Pipeline, plan: "JobPlan") -> str:
 
 
 def spread_chunks_needed(plan: JobPlan, options: PipelineOptions) -> bool:
-    """Whether the chunks of one input file need their own redistribution step after the split stage.
+    """Whether the chunks of one input file need their own redistribution step after the cut stage.
 
     The step lets the chunks of a big file tokenize on many workers, which the Pile's 30 files of ~14 GB need.
-    It also makes the split stage a barrier: no worker tokenizes until every file is cut. On the local runner
+    It also makes the cut stage a barrier: no worker tokenizes until every file is cut. On the local runner
     with at least 4 files per worker and none much bigger than the rest (pipeline/shard/unit_plan.py
     whole_files_balance), whole files already keep every worker busy, so the step is left out and each worker
     tokenizes a file's chunks as soon as it has cut them (the stage fuses). DaskRunner gets the same rule with
     its cluster's worker threads (asked of the scheduler at `--dask_client_address`; Dask hands partitions to
     free workers, so whole files balance at least as well as FnApiRunner's round robin): at 96 MB on 2 workers
-    the spread cost a split barrier and hash-skewed tokenize tasks (docs/BENCHMARKS.md). Other remote runners,
+    the spread cost a cut barrier and hash-skewed tokenize tasks (docs/BENCHMARKS.md). Other remote runners,
     and Dask without an address, always keep it: their worker count is not known here. Output bytes are the
     same either way: names and order come from file and chunk indexes, never from placement.
     """
@@ -359,14 +361,14 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
     # The chunks go through staging where other workers tokenize them, or where the near-dedup stage reads them
     # again; else each file's chunks are tokenized by the worker that cuts them, as they are cut.
     if spread_chunks or near_dedup_settings.enabled(plan.config):
-        splits = files | "SplitIntoChunks" >> beam.ParDo(SplitInputFile(plan))
-        chunks = splits | "Chunks" >> beam.FlatMap(lambda s: s.result.chunks)
+        cuts = files | "CutIntoChunks" >> beam.ParDo(CutInputFile(plan))
+        chunks = cuts | "Chunks" >> beam.FlatMap(lambda s: s.result.chunks)
         if spread_chunks:
             chunks = chunks | "SpreadChunks" >> Spread(lambda c: (c.file_idx, c.chunk_idx))
         units = chunks | "Tokenize" >> beam.ParDo(TokenizeChunk(plan))
     else:
-        tokenized = files | "SplitAndTokenize" >> beam.ParDo(SplitAndTokenizeFile(plan))
-        splits = tokenized | "Splits" >> beam.Map(lambda t: t.split)
+        tokenized = files | "CutAndTokenize" >> beam.ParDo(CutAndTokenizeFile(plan))
+        cuts = tokenized | "Cuts" >> beam.Map(lambda t: t.cut)
         units = tokenized | "Units" >> beam.FlatMap(lambda t: t.units)
     # After tokenize (exact dedup is by id), before packing and repeats; left out when an earlier run of this
     # generation finished it (its marker checked with every file's sha256: pipeline/shard/resume.py), since the
@@ -387,7 +389,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
                   | "PlanShards" >> beam.FlatMap(_pack_tasks, plan)
                   | "SpreadShards" >> Spread(lambda tu: (tu[0].split, tu[0].shard))
                   | "PackShards" >> beam.ParDo(PackShard(plan)))
-    return ((splits, units, shards)  # told apart by type at the commit (pipeline/shard/records.py)
+    return ((cuts, units, shards)  # told apart by type at the commit (transforms/shard/records.py)
             | "GatherForCommit" >> beam.Flatten()
             | "CollectForCommit" >> GatherAll()
             | "CommitManifest" >> beam.Map(_commit, plan))
@@ -451,7 +453,7 @@ class ShardJob(job.Job):
         # when there is nothing to do (pipeline/shard/resume.py)
         found = resume.reconcile(plan, not self.config.no_resume, self.live_generations(committed))
         self.log.event("resume", **found.to_event())
-        return dataclasses.replace(plan, resumed_splits=found.splits, resumed_units=found.units,
+        return dataclasses.replace(plan, resumed_cuts=found.cuts, resumed_units=found.units,
                                    resumed_packs=found.packs, resumed_near_dedup=found.near_dedup)
 
     def decide(self, plan: JobPlan) -> job.Decision:

@@ -1,4 +1,4 @@
-"""How big the split stage cuts its chunks (the tokenize stage's work units): `--unit-mb`, subdivided when the
+"""How big the cut stage cuts its chunks (the tokenize stage's work units): `--unit-mb`, subdivided when the
 input is small next to it.
 
 A small input cut at `--unit-mb` alone gives a few units (one per file below 32 MiB), and the tokenize stage
@@ -15,7 +15,7 @@ worker count or the runner changes. The price: `UNITS_WANTED` is fixed at 4 unit
 a run with more workers than that on a small input gets fewer than 4 units per worker (lower `--unit-mb`).
 Sizing to the actual workers instead would make every marker of a killed run useless on a rerun with another
 worker count. Output bytes do not depend on the unit plan: shards are key ranges merged over all units
-(transforms/shard/stages.py pack_shard).
+(transforms/shard/pack.py pack_shard).
 """
 from __future__ import annotations
 
@@ -31,12 +31,12 @@ RAW_PER_COMPRESSED_BYTE = 3
 
 
 def raw_bytes_estimate(path: str, size: int) -> int:
-    """Raw bytes a ledger file is expected to give the split stage (chunks are cut on raw bytes)."""
+    """Raw bytes a ledger file is expected to give the cut stage (chunks are cut on raw bytes)."""
     return size * (1 if compression_of(path) == "none" else RAW_PER_COMPRESSED_BYTE)
 
 
 def units_estimate(ledger, chunk_bytes: int) -> int:
-    """Units the split stage is expected to cut at `chunk_bytes` (at least one per non-empty file)."""
+    """Units the cut stage is expected to cut at `chunk_bytes` (at least one per non-empty file)."""
     return sum(max(1, math.ceil(raw_bytes_estimate(e.path, e.size) / chunk_bytes)) for e in ledger if e.size)
 
 
@@ -52,7 +52,7 @@ def chunk_bytes_for(ledger, unit_bytes: int) -> int:
 
 def whole_files_balance(ledger, workers: int) -> bool:
     """Whether whole input files, dealt round robin to `workers` local workers, keep them evenly busy, so that
-    split and tokenize may fuse per file (pipeline/shard/shard_pipeline.py spread_chunks_needed): at least 4
+    cut and tokenize may fuse per file (pipeline/shard/shard_pipeline.py spread_chunks_needed): at least 4
     files per worker, and with more than one worker no file over half a worker's share of the raw bytes.
 
     A worker then waits at the stage's end for at most a fraction of a share. One 48 MB file among eight of

@@ -1,8 +1,9 @@
 """`pileprep env`: what is installed and active, for bug reports and for checking a worker image.
 
 The C varint codec (model_contract/_varint.c) is optional: an install without a compiler silently falls back to
-the numpy path, which is byte-identical but ~25x slower at encoding. This says which one runs; likewise for the
-C word-shingle path of --near-dedup (transforms/shard/_shingles.c, bit-identical to its numpy fallback).
+the numpy path, which is byte-identical but slower at encoding (docs/BENCHMARKS.md, "Varint codec"). This says
+which one runs; likewise for the C word-shingle path of --near-dedup (transforms/shard/_shingles.c, bit-identical
+to its numpy fallback).
 """
 from __future__ import annotations
 

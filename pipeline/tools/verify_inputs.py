@@ -1,4 +1,4 @@
-"""`pileprep verify --inputs`: what became of each sampled input document (pipeline/tools/verify.py samples and
+"""`pileprep verify --inputs`: what became of each sampled input document (pipeline/tools/verify_audit.py samples and
 re-tokenizes them; this module judges each one).
 
 A document of the inputs is, in the committed dataset, exactly one of:
@@ -212,7 +212,7 @@ def _removed(doc: Sampled, pieces: dict, removals: Removals, counts: collections
 
 def _keeper_accounted(row: dict, pieces: dict, removals: Removals) -> bool:
     """A near-duplicate's keeper is written, or was itself dropped by its source's weight (the mixture runs after
-    near-dedup, transforms/shard/stages.py)."""
+    near-dedup, transforms/shard/pack.py pack_shard)."""
     keeper = int(row.get("keeper", -1))
     if pieces.get(keeper):
         return True

@@ -5,7 +5,7 @@ does not choose it again, so none of the units it finished are reused. Guards th
 differs anyway.
 
 Both tokenize graphs (pipeline/shard/shard_pipeline.py spread_chunks_needed): 2 workers on these files spread
-the chunks (TokenizeChunk), 1 worker fuses split and tokenize (SplitAndTokenizeFile); both record the failure
+the chunks (TokenizeChunk), 1 worker fuses cut and tokenize (CutAndTokenizeFile); both record the failure
 (TokenizeChunk._marked) and the driver's resume.keep_finished keeps the record beside the finished units. The
 rerun's reconcile discards every unit the failed backend finished (another backend key) and reuses none."""
 from __future__ import annotations

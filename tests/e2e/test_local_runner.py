@@ -18,7 +18,7 @@ from pipeline.config import ShardConfig
 from pipeline.errors import RunError
 from pipeline.ops import runners
 from pipeline.shard import cancel, shard_pipeline
-from pipeline.shard.records import LedgerEntry
+from transforms.shard.records import LedgerEntry
 from tests.ops_fixtures import free_port
 
 

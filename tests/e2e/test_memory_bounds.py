@@ -141,23 +141,23 @@ def test_many_tiny_records_are_cut_into_bounded_chunks(tmp_path, tiny_tokenizer)
     main cut chunks by raw bytes alone, so 32 MiB of 1-byte lines was one chunk of 16 Mi records on one worker."""
     import numpy as np
 
-    from transforms.shard import stages
+    from transforms.shard import cut, tokenize_unit
     from transforms.tokenize import tokenizer
 
     path = tmp_path / "tiny.jsonl"
     path.write_bytes(b"x\n\n" * 7_000 + b'{"text": "a"}\n' * 7_000)
     unit_bytes = 512 << 10
-    result = stages.split_input_file(0, str(path), str(tmp_path / "st"), str(tmp_path / "data"), unit_bytes, MiB)
+    result = cut.cut_input_file(0, str(path), str(tmp_path / "st"), str(tmp_path / "data"), unit_bytes, MiB)
     assert sum(c.records for c in result.chunks) == 21_000
-    assert max(c.records for c in result.chunks) <= unit_bytes // stages.RECORD_OVERHEAD_BYTES + 1
+    assert max(c.records for c in result.chunks) <= unit_bytes // cut.RECORD_OVERHEAD_BYTES + 1
     sp = tokenizer.load_processor(pathlib.Path(tiny_tokenizer).read_bytes())
-    settings = stages.TokenizeSettings("text", ("meta.pile_set_name",), 0.0, 0.0, 0)
+    settings = tokenize_unit.TokenizeSettings("text", ("meta.pile_set_name",), 0.0, 0.0, 0)
     units = []
     for i, chunk in enumerate(result.chunks):
         if i == 0:
             tracemalloc.start()
         try:
-            units.append(stages.tokenize_chunk(chunk, sp, np.dtype("<u2"), settings, str(tmp_path / "st"),
+            units.append(tokenize_unit.tokenize_chunk(chunk, sp, np.dtype("<u2"), settings, str(tmp_path / "st"),
                                                str(tmp_path / "data")))
             peak = tracemalloc.get_traced_memory()[1]
         finally:

@@ -21,7 +21,7 @@ from pipeline.shard import near_dedup_graph, shard_pipeline
 from tests.corpus_fixtures import good_documents, pile_line, write_zst
 from tests.e2e.test_dask_runner import dask_cluster  # noqa: F401 - the module's Dask cluster fixture
 from tests.ops_fixtures import portable_args, portable_services, run_cli  # noqa: F401
-from transforms.shard import near_dedup, stages
+from transforms.shard import near_dedup, pack, tokenize_unit
 from transforms.shard.documents import document_id
 
 pytestmark = pytest.mark.timeout(300)
@@ -228,12 +228,12 @@ def test_a_rerun_after_a_failure_while_packing_skips_the_finished_near_dedup_sta
         twin = tmp_path / "twin"
         shard_pipeline.run(config(root, twin, tok, **kw), IN_MEMORY, progress_every_s=0)
     out = tmp_path / "out"
-    pack_shard = stages.pack_shard
+    pack_shard = pack.pack_shard
 
     def fail(*_args, **_kw):
         raise OSError(errno.EIO, "injected failure while packing")
 
-    monkeypatch.setattr(stages, "pack_shard", fail)
+    monkeypatch.setattr(pack, "pack_shard", fail)
     with pytest.raises(Exception, match="injected failure while packing"):
         shard_pipeline.run(config(root, out, tok, **kw), IN_MEMORY, progress_every_s=0)
     (staging,) = (out / "_staging").glob("gen-*[!s]")  # (not the .progress directory beside it)
@@ -243,7 +243,7 @@ def test_a_rerun_after_a_failure_while_packing_skips_the_finished_near_dedup_sta
     units = [json.loads(m.read_text()) for m in (staging / "done").glob("unit-*.json")]
     signed = [u for u in units if any(r["path"].endswith(".sigs") for r in u["files"])]
     assert units and len(signed) == (len(units) if signed_in_tokenize else 0)
-    monkeypatch.setattr(stages, "pack_shard", pack_shard)
+    monkeypatch.setattr(pack, "pack_shard", pack_shard)
 
     def stage_again(_self, _units):
         raise AssertionError("the near-dedup stage ran again")
@@ -277,7 +277,7 @@ def test_token_shingles_remove_verbatim_near_copies_from_the_token_ids(tmp_path,
 def test_signatures_from_the_tokenize_stage_and_from_the_c_path_write_the_same_bytes(tmp_path, tiny_tokenizer,
                                                                                      monkeypatch):
     """Word shingles without --near-dedup-verify or --decontaminate: the tokenize stage signs each document
-    while its text is in memory (stages.TokenizeSettings.near_dedup_params) and the near-dedup stage reads no
+    while its text is in memory (tokenize_unit.TokenizeSettings.near_dedup_params) and the near-dedup stage reads no
     text at all. The same bytes as signing re-read text in the near-dedup stage, and as the numpy path without
     the C extension (transforms/shard/_shingles.c). One input file holds no document (its unit has none)."""
     from pipeline.shard import near_dedup_graph

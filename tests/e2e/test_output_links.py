@@ -128,6 +128,6 @@ def test_a_resumable_staging_whose_generation_directory_is_a_link_is_discarded(t
     shutil.move(str(data), str(elsewhere))
     os.symlink(elsewhere, data)  # the killed run's partial generation, now a link
     found = resume.reconcile(plan)
-    assert found.units == set() and found.splits == set()
+    assert found.units == set() and found.cuts == set()
     assert any("is a symbolic link" in r.getMessage() for r in caplog.records)
     assert not os.path.lexists(data) and any(elsewhere.rglob("*.jsonl"))  # the link went, its target stayed

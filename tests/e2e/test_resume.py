@@ -54,7 +54,7 @@ def _group_gone(pgid, timeout_s=10.0) -> bool:
 
 
 def _done(out, kind: str = "unit") -> int:
-    """Completion markers of `kind` (unit, pack) in the output's staging (pipeline/shard/resume.py)."""
+    """Completion markers of `kind` (cut, unit, pack) in the output's staging (pipeline/shard/resume.py)."""
     return sum(1 for _ in (out / "_staging").glob(f"gen-*/done/{kind}-*.json"))
 
 
@@ -104,10 +104,10 @@ SPREAD_THREADS = ["--runner=FnApiRunner", "--direct_num_workers=3", "--direct_ru
 
 @pytest.mark.parametrize("rerun_args", [FAST_LOCAL, SPREAD_THREADS], ids=["fused-rerun", "spread-rerun"])
 def test_a_run_that_tokenizes_files_as_it_cuts_them_resumes_from_its_units(tmp_path, rerun_args):
-    """8 files on 2 worker processes: each file's chunks are tokenized as they are cut (SplitAndTokenizeFile),
+    """8 files on 2 worker processes: each file's chunks are tokenized as they are cut (CutAndTokenizeFile),
     and no chunk file is written. Killed at 70% of its units, the run resumes from them, whether the rerun cuts
     and tokenizes files the same way (its finished files are not even read) or spreads the chunks through
-    staging (its files are split again, their units still reused), with the uninterrupted bytes."""
+    staging (its files are cut again, their units still reused), with the uninterrupted bytes."""
     corpus = _corpus(tmp_path / "corpus", files=8)
     inputs = [str(corpus / "*")]
     twin, twin_log = tmp_path / "twin", tmp_path / "twin.jsonl"
@@ -120,9 +120,9 @@ def test_a_run_that_tokenizes_files_as_it_cuts_them_resumes_from_its_units(tmp_p
     proc = _kill_when(_args(inputs, out, log, WORKER_PROCESSES), out, math.ceil(0.7 * units))
     assert _group_gone(proc.pid), "a process of the killed run is still running"
     finished = _done_units(out)
-    finished_files = _done(out, "split")
+    finished_files = _done(out, "cut")
     assert finished < units and not (out / "manifest.json").exists()
-    assert finished_files >= 1  # a whole file done: its split marker, naming no chunk file
+    assert finished_files >= 1  # a whole file done: its cut marker, naming no chunk file
     assert not any((out / "_staging").glob("gen-*/chunks/*")), "chunks went through staging"
 
     res = run_cli(_args(inputs, out, log, rerun_args), timeout_s=150)

@@ -19,7 +19,7 @@ from tests.corpus_fixtures import good_documents, pile_line, write_good_corpus, 
 from tests.conftest import REPO
 from tests.ops_fixtures import (FAST_LOCAL, dataset_files, portable_args, run_cli, start_portable_services,
                                 subprocess_env)
-from transforms.shard import shard_shuffle, stages
+from transforms.shard import pack, records, shard_shuffle
 from transforms.shard.spill import INDEX_DTYPE
 
 pytestmark = pytest.mark.timeout(300)
@@ -152,7 +152,7 @@ def _unit(tmp_path: pathlib.Path, name: str, n: int, seed: int):
     tokens = rng.integers(0, 1000, size=int(index["n_tokens"].sum()), dtype=np.uint16)
     (tmp_path / (name + ".index")).write_bytes(index.tobytes())
     (tmp_path / (name + ".tokens")).write_bytes(tokens.tobytes())
-    return stages.UnitResult(name, seed, f"in-{seed}.jsonl", str(tmp_path / (name + ".index")),
+    return records.UnitResult(name, seed, f"in-{seed}.jsonl", str(tmp_path / (name + ".index")),
                              str(tmp_path / (name + ".tokens")), n, "<u2", ["s"], [0, 0, 0], {}, None)
 
 
@@ -171,7 +171,7 @@ def test_pieces_merge_to_the_file_spill_rows_in_any_order(tmp_path):
     for key, values in grouped.items():
         random.Random(key[1]).shuffle(values)  # a shuffle delivers values in any order
         task, _dedup, pieces, (rows, which, buffers) = shard_shuffle.gather_pieces(key, values)
-        ref_rows, ref_which, ref_buffers = stages._gather_shard_documents(task, units)  # noqa: SLF001
+        ref_rows, ref_which, ref_buffers = pack._gather_shard_documents(task, units)  # noqa: SLF001
         assert rows.tobytes() == ref_rows.tobytes()
         got = [buffers[b][2][r["token_start"] - buffers[b][1]:][:r["n_tokens"]].tolist() for r, b in zip(rows, which)]
         ref = [ref_buffers[b][2][r["token_start"] - ref_buffers[b][1]:][:r["n_tokens"]].tolist()

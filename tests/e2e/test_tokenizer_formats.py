@@ -13,7 +13,7 @@ from pipeline.config import ShardConfig
 from pipeline.shard import shard_pipeline
 from pipeline.tools import dry_run
 from pipeline.tools.inspect_dataset import inspect
-from pipeline.tools.report import decoded_examples
+from pipeline.tools.report_data import decoded_examples
 from pipeline.tools.sample_corpus import write_sample_corpus
 from pipeline.tools.verify import verify
 from tests.corpus_fixtures import pile_line, write_good_corpus

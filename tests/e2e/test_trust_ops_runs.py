@@ -119,7 +119,7 @@ def _finished_units_left(out) -> int:
     for marker in (staging / "done").glob("*.json"):
         named.add(f"done/{marker.name}")
         named.update(r["path"] for r in json.loads(marker.read_text())["files"] if r["root"] == "staging")
-        if marker.name.startswith(("unit-f", "split-f")):  # and its input's sha256 (pipeline/shard/input_digests.py)
+        if marker.name.startswith(("unit-f", "cut-f")):  # and its input's sha256 (pipeline/shard/input_digests.py)
             named.add(f"inputs/f{marker.name.split('-f', 1)[1][:6]}.json")
     assert {str(p.relative_to(staging)) for p in staging.rglob("*") if p.is_file()} == named
     units = len(list((staging / "done").glob("unit-*.json")))

@@ -1,6 +1,6 @@
 """What a packing did to documents, per source: pure functions over counters, no I/O.
 
-Per source the packer (transforms/shard/stages.py `pack_shard`) counts the documents it wrote, those split over
+Per source the packer (transforms/shard/pack.py `pack_shard`) counts the documents it wrote, those split over
 more than one example, those that fit in one example (EOS included) and of them the ones split anyway, and the
 pieces (an example holding part of a document is one piece of it): pieces / documents is the examples per
 document. The manifest (pipeline/shard/manifest_builder.py) states them per split and source, with the split's

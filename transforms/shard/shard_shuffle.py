@@ -1,10 +1,10 @@
 """The runner's shuffle (docs/SHUFFLE.md, design D): each tokenized unit is cut into per-shard pieces once, the
 runner's GroupByKey moves them, and a packer merges one shard's pieces.
 
-Why: with the file spill (`stages.pack_shard` alone), every pack task searches every unit's index and reads one
+Why: with the file spill (`pack.pack_shard` alone), every pack task searches every unit's index and reads one
 range from each, units × shards requests, tens of millions at Pile scale. Here a unit is read with two requests
 (its whole index, its whole tokens file) and the data moves once, through a shuffle that Dataflow, Flink and
-Spark batch and spill themselves. The packer gets the same rows (`stages.merge_shard_parts` orders them totally)
+Spark batch and spill themselves. The packer gets the same rows (`pack.merge_shard_parts` orders them totally)
 and packs them with the same code, so the shards and their results are byte-identical to the file spill's.
 
 Pure functions and small picklable values; the Beam wiring is pipeline/shard/runner_shuffle.py.
@@ -19,7 +19,8 @@ import numpy as np
 from transforms.io import io_utils
 from transforms.shard.documents import SPLITS, shard_key_range
 from transforms.shard.spill import INDEX_DTYPE, read_token_range
-from transforms.shard.stages import DedupInputs, ShardTask, merge_shard_parts
+from transforms.shard.pack import merge_shard_parts
+from transforms.shard.records import DedupInputs, ShardTask
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ def markers(plan: ShardPlan) -> Iterator[tuple]:
 
 
 def read_unit(unit) -> tuple:
-    """(index, tokens) of a tokenized unit (stages.UnitResult): two whole-file reads."""
+    """(index, tokens) of a tokenized unit (records.UnitResult): two whole-file reads."""
     index = np.frombuffer(io_utils.read_bytes(unit.index_path), dtype=INDEX_DTYPE)
     if index.size != unit.n_docs:
         raise IOError(f"{unit.index_path}: holds {index.size} index rows, the tokenize stage wrote {unit.n_docs}")
@@ -100,7 +101,7 @@ def cut_unit(unit, index: np.ndarray, tokens: np.ndarray, plan: ShardPlan) -> It
 
 
 def gather_pieces(key: tuple, values: Iterable) -> tuple:
-    """(task, dedup, pieces, gathered) for `stages.pack_shard(task, pieces, ..., dedup, gathered=gathered)`
+    """(task, dedup, pieces, gathered) for `pack.pack_shard(task, pieces, ..., dedup, gathered=gathered)`
     from one shard's grouped values (its marker and its pieces, in any order)."""
     marker_list, pieces = [], []
     for value in values:

@@ -92,7 +92,7 @@ class SpotChecked:
         reference = counts["reference_documents"] > before["reference_documents"]
         checked = counts["checked_documents"] > before["checked_documents"]
         checked_bytes = counts["checked_bytes"] - before["checked_bytes"]
-        counts.update(before)  # in place: the job reads the same dict (transforms/shard/stages.py spot_before)
+        counts.update(before)  # in place: the job reads the same dict (transforms/shard/tokenize_unit.py spot_before)
         if not encoded:
             return
         size = utf8_size(text)

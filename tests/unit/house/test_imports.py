@@ -63,7 +63,7 @@ def product_modules() -> list:
 
 def test_every_module_imports_alone():
     modules = product_modules()
-    assert "transforms.shard.stages" in modules and "trainer.train" in modules
+    assert "transforms.shard.pack" in modules and "trainer.train" in modules
     r = subprocess.run([sys.executable, "-c", CHILD_SCRIPT, "--heavy", *modules], capture_output=True, text=True,
                        cwd=REPO, timeout=300)
     assert r.returncode == 0, f"modules that do not import alone:\n{r.stdout}{r.stderr[-2000:]}"

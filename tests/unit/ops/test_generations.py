@@ -250,7 +250,7 @@ def test_a_rebuild_named_like_a_kept_previous_generation_takes_another_name(tmp_
 
     from pipeline.config import ShardConfig
     from pipeline.shard.plan import generation_name
-    from pipeline.shard.records import LedgerEntry
+    from transforms.shard.records import LedgerEntry
 
     out = tmp_path / "ds"
     config = ShardConfig(inputs=("in/*.jsonl",), output=str(out), tokenizer="t.model")

@@ -30,7 +30,7 @@ def _failed_run(tmp_path, backend: str = FAST):
 
 def test_the_record_outlives_the_failed_run_beside_its_finished_units(tmp_path):
     plan, kept = _failed_run(tmp_path)
-    assert (kept.units, kept.splits) == (1, 1)
+    assert (kept.units, kept.cuts) == (1, 1)
     assert resume.failed_backends(plan.staging_dir) == {FAST}
 
 
@@ -48,7 +48,7 @@ def test_no_later_run_reuses_a_unit_the_failed_backend_finished(tmp_path, caplog
     caplog.set_level(logging.INFO)
     _failed_run(tmp_path)
     found = resume.reconcile(_plan_with(tmp_path, REFERENCE))  # auto's choice now, or --tokenizer-backend reference
-    assert found.units == set() and found.splits == {"split-f000000"}  # a split does not depend on the backend
+    assert found.units == set() and found.cuts == {"cut-f000000"}  # a cut does not depend on the backend
     assert any(f"unit-{UNIT}" in n and f"made by tokenizer backend '{FAST}'" in n for n in _notes(caplog))
 
 

@@ -116,7 +116,7 @@ def test_neighbouring_copies_are_moved_apart():
 
 def test_train_shards_are_sized_for_the_weighted_tokens():
     from pipeline.shard.manifest_builder import shard_write_tasks
-    from transforms.shard.stages import UnitResult
+    from transforms.shard.records import UnitResult
 
     unit = UnitResult("u", 0, "f", "i", "t", 10, "<u2", ["A", "B"], [3_000_000, 0, 0], {}, None,
                       {"A": {"tokens": 1_000_000}, "B": {"tokens": 2_000_000}})

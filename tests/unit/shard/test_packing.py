@@ -165,7 +165,7 @@ def test_pack_blocks_refuses_a_bad_size():
 def test_append_eos_keeps_the_spill_dtype_where_the_id_fits():
     """pack_shard appends EOS in the spill's dtype (the packer casts to int64 once); an id the dtype cannot hold
     makes the document int64, never a wrapped id."""
-    from transforms.shard.stages import append_eos
+    from transforms.shard.pack import append_eos
 
     cache: dict = {}
     body = np.array([5, 65535, 0], dtype=np.uint16)

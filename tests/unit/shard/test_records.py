@@ -1,4 +1,4 @@
-"""pipeline/shard/records.py and transforms/shard/stages.py FileStats: the typed records the shard job's stages
+"""transforms/shard/records.py: the typed records the shard job's stages
 hand the commit, and that they write the manifest's JSON exactly as the dicts did."""
 from __future__ import annotations
 
@@ -8,35 +8,35 @@ from model_contract import DataContract, Manifest, TokenizerInfo
 from model_contract.manifest import LedgerRow, RecordCounts
 from pipeline.ops.incremental import InputsChangedError
 from pipeline.shard import integrity
-from pipeline.shard.records import CommitParts, InputFile, SplitOutput
-from transforms.shard import stages
+from transforms.shard.records import CommitParts, InputFile, CutOutput
+from transforms.shard import records
 
 GEN = "gen-" + "b" * 16
 SHA = "ef" * 32
 
 
 def test_file_stats_count_merge_and_write_the_manifest_form():
-    a = stages.FileStats(read=5)
+    a = records.FileStats(read=5)
     a.dead_letter("invalid_json")
     a.filter("too_short", 2)
-    b = stages.FileStats(read=2, written=2)
+    b = records.FileStats(read=2, written=2)
     b.filter("duplicate")
     b.filter("too_short")
-    total = stages.FileStats().merge(a).merge(b)
+    total = records.FileStats().merge(a).merge(b)
     assert (total.read, total.written, total.settled()) == (7, 2, 7)
     assert total.to_dict() == {"read": 7, "written": 2, "filtered": {"duplicate": 1, "too_short": 3},
                                "dead_lettered": {"invalid_json": 1}}
     assert list(total.to_dict()["filtered"]) == ["duplicate", "too_short"]  # sorted, as the manifest writes
     assert RecordCounts.from_dict(total.to_dict()).to_dict() == total.to_dict()
-    assert stages.FileStats.from_dict(total.to_dict()) == total
+    assert records.FileStats.from_dict(total.to_dict()) == total
 
 
 def test_commit_parts_are_told_apart_by_type():
-    split = SplitOutput(stages.SplitResult(0, "a.jsonl", [], stages.FileStats(), None), InputFile("a.jsonl", 4))
-    unit = stages.UnitResult.__new__(stages.UnitResult)
-    shard = stages.ShardResult.__new__(stages.ShardResult)
+    split = CutOutput(records.CutResult(0, "a.jsonl", [], records.FileStats(), None), InputFile("a.jsonl", 4))
+    unit = records.UnitResult.__new__(records.UnitResult)
+    shard = records.ShardResult.__new__(records.ShardResult)
     parts = CommitParts.gather([shard, split, unit, split])
-    assert parts.splits == [split, split] and parts.units == [unit] and parts.shards == [shard]
+    assert parts.cuts == [split, split] and parts.units == [unit] and parts.shards == [shard]
     with pytest.raises(TypeError, match="not a stage result"):
         CommitParts.gather([("split", split)])  # the old string-tagged form is refused, not misfiled
 

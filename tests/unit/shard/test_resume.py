@@ -13,9 +13,9 @@ import pytest
 
 from pipeline.ops import guards
 from pipeline.shard import resume
-from pipeline.shard.records import InputFile, LedgerEntry, SplitOutput
+from transforms.shard.records import InputFile, LedgerEntry, CutOutput
 from transforms.io import io_utils
-from transforms.shard import stages
+from transforms.shard import records
 
 GEN, OTHER_GEN = "gen-" + "1" * 16, "gen-" + "2" * 16
 UNIT = "f000000-c00000"
@@ -41,13 +41,13 @@ def _finished_run(plan, dead_letter=True):
     inp = plan.ledger[0].path
     chunk = io_utils.join(plan.staging_dir, "chunks", f"{UNIT}.rec.zst")
     io_utils.write_bytes(chunk, b"chunk bytes")
-    split = SplitOutput(stages.SplitResult(0, inp, [stages.ChunkRef(0, inp, 0, chunk, 3, 11)], stages.FileStats(3),
+    split = CutOutput(records.CutResult(0, inp, [records.ChunkRef(0, inp, 0, chunk, 3, 11)], records.FileStats(3),
                                            None), InputFile(inp, 10, sha256=INPUT_SHA))
-    resume.mark_split(plan, split)
-    unit = stages.UnitResult(
+    resume.mark_cut(plan, split)
+    unit = records.UnitResult(
         UNIT, 0, inp, io_utils.join(plan.staging_dir, "units", UNIT + ".index"),
         io_utils.join(plan.staging_dir, "units", UNIT + ".tokens"), 2, np.dtype(np.uint16).str, ["Pile-CC", "arXiv"],
-        [10, 4, 0], stages.FileStats(3, 0, {"empty_text": 0}, {"invalid_json": 1}),
+        [10, 4, 0], records.FileStats(3, 0, {"empty_text": 0}, {"invalid_json": 1}),
         io_utils.join(plan.data_dir, "dead_letter", UNIT + ".jsonl") if dead_letter else None,
         {"arXiv": {"tokens": 7, "chars": 30}}, 1, {"documents": 2})
     io_utils.write_bytes(unit.index_path, b"index")
@@ -66,31 +66,31 @@ def test_finished_work_of_the_same_run_is_reused_as_it_was(tmp_path, caplog):
     plan = _plan(tmp_path)
     split, unit = _finished_run(plan)
     found = resume.reconcile(plan)
-    assert found.units == {"unit-" + UNIT} and found.splits == {"split-f000000"} and _notes(caplog) == []
+    assert found.units == {"unit-" + UNIT} and found.cuts == {"cut-f000000"} and _notes(caplog) == []
     assert resume.load_unit(plan, UNIT) == unit  # the very result the killed run's pack stage would have seen
-    assert resume.load_split(plan, 0) == split
-    assert resume.load_split(plan, 0, spilled=False) is None  # its chunks are files: not what a fused run reuses
+    assert resume.load_cut(plan, 0) == split
+    assert resume.load_cut(plan, 0, spilled=False) is None  # its chunks are files: not what a fused run reuses
 
 
 def test_a_split_made_without_chunk_files_is_reused_only_by_a_run_that_needs_none(tmp_path, caplog):
-    """A file cut and tokenized in one worker (shard_pipeline.SplitAndTokenizeFile) marks its split with no chunk
+    """A file cut and tokenized in one worker (shard_pipeline.CutAndTokenizeFile) marks its split with no chunk
     file; a run that spreads chunks through staging must split that file again (and the other way round)."""
     plan = _plan(tmp_path)
     _finished_run(plan)
     inp = plan.ledger[0].path
-    cut = SplitOutput(stages.SplitResult(0, inp, [stages.ChunkRef(0, inp, 0, "", 3, 11)], stages.FileStats(3), None,
+    cut = CutOutput(records.CutResult(0, inp, [records.ChunkRef(0, inp, 0, "", 3, 11)], records.FileStats(3), None,
                                          spilled=False), InputFile(inp, 10, sha256=INPUT_SHA))
-    resume.mark_split(plan, cut)
-    marker = json.loads(io_utils.read_bytes(resume.marker_path(plan.staging_dir, "split-f000000")))
+    resume.mark_cut(plan, cut)
+    marker = json.loads(io_utils.read_bytes(resume.marker_path(plan.staging_dir, "cut-f000000")))
     assert marker["files"] == [] and marker["result"]["spilled"] is False
-    assert resume.reconcile(plan).splits == {"split-f000000"}
-    assert resume.load_split(plan, 0, spilled=False) == cut
-    assert resume.load_split(plan, 0) is None  # a spilled split is wanted: split again, no chunk file trusted
+    assert resume.reconcile(plan).cuts == {"cut-f000000"}
+    assert resume.load_cut(plan, 0, spilled=False) == cut
+    assert resume.load_cut(plan, 0) is None  # a spilled split is wanted: split again, no chunk file trusted
     assert _notes(caplog) == []
 
     marker["result"]["spilled"] = "no"
-    io_utils.write_bytes(resume.marker_path(plan.staging_dir, "split-f000000"), json.dumps(marker).encode())
-    assert resume.reconcile(plan).splits == set()
+    io_utils.write_bytes(resume.marker_path(plan.staging_dir, "cut-f000000"), json.dumps(marker).encode())
+    assert resume.reconcile(plan).cuts == set()
     assert any("spilled is not a bool" in n for n in _notes(caplog))
 
 
@@ -99,13 +99,13 @@ def test_a_damaged_file_or_marker_is_discarded_with_a_note_and_redone(tmp_path, 
     _split, unit = _finished_run(plan)
     with open(unit.index_path, "ab") as f:
         f.write(b"+")  # another size: the driver's check finds it
-    io_utils.write_bytes(resume.marker_path(plan.staging_dir, "split-f000000"), b'{"fingerprint": "gen-')
+    io_utils.write_bytes(resume.marker_path(plan.staging_dir, "cut-f000000"), b'{"fingerprint": "gen-')
     found = resume.reconcile(plan)
-    assert found.units == set() and found.splits == set()
+    assert found.units == set() and found.cuts == set()
     notes = _notes(caplog)
     assert len(notes) == 2 and all("\n" not in n for n in notes)
     assert any(f"unit-{UNIT}" in n and f"units/{UNIT}.index is damaged (6 bytes" in n for n in notes)
-    assert any("split-f000000" in n and "unreadable" in n for n in notes)
+    assert any("cut-f000000" in n and "unreadable" in n for n in notes)
     assert not io_utils.exists(resume.marker_path(plan.staging_dir, "unit-" + UNIT))  # gone: never reused later
 
 
@@ -215,14 +215,14 @@ def test_a_relative_output_resumes_its_own_staging(tmp_path, monkeypatch, caplog
 
 
 # ------------------------------------------------------------------------------------------ packed shards
-TASK = stages.ShardTask(0, 3, 8)
+TASK = records.ShardTask(0, 3, 8)
 PACK = "pack-train-00003-of-00008"
 
 
-def _packed_shard(plan) -> "stages.ShardResult":
+def _packed_shard(plan) -> "records.ShardResult":
     """A packed shard as pack_shard leaves it (its shard in the partial generation, its kept ids in staging),
     with its marker."""
-    result = stages.ShardResult(
+    result = records.ShardResult(
         TASK, io_utils.join(plan.data_dir, TASK.file_name), 5, 1200, 80, 7, 0, "",
         sources={"arXiv": {"documents": 7, "tokens": 1207}}, written_per_file={"in.jsonl": 7},
         duplicates_per_file={"in.jsonl": 1}, duplicates_per_source={"arXiv": 1},
@@ -276,7 +276,7 @@ def test_a_failed_run_keeps_only_marked_work_in_staging_and_in_its_partial_gener
     io_utils.write_bytes(unmarked, b"half a run")
     io_utils.write_bytes(io_utils.join(plan.staging_dir, "units", "f000000-c00001.tokens"), b"in progress")
     kept = resume.keep_finished(plan)
-    assert (kept.units, kept.splits, kept.shards) == (1, 1, 1)
+    assert (kept.units, kept.cuts, kept.shards) == (1, 1, 1)
     assert kept.describe() == "1 finished unit and 1 packed shard"
     assert io_utils.exists(shard.path) and io_utils.exists(shard.ids_path)
     assert io_utils.exists(io_utils.join(plan.data_dir, "dead_letter", UNIT + ".jsonl"))  # a kept unit's

@@ -212,16 +212,16 @@ def test_the_held_out_pass_reads_exactly_each_units_val_and_test_rows(tiny_token
 
     import sentencepiece as spm
 
-    from transforms.shard import spill, stages
+    from transforms.shard import cut, exact_dedup, spill, tokenize_unit
 
     docs = good_documents(300_000, doc_chars=1500)
     write_zst(tmp_path / "in.jsonl.zst", [pile_line(text, source) for text, source in docs])
-    split = stages.split_input_file(0, str(tmp_path / "in.jsonl.zst"), str(tmp_path / "stage"),
+    split = cut.cut_input_file(0, str(tmp_path / "in.jsonl.zst"), str(tmp_path / "stage"),
                                     str(tmp_path / "data"), 60_000, 1 << 20)
-    settings = stages.TokenizeSettings("text", ("meta.pile_set_name",), 0.2, 0.2, 0)
+    settings = tokenize_unit.TokenizeSettings("text", ("meta.pile_set_name",), 0.2, 0.2, 0)
     sp = spm.SentencePieceProcessor(model_file=tiny_tokenizer)
-    units = [stages.tokenize_chunk(c, sp, np.dtype("<u2"), settings, str(tmp_path / "stage"), str(tmp_path / "data"))
-             for c in split.chunks]
+    units = [tokenize_unit.tokenize_chunk(c, sp, np.dtype("<u2"), settings, str(tmp_path / "stage"),
+                                          str(tmp_path / "data")) for c in split.chunks]
     assert len(units) > 1 and all(u.held_out_start is not None for u in units)
     want = {1: set(), 2: set()}
     for u in units:
@@ -230,6 +230,6 @@ def test_the_held_out_pass_reads_exactly_each_units_val_and_test_rows(tiny_token
             want[s] |= set(rows["doc_id"][(rows["key"] >> np.uint64(62)) == s].tolist())
     assert want[1] and want[2]
     for variant in (units, [dataclasses.replace(u, held_out_start=None) for u in units]):  # recorded / searched
-        dedup = stages.index_held_out_ids(variant, str(tmp_path / "stage"))
+        dedup = exact_dedup.index_held_out_ids(variant, str(tmp_path / "stage"))
         got = {s: set(doc_ids.read_sorted_ids(path).tolist()) for s, path in dedup.held_out}
         assert got == want

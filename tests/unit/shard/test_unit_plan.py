@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 
 from pipeline.shard import unit_plan
-from pipeline.shard.records import LedgerEntry
+from transforms.shard.records import LedgerEntry
 from pipeline.shard.unit_plan import MIN_CHUNK_BYTES, UNITS_WANTED, chunk_bytes_for, units_estimate
 
 MiB = 1 << 20

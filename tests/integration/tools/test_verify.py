@@ -19,7 +19,8 @@ from model_contract import decode_example, encode_example, frame_record, read_re
 from pipeline.cli import main as cli_main
 from pipeline.config import ShardConfig
 from pipeline.shard import shard_pipeline
-from pipeline.tools.verify import sample_records, verify
+from pipeline.tools.verify import verify
+from pipeline.tools.verify_audit import sample_records
 from tests.corpus_fixtures import good_documents, pile_line, write_zst
 from tests.ops_fixtures import s3_server  # noqa: F401 - fixture
 

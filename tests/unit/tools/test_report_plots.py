@@ -1,4 +1,4 @@
-"""pipeline/tools/report.py: per-source token bars are shares of each split's tokens on one linear scale from
+"""pipeline/tools/report_plots.py: per-source token bars are shares of each split's tokens on one linear scale from
 zero, so a source's bar in train and in val, and two sources' bars, compare by length (issue: the report as a
 data engineer reads it)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from pipeline.tools import report  # noqa: E402
+from pipeline.tools import report_plots  # noqa: E402
 
 MANIFEST = {"splits": {"train": {}, "val": {}},
             "sources": {"Pile-CC": {"train": {"tokens": 600}, "val": {"tokens": 10}},
@@ -17,8 +17,8 @@ MANIFEST = {"splits": {"train": {}, "val": {}},
 
 def test_token_bars_are_shares_of_their_split_on_one_linear_scale_from_zero(monkeypatch):
     drawn = []
-    monkeypatch.setattr(report, "_img", lambda plot_id, fig, alt, adjust=True: drawn.append(fig) or "")
-    report.plot_tokens_per_source(MANIFEST)
+    monkeypatch.setattr(report_plots, "_img", lambda plot_id, fig, alt, adjust=True: drawn.append(fig) or "")
+    report_plots.plot_tokens_per_source(MANIFEST)
     (fig,) = drawn
     (ax,) = fig.axes
     assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0  # lengths compare: no log axis, no offset

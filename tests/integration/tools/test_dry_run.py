@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.config import ShardConfig
 from pipeline.shard import shard_pipeline
-from pipeline.tools import dry_run
+from pipeline.tools import dry_run, dry_run_sample
 from tests.ops_fixtures import FAST_LOCAL, real_corpus, run_cli, tokenizer_path
 
 pytestmark = pytest.mark.timeout(300)
@@ -28,7 +28,7 @@ def _within(estimated, actual, tolerance=0.20):
     return abs(estimated - actual) <= tolerance * actual
 
 
-@pytest.mark.parametrize("budget", [dry_run.SAMPLE_INPUT_BYTES_PER_FILE, 200_000])
+@pytest.mark.parametrize("budget", [dry_run_sample.SAMPLE_INPUT_BYTES_PER_FILE, 200_000])
 def test_estimates_are_within_20_percent_of_the_real_run(real_run, tmp_path, budget):
     """Whole files, and a budget that reads only part of the largest file (1.2 MB of arxiv)."""
     cfg, manifest = real_run
@@ -146,7 +146,7 @@ def test_output_bytes_within_20_percent_and_core_hours_calibrated_by_the_job(mea
     assert _within(est.output_bytes, output_bytes), (est.output_bytes, output_bytes)
     # Core time: the stage model (read+parse, tokenize with the job's backend, pack+encode) plus what the job's own
     # marginal CPU per byte on a slice of the sample exceeds the model's, plus its per-run overhead
-    # (pipeline/tools/dry_run.py: calibrate). The stage model alone gave 0.67-0.79 of the real run here. Two
+    # (pipeline/tools/dry_run_calibration.py: calibrate). The stage model alone gave 0.67-0.79 of the real run here. Two
     # runs per slice size, each from an empty output (a rerun into a committed dataset would be a no-op and its
     # ~0 CPU the minimum): the job's marginal rate is then of the order of the model's, never near 0. The ±20%
     # is measured at 96 and 384 MB by bench/dry_run_bench.py (CPU timings of a few seconds are too noisy under
