@@ -1,7 +1,7 @@
 """A step's gradients between the backward and the optimizer: averaged over the data-parallel group (and when
 that communication starts), the tied embedding/head gradient summed over the pipeline, the global norm clipped.
 
-Modes (`--grad-reduce`, resolved by `resolve_grad_reduce`):
+Modes (`--grad-reduce`, resolved by trainer/config.py `resolve_grad_reduce`):
 - ``ddp``: plain data parallelism (pp = tp = 1): DistributedDataParallel, `no_sync` for the earlier micro-batches;
   its reducer starts each bucket's all-reduce during the last micro-batch's backward. A timing comm hook records
   when each bucket is launched.
@@ -32,7 +32,6 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from trainer.config import GRAD_REDUCE, resolve_grad_reduce  # noqa: F401 - the pure rules live with the config
 from trainer.mesh import ParallelEnv
 from trainer.model import GPTStage
 
