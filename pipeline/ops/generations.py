@@ -35,7 +35,8 @@ from apache_beam.io.filesystems import FileSystems
 from model_contract import MANIFEST_NAME, Manifest
 from model_contract import refs as refs_mod
 from model_contract.contract import ContractError
-from model_contract.manifest import check_commit_seq, is_generation_name
+from model_contract.manifest_check import check_commit_seq
+from model_contract.schema import is_generation_name
 from pipeline.errors import ConfigError
 from pipeline.shard import integrity
 from transforms.io import io_utils

@@ -32,7 +32,7 @@ from typing import Any
 from apache_beam.io.filesystems import FileSystems
 
 from model_contract import Manifest
-from model_contract.manifest import LedgerRow
+from model_contract.manifest_rows import LedgerRow
 from model_contract.hashing import sha256_file
 from pipeline.config import ConfigError
 from pipeline.ops.input_checks import match_input

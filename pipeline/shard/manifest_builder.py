@@ -9,7 +9,7 @@ import collections
 import math
 
 from model_contract import DataContract, Manifest, ShardInfo
-from model_contract.manifest import dataset_relative_path
+from model_contract.dataset_paths import dataset_relative_path
 from pipeline.config import BYTES_PER_TOKEN_ESTIMATE, PILEPREP_VERSION, ShardConfig
 from transforms.shard import corpus_stats, mixture, packing_stats
 from transforms.shard.documents import SPLITS

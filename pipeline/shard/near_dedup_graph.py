@@ -932,7 +932,8 @@ def committed_band_indexes(previous, output_dir: str, shingles: str = near_dedup
     word and token shingles never agree, so new documents signed with another kind than the committed band
     index would match none of its documents: refused, naming the option."""
     from model_contract import MANIFEST_NAME  # noqa: PLC0415
-    from model_contract.manifest import is_generation_name, resolve_dataset_path  # noqa: PLC0415
+    from model_contract.dataset_paths import resolve_dataset_path  # noqa: PLC0415
+    from model_contract.schema import is_generation_name  # noqa: PLC0415
 
     if previous is None:
         return []
@@ -1019,6 +1020,6 @@ class _GatherAll(beam.PTransform):
 
 
 def _dataset_relative(path: str, base: str) -> str:
-    from model_contract.manifest import dataset_relative_path  # noqa: PLC0415
+    from model_contract.dataset_paths import dataset_relative_path  # noqa: PLC0415
 
     return dataset_relative_path(path, base)

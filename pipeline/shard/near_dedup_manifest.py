@@ -20,7 +20,7 @@ def manifest_section(shard_results: list, output_dir: str, generation: str) -> t
     """(the manifest's `near_dedup` section, its band index rows): removed documents per reason and source (every
     copy the packers filtered) and the stage's summary (cluster sizes, example pairs, sidecar files with their
     sha256); [BandIndexRow] of the generation's band index, or None. (None, None) when the stage did not run."""
-    from model_contract.manifest import BandIndexRow  # noqa: PLC0415
+    from model_contract.manifest_rows import BandIndexRow  # noqa: PLC0415
 
     data_dir = io_utils.join(output_dir, generation)
     path = io_utils.join(data_dir, SUMMARY_NAME)

@@ -15,7 +15,7 @@ import numpy as np
 
 from model_contract import ContractError, Manifest
 from model_contract.hashing import sha256_file
-from model_contract.manifest import resolve_dataset_path
+from model_contract.dataset_paths import resolve_dataset_path
 from pipeline.tools.verify_report import VerifyReport
 from transforms.io import io_utils
 

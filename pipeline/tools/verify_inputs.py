@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from model_contract import ContractError, Manifest
-from model_contract.manifest import resolve_dataset_path
+from model_contract.dataset_paths import resolve_dataset_path
 from transforms.io import io_utils
 
 NEAR_DUPLICATE, OF_COMMITTED, CONTAMINATED = "near_duplicate", "near_duplicate_of_committed", "contaminated"

@@ -9,7 +9,7 @@ import types
 import numpy as np
 import pytest
 
-from model_contract.manifest import BandIndexRow
+from model_contract.manifest_rows import BandIndexRow
 from pipeline.errors import ConfigError, RunError
 from pipeline.shard import near_dedup_graph as graph
 from transforms.shard import near_dedup as nd

@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from model_contract.manifest import LedgerRow
+from model_contract.manifest_rows import LedgerRow
 from pipeline.tools import verify_inputs
 from pipeline.tools.verify_audit import _manifest_tokenizer_unreadable
 from tests.unit.tokenize.crafted import added_token, as_bytes, byte_level_spec

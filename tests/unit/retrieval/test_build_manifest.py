@@ -1,11 +1,11 @@
-"""pipeline/retrieval/build.py: reconcile refuses a database that does not account for every piece read."""
+"""pipeline/retrieval/build_manifest.py: reconcile refuses a database that does not account for every piece read."""
 from __future__ import annotations
 
 from types import SimpleNamespace
 
 import pytest
 
-from pipeline.retrieval.build import ReconciliationError, reconcile
+from pipeline.retrieval.build_manifest import ReconciliationError, reconcile
 
 PLAN = SimpleNamespace(shard_paths=("/ds/a.tfrecord", "/ds/b.tfrecord"), config=SimpleNamespace(num_db_shards=2))
 READ = [{"path": "/ds/a.tfrecord", "pieces": 10, "tokens": 700, "documents": 4},

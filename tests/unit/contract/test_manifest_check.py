@@ -1,4 +1,4 @@
-"""model_contract/schema.py + model_contract/manifest.py: every field of a manifest is checked on load.
+"""model_contract/schema.py + model_contract/manifest_check.py: every field of a manifest is checked on load.
 
 A hand-edited or damaged manifest fails in `load_manifest` with one ContractError naming the field path, and
 `pileprep verify / inspect / report` turn it into exit 2 with one line on stderr (pipeline/errors.py), instead
@@ -14,7 +14,7 @@ import re
 import pytest
 
 from model_contract import ContractError, DataContract, Manifest, ShardInfo, TokenizerInfo, load_manifest
-from model_contract.manifest import FileDigest, GenerationRow, IdIndexRow, LedgerRow, RecordCounts
+from model_contract.manifest_rows import FileDigest, GenerationRow, IdIndexRow, LedgerRow, RecordCounts
 from model_contract.retrieval import DbManifest, DbShard, SidecarInfo, check_db_manifest
 from model_contract.schema import SchemaError
 from pipeline import cli
@@ -173,7 +173,7 @@ def test_the_database_manifest_round_trips_byte_identically_through_its_record()
 def test_a_rerun_of_retrieval_neighbours_reads_the_committed_sidecar_checked(tmp_path):
     """pipeline/retrieval/store.py `read_manifest`, which the sidecar job's rerun plans from, checked only the
     database's fields: a hand-edited sidecar manifest was silently planned from and replaced (exit 0)."""
-    from model_contract.manifest import MANIFEST_FORMAT
+    from model_contract.manifest_check import MANIFEST_FORMAT
     from pipeline.retrieval import store
 
     (tmp_path / "manifest.json").write_text(json.dumps(_valid()))
