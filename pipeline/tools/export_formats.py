@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from model_contract.hashing import sha256_file
-from model_contract.manifest import ShardInfo
+from model_contract.manifest_rows import ShardInfo
 from pipeline.tools.export import (EXPORT_KIND, IN_PROGRESS_MARKER, SUMMARY_NAME, check_export_output,
                                    register_export, remove_abandoned_temporaries, temporary_name)
 
