@@ -22,7 +22,7 @@ import collections
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
@@ -37,8 +37,9 @@ DROPPED_BY_WEIGHT = "mixture_weight"
 @dataclass
 class Removals:
     """What the dataset records as removed: sidecar rows by document id, and the source weights."""
-    rows: dict = field(default_factory=dict)  # doc_id -> sidecar row
-    weights: dict = field(default_factory=dict)  # source -> weight (train split only)
+    # doc_id -> its near-dedup sidecar row, one JSON line as written: {id, reason, keeper, ...}
+    rows: dict[int, dict[str, Any]] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)  # source -> weight (train split only)
     seed: int = 0
 
     def keepers(self, ids) -> set:
