@@ -28,7 +28,7 @@ DEFAULT_NGRAM = 13
 class EvalSet:
     hashes: np.ndarray  # sorted uint64 n-gram hashes
     file_idx: np.ndarray  # int32, parallel to hashes: which file (the first in `files`' order) holds it
-    files: tuple  # evaluation file names, sorted
+    files: tuple[str, ...]  # evaluation file names, sorted
     n: int = DEFAULT_NGRAM
 
     @property

@@ -19,7 +19,7 @@ class DocRef(NamedTuple):
     doc_id: int
     split: int
     source: str
-    loc: tuple  # (unit name, line) or, with staged shingles, (unit name, line, first shingle, count)
+    loc: tuple[str | int, ...]  # (unit name, line) or, with staged shingles, (unit name, line, first shingle, count)
 
 
 # --------------------------------------------------------------------------------- out of the signing step
@@ -40,7 +40,7 @@ class BandMember:
 class Removal:
     """A document the stage removes, with its sidecar row (partitions.py writes it)."""
     doc_id: int
-    row: dict  # id, reason, source and the reason's own fields (keeper, jaccard / eval_file, ngram)
+    row: dict[str, object]  # id, reason, source and the reason's own fields (keeper, jaccard / eval_file, ngram)
 
 
 @dataclass(frozen=True)
@@ -60,15 +60,15 @@ class CommittedBandFile:
 class RangeTask:
     """Files shuffle: find the edges of one band-key range among these units' band rows."""
     range: int
-    unit_names: tuple
+    unit_names: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class IndexTask:
     """Write one range of the generation's band index: these units' rows less the ids of the removal indexes."""
     range: int
-    unit_names: tuple
-    indexes: tuple  # ((reason, path), ...)
+    unit_names: tuple[str, ...]
+    indexes: tuple[tuple[str, str], ...]  # (reason, path) of each removal index
 
 
 # ---------------------------------------------------------------------------------- label propagation
@@ -77,7 +77,7 @@ class NodeState:
     """A node of the graph between two rounds: its neighbours' ids, its label (the best Node it has heard of),
     and whether the last round changed the label."""
     node: Node
-    neighbours: tuple
+    neighbours: tuple[int, ...]  # their ids
     label: Node
     changed: bool = True
 
@@ -99,11 +99,11 @@ class ClusterMember:
 class PartitionWritten:
     """One id partition's removals, written: its staged indexes and its sidecar."""
     partition: int
-    indexes: tuple  # ((reason, path), ...)
+    indexes: tuple[tuple[str, str], ...]  # (reason, path) of each removal index
     sidecar: str
-    examples: tuple  # up to EXAMPLE_PAIRS near-duplicate rows (dicts), by id
-    contaminated_examples: tuple
-    removed: dict  # reason -> documents
+    examples: tuple[dict[str, object], ...]  # up to EXAMPLE_PAIRS near-duplicate rows, by id
+    contaminated_examples: tuple[dict[str, object], ...]
+    removed: dict[str, int]  # reason -> documents
 
 
 @dataclass(frozen=True)

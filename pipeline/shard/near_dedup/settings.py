@@ -47,7 +47,7 @@ class NearDedupConfig:
 @dataclass(frozen=True)
 class DecontaminateConfig:
     """`--decontaminate GLOB` and its `--decontaminate-*` options (transforms/shard/decontaminate.py)."""
-    globs: tuple = ()  # evaluation files or globs (str)
+    globs: tuple[str, ...] = ()  # evaluation files or globs
     field: str = "text"
     ngram: int = decontaminate.DEFAULT_NGRAM
     held_out: bool = False  # val/test documents are checked too

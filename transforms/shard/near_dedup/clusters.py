@@ -33,12 +33,12 @@ class Node:
     its shingles are staged (unit name, first element, count) for --near-dedup-verify. A `committed` node comes
     from a committed generation's band index (band_index.py): its `loc` is
     ("committed", generation), it has no staged shingles or text, and it is never removed."""
-    rank: tuple
+    rank: tuple[int, int]
     doc_id: int
     split: int
     sig: bytes
     source: str = ""
-    loc: tuple = ()
+    loc: tuple[str | int, ...] = ()
     excerpt: str = ""
     committed: bool = False
 
