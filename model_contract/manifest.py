@@ -51,7 +51,7 @@ class Manifest:
     previous_generation_recorded: bool = False
     # The sections besides the core, each None when absent from the JSON (see `SECTIONS`): what the manifest
     # commits (pipeline/ops/commit.py), the shard job's integrity sections (pipeline/shard/integrity.py), the
-    # near-dedup band indexes (pipeline/shard/near_dedup_graph.py) and a neighbours sidecar's `retrieval`.
+    # near-dedup band indexes (pipeline/shard/near_dedup/) and a neighbours sidecar's `retrieval`.
     kind: Optional[str] = None  # "dataset" | "sidecar"
     dead_letter_files: Optional[list] = None  # [FileDigest]
     doc_id_indexes: Optional[list] = None  # [IdIndexRow]

@@ -175,7 +175,7 @@ def _generation_file(d: dict, prefix: str) -> tuple:
 @dataclass(frozen=True)
 class BandIndexRow:
     """A `near_dedup_band_indexes` row: one key range of a generation's near-dedup band index
-    (pipeline/shard/near_dedup_graph.py checks it against the dataset before an incremental run reads it)."""
+    (pipeline/shard/near_dedup/committed.py checks it against the dataset before an incremental run reads it)."""
     generation: str
     range: int
     path: str

@@ -9,7 +9,7 @@ A document of the inputs is, in the committed dataset, exactly one of:
 * removed by --near-dedup (`near_duplicate`: its keeper must be written or dropped by its own source's weight;
   `near_duplicate_of_committed`) or by
   --decontaminate (`contaminated`: the recorded n-gram must be in its text), as the generation's near-dedup
-  sidecar files say (pipeline/shard/near_dedup_graph.py `_write_partition`; their sha256 is checked here);
+  sidecar files say (pipeline/shard/near_dedup/partitions.py `write_partition`; their sha256 is checked here);
 * dropped by a source weight below 1 (transforms/shard/mixture.py `copies` gives it no copy; counted as filtered
   `mixture_weight` in the manifest).
 
@@ -221,7 +221,7 @@ def _keeper_accounted(row: dict, pieces: dict, removals: Removals) -> bool:
 
 
 def _holds_ngram(text: str, ngram: str) -> bool:
-    from transforms.shard.near_dedup import normalised_words  # noqa: PLC0415 - decontamination's normalisation
+    from transforms.shard.near_dedup.shingling import normalised_words  # noqa: PLC0415 - as decontamination
 
     words, want = normalised_words(text), ngram.split()
     n = len(want)
