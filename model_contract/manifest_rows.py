@@ -46,8 +46,8 @@ class RecordCounts:
     """`records` (whole dataset) and each `inputs` row: read = written + filtered + dead-lettered."""
     read: int = 0
     written: int = 0
-    filtered: dict = field(default_factory=dict)  # reason -> count
-    dead_lettered: dict = field(default_factory=dict)  # reason -> count
+    filtered: dict[str, int] = field(default_factory=dict)  # reason -> count
+    dead_lettered: dict[str, int] = field(default_factory=dict)  # reason -> count
 
     def to_dict(self) -> dict:
         return {"read": self.read, "written": self.written, "filtered": dict(self.filtered),

@@ -160,7 +160,7 @@ class ParallelConfig:
 class OptimConfig:
     lr: float = opt(3e-3, "peak learning rate (for the global batch: independent of the layout)")
     weight_decay: float = opt(0.1, "AdamW weight decay")
-    betas: tuple = opt((0.9, 0.95), "AdamW betas", cli=False)
+    betas: tuple[float, float] = opt((0.9, 0.95), "AdamW betas", cli=False)
     warmup_steps: int = opt(10, "linear warm-up steps")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0 = off)")
     adamw: Literal["auto", "fused", "foreach"] = opt("auto", "AdamW kernel: fused (one kernel per parameter "

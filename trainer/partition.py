@@ -32,10 +32,10 @@ class Unit:
 @dataclass(frozen=True)
 class StageSpec:
     index: int
-    units: tuple  # unit names
+    units: tuple[str, ...]  # unit names
     first: bool
     last: bool
-    layers: tuple  # block indices
+    layers: tuple[int, ...]  # block indices
 
     @property
     def module_args(self) -> dict:

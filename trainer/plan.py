@@ -62,10 +62,10 @@ class Layout:
 @dataclass
 class Plan:
     model: str
-    layout: dict
+    layout: dict[str, int | bool | str]  # asdict(Layout)
     gpu: str
     capacity: int
-    parts: dict = field(default_factory=dict)  # name -> bytes
+    parts: dict[str, int] = field(default_factory=dict)  # name -> bytes
     total: int = 0
     fits: bool = True
     stage_params: int = 0

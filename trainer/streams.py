@@ -60,7 +60,7 @@ class StreamState:
     stream: int
     epoch: int
     taken: int = 0  # records of this stream moved into the buffer so far this epoch
-    buffer: list = field(default_factory=list)  # global record indices, in buffer order
+    buffer: list[int] = field(default_factory=list)  # global record indices, in buffer order
     emitted: int = 0  # records handed out this epoch; also the index of the next random draw
 
     def to_dict(self) -> dict:
