@@ -10,34 +10,41 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from model_contract.contract import ContractError, DataContract
 from model_contract.dataset_paths import MANIFEST_NAME
 from model_contract.manifest_check import MANIFEST_FORMAT, check_manifest_dict
-from model_contract.manifest_rows import SECTIONS, GenerationRow, LedgerRow, ShardInfo, section_json
+from model_contract.manifest_rows import (SECTIONS, BandIndexRow, FileDigest, GenerationRow, IdIndexRow, LedgerRow,
+                                          ShardInfo, section_json)
 from model_contract.retrieval import SidecarInfo
 
 
 @dataclass
 class Manifest:
     contract: DataContract
-    shards: list  # [ShardInfo]
-    splits: dict = field(default_factory=dict)  # split -> {documents, tokens, examples, shards, padding_tokens}
-    sources: dict = field(default_factory=dict)  # source -> split -> {documents, tokens}
+    shards: list[ShardInfo]
+    # split -> {documents, tokens, examples, shards, padding_tokens}
+    splits: dict[str, dict[str, int]] = field(default_factory=dict)
+    # source -> split -> {documents, tokens}
+    sources: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     padding_fraction: float = 0.0
-    records: dict = field(default_factory=dict)  # {read, written, filtered: {reason: n}, dead_lettered: {...}}
-    inputs: list = field(default_factory=list)  # per input file: path, read, written, filtered, dead_lettered
-    dead_letters: list = field(default_factory=list)  # dead-letter files, relative paths
-    config: dict = field(default_factory=dict)
+    # the `records` JSON (RecordCounts.to_dict): {read, written, filtered: {reason: n}, dead_lettered: {...}}
+    records: dict[str, Any] = field(default_factory=dict)
+    # the `inputs` JSON rows (InputFileStats.to_dict), one per input file: path, bytes, read, written, filtered,
+    # dead_lettered
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    dead_letters: list[str] = field(default_factory=list)  # dead-letter files, relative paths
+    config: dict[str, Any] = field(default_factory=dict)  # the `config` JSON (ShardConfig.to_manifest_dict)
     pileprep_version: str = ""
     # The committed dataset's state (pipeline/shard/integrity.py): the newest generation, one row per generation
     # in commit order ({name, inputs, shards, examples, tokens, documents}), one ledger row per input file held
     # ({path, bytes, generation[, mtime, etag, sha256]}). Validated on load: they decide what a run deletes.
     generation: Optional[str] = None
-    generations: list = field(default_factory=list)
-    ledger: Optional[list] = None  # [LedgerRow]; None: a manifest that predates the ledger (synthesized from `inputs`)
-    skipped_inputs: list = field(default_factory=list)  # glob matches that were not files: {path, reason}
+    generations: list[dict[str, Any]] = field(default_factory=list)  # the `generations` JSON rows (GenerationRow)
+    ledger: Optional[list[LedgerRow]] = None  # None: a manifest that predates the ledger (synthesized from `inputs`)
+    # glob matches that were not files: {path, reason} (pipeline/ops/guards.py skipped_inputs)
+    skipped_inputs: list[dict[str, str]] = field(default_factory=list)
     # The commit's place in the output's history (1, 2, ...: one more than any commit the output kept), set by the
     # commit (pipeline/ops/commit.py): pruning and `pileprep gc` order generations by it, never by file mtimes,
     # which a copy, a sync or a `touch` rewrites. None: a manifest written before it was recorded.
@@ -51,16 +58,16 @@ class Manifest:
     previous_generation_recorded: bool = False
     # The sections besides the core, each None when absent from the JSON (see `SECTIONS`): what the manifest
     # commits (pipeline/ops/commit.py), the shard job's integrity sections (pipeline/shard/integrity.py), the
-    # near-dedup band indexes (pipeline/shard/near_dedup_graph.py) and a neighbours sidecar's `retrieval`.
+    # near-dedup band indexes (pipeline/shard/near_dedup/) and a neighbours sidecar's `retrieval`.
     kind: Optional[str] = None  # "dataset" | "sidecar"
-    dead_letter_files: Optional[list] = None  # [FileDigest]
-    doc_id_indexes: Optional[list] = None  # [IdIndexRow]
-    duplicates_by_source: Optional[dict] = None  # source of the removed copy -> exact duplicates removed
-    band_indexes: Optional[list] = None  # [BandIndexRow]
+    dead_letter_files: Optional[list[FileDigest]] = None
+    doc_id_indexes: Optional[list[IdIndexRow]] = None
+    duplicates_by_source: Optional[dict[str, int]] = None  # source of the removed copy -> exact duplicates removed
+    band_indexes: Optional[list[BandIndexRow]] = None
     retrieval: Optional[SidecarInfo] = None
     # Every other key, kept as its JSON value and written back unchanged: the report's sections (`statistics`,
     # `mixture`, `near_dedup`, `tokenizer_backend`) and sections this reader does not know.
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     def shards_for(self, split: str) -> list:
         return [s for s in self.shards if s.split == split]

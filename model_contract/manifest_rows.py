@@ -46,8 +46,8 @@ class RecordCounts:
     """`records` (whole dataset) and each `inputs` row: read = written + filtered + dead-lettered."""
     read: int = 0
     written: int = 0
-    filtered: dict = field(default_factory=dict)  # reason -> count
-    dead_lettered: dict = field(default_factory=dict)  # reason -> count
+    filtered: dict[str, int] = field(default_factory=dict)  # reason -> count
+    dead_lettered: dict[str, int] = field(default_factory=dict)  # reason -> count
 
     def to_dict(self) -> dict:
         return {"read": self.read, "written": self.written, "filtered": dict(self.filtered),
@@ -175,7 +175,7 @@ def _generation_file(d: dict, prefix: str) -> tuple:
 @dataclass(frozen=True)
 class BandIndexRow:
     """A `near_dedup_band_indexes` row: one key range of a generation's near-dedup band index
-    (pipeline/shard/near_dedup_graph.py checks it against the dataset before an incremental run reads it)."""
+    (pipeline/shard/near_dedup/committed.py checks it against the dataset before an incremental run reads it)."""
     generation: str
     range: int
     path: str

@@ -5,7 +5,7 @@ pipeline/retrieval/build.py.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Any, Optional
 
 from pipeline.beam_glue import FilesystemOptions, apply_filesystem_options
 from pipeline.config import PILEPREP_VERSION, ConfigError
@@ -20,12 +20,12 @@ from transforms.tokenize import tokenizer
 @dataclasses.dataclass(frozen=True)
 class BuildPlan:
     config: BuildConfig
-    dataset_manifest: dict
-    shard_paths: tuple  # absolute paths of the shards of the chosen splits
-    input_paths: tuple  # the dataset's input files (for sources)
+    dataset_manifest: dict[str, Any]  # the dataset's manifest JSON (model_contract/manifest.py Manifest.to_dict)
+    shard_paths: tuple[str, ...]  # absolute paths of the shards of the chosen splits
+    input_paths: tuple[str, ...]  # the dataset's input files (for sources)
     generation: str
     fingerprint: str
-    encoder: dict  # EncoderInfo dict
+    encoder: dict[str, Any]  # the `encoder` JSON (transforms/retrieval/retrieval_encoders.py EncoderInfo.to_dict)
     model_bytes: bytes  # the dataset's tokenizer (dense encoders decode chunk text)
     filesystem_options: Optional[FilesystemOptions] = None
     staging_dir: str = ""  # this run's staging (its marker only), set by the job runner (store_job.py)

@@ -133,9 +133,9 @@ class ChunkDatabase:
     manifest: DbManifest
     doc_ids: np.ndarray = field(default=None)  # [N] int64, database order
     chunk_index: np.ndarray = field(default=None)  # [N] int32
-    tokens: list = field(default=None)  # [N] int32 arrays
+    tokens: Optional[list[np.ndarray]] = field(default=None)  # [N] int32 arrays; None: loaded without tokens
     token_hash: np.ndarray = field(default=None)  # [N] int64
-    sources: list = field(default=None)
+    sources: list[str] = field(default=None)  # [N] each chunk's document source
 
     @classmethod
     def load(cls, root: str, with_tokens: bool = True) -> "ChunkDatabase":

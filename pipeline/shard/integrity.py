@@ -24,7 +24,7 @@ from model_contract.manifest_rows import FileDigest, IdIndexRow, LedgerRow
 from model_contract.schema import is_generation_name
 from pipeline.config import ConfigError
 from pipeline.ops.incremental import InputsChangedError, file_sha256
-from pipeline.shard import near_dedup_manifest
+from pipeline.shard.near_dedup import manifest as near_dedup_manifest
 from transforms.shard.records import InputFile
 from transforms.io import io_utils
 from transforms.shard import corpus_stats

@@ -32,8 +32,9 @@ from pipeline.errors import RunError
 from pipeline.output import print_outcome
 from pipeline.ops import commit, guards, progress, runlog, runners
 from pipeline.ops import generations
-from pipeline.shard import (cancel, input_digests, integrity, near_dedup_graph, near_dedup_settings, preflight, resume,
-                            runner_shuffle, unit_plan)
+from pipeline.shard import (cancel, input_digests, integrity, preflight, resume, runner_shuffle, unit_plan)
+from pipeline.shard.near_dedup import settings as near_dedup_settings
+from pipeline.shard.near_dedup.transform import NearDedup
 from pipeline.shard.manifest_builder import build_manifest, shard_write_tasks
 from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model  # noqa: F401 - the job's public names
 from pipeline.shard import plan as shard_plan
@@ -374,7 +375,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
     # generation finished it (its marker checked with every file's sha256: pipeline/shard/resume.py), since the
     # removals it staged depend only on the fingerprint.
     if near_dedup_settings.enabled(plan.config) and not plan.resumed_near_dedup:
-        units = units | "NearDedup" >> near_dedup_graph.NearDedup(plan, shuffle)
+        units = units | "NearDedup" >> NearDedup(plan, shuffle)
     if shuffle == "runner":  # pieces through the runner's GroupByKey (pipeline/shard/runner_shuffle.py)
         shards = (units
                   | "CollectUnits" >> GatherAll()

@@ -50,19 +50,20 @@ class Estimate:
     documents: int
     dead_letters: int
     tokens: int
-    tokens_per_split: dict
+    tokens_per_split: dict[str, int]  # split name -> tokens
     examples: int
     shards: int
-    shards_per_split: dict
+    shards_per_split: dict[str, int]  # split name -> shards
     output_bytes: int
     core_hours: float
     nothing_to_do: bool = False
-    notes: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     workers: int = 1
     wall_s: float = 0.0  # driver planning + core-hours / workers (perfect scaling: a lower bound)
     startup_s: float = 0.0
     startup_core_s: float = 0.0  # included in core_hours: a run's CPU whatever its input (see the docstring)
-    sources: dict = field(default_factory=dict)  # source -> {documents, tokens, text_bytes, tokenize_core_s}
+    # source -> {documents, tokens, text_bytes: int; tokenize_core_s: float}
+    sources: dict[str, dict[str, float]] = field(default_factory=dict)
     calibration: Optional[Calibration] = None
 
 

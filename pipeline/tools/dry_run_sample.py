@@ -63,17 +63,19 @@ class Sample:
     text_bytes: int = 0
     tokenized_text_bytes: int = 0
     tokenized_tokens: int = 0
-    split_text_bytes: list = field(default_factory=lambda: [0] * len(SPLITS))
-    split_tokens: list = field(default_factory=lambda: [0.0] * len(SPLITS))  # tokenized docs exact, others scaled
-    split_docs: list = field(default_factory=lambda: [0] * len(SPLITS))
-    untokenized_split_bytes: list = field(default_factory=lambda: [0] * len(SPLITS))
+    split_text_bytes: list[int] = field(default_factory=lambda: [0] * len(SPLITS))
+    # tokenized documents exact, others scaled
+    split_tokens: list[float] = field(default_factory=lambda: [0.0] * len(SPLITS))
+    split_docs: list[int] = field(default_factory=lambda: [0] * len(SPLITS))
+    untokenized_split_bytes: list[int] = field(default_factory=lambda: [0] * len(SPLITS))
     dead_letters: int = 0
     filtered: int = 0
     read_cpu_s: float = 0.0
     tokenize_cpu_s: float = 0.0
-    token_arrays: list = field(default_factory=list)  # a few documents' tokens, for the output bytes estimate
-    by_source: dict = field(default_factory=dict)  # source -> SourceSample
-    slices: list = field(default_factory=list)  # (input path, [raw lines]): the calibration run's input
+    token_arrays: list[np.ndarray] = field(default_factory=list)  # a few documents' int64 tokens (output size)
+    by_source: dict[str, SourceSample] = field(default_factory=dict)  # by source name
+    # (input path, its raw lines): the calibration run's input (dry_run_calibration.write_slices)
+    slices: list[tuple[str, list[bytes]]] = field(default_factory=list)
 
 
 @dataclass
@@ -84,9 +86,9 @@ class SourceSample:
     tokenized_text_bytes: int = 0
     tokenized_tokens: int = 0
     tokenize_cpu_s: float = 0.0
-    split_docs: list = field(default_factory=lambda: [0] * len(SPLITS))
-    split_tokens: list = field(default_factory=lambda: [0] * len(SPLITS))  # of the tokenized documents
-    untokenized_split_bytes: list = field(default_factory=lambda: [0] * len(SPLITS))
+    split_docs: list[int] = field(default_factory=lambda: [0] * len(SPLITS))
+    split_tokens: list[int] = field(default_factory=lambda: [0] * len(SPLITS))  # of the tokenized documents
+    untokenized_split_bytes: list[int] = field(default_factory=lambda: [0] * len(SPLITS))
 
     def tokens_per_byte(self, fallback: float) -> float:
         return self.tokenized_tokens / self.tokenized_text_bytes if self.tokenized_text_bytes else fallback

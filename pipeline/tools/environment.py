@@ -44,9 +44,9 @@ def c_codec() -> dict:
 
 def c_shingles() -> dict:
     """Whether transforms.shard's C word-shingle extension (_shingles.c, --near-dedup) is loaded, and from where."""
-    from transforms.shard import near_dedup  # noqa: PLC0415
+    from transforms.shard.near_dedup import hashing  # noqa: PLC0415
 
-    fast = getattr(near_dedup, "_fast", None)
+    fast = hashing.fast
     return {"active": fast is not None, "path": getattr(fast, "__file__", None)}
 
 

@@ -43,7 +43,7 @@ MIN_VOCAB_SIZE = 4 + 256 + 1  # specials + the 256 byte pieces + at least one le
 class _ReadStats:
     files: int = 0
     documents: int = 0
-    rejected: dict = field(default_factory=dict)  # reason -> count (file damage and record rejections)
+    rejected: dict[str, int] = field(default_factory=dict)  # reason -> count (file damage and record rejections)
 
 
 def _list_inputs(input_globs: list[str]) -> list[str]:

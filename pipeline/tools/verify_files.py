@@ -67,7 +67,7 @@ def check_files(manifest: Manifest, manifest_file: str, report: VerifyReport) ->
 
 
 # ------------------------------------------------------------------------------------ near-dedup band index
-BAND_INDEXES = "near_dedup_band_indexes"  # the manifest's list (pipeline/shard/near_dedup_graph.py BAND_INDEXES)
+BAND_INDEXES = "near_dedup_band_indexes"  # the manifest's list (pipeline/shard/near_dedup/manifest.py BAND_INDEXES)
 _BAND_CHUNK_ROWS = 4096  # rows read at a time: a Pile-scale band file is tens of GB, never read whole
 
 
@@ -84,8 +84,8 @@ def _num_perm(manifest: Manifest) -> Optional[int]:
 def _band_rows_problem(rows: np.ndarray, first: int, previous: Optional[tuple], key_range: int,
                        ranges: int) -> Optional[str]:
     """The first malformed row of a chunk, as the incremental run's reader would refuse or misuse it
-    (transforms/shard/near_dedup_band_index.py decode, pipeline/shard/near_dedup_graph.py committed_range_rows):
-    keys of 63 bits in the file's range (the top 3 bits, near_dedup_graph.BAND_RANGES), (key, id) strictly
+    (transforms/shard/near_dedup/band_index.py decode, pipeline/shard/near_dedup/windows.py committed_range_rows):
+    keys of 63 bits in the file's range (the top 3 bits, band_index.py BAND_RANGES), (key, id) strictly
     increasing across the whole file, a split the contract knows."""
     from transforms.shard.documents import SPLITS  # noqa: PLC0415
 
@@ -107,7 +107,7 @@ def _band_rows_problem(rows: np.ndarray, first: int, previous: Optional[tuple], 
 
 def _scan_band_file(path: str, num_perm: Optional[int], key_range: int, ranges: int) -> tuple:
     """(bytes, sha256, first problem with the rows or None) in one streaming pass over the file."""
-    from transforms.shard.near_dedup_band_index import row_dtype  # noqa: PLC0415
+    from transforms.shard.near_dedup.band_index import row_dtype  # noqa: PLC0415
 
     dtype = row_dtype(num_perm) if num_perm else None
     h, size, pending, first, previous, problem = hashlib.sha256(), 0, b"", 0, None, None
@@ -140,7 +140,7 @@ def check_band_indexes(manifest: Manifest, manifest_file: str, report: VerifyRep
     listed = manifest.band_indexes or []  # rows already checked field by field on load (model_contract/manifest.py)
     if not listed:
         return
-    from pipeline.shard.near_dedup_graph import BAND_RANGES  # noqa: PLC0415 - Beam's import, only when needed
+    from transforms.shard.near_dedup.band_index import BAND_RANGES  # noqa: PLC0415
 
     num_perm = _num_perm(manifest)
     if num_perm is None:

@@ -16,10 +16,10 @@ class AuditResult:
     documents: int = 0  # sampled records that are documents, each found once, token-exact, in one split
     dead_lettered: int = 0  # sampled records found in a dead-letter file
     filtered: int = 0  # blank lines and empty texts
-    problems: list = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
     # sampled documents removed on purpose, by reason (near_duplicate, contaminated, mixture_weight, ...), and
     # how many written ones were checked by decoding (pipeline/tools/verify_inputs.py)
-    removed: dict = field(default_factory=dict)
+    removed: dict[str, int] = field(default_factory=dict)
     round_trip_checked: int = 0
     round_trip_note: str = ""  # how decode(tokens) was checked, when not against the text as is, or why not
 
@@ -29,8 +29,8 @@ class VerifyReport:
     dataset: str
     files_checked: int = 0
     bytes_checked: int = 0
-    mismatches: list = field(default_factory=list)
-    notes: list = field(default_factory=list)
+    mismatches: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     audit: Optional[AuditResult] = None
 
     @property

@@ -244,9 +244,9 @@ def test_verbosity_after_the_subcommand_version_and_env(capsys):
     from model_contract import example_codec
 
     assert report["c_varint_codec"]["active"] == (example_codec._fast is not None)  # noqa: SLF001
-    from transforms.shard import near_dedup
+    from transforms.shard.near_dedup import hashing
 
-    assert report["c_shingles"]["active"] == (near_dedup._fast is not None)  # noqa: SLF001
+    assert report["c_shingles"]["active"] == (hashing.fast is not None)
 
 
 def test_a_bad_choice_built_in_code_fails_validation_with_the_types_own_choices():

@@ -184,7 +184,8 @@ def test_inspect_and_report_refuse_a_swapped_shard_by_name(two_generations, tmp_
 def test_trainer_readers_on_two_generations(two_generations, tmp_path):
     """The trainer's loader and the IterableDataset read every shard of both generations, checked."""
     from trainer.config import DataConfig, model_config
-    from trainer.data import ShardLoader, open_dataset
+    from trainer.data import ShardLoader
+    from trainer.dataset import open_dataset
 
     out, manifest = two_generations
     seq_len = manifest["contract"]["seq_len"]

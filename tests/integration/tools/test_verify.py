@@ -257,9 +257,9 @@ def test_inspect_and_verify_refuse_shard_paths_outside_the_dataset(built, tmp_pa
 
 
 # ------------------------------------------------------------------ near-dedup band index (transforms/shard/
-# near_dedup_band_index.py): the files an --incremental --near-dedup run trusts to keep near-copies out
+# near_dedup/band_index.py): the files an --incremental --near-dedup run trusts to keep near-copies out
 def _band_rows(num_perm: int, key_range: int) -> np.ndarray:
-    from transforms.shard.near_dedup_band_index import row_dtype
+    from transforms.shard.near_dedup.band_index import row_dtype
 
     rows = np.zeros(3, row_dtype(num_perm))
     rows["key"] = (key_range << 60) + np.array([1, 2, 2], dtype=np.uint64)  # top 3 bits: the file's range
@@ -274,7 +274,7 @@ def _with_band_index(out: pathlib.Path, tmp_path: pathlib.Path, damage=None) -> 
     was listed, or a writer bug: size and sha256 alone cannot catch it)."""
     copy = damaged_copy(out, tmp_path)
     m = json.loads((copy / "manifest.json").read_text())
-    from transforms.shard.near_dedup import DEFAULT_BANDS, DEFAULT_ROWS
+    from transforms.shard.near_dedup.minhash import DEFAULT_BANDS, DEFAULT_ROWS
 
     m["config"].update(near_dedup=True, near_dedup_bands=DEFAULT_BANDS, near_dedup_rows=DEFAULT_ROWS)
     num_perm = DEFAULT_BANDS * DEFAULT_ROWS

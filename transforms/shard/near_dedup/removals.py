@@ -1,8 +1,8 @@
 """The removal lists the near-dedup stage stages for the packers, and the packers' lookup in them.
 
-The near-dedup stage (pipeline/shard/near_dedup_graph.py) ends by writing, per partition of the document ids
+The near-dedup stage (pipeline/shard/near_dedup/partitions.py) ends by writing, per partition of the document ids
 (id % PARTITIONS), one id index (transforms/shard/doc_ids.py layout) per removal reason, and one marker,
-`near-dedup/removals.json`, listing them. A packer (transforms/shard/stages.py `pack_shard`) asks each index
+`near-dedup/removals.json`, listing them. A packer (transforms/shard/pack.py `pack_shard`) asks each index
 about its shard's ids: memory per packer is the indexes' fences plus one block, whatever the number of removed
 documents. No marker in the staging directory: the run has no near-dedup stage, nothing is removed.
 """
@@ -15,8 +15,8 @@ import numpy as np
 
 from transforms.io import io_utils
 from transforms.shard import doc_ids
+from transforms.shard.near_dedup import paths
 
-MARKER = "near-dedup/removals.json"
 PARTITIONS = 16
 NEAR_DUPLICATE = "near_duplicate"
 NEAR_DUPLICATE_OF_COMMITTED = "near_duplicate_of_committed"
@@ -28,13 +28,9 @@ def partition_of(doc_id: int) -> int:
     return int(doc_id) % PARTITIONS
 
 
-def index_path(staging_dir: str, reason: str, partition: int) -> str:
-    return io_utils.join(staging_dir, "near-dedup", f"removed-{reason}-p{partition:03d}.idx")
-
-
 def write_marker(staging_dir: str, indexes: list, contaminated_splits: list) -> str:
     """`indexes`: [(reason, path)] of every non-empty index. Written once, by the stage's last step."""
-    path = io_utils.join(staging_dir, MARKER)
+    path = paths.removals_marker(staging_dir)
     body = {"indexes": [[r, p] for r, p in sorted(indexes)], "contaminated_splits": sorted(contaminated_splits)}
     io_utils.write_bytes(path, json.dumps(body, sort_keys=True).encode("utf-8"))
     return path
@@ -43,7 +39,7 @@ def write_marker(staging_dir: str, indexes: list, contaminated_splits: list) -> 
 def load(staging_dir: Optional[str]) -> Optional[dict]:
     if staging_dir is None:
         return None
-    path = io_utils.join(staging_dir, MARKER)
+    path = paths.removals_marker(staging_dir)
     if not io_utils.exists(path):
         return None
     return json.loads(io_utils.read_bytes(path))

@@ -1,7 +1,7 @@
 """A generation's band index: the LSH band keys of the documents it kept, for later --incremental runs.
 
 Every generation built with --near-dedup writes, inside its directory, one file per band-key range
-(pipeline/shard/near_dedup_graph.py BAND_RANGES, the key's top bits): `near-dedup/band-index-rNN.bin`, fixed-size
+(BAND_RANGES, the key's top bits): `near-dedup/band-index-rNN.bin` (paths.py), fixed-size
 little-endian rows (band key, document id, split, MinHash signature) sorted by (key, id). Only kept documents
 are listed (near-copies and contaminated documents removed by the generation are not), so a new document that
 matches a row is near a document readers actually see. The signature travels in the row so that a candidate is
@@ -18,9 +18,10 @@ from typing import Optional
 
 import numpy as np
 
-from transforms.shard import near_dedup
+from transforms.shard.near_dedup.clusters import Node, rank
+from transforms.shard.near_dedup.minhash import SIGNATURE_DTYPE
 
-FILE_PATTERN = "near-dedup/band-index-r{:02d}.bin"
+BAND_RANGES = 8  # band keys are cut into this many ranges (their top bits): one file, and one task, each
 
 
 def row_dtype(num_perm: int) -> np.dtype:
@@ -86,8 +87,8 @@ def committed_nodes(rows: np.ndarray, generation: str) -> list:
     out = []
     for r in rows:
         doc_id, split = int(r["doc_id"]), int(r["split"])
-        node = near_dedup.Node(near_dedup.rank(split, doc_id, committed=True), doc_id, split,
-                               np.ascontiguousarray(r["sig"], dtype=near_dedup.SIGNATURE_DTYPE).tobytes(),
-                               "", ("committed", generation), "", True)
+        node = Node(rank(split, doc_id, committed=True), doc_id, split,
+                    np.ascontiguousarray(r["sig"], dtype=SIGNATURE_DTYPE).tobytes(),
+                    "", ("committed", generation), "", True)
         out.append((int(r["key"]), node))
     return out

@@ -1,4 +1,4 @@
-"""The trainer as a person meets it, and figures that cannot flatter: --help defaults, interval timing from the
+"""The trainer's figures that cannot flatter (trainer/metrics.py, trainer/progress.py): interval timing from the
 wall clock, the MFU line's convention, the executed-attention estimate, the --max-seconds check cadence, the
 ETA and the last line's resume command."""
 from __future__ import annotations
@@ -13,23 +13,6 @@ from trainer.config import model_config
 from trainer.metrics import (MetricsLogger, attended_keys_per_token, eta_seconds, hardware_flops_per_token,
                              interval_rates)
 from trainer.progress import final_line, format_progress, resume_argv, resume_command
-
-
-def _help_of(parser, flag):
-    return next(a.help for a in parser._actions if flag in a.option_strings)
-
-
-def test_help_shows_every_default_and_the_inverted_flags_say_what_they_do():
-    from trainer.train import _parser
-    p = _parser()
-    missing = [a.option_strings[0] for a in p._actions
-               if a.option_strings and a.option_strings[0] != "-h" and "default" not in (a.help or "")]
-    assert not missing, f"options whose --help shows no default: {missing}"
-    assert _help_of(p, "--no-resume").startswith("start fresh")
-    assert "fp32" in _help_of(p, "--no-bf16").split("(")[0]
-    assert "(default: 40)" in _help_of(p, "--steps")
-    text = p.format_help()  # argparse %-formats every help string: a stray % would raise here
-    assert "--no-resume" in text
 
 
 class FakeClock:

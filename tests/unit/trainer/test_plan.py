@@ -1,4 +1,5 @@
-"""The memory plan against torch's own accounting (MemTracker, CPU), and its verdicts for p4d layouts."""
+"""The memory plan (trainer/plan.py) against torch's own accounting (MemTracker, CPU), its usable capacities and
+FSDP2's accumulation gradients, and its verdicts for p4d layouts."""
 from __future__ import annotations
 
 import pytest
@@ -8,7 +9,8 @@ from trainer.config import model_config
 from trainer.fsdp import apply_activation_checkpointing
 from trainer.loss import plain_loss_sum
 from trainer.model import build_gpt
-from trainer.plan import GiB, Layout, LayoutDoesNotFit, choose_micro_batch, estimate, main
+from trainer.plan import GPUS, GiB, Layout, LayoutDoesNotFit, choose_micro_batch, estimate, main
+
 
 ACT_HEAVY = model_config("tiny", seq_len=128, vocab_size=512, n_layers=2, d_model=128, n_heads=4, d_ff=512)
 PARAM_HEAVY = model_config("tiny", seq_len=32, vocab_size=4096, n_layers=3, d_model=256, n_heads=4, d_ff=1024)
@@ -97,14 +99,14 @@ def _launcher_args(script: str, world: int) -> list:
 def test_launchers_header_layouts_fit_p4d(script):
     """Each launcher's resolved command passes the trainer's validation *and* the memory plan on A100-40GB
     (on the p4d node the GPU is detected; here it is named)."""
-    from trainer.train import parse_args
+    from trainer.args import parse_args
     cfg = parse_args(_launcher_args(script, 32) + ["--gpu", "A100-40GB"], world=32)
     assert cfg.plan.fits and cfg.plan.gpu == "A100-40GB" and cfg.plan.total < 40 * GiB
 
 
 def test_the_trainer_refuses_a_layout_over_the_gpu_and_takes_6_7b_as_tp_x_pp_x_dp():
     from trainer.config import ConfigError
-    from trainer.train import parse_args
+    from trainer.args import parse_args
     common = ["--data", "/nonexistent", "--gpu", "A100-40GB", "--device", "cuda", "--global-batch", "512"]
     with pytest.raises(ConfigError, match=r"does not fit on A100-40GB even at micro-batch 1 \(\d+\.\d GiB\)"):
         parse_args(["--model", "6.7B", "--pp", "4", *common], world=16)  # pipeline alone: weights + Adam > 40 GB
@@ -116,3 +118,16 @@ def test_the_trainer_refuses_a_layout_over_the_gpu_and_takes_6_7b_as_tp_x_pp_x_d
     assert (p.dp, p.pp, p.tp) == (2, 2, 8) and p.microbatches >= 4 * p.pp and cfg.plan.fits
     cfg = parse_args(["--model", "1.3B", "--fsdp", "--ac", "selective", "--microbatch-size", "4", *common], world=8)
     assert cfg.parallel.fsdp and cfg.plan.fits  # 1.3B as plain FSDP on one p4d node at micro-batch 4
+
+
+def test_planner_uses_usable_memory_and_counts_fsdp_accumulation_grads():
+    assert GPUS["A100-40GB"] < 39.5 * GiB and GPUS["H200"] <= 140 * GiB
+    cfg = model_config("1.3B")
+    one = estimate(cfg, Layout(dp=8, fsdp=True, micro_batch=2, microbatches=1, ac="selective", device="cuda"),
+                   "H200")
+    acc = estimate(cfg, Layout(dp=8, fsdp=True, micro_batch=2, microbatches=4, ac="selective", device="cuda"),
+                   "H200")
+    held = acc.parts["FSDP unsharded grads (accumulation)"]
+    assert held == pytest.approx(4 * cfg.num_params() * 7 / 8, rel=0.02)  # ~4.9 GiB at 1.3B, less the shard
+    assert acc.total - one.total >= held
+    assert "FSDP unsharded grads (accumulation)" not in one.parts

@@ -2,17 +2,17 @@
 source, the stage's summary file) and every generation's band index rows.
 
 Read by the manifest's assembly and merge (pipeline/shard/integrity.py) and written by the stage
-(pipeline/shard/near_dedup_graph.py); kept apart from the stage so that the manifest code does not import the
-stage's Beam graph, which imports the manifest code back (that closed the cycle ops/guards -> shard/integrity ->
-shard/near_dedup_graph -> shard/resume -> ops/guards).
+(partitions.py); kept apart from the stage's Beam graph so that the manifest code does not import it, which
+imports the manifest code back (that closed the cycle ops/guards -> shard/integrity -> the near-dedup graph ->
+shard/resume -> ops/guards).
 """
 from __future__ import annotations
 
 import json
 
 from transforms.io import io_utils
+from transforms.shard.near_dedup import paths
 
-SUMMARY_NAME = "near-dedup/summary.json"
 BAND_INDEXES = "near_dedup_band_indexes"  # manifest section: every generation's band index files
 
 
@@ -23,7 +23,7 @@ def manifest_section(shard_results: list, output_dir: str, generation: str) -> t
     from model_contract.manifest_rows import BandIndexRow  # noqa: PLC0415
 
     data_dir = io_utils.join(output_dir, generation)
-    path = io_utils.join(data_dir, SUMMARY_NAME)
+    path = paths.summary(data_dir)
     if not io_utils.exists(path):
         return None, None
     summary = json.loads(io_utils.read_bytes(path))
