@@ -27,7 +27,7 @@ from apache_beam.io.filesystems import FileSystems
 
 from pipeline.errors import ConfigError, RunError
 from pipeline.ops.input_checks import match_input
-from pipeline.shard import integrity, resume
+from pipeline.shard import integrity, markers
 from pipeline.shard.near_dedup_manifest import BAND_INDEXES, SUMMARY_NAME
 from pipeline.shard.near_dedup_settings import params_of, tokenize_signing
 from transforms.io import io_utils, read_parquet
@@ -807,8 +807,8 @@ def _finish(grouped, plan):
     summary_path = io_utils.join(plan.data_dir, SUMMARY_NAME)
     io_utils.write_bytes(summary_path, json.dumps(summary, sort_keys=True, indent=1).encode("utf-8"))
     staged = [p for _r, p in indexes] + [removals.write_marker(plan.staging_dir, indexes, contaminated_splits(cfg))]
-    # The global stage's completion marker, last: a rerun of this generation skips the stage (pipeline/shard/resume.py mark_near_dedup)
-    resume.mark_near_dedup(plan, staged, [p["sidecar"] for p in parts] + [b["path"] for b in band_files]
+    # The global stage's completion marker, last: a rerun of this generation skips the stage (pipeline/shard/markers.py mark_near_dedup)
+    markers.mark_near_dedup(plan, staged, [p["sidecar"] for p in parts] + [b["path"] for b in band_files]
                            + [summary_path])
     return "done"
 

@@ -20,7 +20,7 @@ from pipeline.errors import ConfigError, RunError
 from pipeline.job import Build, Decision, NothingToDo
 from pipeline.ops import commit, guards, incremental, input_checks
 from pipeline.ops import generations
-from pipeline.shard import integrity, source_check, split_inputs
+from pipeline.shard import integrity, markers, source_check, split_inputs
 from transforms.shard.records import LedgerEntry
 from transforms.io import io_utils, memory
 from transforms.tokenize import tokenizer, tokenizer_backends
@@ -138,11 +138,9 @@ def make_plan(config: ShardConfig, incremental_run: bool = False, committed=comm
     adds_to_committed = incremental_run and previous is not None
     generation = generation_name(config, contract, ledger, previous, adds_to_committed, nothing_new=not rows)
     staging_dir = guards.staging_dir_for(config.output, config.staging_dir, generation)
-    from pipeline.shard import resume  # noqa: PLC0415 - resume imports this module's neighbours
-
     backend = tokenizer_backends.choose_backend(config.tokenizer_backend, model_bytes, sp,
                                                 _parity_sample(config, [e.path for e in ledger]),
-                                                failed=resume.failed_backends(staging_dir))
+                                                failed=markers.failed_backends(staging_dir))
     return JobPlan(config, ledger, model_bytes, contract, generation, io_utils.join(config.output, generation),
                    staging_dir, input_rows=tuple(rows),
                    previous_json=None if previous is None else previous.to_json(),

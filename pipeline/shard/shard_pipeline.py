@@ -21,222 +21,27 @@ from dataclasses import dataclass
 from typing import Optional
 
 import apache_beam as beam
-from apache_beam.metrics import Metrics
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline import job
-from pipeline.beam_glue import (FilesystemOptions, GatherAll, PlanDoFn, Spread,  # noqa: F401 - public names
+from pipeline.beam_glue import (FilesystemOptions, GatherAll, Spread,  # noqa: F401 - public names
                                 apply_filesystem_options, chosen_running_mode, default_beam_args, pipeline_options)
 from pipeline.config import PILEPREP_VERSION, ShardConfig
 from pipeline.errors import RunError
 from pipeline.output import print_outcome
 from pipeline.ops import commit, guards, progress, runlog, runners
 from pipeline.ops import generations
-from pipeline.shard import (cancel, input_digests, integrity, near_dedup_graph, near_dedup_settings, preflight, resume,
-                            runner_shuffle, unit_plan)
+from pipeline.shard import (cancel, integrity, near_dedup_graph, near_dedup_settings, preflight, resume,
+                            runner_shuffle, stage_dofn, unit_plan)
 from pipeline.shard.manifest_builder import build_manifest, shard_write_tasks
 from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model  # noqa: F401 - the job's public names
 from pipeline.shard import plan as shard_plan
-from transforms.shard import corpus_stats, cut, exact_dedup, pack, tokenize_unit
-from transforms.shard.records import CommitParts, CutOutput, CutResult, InputFile, TokenizedFile, UnitResult
+from transforms.shard import exact_dedup, tokenize_unit
+from transforms.shard.records import CommitParts
 from transforms.io import io_utils, memory
 from transforms.io.filesystem_options import set_filesystem_options
-from transforms.tokenize import tokenizer, tokenizer_backends, worker_cache
 
 LOG = logging.getLogger("pileprep.shard")
-
-
-def _cut_options(cfg) -> dict:
-    """The config's arguments for cutting an input file (transforms/shard/cut.py InputCutter)."""
-    return {"unit_bytes": cfg.unit_bytes, "max_line_bytes": cfg.max_line_bytes,
-            "max_zstd_window_bytes": cfg.max_zstd_window_bytes, "fields": (cfg.text_field, *cfg.source_fields)}
-
-
-def _marked_cut(plan: JobPlan, result: CutResult, digest: InputFile) -> CutOutput:
-    """A file's cut with the digest of the input recorded before it was cut (pipeline/shard/input_digests.py),
-    its completion marker written."""
-    output = CutOutput(result, digest)
-    resume.mark_cut(plan, output)
-    return output
-
-
-def _count_cut(plan: JobPlan, output: CutOutput) -> None:
-    """A cut file's counters: Beam's and a progress marker (runners without live metrics)."""
-    Metrics.counter("pileprep", "input_files").inc()
-    Metrics.counter("pileprep", "input_bytes").inc(output.digest.bytes)
-    # "split_raw_bytes": pipeline/ops/progress.py's key (the run log's progress event sums it)
-    progress.write_marker(plan.staging_dir, resume.cut_marker_name(output.result.file_idx), {
-        "input_files": 1, "input_bytes": output.digest.bytes,
-        "split_raw_bytes": sum(c.raw_bytes for c in output.result.chunks)})
-
-
-class CutInputFile(PlanDoFn):
-    """Cuts one input file into line-aligned chunks in staging; yields a CutOutput."""
-
-    def process(self, element):
-        # Every write of the call, its progress marker included, happens inside cancel.call: once the driver
-        # has cancelled the run and seen no call running, nothing writes into the staging it removes.
-        output = cancel.call(self._cut, *element)
-        if output is not None:  # None: the driver cancelled the run (pipeline/shard/cancel.py)
-            yield output
-
-    def _cut(self, file_idx: int, path: str, chunk_bytes: Optional[int] = None) -> CutOutput:
-        output = None
-        if resume.cut_marker_name(file_idx) in self.plan.resumed_cuts:  # an earlier run's (resume.py)
-            output = resume.load_cut(self.plan, file_idx)  # None: a file did not match its sha256
-        if output is None:
-            digest = input_digests.mark_input(self.plan, file_idx, path)
-            output = _marked_cut(self.plan, cut.cut_input_file(
-                file_idx, path, self.plan.staging_dir, self.plan.data_dir, check_cancelled=cancel.check,
-                chunk_bytes=chunk_bytes, **_cut_options(self.plan.config)), digest)
-        _count_cut(self.plan, output)
-        return output
-
-
-class TokenizeChunk(PlanDoFn):
-    """Loads the SentencePiece model once per worker (setup), then tokenizes whole chunks."""
-
-    def __init__(self, plan: JobPlan):
-        super().__init__(plan)
-        self.documents = Metrics.counter("pileprep", "documents")
-        self.tokens = Metrics.counter("pileprep", "tokens")
-        self.records = Metrics.counter("pileprep", "records")
-        self.raw_bytes = Metrics.counter("pileprep", "raw_bytes")
-        self.units_tokenized = Metrics.counter("pileprep", "units_tokenized")
-        self.units_reused = Metrics.counter("pileprep", "units_reused")
-
-    def setup(self):
-        super().setup()
-        model_bytes = self.plan.tokenizer_model()
-        cfg = self.plan.config
-        # Loaded once per worker thread: DaskRunner runs setup() per partition (transforms/tokenize/worker_cache.py)
-        options = (cfg.tokenizer, tokenizer.options_of(cfg), self.plan.tokenizer_backend,
-                   getattr(cfg, "max_pretoken_mb", None))
-        self.sp, self.byte_mask, long_docs = worker_cache.cached(model_bytes, options, lambda: self._load(model_bytes))
-        self.dtype = tokenizer.token_dtype(self.plan.contract.tokenizer.vocab_size)
-        self.settings = tokenize_unit.TokenizeSettings(
-            cfg.text_field, tuple(cfg.source_fields), cfg.val_fraction, cfg.test_fraction, cfg.seed,
-            self.plan.input_splits, long_docs, near_dedup_settings.tokenize_signing(cfg))
-
-    def _load(self, model_bytes: bytes) -> tuple:
-        cfg = self.plan.config
-        sp = tokenizer.load_processor(model_bytes, cfg.tokenizer, tokenizer.options_of(cfg))
-        encoder = sp if self.plan.tokenizer_backend is None else tokenizer_backends.make_encoder(
-            self.plan.tokenizer_backend, model_bytes, sp)
-        return encoder, corpus_stats.byte_piece_mask(encoder), tokenizer.long_document_plan(encoder, model_bytes, cfg)
-
-    def process(self, chunk):
-        unit = cancel.call(self._tokenize, chunk)
-        if unit is not None:
-            yield unit
-
-    def _tokenize(self, chunk) -> UnitResult:
-        unit = None
-        if resume.unit_marker_name(chunk.unit_name) in self.plan.resumed_units:  # finished by an earlier run
-            unit = resume.load_unit(self.plan, chunk.unit_name)  # None: a file did not match (pipeline/shard/resume.py)
-        reused = unit is not None
-        if not reused:
-            unit = self._marked(lambda: tokenize_unit.tokenize_chunk(
-                chunk, self.sp, self.dtype, self.settings, self.plan.staging_dir, self.plan.data_dir, self.byte_mask,
-                cancel.check))
-        return self._count(unit, chunk, reused)
-
-    def _marked(self, tokenize) -> UnitResult:
-        """`tokenize()`'s unit, marked finished. A failed spot check is recorded in the staging first
-        (pipeline/shard/resume.py mark_backend_failed; the driver's keep_finished keeps the record): no later run
-        of this generation picks this backend again or reuses a unit it made. Both tokenize graphs come here."""
-        try:
-            unit = tokenize()
-        except tokenizer_backends.BackendMismatchError:
-            resume.mark_backend_failed(self.plan)
-            raise
-        resume.mark_unit(self.plan, unit)
-        return unit
-
-    def _count(self, unit: UnitResult, chunk, reused: bool) -> UnitResult:
-        """A unit's counters: Beam's and a progress marker (runners without live metrics)."""
-        (self.units_reused if reused else self.units_tokenized).inc()
-        self.documents.inc(unit.n_docs)
-        self.tokens.inc(sum(unit.split_tokens))
-        self.records.inc(unit.stats.read)
-        self.raw_bytes.inc(chunk.raw_bytes)
-        progress.write_marker(self.plan.staging_dir, "unit-" + unit.name, {
-            "documents": unit.n_docs, "tokens": sum(unit.split_tokens), "records": unit.stats.read,
-            "raw_bytes": chunk.raw_bytes, "dead_letters": sum(unit.stats.dead_lettered.values()),
-            "units_reused" if reused else "units_tokenized": 1})
-        return unit
-
-
-class CutAndTokenizeFile(TokenizeChunk):
-    """Cuts one input file into chunks and tokenizes each as it is cut, in this worker: the chunks never go
-    through staging (transforms/shard/cut.py InputCutter). For graphs where a file's chunks would stay on the
-    worker that cut them anyway (`spread_chunks_needed` false) and nothing reads the chunks later (no near-dedup
-    stage): the zstd spill and its read back were ~6% of the 384 MB bench job's CPU (docs/BENCHMARKS.md).
-
-    Same units, names and bytes as CutInputFile + TokenizeChunk. Resume: each unit is marked as it is
-    written and the file's cut (chunk sizes, digest, damage) once all are; a rerun reuses a file whose cut
-    and units are all marked without reading it, and otherwise reads it again and tokenizes only the chunks
-    whose units are not (pipeline/shard/resume.py)."""
-
-    def process(self, element):
-        tokenized = cancel.call(self._cut_and_tokenize, *element)
-        if tokenized is not None:  # None: the driver cancelled the run (pipeline/shard/cancel.py)
-            yield tokenized
-
-    def _cut_and_tokenize(self, file_idx: int, path: str, chunk_bytes: Optional[int] = None) -> TokenizedFile:
-        reused = self._reuse(file_idx)
-        if reused is not None:
-            output, units = reused[0], [self._count(u, c, True) for u, c in zip(reused[1], reused[0].result.chunks)]
-        else:
-            digest = input_digests.mark_input(self.plan, file_idx, path)
-            cutter = cut.InputCutter(file_idx, path, check_cancelled=cancel.check, chunk_bytes=chunk_bytes,
-                                     **_cut_options(self.plan.config))
-            units = [self._tokenize_records(chunk, records) for chunk, records in cutter.chunks()]
-            output = _marked_cut(self.plan, cutter.finish(self.plan.data_dir, list(cutter.refs), spilled=False),
-                                 digest)
-        _count_cut(self.plan, output)
-        return TokenizedFile(output, tuple(units))
-
-    def _reuse(self, file_idx: int) -> Optional[tuple]:
-        """(cut, its units) when an earlier run finished the whole file this way and every file checks."""
-        if resume.cut_marker_name(file_idx) not in self.plan.resumed_cuts:
-            return None
-        output = resume.load_cut(self.plan, file_idx, spilled=False)
-        if output is None or not all(resume.unit_marker_name(c.unit_name) in self.plan.resumed_units
-                                     for c in output.result.chunks):
-            return None
-        units = [resume.load_unit(self.plan, c.unit_name) for c in output.result.chunks]
-        return None if any(u is None for u in units) else (output, units)
-
-    def _tokenize_records(self, chunk, records) -> UnitResult:
-        unit = None
-        if resume.unit_marker_name(chunk.unit_name) in self.plan.resumed_units:  # finished by an earlier run
-            unit = resume.load_unit(self.plan, chunk.unit_name)
-        reused = unit is not None
-        if not reused:
-            unit = self._marked(lambda: tokenize_unit.tokenize_records(
-                chunk, records, self.sp, self.dtype, self.settings, self.plan.staging_dir, self.plan.data_dir,
-                self.byte_mask, cancel.check))
-        return self._count(unit, chunk, reused)
-
-
-class PackShard(PlanDoFn):
-    def _units(self, path: str) -> list:
-        if getattr(self, "_units_path", None) != path:
-            self._units_list = pickle.loads(io_utils.read_bytes(path))
-            self._units_path = path
-        return self._units_list
-
-    def process(self, task_and_units_path):
-        task, units_path, dedup = task_and_units_path
-        t = self.plan.contract.tokenizer
-        cfg = self.plan.config
-        result = cancel.call(resume.pack_once, self.plan, task, lambda: pack.pack_shard(
-            task, self._units(units_path), cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir, dedup,
-            self.plan.staging_dir, cfg.mixture_weights, cfg.seed, packing=cfg.packing,
-            packing_window=cfg.packing_window))
-        if result is not None:  # None: the driver cancelled the run (cancel.py)
-            yield result
 
 
 def _sorted_units(units):
@@ -361,13 +166,13 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
     # The chunks go through staging where other workers tokenize them, or where the near-dedup stage reads them
     # again; else each file's chunks are tokenized by the worker that cuts them, as they are cut.
     if spread_chunks or near_dedup_settings.enabled(plan.config):
-        cuts = files | "CutIntoChunks" >> beam.ParDo(CutInputFile(plan))
+        cuts = files | "CutIntoChunks" >> beam.ParDo(stage_dofn.CutInputFile(plan))
         chunks = cuts | "Chunks" >> beam.FlatMap(lambda s: s.result.chunks)
         if spread_chunks:
             chunks = chunks | "SpreadChunks" >> Spread(lambda c: (c.file_idx, c.chunk_idx))
-        units = chunks | "Tokenize" >> beam.ParDo(TokenizeChunk(plan))
+        units = chunks | "Tokenize" >> beam.ParDo(stage_dofn.TokenizeChunk(plan))
     else:
-        tokenized = files | "CutAndTokenize" >> beam.ParDo(CutAndTokenizeFile(plan))
+        tokenized = files | "CutAndTokenize" >> beam.ParDo(stage_dofn.CutAndTokenizeFile(plan))
         cuts = tokenized | "Cuts" >> beam.Map(lambda t: t.cut)
         units = tokenized | "Units" >> beam.FlatMap(lambda t: t.units)
     # After tokenize (exact dedup is by id), before packing and repeats; left out when an earlier run of this
@@ -388,7 +193,7 @@ def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
                   | "CollectUnits" >> GatherAll()
                   | "PlanShards" >> beam.FlatMap(_pack_tasks, plan)
                   | "SpreadShards" >> Spread(lambda tu: (tu[0].split, tu[0].shard))
-                  | "PackShards" >> beam.ParDo(PackShard(plan)))
+                  | "PackShards" >> beam.ParDo(stage_dofn.PackShard(plan)))
     return ((cuts, units, shards)  # told apart by type at the commit (transforms/shard/records.py)
             | "GatherForCommit" >> beam.Flatten()
             | "CollectForCommit" >> GatherAll()

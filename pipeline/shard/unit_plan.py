@@ -10,7 +10,7 @@ and one ranged read per shard when packing).
 
 The rule reads the input ledger (path and size of every input file) and `--unit-mb`, never the worker count.
 Both are in the run's fingerprint, which names the staging directory (pipeline/ops/guards.py), so a rerun of a
-killed run cuts the same chunks and its completion markers (pipeline/shard/resume.py) stay valid when the
+killed run cuts the same chunks and its completion markers (pipeline/shard/markers.py) stay valid when the
 worker count or the runner changes. The price: `UNITS_WANTED` is fixed at 4 units for each of 16 workers, so
 a run with more workers than that on a small input gets fewer than 4 units per worker (lower `--unit-mb`).
 Sizing to the actual workers instead would make every marker of a killed run useless on a rerun with another

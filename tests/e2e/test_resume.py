@@ -54,7 +54,7 @@ def _group_gone(pgid, timeout_s=10.0) -> bool:
 
 
 def _done(out, kind: str = "unit") -> int:
-    """Completion markers of `kind` (cut, unit, pack) in the output's staging (pipeline/shard/resume.py)."""
+    """Completion markers of `kind` (cut, unit, pack) in the output's staging (pipeline/shard/markers.py)."""
     return sum(1 for _ in (out / "_staging").glob(f"gen-*/done/{kind}-*.json"))
 
 
