@@ -108,7 +108,8 @@ def _pack_files(file_name: str) -> list:
 # ------------------------------------------------------------------------------------------ the markers
 def _file_rows(files: list, staging_dir: str, data_dir: str, known: Optional[dict] = None) -> list:
     """{root, path, bytes, sha256} per file. `known`: {(root, path): (bytes, sha256)} its writer computed as it
-    wrote (a packed shard's HashingWriter), not read back: that re-read was ~3% of the 384 MB job's CPU."""
+    wrote (a packed shard's HashingWriter), not read back (what the re-read cost: docs/BENCHMARKS.md, "Measured
+    choices in the shard job")."""
     rows = []
     for root, rel in files:
         if known and (root, rel) in known:

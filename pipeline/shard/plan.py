@@ -53,8 +53,8 @@ class JobPlan:
     tokenizer_backend: Optional["tokenizer_backends.BackendChoice"] = None
     skipped_inputs: tuple = ()  # glob matches that are not files (directories, dangling symlinks)
     # Once the run starts, the model travels as a staged file (stage_model): every DoFn and Map that holds the
-    # plan is pickled (bz2, level 9) into the job graph, and a 0.5 MB model in each cost ~0.5 s of start-up
-    # and megabytes of graph (Dataflow caps a job's graph at 10 MB).
+    # plan is pickled (bz2, level 9) into the job graph, and a model in each costs start-up time (docs/BENCHMARKS.md,
+    # "Measured choices in the shard job") and megabytes of graph (Dataflow caps a job's graph at 10 MB).
     model_path: Optional[str] = None
     # Resume (pipeline/shard/resume.py): the completion markers of an earlier killed run of this generation that
     # the driver checked; workers reuse those cuts and units instead of redoing them.

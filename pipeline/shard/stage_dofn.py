@@ -179,8 +179,8 @@ class CutAndTokenizeFile(TokenizeChunk):
     """Cuts one input file into chunks and tokenizes each as it is cut, in this worker: the chunks never go
     through staging (transforms/shard/cut.py InputCutter). For graphs where a file's chunks would stay on the
     worker that cut them anyway (pipeline/shard/graph.py spread_chunks_needed false) and nothing reads the chunks
-    later (no near-dedup stage): the zstd spill and its read back were ~6% of the 384 MB bench job's CPU
-    (docs/BENCHMARKS.md).
+    later (no near-dedup stage): the zstd spill and its read back cost CPU for nothing (how much:
+    docs/BENCHMARKS.md, "Measured choices in the shard job").
 
     Same units, names and bytes as CutInputFile + TokenizeChunk. Resume: each unit is reused or tokenized,
     marked and counted as its chunk is cut, and the file's cut (chunk sizes, digest, damage) marked once all are;

@@ -52,7 +52,7 @@ def chunk_bytes_for(ledger, unit_bytes: int) -> int:
 
 def whole_files_balance(ledger, workers: int) -> bool:
     """Whether whole input files, dealt round robin to `workers` local workers, keep them evenly busy, so that
-    cut and tokenize may fuse per file (pipeline/shard/shard_pipeline.py spread_chunks_needed): at least 4
+    cut and tokenize may fuse per file (pipeline/shard/graph.py spread_chunks_needed): at least 4
     files per worker, and with more than one worker no file over half a worker's share of the raw bytes.
 
     A worker then waits at the stage's end for at most a fraction of a share. One 48 MB file among eight of

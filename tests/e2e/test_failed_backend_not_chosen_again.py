@@ -4,7 +4,7 @@ does not choose it again, so none of the units it finished are reused. Guards th
 (docs/wip/mutation-issue28.md) found untested: the routing e2e test reruns with `reference` only, whose key
 differs anyway.
 
-Both tokenize graphs (pipeline/shard/shard_pipeline.py spread_chunks_needed): 2 workers on these files spread
+Both tokenize graphs (pipeline/shard/graph.py spread_chunks_needed): 2 workers on these files spread
 the chunks (TokenizeChunk), 1 worker fuses cut and tokenize (CutAndTokenizeFile); both record the failure
 (stage_dofn.TokenizeChunk._tokenized) and the driver's resume.keep_finished keeps the record beside the finished units. The
 rerun's reconcile discards every unit the failed backend finished (another backend key) and reuses none."""

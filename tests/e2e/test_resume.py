@@ -98,7 +98,7 @@ def test_a_run_killed_at_70_percent_of_its_units_resumes_and_gives_the_uninterru
 
 
 # Three in-process worker threads for 8 files: fewer than 4 files per worker, so the chunks go through staging
-# (pipeline/shard/shard_pipeline.py spread_chunks_needed); with 1 or 2 workers each file is tokenized as it is cut.
+# (pipeline/shard/graph.py spread_chunks_needed); with 1 or 2 workers each file is tokenized as it is cut.
 SPREAD_THREADS = ["--runner=FnApiRunner", "--direct_num_workers=3", "--direct_running_mode=multi_threading"]
 
 

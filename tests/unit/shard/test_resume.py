@@ -1,5 +1,5 @@
-"""pipeline/shard/resume.py and markers.py: a killed run's finished units are reused only when their marker, its files, the
-fingerprint and the input ledger all match this run; anything else is discarded with a one-line note."""
+"""pipeline/shard/resume.py and markers.py: a killed run's finished units are reused only when their marker, its
+files, the fingerprint and the input ledger all match this run; anything else is discarded with a one-line note."""
 from __future__ import annotations
 
 import dataclasses
