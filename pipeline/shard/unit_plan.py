@@ -43,7 +43,7 @@ def units_estimate(ledger, chunk_bytes: int) -> int:
 def chunk_bytes_for(ledger, unit_bytes: int) -> int:
     """Raw bytes per chunk for this input: `unit_bytes` / 2**k for the smallest k that gives `UNITS_WANTED`
     units, no smaller than `MIN_CHUNK_BYTES` (and never above `unit_bytes`).
-    `ledger`: [LedgerEntry] (pipeline/shard/records.py)."""
+    `ledger`: [LedgerEntry] (transforms/shard/records.py)."""
     chunk = unit_bytes
     while chunk // 2 >= MIN_CHUNK_BYTES and units_estimate(ledger, chunk) < UNITS_WANTED:
         chunk //= 2
