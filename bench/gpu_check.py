@@ -118,7 +118,7 @@ def section_step(args, device, deadline, record):
     from trainer.loss import IGNORE_INDEX, plain_loss_sum
     from trainer.metrics import attended_keys_per_token, hardware_flops_per_token, peak_tflops
     from trainer.model import build_gpt, compile_blocks
-    from trainer.parallel import adamw_impl, param_groups
+    from trainer.optim import adamw_impl, param_groups
     if args.tiny:
         cfg = model_config("tiny", seq_len=64, vocab_size=256, n_layers=2, d_model=64, n_heads=4)
         batch, steps = 2, 2

@@ -5,7 +5,7 @@
 1. quality: a corpus of at most 5k documents — stdlib source cut into documents, the real sample files of
    ../shared/data (the "mini sample"), and `--planted` near-copies made by seeded edits: adjacent word swaps,
    an inserted header, whitespace and case changes, and truncations at known Jaccard levels (0.95 ... 0.5).
-   Ground truth: the exact Jaccard of the shingle sets (transforms/shard/near_dedup.py `shingles`) of every
+   Ground truth: the exact Jaccard of the shingle sets (transforms/shard/near_dedup/shingling.py `shingles`) of every
    pair, computed here as a sparse product (documents x shingles). The job's sidecar says what it removed:
    recall = pairs at J >= 0.9 of which at least one document was removed; precision = removed documents whose
    best partner has J >= 0.7 (a removal with no partner that close is a false positive). With `--shingles
@@ -17,7 +17,7 @@
    and peak RSS (ru_maxrss from wait4) with --near-dedup at
    1x and 4x. The default runner (FnApiRunner, one worker thread per core) keeps the job in one process.
 
-3. sketches side by side (`--sketches`, same run): the job's pure logic (transforms/shard/near_dedup.py:
+3. sketches side by side (`--sketches`, same run): the job's pure logic (transforms/shard/near_dedup/:
    shingles, signatures, band buckets, star edges, label propagation) in this process on the quality corpus,
    once per sketch (one-permutation hashing, the default, and 100-permutation MinHash), scored against the same
    ground truth; and the CPU seconds of the signature step alone, per sketch, on the distinct text.
@@ -43,7 +43,7 @@ import zstandard  # noqa: E402
 
 from tests.conftest import SHARED_DATA, stdlib_texts  # noqa: E402
 from transforms.io.read_records import RawRecord, compression_of, iter_raw_records  # noqa: E402
-from transforms.shard import near_dedup  # noqa: E402
+from transforms.shard.near_dedup import clusters, minhash, shingling  # noqa: E402
 from transforms.shard.documents import Document, document_id, parse_record  # noqa: E402
 
 TOKENIZER = os.path.join(REPO, "out", "tokenizer", "sample-8k.model")
@@ -81,7 +81,7 @@ def base_documents(limit: int) -> list:
     seen, out = set(), []
     for text, source in docs:  # distinct ids and at least 30 words, so every document has real shingles
         i = document_id(text)
-        if i not in seen and len(near_dedup.normalised_words(text)) >= 30:
+        if i not in seen and len(shingling.normalised_words(text)) >= 30:
             seen.add(i)
             out.append((text, source))
     return out[:limit]
@@ -99,10 +99,10 @@ def edit(text: str, kind: str, rng: random.Random) -> str:
     if kind == "case_space":
         return "  ".join(w.upper() if rng.random() < 0.5 else w for w in words) + "\n\n"
     level = float(kind.split("_")[1])  # truncation: the copy keeps a prefix; J = its shingles / all shingles
-    n = len(near_dedup.normalised_words(text))
-    shingles_all = max(1, n - near_dedup.SHINGLE_WORDS + 1)
-    keep_words = int(round(level * shingles_all)) + near_dedup.SHINGLE_WORDS - 1
-    kept = near_dedup.normalised_words(text)[:keep_words]
+    n = len(shingling.normalised_words(text))
+    shingles_all = max(1, n - shingling.SHINGLE_WORDS + 1)
+    keep_words = int(round(level * shingles_all)) + shingling.SHINGLE_WORDS - 1
+    kept = shingling.normalised_words(text)[:keep_words]
     return " ".join(kept)
 
 
@@ -183,8 +183,8 @@ def token_ids(texts: list, tokenizer_path: str) -> list:
 def shingle_sets(texts: list, kind: str, ids: list = None) -> list:
     """Sorted unique shingles of each text as the job computes them for --near-dedup-shingles `kind`."""
     if kind == "tokens":
-        return near_dedup.token_shingles_batch(ids, near_dedup.SHINGLE_TOKENS)
-    return [near_dedup.shingles(t) for t in texts]
+        return shingling.token_shingles_batch(ids, shingling.SHINGLE_TOKENS)
+    return [shingling.shingles(t) for t in texts]
 
 
 def all_pairs_jaccard(texts: list, floor: float = 0.5, sets: list = None) -> tuple:
@@ -192,7 +192,7 @@ def all_pairs_jaccard(texts: list, floor: float = 0.5, sets: list = None) -> tup
     shingles unless `sets` (another kind's shingles of the same texts) is given."""
     from scipy import sparse  # noqa: PLC0415
 
-    sets = sets if sets is not None else [near_dedup.shingles(t) for t in texts]
+    sets = sets if sets is not None else [shingling.shingles(t) for t in texts]
     flat = np.concatenate(sets)
     uniq, inverse = np.unique(flat, return_inverse=True)
     rows = np.repeat(np.arange(len(sets)), [s.size for s in sets])
@@ -209,21 +209,21 @@ def all_pairs_jaccard(texts: list, floor: float = 0.5, sets: list = None) -> tup
     return list(zip(i[keep].tolist(), j[keep].tolist(), jac[keep].tolist())), best
 
 
-def removed_in_process(texts: list, ids: list, params: near_dedup.MinHashParams,
-                       threshold: float = near_dedup.DEFAULT_THRESHOLD) -> set:
+def removed_in_process(texts: list, ids: list, params: minhash.MinHashParams,
+                       threshold: float = minhash.DEFAULT_THRESHOLD) -> set:
     """The ids the job's logic removes from `texts` (all train), computed here without Beam."""
-    sigs = near_dedup.signatures([near_dedup.shingles(t) for t in texts], params)
-    keys = near_dedup.band_keys(sigs, params) >> np.uint64(1)
+    sigs = minhash.signatures([shingling.shingles(t) for t in texts], params)
+    keys = minhash.band_keys(sigs, params) >> np.uint64(1)
     buckets: dict = {}
     for doc_id, sig, ks in zip(ids, sigs, keys):
-        node = near_dedup.Node(near_dedup.rank(0, doc_id), doc_id, 0, sig.tobytes())
+        node = clusters.Node(clusters.rank(0, doc_id), doc_id, 0, sig.tobytes())
         for k in ks.tolist():
             buckets.setdefault(k, []).append(node)
     edges = [e for members in buckets.values() if len(members) > 1
-             for e in near_dedup.bucket_edges(members, threshold)]
-    clusters, converged = near_dedup.components(edges, rounds=50)
+             for e in clusters.bucket_edges(members, threshold)]
+    labels, converged = clusters.components(edges, rounds=50)
     assert converged
-    return {d for d, (node, keeper) in clusters.items() if keeper.doc_id != node.doc_id}
+    return {d for d, (node, keeper) in labels.items() if keeper.doc_id != node.doc_id}
 
 
 def score(gone: np.ndarray, pairs: list, best: np.ndarray) -> dict:
@@ -242,14 +242,14 @@ def compare_sketches(docs: list, pairs: list, best: np.ndarray, distinct_path: s
                     .splitlines()]
     mb = sum(len(t) for t in distinct) / 1e6
     t0 = time.process_time()
-    sets = [near_dedup.shingles(t) for t in distinct]
+    sets = [shingling.shingles(t) for t in distinct]
     shingle_s = time.process_time() - t0
     out = {"distinct_mb": round(mb, 2), "shingles_cpu_s_per_mb": round(shingle_s / mb, 3)}
-    for sketch in near_dedup.SKETCHES:
-        params = near_dedup.MinHashParams(seed=seed, sketch=sketch)
+    for sketch in minhash.SKETCHES:
+        params = minhash.MinHashParams(seed=seed, sketch=sketch)
         removed = removed_in_process(texts, ids, params)
         t0 = time.process_time()
-        near_dedup.signatures(sets, params)
+        minhash.signatures(sets, params)
         sign_s = time.process_time() - t0
         out[sketch] = {**score(np.array([i in removed for i in ids]), pairs, best),
                        "signatures_cpu_s_per_mb": round(sign_s / mb, 3)}
@@ -266,7 +266,7 @@ def main() -> None:
     ap.add_argument("--skip-cost", action="store_true")
     ap.add_argument("--skip-job-quality", action="store_true", help="no CLI quality run (the sketches still run)")
     ap.add_argument("--sketches", action="store_true", help="score both sketches in this process, same truth")
-    ap.add_argument("--shingles", choices=near_dedup.SHINGLE_KINDS, default=near_dedup.DEFAULT_SHINGLES,
+    ap.add_argument("--shingles", choices=shingling.SHINGLE_KINDS, default=shingling.DEFAULT_SHINGLES,
                     help="the job's --near-dedup-shingles; with tokens the removals are scored against both "
                     "ground truths: Jaccard of word 5-grams (what a reader calls near-duplicate text, the targets' "
                     "truth) and of token n-grams (what the option measures)")
@@ -360,7 +360,7 @@ def cost_run(args, work, results) -> None:
 def print_table(args, results) -> None:
     print("\n| figure | value | target |\n|---|---|---|")
     for name, qr in [("job", results.get("quality"))] + [(k, results.get("sketches", {}).get(k))
-                                                         for k in near_dedup.SKETCHES]:
+                                                         for k in minhash.SKETCHES]:
         if not qr:
             continue
         print(f"| {name}: recall, pairs at J >= 0.9 | {qr['recall_j_ge_0.9']:.3f} | >= 0.95 |")

@@ -111,8 +111,8 @@ def bubble_worker(args) -> None:
     import torch.distributed as dist
     from trainer.config import model_config
     from trainer.model import token_loss_sum
-    from trainer.parallel import (bubble_fraction, build_rank_stages, build_schedule, init_distributed,
-                                  rank_stage_specs)
+    from trainer.mesh import init_distributed
+    from trainer.schedule import bubble_fraction, build_rank_stages, build_schedule, rank_stage_specs
     from trainer.partition import partition_model
     torch.set_num_threads(1)
     world = int(os.environ["WORLD_SIZE"])

@@ -17,7 +17,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from tests.trainer_fixtures import write_dataset  # noqa: E402
 from trainer.config import DataConfig  # noqa: E402
-from trainer.data import ShardLoader, read_manifest, sha256_file, shard_offsets  # noqa: E402
+from trainer.data import ShardLoader  # noqa: E402
+from trainer.dataset import read_manifest  # noqa: E402
+from trainer.shard_files import sha256_file, shard_offsets  # noqa: E402
 
 
 def main() -> int:

@@ -8,8 +8,9 @@ from model_contract.contract import (CONTRACT_VERSION, INPUT_IDS, NEIGHBOURS, PI
                                      DataContract, Expectation, FeatureSpec, RetrievalSpec, TokenizerInfo,
                                      check_compatible, tf_feature_spec)
 from model_contract.example_codec import decode_example, encode_example, frame_examples
-from model_contract.manifest import (MANIFEST_NAME, Manifest, ShardInfo, load_manifest, manifest_path,
-                                     resolve_shard_path)
+from model_contract.dataset_paths import MANIFEST_NAME, manifest_path, resolve_shard_path
+from model_contract.manifest import Manifest, load_manifest
+from model_contract.manifest_rows import ShardInfo
 from model_contract.tfrecord import TFRecordCorruptError, frame_record, iter_records, read_records
 
 __all__ = [

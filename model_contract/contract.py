@@ -55,7 +55,7 @@ class ContractMismatchError(ValueError):
 class FeatureSpec:
     name: str
     dtype: str  # "int64" for every feature pileprep writes
-    shape: tuple  # () scalar, (n,) fixed, (None,) variable length
+    shape: tuple[Optional[int], ...]  # () scalar, (n,) fixed, (None,) variable length
     description: str = ""
 
     @property
@@ -82,7 +82,7 @@ class TokenizerInfo:
     # 1.2 (absent in 1.1 contracts: the defaults are what 1.1 data was, a SentencePiece model)
     eos_token: str = ""  # the text of eos_id in the vocabulary
     special_token_policy: str = "text"  # special tokens written in a document are encoded as its text
-    special_tokens: dict = dataclasses.field(default_factory=dict, hash=False)  # {text: id} of control tokens
+    special_tokens: dict[str, int] = dataclasses.field(default_factory=dict, hash=False)  # {text: id} of control tokens
     pattern: str = ""  # tiktoken: the split regex (the file does not carry it)
 
     def to_dict(self) -> dict:
@@ -145,7 +145,7 @@ def token_features(seq_len: int) -> tuple:
 class DataContract:
     seq_len: int
     tokenizer: TokenizerInfo
-    features: tuple = ()
+    features: tuple[FeatureSpec, ...] = ()
     retrieval: Optional[RetrievalSpec] = None
     version: str = CONTRACT_VERSION
 
@@ -204,7 +204,7 @@ class Expectation:
     """What a consumer (the trainer) needs from the data, built from its own config."""
     seq_len: int
     vocab_size: int  # the model's embedding rows; must cover every token id the tokenizer can emit
-    required_features: tuple = (INPUT_IDS, SEGMENT_IDS, POSITIONS)
+    required_features: tuple[str, ...] = (INPUT_IDS, SEGMENT_IDS, POSITIONS)
     tokenizer_sha256: Optional[str] = None  # pin a tokenizer, or None to accept any
     retrieval: Optional[RetrievalSpec] = None  # required retrieval shape, or None when not retrieval-augmented
 

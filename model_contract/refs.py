@@ -33,7 +33,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 from model_contract.contract import ContractError
-from model_contract.manifest import MANIFEST_NAME, Manifest, load_manifest
+from model_contract.dataset_paths import MANIFEST_NAME
+from model_contract.manifest import Manifest, load_manifest
 from model_contract.schema import check_generation_name
 
 REFS_DIR = ".refs"

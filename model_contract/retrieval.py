@@ -14,7 +14,7 @@ features (the figure `storage` in the sidecar manifest states for each run).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -133,10 +133,12 @@ class SidecarInfo:
     """The sidecar manifest's `retrieval` section: what the neighbours were built from and for."""
     fingerprint: str
     dataset_generation: Optional[str]
-    aligned: tuple  # (AlignedShard, ...) in shard order
-    db: dict = field(default_factory=dict)  # {fingerprint, generation, encoder, index} of the chunk database
-    counts: dict = field(default_factory=dict)  # chunks, padding_chunks, neighbours, missing
-    storage: dict = field(default_factory=dict)  # sidecar_bytes, shard_bytes, ratio_to_shards, token_dtype
+    aligned: tuple[AlignedShard, ...]  # in shard order
+    # the `db` JSON: {fingerprint, generation, encoder, index} of the chunk database (pipeline/retrieval/neighbours.py)
+    db: dict[str, Any] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # chunks, padding_chunks, neighbours, missing
+    # the `storage` JSON: sidecar_bytes, shard_bytes (int), ratio_to_shards (float), token_dtype (str)
+    storage: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"fingerprint": self.fingerprint, "dataset_generation": self.dataset_generation,
@@ -176,8 +178,9 @@ class DbShard:
     bytes: int
     sha256: str
     first_id: int  # the database row (the Faiss id) of its first chunk
-    embeddings: Optional[dict] = None
-    index_part: Optional[dict] = None
+    # the `embeddings` and `index_part` JSON file entries: {path, sha256: str; bytes, rows | vectors: int}
+    embeddings: Optional[dict[str, Any]] = None
+    index_part: Optional[dict[str, Any]] = None
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None}
@@ -198,17 +201,19 @@ class DbManifest:
     generation: str
     fingerprint: str
     chunk_len: int
-    index: dict  # {kind: bm25, params, files} or {kind: faiss, config, trained}
-    shards: tuple  # (DbShard, ...) in database order
+    index: dict[str, Any]  # the `index` JSON: {kind: bm25, params, files} or {kind: faiss, config, trained}
+    shards: tuple[DbShard, ...]  # in database order
     kind: Optional[str] = None  # pipeline/ops/commit.py: KIND_RETRIEVAL_DB
     pileprep_version: Optional[str] = None
-    dataset: Optional[dict] = None  # the shard generation it was built from (build.py: dataset_identity)
-    tokenizer: Optional[dict] = None  # the dataset contract's tokenizer
-    config: Optional[dict] = None
-    encoder: Optional[dict] = None  # {name, ...}: transforms/retrieval/retrieval_encoders.py EncoderInfo
-    counts: Optional[dict] = None  # chunks, documents, tokens
-    sources: Optional[dict] = None  # source -> {documents, chunks, tokens}
-    extra: dict = field(default_factory=dict)  # keys this reader does not know, kept as JSON
+    # the `dataset` JSON: the shard generation it was built from (pipeline/retrieval/build_plan.py dataset_identity)
+    dataset: Optional[dict[str, Any]] = None
+    tokenizer: Optional[dict[str, Any]] = None  # the dataset contract's `tokenizer` JSON (TokenizerInfo.to_dict)
+    config: Optional[dict[str, Any]] = None  # the `config` JSON (pipeline/retrieval/config.py BuildConfig.identity)
+    # the `encoder` JSON {name, ...}: transforms/retrieval/retrieval_encoders.py EncoderInfo
+    encoder: Optional[dict[str, Any]] = None
+    counts: Optional[dict[str, int]] = None  # chunks, documents, tokens
+    sources: Optional[dict[str, dict[str, int]]] = None  # source -> {documents, chunks, tokens}
+    extra: dict[str, Any] = field(default_factory=dict)  # keys this reader does not know, kept as JSON
 
     def to_dict(self) -> dict:
         d = {"format": DB_FORMAT, "generation": self.generation, "fingerprint": self.fingerprint,

@@ -3,7 +3,7 @@
 Manifests are read by `verify`, `inspect`, `report`, the trainer and later runs (which delete by what they
 read), and a hand-edited or damaged one must fail on load in one line that names the field
 (`shards[3].sha256: expected a 64-hex string, got 12`), not as a KeyError or TypeError deep in a command, and
-never pass with a count of -5. The records of model_contract/manifest.py and model_contract/retrieval.py call
+never pass with a count of -5. The records of model_contract/manifest_rows.py and model_contract/retrieval.py call
 these from their `from_dict`; each check returns the value unchanged, so the JSON written back is unchanged.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ def check_generation_name(name, what: str = "generation") -> str:
 def check_relative_path(rel, what: str = "path") -> str:
     """`rel` if it is a relative path that stays inside the dataset directory, else ContractError.
 
-    Manifest paths are relative to the manifest (model_contract/manifest.py); an absolute path, a `..`
+    Manifest paths are relative to the manifest (model_contract/dataset_paths.py); an absolute path, a `..`
     component, an empty component, a backslash or a URL would let a damaged manifest point readers (or
     deletions) elsewhere.
     """

@@ -13,10 +13,11 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from pipeline.errors import ConfigError  # noqa: F401 - re-exported: `from pipeline.config import ConfigError`
+from pipeline.shard.near_dedup.settings import DecontaminateConfig, NearDedupConfig
 from transforms.shard import best_fit
 from transforms.shard import decontaminate as decontaminate_mod
 from transforms.shard import mixture
-from transforms.shard import near_dedup as near_dedup_mod
+from transforms.shard.near_dedup import clusters, minhash, shingling
 from transforms.shard.documents import SPLITS
 
 PILEPREP_VERSION = "0.1.0"  # equals [project].version in pyproject.toml (tests/unit/tools/test_install.py checks)
@@ -114,29 +115,29 @@ class ShardConfig:
         "", "mixture weights as epochs per source: 'Pile-CC=1,Wikipedia (en)=3', the preset 'pile' (the Pile "
         "paper's epochs), or both ('pile,Github=0.5'); unlisted sources weigh 1; train split only "
         "(transforms/shard/mixture.py)", metavar="SPEC")
-    # Near-duplicates and decontamination (docs/NEAR_DEDUP.md, pipeline/shard/near_dedup_graph.py); off by default.
+    # Near-duplicates and decontamination (docs/NEAR_DEDUP.md, pipeline/shard/near_dedup/); off by default.
     near_dedup: bool = option(
         False, "remove near-duplicate documents: MinHash LSH over word 5-grams (or token n-grams: "
         "--near-dedup-shingles), one keeper per cluster (test over val over train, then the smallest id), removed "
         "ones filtered near_duplicate with their keeper recorded",
         group=_NEAR)
-    near_dedup_bands: int = option(near_dedup_mod.DEFAULT_BANDS, "LSH bands (permutations = bands x rows); with the "
-                                   "default rows: " + near_dedup_mod.s_curve_text(near_dedup_mod.DEFAULT_BANDS,
-                                                                              near_dedup_mod.DEFAULT_ROWS),
+    near_dedup_bands: int = option(minhash.DEFAULT_BANDS, "LSH bands (permutations = bands x rows); with the "
+                                   "default rows: " + minhash.s_curve_text(minhash.DEFAULT_BANDS,
+                                                                           minhash.DEFAULT_ROWS),
                                    group=_NEAR, metavar="N")
-    near_dedup_rows: int = option(near_dedup_mod.DEFAULT_ROWS, "MinHash values per band", group=_NEAR, metavar="N")
+    near_dedup_rows: int = option(minhash.DEFAULT_ROWS, "MinHash values per band", group=_NEAR, metavar="N")
     near_dedup_threshold: float = option(
-        near_dedup_mod.DEFAULT_THRESHOLD, "a candidate pair is a near-duplicate when its estimated Jaccard "
+        minhash.DEFAULT_THRESHOLD, "a candidate pair is a near-duplicate when its estimated Jaccard "
         "similarity (exact with --near-dedup-verify) reaches this", group=_NEAR, metavar="J")
     near_dedup_verify: bool = option(False, "check each candidate pair by the exact Jaccard of its shingles",
                                      group=_NEAR)
     near_dedup_shingles: Literal["words", "tokens"] = option(
-        near_dedup_mod.DEFAULT_SHINGLES, "what near-dedup's Jaccard is over: words = word 5-grams of the lower-cased "
-        "text (case, spacing and punctuation ignored); tokens = token " + str(near_dedup_mod.SHINGLE_TOKENS) +
+        shingling.DEFAULT_SHINGLES, "what near-dedup's Jaccard is over: words = word 5-grams of the lower-cased "
+        "text (case, spacing and punctuation ignored); tokens = token " + str(shingling.SHINGLE_TOKENS) +
         "-grams of the tokenizer's ids (no second read of the text; copies that differ in case or "
         "spacing tokenize differently and are missed, docs/NEAR_DEDUP.md); an incremental run must use the "
         "committed dataset's", group=_NEAR)
-    near_dedup_rounds: int = option(near_dedup_mod.DEFAULT_ROUNDS, "union-find (label propagation) rounds in the "
+    near_dedup_rounds: int = option(clusters.DEFAULT_ROUNDS, "union-find (label propagation) rounds in the "
                                     "graph; a cluster farther than this from its keeper fails the run (exit 1)",
                                     group=_NEAR, metavar="N")
     decontaminate: tuple[str, ...] = option(
@@ -252,6 +253,16 @@ class ShardConfig:
             raise ConfigError("invalid shard configuration:\n  " + "\n  ".join(problems))
 
     @property
+    def near_dedup_config(self) -> NearDedupConfig:
+        """The `near_dedup*` fields as one typed record (the flat fields are the options and the fingerprint)."""
+        return NearDedupConfig.of(self)
+
+    @property
+    def decontaminate_config(self) -> DecontaminateConfig:
+        """The `decontaminate*` fields as one typed record."""
+        return DecontaminateConfig.of(self)
+
+    @property
     def mixture_weights(self) -> dict:
         return mixture.parse_weights(self.source_weights) if self.source_weights else {}
 
@@ -290,7 +301,7 @@ class ShardConfig:
                     d[key] = list(d[key]) if isinstance(d[key], tuple) else d[key]
                 else:
                     d.pop(key)
-        if d.get("near_dedup_shingles") == near_dedup_mod.DEFAULT_SHINGLES:  # absent at its default, so datasets
+        if d.get("near_dedup_shingles") == shingling.DEFAULT_SHINGLES:  # absent at its default, so datasets
             d.pop("near_dedup_shingles")  # built before the option keep their names (generation = fingerprint)
         if self.packing == "concat":  # absent at the default, so datasets built before the option keep their names
             d.pop("packing")
@@ -303,12 +314,13 @@ class ShardConfig:
 
 
 def near_dedup_problems(c: "ShardConfig") -> list:
-    problems = [f"--{name.replace('_', '-')} must be at least 1, got {getattr(c, name)}" for name in
-                ("near_dedup_bands", "near_dedup_rows", "near_dedup_rounds", "decontaminate_ngram")
-                if getattr(c, name) < 1]
-    if not 0.0 < c.near_dedup_threshold <= 1.0:
-        problems.append(f"--near-dedup-threshold must be in (0, 1], got {c.near_dedup_threshold}")
-    if c.decontaminate_held_out and not c.decontaminate:
+    near, decon = c.near_dedup_config, c.decontaminate_config
+    counts = (("--near-dedup-bands", near.bands), ("--near-dedup-rows", near.rows),
+              ("--near-dedup-rounds", near.rounds), ("--decontaminate-ngram", decon.ngram))
+    problems = [f"{flag} must be at least 1, got {value}" for flag, value in counts if value < 1]
+    if not 0.0 < near.threshold <= 1.0:
+        problems.append(f"--near-dedup-threshold must be in (0, 1], got {near.threshold}")
+    if decon.held_out and not decon.enabled:
         problems.append("--decontaminate-held-out needs --decontaminate GLOB")
     return problems
 

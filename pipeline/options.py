@@ -34,7 +34,7 @@ class OptionSpec:
     default: Any
     help: str
     required: bool
-    choices: Optional[tuple] = None
+    choices: Optional[tuple[str | int | float, ...]] = None  # a Literal's values
     metavar: Optional[str] = None
     group: Optional[str] = None
     exclusive: Optional[str] = None

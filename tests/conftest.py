@@ -82,16 +82,19 @@ def tiny_tokenizer(tmp_path_factory) -> str:
 def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: end-to-end run (runners, CLI, S3, crash, torchrun); tests/e2e/")
     config.addinivalue_line("markers", "unit: a unit test of one module; tests/unit/<room>/")
+    config.addinivalue_line("markers", "integration: one room's modules through a whole Beam pipeline or command; "
+                            "tests/integration/<room>/ (not in `make test-fast`)")
     config.addinivalue_line("markers", "retrieval_scale: compressed/re-ranked index and range-sharded neighbour search")
     config.addinivalue_line("markers", "formats: Megatron/MDS/HF export or best-fit packing, read back by each "
                             "format's own library (tests/e2e/test_export_formats.py, tests/unit/shard/test_best_fit.py)")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Markers from the folder: tests/unit/<room>/ mirrors the code, tests/e2e/ runs whole commands."""
+    """Markers from the folder: tests/unit/<room>/ mirrors the code (fast: no whole pipeline, tests/unit/conftest.py),
+    tests/integration/<room>/ runs a room's modules through a whole pipeline, tests/e2e/ runs whole commands."""
     for item in items:
         parts = pathlib.Path(str(item.fspath)).relative_to(REPO / "tests").parts
-        if parts and parts[0] in ("unit", "e2e"):
+        if parts and parts[0] in ("unit", "integration", "e2e"):
             item.add_marker(getattr(pytest.mark, parts[0]))
 
 

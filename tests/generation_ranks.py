@@ -1,4 +1,4 @@
-"""A rank of tests/unit/ops/test_generations.py's two-process check (trainer/data.py check_same_generation),
+"""A rank of tests/unit/ops/test_generations.py's two-process check (trainer/dataset.py check_same_generation),
 kept in its own module so that each spawned process imports torch and the trainer only."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 def rank_generation(rank, store, result_dir, generations):
     import torch.distributed as dist
 
-    from trainer.data import check_same_generation
+    from trainer.dataset import check_same_generation
 
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     try:

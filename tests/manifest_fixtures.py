@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 
 from model_contract import DataContract, Manifest, ShardInfo, TokenizerInfo
-from model_contract.manifest import LedgerRow
+from model_contract.manifest_rows import LedgerRow
 from pipeline.config import ShardConfig
 from transforms.shard import records
 

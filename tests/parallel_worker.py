@@ -23,7 +23,8 @@ from trainer.config import OptimConfig, ParallelConfig, TrainConfig, model_confi
 from trainer.loss import IGNORE_INDEX, plain_loss_sum
 from trainer.model import GPTStage
 from trainer.retro import RetroSpec
-from trainer.train import Trainer, lr_at
+from trainer.optim import lr_at
+from trainer.train import Trainer
 
 CFG = model_config("tiny", seq_len=32, vocab_size=64, n_layers=3, d_model=32, n_heads=2)
 GLOBAL_BATCH, STEPS = 8, 2

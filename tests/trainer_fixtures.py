@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 
 import numpy as np
@@ -47,3 +48,30 @@ def write_dataset(out_dir: str, *, seq_len: int = 32, vocab: int = 64, n_docs: i
     with open(os.path.join(out_dir, "manifest.json"), "w") as f:
         f.write(manifest.to_json())
     return out_dir
+
+
+def loader_of(dataset: str, dp_rank: int = 0, dp: int = 1, seed: int = 0, streams: int = 4, gb: int = 8,
+              buf: int = 16):
+    """A ShardLoader over `dataset` (seq_len 32, vocab 64) for data-parallel rank `dp_rank` of `dp`: the loader
+    the data-order, loader and shard tests share (tests/unit/trainer)."""
+    from trainer.config import DataConfig, model_config  # noqa: PLC0415 - the dataset writers need no trainer
+    from trainer.data import ShardLoader  # noqa: PLC0415
+    from trainer.dataset import open_dataset  # noqa: PLC0415
+
+    cfg = model_config("tiny", seq_len=32, vocab_size=64, n_layers=3, d_model=32, n_heads=2)
+    manifest, mfile = open_dataset(DataConfig(path=dataset), cfg)
+    return ShardLoader(manifest, mfile, DataConfig(path=dataset, seed=seed, streams=streams, shuffle_buffer=buf),
+                       32, gb, dp_rank, dp)
+
+
+def batch_ids(batch) -> list:
+    """A batch's input ids as tuples, one per example (comparable across loaders)."""
+    return [tuple(r) for r in batch["input_ids"].tolist()]
+
+
+def edit_manifest(d: str, edit) -> None:
+    """Rewrite <d>/manifest.json through `edit(manifest dict)`, the way a hand edit or damage would."""
+    path = os.path.join(d, "manifest.json")
+    m = json.loads(open(path).read())
+    edit(m)
+    open(path, "w").write(json.dumps(m))

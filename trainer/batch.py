@@ -62,5 +62,5 @@ class StepResult:
     h2d: float  # host seconds of the copy (CPU); on CUDA the events below time it on the device
     seconds: float  # host seconds of the whole step (diagnostic: the rates use the interval's wall)
     segment_ids: Optional[torch.Tensor] = None  # the host copy, for the executed-attention estimate
-    h2d_events: Optional[tuple] = None  # (start, end) CUDA events around the copy
+    h2d_events: Optional[tuple[torch.cuda.Event, torch.cuda.Event]] = None  # (start, end) around the copy
     grad_sync: Optional[object] = None  # trainer/grad_sync.py GradSyncTiming: when the dp all-reduce ran

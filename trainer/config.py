@@ -1,15 +1,13 @@
 """Typed configuration for the trainer: one dataclass per component, named model sizes, cost model.
 
 Everything the trainer does flows from a `TrainConfig`; no module-level state changes behaviour. The command
-line is derived from these dataclasses (`build_parser`: one option per field, choices from `Literal`, help from
-the field), and `resolve_layout` applies the batch rules at parse time. Model sizes follow GPT-3 (Brown et al. 2020, table 2.1), with the vocabulary padded
+line is derived from these dataclasses (trainer/args.py `build_parser`: one option per field, choices from
+`Literal`, help from the field), and `resolve_layout` applies the batch rules at parse time. Model sizes follow GPT-3 (Brown et al. 2020, table 2.1), with the vocabulary padded
 to a multiple of 64 for tensor-core friendly head matmuls.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import typing
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -162,7 +160,7 @@ class ParallelConfig:
 class OptimConfig:
     lr: float = opt(3e-3, "peak learning rate (for the global batch: independent of the layout)")
     weight_decay: float = opt(0.1, "AdamW weight decay")
-    betas: tuple = opt((0.9, 0.95), "AdamW betas", cli=False)
+    betas: tuple[float, float] = opt((0.9, 0.95), "AdamW betas", cli=False)
     warmup_steps: int = opt(10, "linear warm-up steps")
     grad_clip: float = opt(1.0, "clip the global gradient norm to this (0 = off)")
     adamw: Literal["auto", "fused", "foreach"] = opt("auto", "AdamW kernel: fused (one kernel per parameter "
@@ -322,68 +320,3 @@ def resolve_model(args: ModelArgs, contract=None) -> ModelConfig:
         vocab = vocab or -(-contract.tokenizer.vocab_size // 64) * 64
     return model_config(args.preset, seq_len=seq_len, vocab_size=vocab, n_layers=args.n_layers,
                         d_model=args.d_model, n_heads=args.n_heads, tie_embeddings=False if args.untied else None)
-
-
-# ---------------------------------------------------------------------------------------------- CLI
-def _fields(cls):
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        if f.metadata.get("cli"):
-            yield f, hints[f.name]
-
-
-def help_with_default(text: str, is_flag: bool, default=None) -> str:
-    """The help text with its default: a flag is off unless given (its text says what it does); a value shows
-    its default, unless the text already explains a computed one ("default: the dataset's ...")."""
-    text = text.replace("%", "%%")  # argparse %-formats help strings
-    if is_flag:
-        return f"{text} (default: off)"
-    if default is None and "default" in text:
-        return text
-    shown = "none" if default is None else str(default).replace("%", "%%")
-    return f"{text} (default: {shown})"
-
-
-def add_arguments(parser: argparse.ArgumentParser, cls, prefix: str) -> None:
-    """One option per CLI field of `cls`, its type, default, choices (Literal) and help from the dataclass."""
-    for f, tp in _fields(cls):
-        flag = f.metadata["flag"] or "--" + f.name.replace("_", "-")
-        dest = f"{prefix}{f.name}"
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        if tp is bool:
-            inverted = flag.startswith("--no-")
-            parser.add_argument(flag, dest=dest, action="store_false" if inverted else "store_true",
-                                default=default, help=help_with_default(f.metadata["help"], True))
-            continue
-        args = typing.get_args(tp)
-        if typing.get_origin(tp) is typing.Union:  # Optional[X]
-            tp = next(a for a in args if a is not type(None))
-            args = typing.get_args(tp)
-        kw = {}
-        if typing.get_origin(tp) is Literal:
-            kw["choices"] = list(args)
-            tp = type(args[0])
-        parser.add_argument(flag, dest=dest, type=tp, default=default,
-                            help=help_with_default(f.metadata["help"], False, default), **kw)
-
-
-def build_parser(prog: str = "trainer.train", description: str = "") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
-    for cls, prefix in ((ModelArgs, "model."), (DataConfig, "data."), (ParallelConfig, "parallel."),
-                        (OptimConfig, "optim."), (TrainConfig, "")):
-        add_arguments(p, cls, prefix)
-    return p
-
-
-def from_namespace(ns: argparse.Namespace) -> tuple[ModelArgs, TrainConfig]:
-    vals = vars(ns)
-
-    def build(cls, prefix):
-        return cls(**{f.name: vals[prefix + f.name] for f, _ in _fields(cls)})
-
-    model_args = build(ModelArgs, "model.")
-    cfg = TrainConfig(data=build(DataConfig, "data."), parallel=build(ParallelConfig, "parallel."),
-                      optim=build(OptimConfig, "optim."),
-                      **{f.name: vals[f.name] for f, _ in _fields(TrainConfig)})
-    cfg.data.seed = cfg.seed
-    return model_args, cfg

@@ -1,6 +1,7 @@
-"""How a step's gradients are averaged over the data-parallel group, and when that communication starts.
+"""A step's gradients between the backward and the optimizer: averaged over the data-parallel group (and when
+that communication starts), the tied embedding/head gradient summed over the pipeline, the global norm clipped.
 
-Modes (`--grad-reduce`, resolved by `resolve_grad_reduce`):
+Modes (`--grad-reduce`, resolved by trainer/config.py `resolve_grad_reduce`):
 - ``ddp``: plain data parallelism (pp = tp = 1): DistributedDataParallel, `no_sync` for the earlier micro-batches;
   its reducer starts each bucket's all-reduce during the last micro-batch's backward. A timing comm hook records
   when each bucket is launched.
@@ -11,7 +12,7 @@ Modes (`--grad-reduce`, resolved by `resolve_grad_reduce`):
   all-reduce asynchronously — while the backward of the rest of the model still runs. Buckets are launched in
   index order so that every rank issues the same collectives in the same order (as DDP's reducer does).
   `finish` waits for them before clipping and the optimizer step.
-- ``after-backward``: one bucketed all-reduce after the whole backward (trainer/parallel.py `allreduce_grads`):
+- ``after-backward``: one bucketed all-reduce after the whole backward (`allreduce_grads` below):
   no overlap; the reference the overlapped modes are tested against.
 - ``fsdp``: FSDP2 reduce-scatters each block's gradients in its own post-backward on the last micro-batch
   (`set_requires_gradient_sync`, trainer/train.py); nothing to do here.
@@ -31,8 +32,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from trainer.config import GRAD_REDUCE, resolve_grad_reduce  # noqa: F401 - the pure rules live with the config
-from trainer.parallel import allreduce_grads
+from trainer.mesh import ParallelEnv
+from trainer.model import GPTStage
 
 
 @dataclass(frozen=True)
@@ -46,14 +47,14 @@ class GradSyncTiming:
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    """A DTensor's local shard (tensor-parallel parameters), or the tensor itself."""
+    """A DTensor's local shard (tensor-parallel or FSDP parameters), or the tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
 
 
 def plan_buckets(sizes: list, bucket_bytes: int) -> list:
     """[[indices]] per bucket over `sizes` = [(numel, dtype)]: parameters in reverse order (the order backward
     produces their gradients), one dtype per bucket, a bucket closed once it holds >= bucket_bytes (the rule of
-    trainer/parallel.py GradBuckets, so both modes pack alike)."""
+    GradBuckets above, so both modes pack alike)."""
     out, cur, size, dtype = [], [], 0, None
     for i in reversed(range(len(sizes))):
         numel, dt = sizes[i]
@@ -66,6 +67,77 @@ def plan_buckets(sizes: list, bucket_bytes: int) -> list:
     if cur:
         out.append(cur)
     return out
+
+
+class GradBuckets:
+    """Flat reduction buckets for one module's gradients, allocated once and reused every step.
+
+    Buckets follow the parameters in reverse order (the order backward produces them) and hold one dtype each;
+    `reduce` packs each bucket (one copy in), starts its all-reduce asynchronously, and only then packs the
+    next, so communication overlaps the remaining copies; then it waits and copies the averages back. Before
+    this, every step flattened fresh buffers and reduced them one after another."""
+
+    def __init__(self, bucket_bytes: int = 25 << 20):
+        self.bucket_bytes = bucket_bytes
+        self.layout: Optional[list] = None  # [(param indices, numels)] per bucket
+        self.buffers: list = []
+        self.key: Optional[tuple] = None
+
+    def _plan(self, grads: list) -> None:
+        self.layout, self.buffers = [], []
+        cur, size, dtype = [], 0, None
+        order = list(range(len(grads)))[::-1]
+        for i in order + [None]:
+            g = grads[i] if i is not None else None
+            if cur and (g is None or size >= self.bucket_bytes or g.dtype != dtype):
+                self.layout.append(cur)
+                self.buffers.append(torch.empty(sum(grads[j].numel() for j in cur), dtype=dtype,
+                                                device=grads[cur[0]].device))
+                cur, size = [], 0
+            if g is not None:
+                cur.append(i)
+                size += g.numel() * g.element_size()
+                dtype = g.dtype
+        self.key = tuple((g.shape, g.dtype, g.device) for g in grads)
+
+    def reduce(self, grads: list, group, world: int) -> None:
+        if not grads:
+            return
+        if self.key != tuple((g.shape, g.dtype, g.device) for g in grads):
+            self._plan(grads)
+        handles = []
+        for idx, buf in zip(self.layout, self.buffers):
+            offset = 0
+            for j in idx:
+                n = grads[j].numel()
+                buf[offset:offset + n].copy_(grads[j].reshape(-1))
+                offset += n
+            buf.div_(world)
+            handles.append(dist.all_reduce(buf, group=group, async_op=True))
+        for idx, buf, h in zip(self.layout, self.buffers, handles):
+            h.wait()
+            offset = 0
+            for j in idx:
+                n = grads[j].numel()
+                grads[j].copy_(buf[offset:offset + n].view_as(grads[j]))
+                offset += n
+
+
+def allreduce_grads(module: nn.Module, env: ParallelEnv, bucket_bytes: int = 25 << 20,
+                    always: bool = False) -> int:
+    """Average gradients over the data-parallel group in reused flat buckets, after the backward
+    (--grad-reduce after-backward, `AfterBackwardSync` below; `always` also for pp = 1). The buckets live on the
+    module. Returns the number of buckets reduced."""
+    if env.dp == 1 or (env.pp == 1 and not always):
+        return 0
+    buckets = getattr(module, "_grad_buckets", None)
+    if buckets is None:
+        buckets = GradBuckets(bucket_bytes)
+        object.__setattr__(module, "_grad_buckets", buckets)  # not a submodule / parameter: plain attribute
+    grads = [_local(p.grad) for p in module.parameters() if p.grad is not None]
+    buckets.reduce(grads, env.dp_group, env.dp)
+    return len(buckets.layout or ())
+
 
 
 class GradSync:
@@ -230,3 +302,54 @@ def build_grad_sync(mode: str, module: nn.Module, runnable: nn.Module, env, buck
     if mode == "hooks":
         return OverlappedBucketSync(list(module.parameters()), env.dp_group, env.dp, bucket_bytes)
     return AfterBackwardSync(module, env, bucket_bytes)
+
+
+def sync_tied_grad(module: GPTStage, env: ParallelEnv) -> None:
+    """Sum the tied embedding/head gradient between the first and last stage so both copies step alike."""
+    if env.tied_group is None or not (env.is_first_stage or env.is_last_stage):
+        return
+    w = module.tied_weight()
+    if w is None:
+        return
+    if w.grad is None:
+        w.grad = torch.zeros_like(w)
+    # Under FSDP both ends shard the tied weight alike over dp (same shape, same dp rank): reduce the shards.
+    dist.all_reduce(_local(w.grad), group=env.tied_group)
+
+
+def _squared_norm(grads: list) -> torch.Tensor:
+    """Sum of squares of `grads` as a plain fp32 tensor: foreach per group of like tensors (plain tensors;
+    DTensors per mesh, whose full_tensor() reduces sharded dimensions and counts replicated ones once)."""
+    groups: dict = {}
+    for g in grads:
+        key = id(g.device_mesh) if hasattr(g, "device_mesh") else None
+        groups.setdefault(key, []).append(g)
+    total = None
+    for key, gs in groups.items():
+        norm = torch.nn.utils.get_total_norm(gs, 2.0, foreach=True)
+        if hasattr(norm, "full_tensor"):
+            norm = norm.full_tensor()
+        sq = norm.float() ** 2
+        total = sq if total is None else total + sq
+    return total
+
+
+def clip_grad_norm(module: GPTStage, max_norm: float, env: ParallelEnv, as_tensor: bool = False):
+    """Global gradient norm over all pipeline stages (tied weight counted once); clip in place.
+
+    No host sync: the norm and the clip coefficient stay on the device (foreach kernels); `as_tensor`
+    returns the norm as a device tensor for the caller to read when it logs."""
+    params = [p for p in module.parameters() if p.grad is not None]
+    skip = module.tied_weight() if (env.pp > 1 and env.is_last_stage) else None
+    counted = [p.grad.detach() for p in params if p is not skip]
+    sq = _squared_norm(counted) if counted else None
+    if sq is None:
+        sq = torch.zeros((), device=env.device, dtype=torch.float32)
+    sq = sq.to(env.device, torch.float32).reshape(())
+    if env.pp > 1:
+        dist.all_reduce(sq, group=env.pp_group)
+    norm = sq.sqrt()
+    if max_norm > 0 and params:
+        coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        torch._foreach_mul_([_local(p.grad) for p in params], coef)  # local shards share the grads' storage
+    return norm if as_tensor else float(norm)

@@ -1,6 +1,7 @@
 """A torch `IterableDataset` over pileprep shards, for users with their own training loop and `DataLoader`.
 
-(The bundled trainer uses trainer/data.py's resumable streams; this is the plain, familiar interface.)
+(The bundled trainer uses trainer/streams.py's resumable streams, read by trainer/data.py; this is the plain,
+familiar interface.)
 
 The work-splitting rule, which makes every example appear at most once per epoch and gives every
 data-parallel rank the same number of batches:
@@ -26,9 +27,9 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
+from model_contract import (INPUT_IDS, POSITIONS, SEGMENT_IDS, Manifest, decode_example, load_manifest, manifest_path,
+                            resolve_shard_path)
 from model_contract.checked_reader import iter_checked_records
-from model_contract import (INPUT_IDS, POSITIONS, SEGMENT_IDS, Manifest, decode_example, iter_records,
-                            load_manifest, manifest_path, resolve_shard_path)
 
 
 def epoch_shard_order(n_shards: int, seed: int, epoch: int, shuffle: bool) -> list:

@@ -21,9 +21,12 @@ import json
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
+
+if TYPE_CHECKING:
+    from trainer.grad_sync import GradSyncTiming
 
 FLOP_CONVENTION = "6N+12LdT"
 
@@ -150,7 +153,7 @@ class Interval:
     tokens: int = 0  # tokens processed (all positions) over all ranks
     attended: float = 0.0  # sum over steps of the mean attended keys per token
     loss_sum: float = 0.0
-    grad_sync: list = field(default_factory=list)  # trainer/grad_sync.py GradSyncTiming per step
+    grad_sync: list[GradSyncTiming] = field(default_factory=list)  # one per step (trainer/grad_sync.py)
 
 
 @dataclass
@@ -166,7 +169,7 @@ class MetricsLogger:
     ac: str = "none"
     clock: Callable[[], float] = time.perf_counter
     cur: Interval = field(default_factory=Interval)
-    history: list = field(default_factory=list)
+    history: list[dict[str, Any]] = field(default_factory=list)  # the JSON records `flush` writes, one per interval
 
     def __post_init__(self):
         self._peak = peak_tflops(self.device)

@@ -6,7 +6,7 @@ stage, every unit in exactly one stage — so no layer is ever dropped, whatever
 
 Cost of a unit = time_weight * (its share of the total time) + (1 - time_weight) * (its share of parameter
 memory). Time comes from the FLOPs cost model or from a measured forward+backward per unit (profiled on the
-first step; see `trainer.parallel.profile_unit_times`). The partition minimises the most expensive stage
+first step; see `trainer.schedule.profile_unit_times`). The partition minimises the most expensive stage
 exactly (dynamic programming over split points), ties broken towards the flattest partition.
 
 Shared parameters: with tied embeddings the `embed` and `head` units share the token embedding. They sit at
@@ -32,10 +32,10 @@ class Unit:
 @dataclass(frozen=True)
 class StageSpec:
     index: int
-    units: tuple  # unit names
+    units: tuple[str, ...]  # unit names
     first: bool
     last: bool
-    layers: tuple  # block indices
+    layers: tuple[int, ...]  # block indices
 
     @property
     def module_args(self) -> dict:

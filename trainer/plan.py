@@ -18,7 +18,7 @@ The estimate is analytic (so it runs on a laptop for a 6.7B model) and counts, f
   FSDP all-gather / reduce-scatter buffers, pipeline send/receive buffers;
 - a fixed CUDA context + allocator margin.
 It refuses a layout whose total exceeds the GPU's memory. Checked on CPU against torch's own accounting
-(`torch.distributed._tools.mem_tracker.MemTracker`) in tests/unit/trainer/test_trainer_plan.py.
+(`torch.distributed._tools.mem_tracker.MemTracker`) in tests/unit/trainer/test_plan.py.
 """
 from __future__ import annotations
 
@@ -62,10 +62,10 @@ class Layout:
 @dataclass
 class Plan:
     model: str
-    layout: dict
+    layout: dict[str, int | bool | str]  # asdict(Layout)
     gpu: str
     capacity: int
-    parts: dict = field(default_factory=dict)  # name -> bytes
+    parts: dict[str, int] = field(default_factory=dict)  # name -> bytes
     total: int = 0
     fits: bool = True
     stage_params: int = 0
@@ -234,9 +234,9 @@ def check_fits(cfg: ModelConfig, lay: Layout, gpu: str) -> Plan:
 
 
 def derive_microbatches(global_batch: int, dp: int, pp: int, micro_batch: int) -> int:
-    """Micro-batches per rank for the user's global batch (DESIGN §7: the global batch is the recipe; the
-    micro-batch count follows from it and the layout). With pp > 1 at least pp of them, and the defaults aim
-    for 4 x pp (bubble <= (p-1)/(5p-1) < 20%)."""
+    """Micro-batches per rank for the user's global batch (trainer/README.md, "Batch rules": the global batch is
+    the recipe; the micro-batch count follows from it and the layout). With pp > 1 at least pp of them, and the
+    defaults aim for 4 x pp (bubble <= (p-1)/(5p-1) < 20%)."""
     if global_batch % dp:
         raise ValueError(f"global batch {global_batch} does not split over dp={dp}")
     local = global_batch // dp

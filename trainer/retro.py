@@ -32,8 +32,8 @@ from model_contract.retrieval import decode_sidecar
 @dataclass(frozen=True)
 class RetroSpec:
     """The RETRO options a model stage needs: which layers get chunked cross-attention, the sidecar's chunk and
-    neighbour lengths, and the tokenizer's pad id (trainer/train.py `retro_config` builds it from the sidecar)."""
-    layers: tuple
+    neighbour lengths, and the tokenizer's pad id (trainer/args.py `retro_config` builds it from the sidecar)."""
+    layers: tuple[int, ...]  # sorted layer indices (`parse_layers`)
     chunk_len: int
     neighbour_len: int
     pad_id: int

@@ -1,11 +1,11 @@
 """Entry point: `torchrun --nproc-per-node N -m trainer.train --data out/sample --pp 2 ...`.
 
-Order of work: parse config (options derived from `trainer.config`'s dataclasses) -> read manifest, resolve
-the model from the data contract, apply the batch rules (`resolve_layout`) and check the contract — all before
-any process-group work, so a bad configuration is one clear error (exit 2), not a hang -> `Trainer.build`
-(process groups + mesh, partition, this rank's stage, optimizer, shard checks, loader, checkpoint restore)
--> `Trainer.train` (per step: `train_step` = data, `forward_backward_step`, gradient sync, clipping, AdamW)
--> metrics -> checkpoints.
+Order of work: parse config (trainer/args.py `parse_args`; options derived from `trainer.config`'s dataclasses)
+-> read manifest, resolve the model from the data contract, apply the batch rules (`resolve_layout`) and check
+the contract — all before any process-group work, so a bad configuration is one clear error (exit 2), not a
+hang -> `Trainer.build` (process groups + mesh, partition, this rank's stage, optimizer, shard checks, loader,
+checkpoint restore) -> `Trainer.train` (per step: `train_step` = data, `forward_backward_step`, gradient sync,
+clipping, AdamW) -> metrics -> checkpoints.
 
 Loss normalisation: every micro-batch's loss is sum(token losses) * dp / (valid tokens in the *global*
 batch), with the schedule's own scaling off. Summed over micro-batches and averaged by DDP this is exactly the
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import os
 import sys
 import time
@@ -24,137 +23,25 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from model_contract import MANIFEST_NAME
 from trainer import checkpoint as ckpt
-from trainer.config import (ConfigError, TrainConfig, build_parser, from_namespace, resolve_grad_reduce,
-                            resolve_layout, resolve_model)
-from trainer.data import (DataIntegrityError, ShardLoader, check_same_generation, default_index_dir, open_dataset,
-                          pin_generation, prepare_shards, read_manifest)
+from trainer.args import check_checkpoint_dir, describe_layout, parse_args, resumed_generation, retro_config
 from trainer.batch import Batch, StepResult
+from trainer.config import ConfigError, TrainConfig, resolve_grad_reduce
+from trainer.data import ShardLoader
+from trainer.dataset import check_same_generation, open_dataset, pin_generation
+from trainer.grad_sync import build_grad_sync, clip_grad_norm, sync_tied_grad
+from trainer.mesh import agree_on, init_distributed
 from trainer.metrics import MetricsLogger
-from trainer.progress import final_line, resume_command
-from trainer.plan import LayoutDoesNotFit, plan_for_config
 from trainer.model import IGNORE_INDEX, token_loss_sum
-from trainer.grad_sync import build_grad_sync
-from trainer.parallel import (agree_on, build_optimizer, build_rank_stages, build_schedule,
-                              clip_grad_norm, init_distributed, parallelize, profile_unit_times, rank_stage_specs,
-                              sync_tied_grad)
+from trainer.optim import build_optimizer, lr_at
+from trainer.parallel import parallelize
 from trainer.partition import StageSpec, describe, model_units, partition_model, unit_costs
+from trainer.progress import final_line, resume_command
+from trainer.schedule import build_rank_stages, build_schedule, profile_unit_times, rank_stage_specs
+from trainer.shard_files import DataIntegrityError, default_index_dir, prepare_shards
 
 if TYPE_CHECKING:
     from trainer.retro import RetroSpec
-
-
-# ---------------------------------------------------------------------------------------------- CLI
-def _parser():
-    p = build_parser(description=__doc__.split("\n")[0])
-    p.add_argument("--check-only", action="store_true",
-                   help="validate the configuration for WORLD_SIZE processes (layout, batch rules, data contract "
-                        "when the data is reachable), print the resolved layout and exit; launchers run it first "
-                        "(default: off)")
-    return p
-
-
-def _resumed_generation(cfg: TrainConfig) -> Optional[str]:
-    """The generation the checkpoint a resume starts from was trained on (None: a fresh run, or a checkpoint
-    written before checkpoints recorded it)."""
-    latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
-    return ckpt.read_meta(latest).get("generation") if latest else None
-
-
-def parse_args(argv: Optional[Sequence[str]] = None, world: Optional[int] = None) -> TrainConfig:
-    """The full, validated config: every batch rule, and the data contract when the dataset is reachable from
-    here, checked now (ConfigError / ContractMismatchError) — not after the processes have met."""
-    ns = _parser().parse_args(argv)
-    model_args, cfg = from_namespace(ns)
-    check_checkpoint_dir(cfg.checkpoint_dir)
-    contract, generation = None, None
-    if os.path.exists(cfg.data.path):
-        generation = _resumed_generation(cfg)  # a resume sizes the model from its own generation's contract
-        contract = read_manifest(cfg.data, generation)[0].contract
-    cfg.model = resolve_model(model_args, contract)
-    world = world if world is not None else int(os.environ.get("WORLD_SIZE", "1"))
-    auto_micro_batch = not (cfg.parallel.microbatches or cfg.parallel.microbatch_size)
-    resolve_layout(cfg, world)
-    if contract is not None:
-        manifest = open_dataset(cfg.data, cfg.model, generation)[0]
-        if cfg.retro_sidecar:
-            retro_config(cfg, manifest)
-    cfg.check_only = ns.check_only  # an action of this CLI, not part of the training config
-    try:  # the memory plan: a layout over the GPU's memory is refused here (exit 2)
-        cfg.plan = plan_for_config(cfg, choose_micro_batch_size=auto_micro_batch)
-    except LayoutDoesNotFit as e:
-        raise ConfigError(str(e)) from None
-    if not cfg.plan.fits:
-        raise ConfigError(f"memory plan: {cfg.plan.total / 2**30:.1f} GiB per GPU does not fit the {cfg.plan.gpu}'s "
-                          f"{cfg.plan.capacity / 2**30:.1f} GiB (python -m trainer.plan shows the parts): shard more "
-                          f"(--fsdp, --tp, --pp), checkpoint activations (--ac) or lower --microbatch-size")
-    check_host_memory(cfg)
-    return cfg
-
-
-def host_memory_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def check_host_memory(cfg: TrainConfig) -> None:
-    """On CPU the plan has no GPU to fit, but the model still has to fit the host: a contract whose vocab_size
-    or seq_len is within trainer/data.py's limits can still size a model (embedding, head, AdamW state) beyond
-    the machine's memory, which torch would report as an allocation traceback. Refused here, in one line, from
-    the same plan (trainer/plan.py), before any process allocates."""
-    if cfg.device != "cpu" or cfg.gpu:  # a GPU plan has its own fit check above; `auto` may plan for GPU nodes
-        return                          # from a launcher host that has none (trainer/launch/)
-    local_procs = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    need, have = cfg.plan.total * local_procs, host_memory_bytes()
-    if need > have:
-        raise ConfigError(f"memory plan: {need / 2**30:.1f} GiB for {local_procs} process(es) of model "
-                          f"{cfg.model.name} (vocab {cfg.model.vocab_size}, seq_len {cfg.model.seq_len}, from the "
-                          f"dataset's contract) exceeds this host's {have / 2**30:.1f} GiB; check the dataset's "
-                          f"manifest or choose a smaller --model")
-
-
-def describe_layout(cfg: TrainConfig) -> str:
-    p = cfg.parallel
-    return (f"model {cfg.model.name} ({cfg.model.num_params() / 1e6:.0f}M params, seq_len {cfg.model.seq_len}, "
-            f"vocab {cfg.model.vocab_size}); global batch {cfg.global_batch} = dp {p.dp} x {p.microbatches} "
-            f"micro-batches x {p.microbatch_size} sequences; pp {p.pp} ({p.schedule}); tp {p.tp}; "
-            f"fsdp {p.fsdp}; activation checkpointing {p.ac}")
-
-
-def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up, then cosine decay to 10% at the last step. The peak LR belongs to the global batch (the
-    recipe), so it does not change with the layout or on a resume with another dp."""
-    o = cfg.optim
-    if step < o.warmup_steps:
-        return o.lr * (step + 1) / o.warmup_steps
-    frac = min(1.0, (step - o.warmup_steps) / max(1, cfg.steps - o.warmup_steps))
-    return o.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
-def retro_config(cfg: TrainConfig, manifest) -> Optional[RetroSpec]:
-    """The RETRO stage options from --retro-sidecar/--retro-layers, the sidecar checked against this shard
-    generation (ContractMismatchError naming it, exit 2) — before any process-group work."""
-    if not cfg.retro_sidecar:
-        return None
-    from trainer.retro import RetroSpec, open_sidecar, parse_layers  # noqa: PLC0415
-    try:
-        layers = parse_layers(cfg.retro_layers, cfg.model.n_layers)
-    except ValueError as e:
-        raise ConfigError(str(e)) from None
-    _, spec = open_sidecar(cfg.retro_sidecar, manifest, cfg.model.seq_len)
-    return RetroSpec(layers=layers, chunk_len=spec.chunk_len, neighbour_len=spec.neighbour_len,
-                     pad_id=manifest.contract.tokenizer.pad_id)
-
-
-# ---------------------------------------------------------------------------------------------- training
-def check_checkpoint_dir(checkpoint_dir: Optional[str]) -> None:
-    """ConfigError (exit 2) when --checkpoint-dir holds a pileprep output (its manifest.json): checkpoints,
-    `latest` and the offsets cache written among a dataset's, a chunk database's or a sidecar's files, the rule
-    every pipeline command keeps (pipeline/ops/commit.py `check_output_kind`)."""
-    if checkpoint_dir and os.path.isfile(os.path.join(checkpoint_dir, MANIFEST_NAME)):
-        raise ConfigError(f"--checkpoint-dir {checkpoint_dir}: it holds a pileprep output (manifest.json); "
-                          f"checkpoints are never written into a dataset, database or sidecar: choose another "
-                          f"--checkpoint-dir")
 
 
 class Trainer:
@@ -175,8 +62,8 @@ class Trainer:
         check_checkpoint_dir(cfg.checkpoint_dir)
         latest = ckpt.latest_checkpoint(cfg.checkpoint_dir) if cfg.resume else None
         meta = ckpt.read_meta(latest) if latest else None
-        # read once, pinned for the run's life: a commit landing meanwhile does not move it (trainer/data.py)
-        generation = pin_generation(cfg.data, cfg.checkpoint_dir, _resumed_generation(cfg))
+        # read once, pinned for the run's life: a commit landing meanwhile does not move it (trainer/dataset.py)
+        generation = pin_generation(cfg.data, cfg.checkpoint_dir, resumed_generation(cfg))
         self.manifest, self.manifest_file = open_dataset(cfg.data, cfg.model, generation)  # before any rendezvous
         self.retro = retro_config(cfg, self.manifest)
         self.build_model()

@@ -19,7 +19,8 @@ import re
 from typing import Optional
 
 from model_contract import MANIFEST_NAME, Manifest
-from model_contract.manifest import MANIFEST_FORMAT, check_generation_name, check_relative_path
+from model_contract.manifest_check import MANIFEST_FORMAT
+from model_contract.schema import check_generation_name, check_relative_path
 from pipeline.config import ConfigError
 from pipeline.shard import integrity
 from pipeline.ops import generations, guards

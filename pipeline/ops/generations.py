@@ -35,7 +35,8 @@ from apache_beam.io.filesystems import FileSystems
 from model_contract import MANIFEST_NAME, Manifest
 from model_contract import refs as refs_mod
 from model_contract.contract import ContractError
-from model_contract.manifest import check_commit_seq, is_generation_name
+from model_contract.manifest_check import check_commit_seq
+from model_contract.schema import is_generation_name
 from pipeline.errors import ConfigError
 from pipeline.shard import integrity
 from transforms.io import io_utils
@@ -46,7 +47,7 @@ class CommittedGeneration:
     """One `generations/<gen>.manifest.json`: its commit sequence number and what that manifest references."""
     name: str
     seq: Optional[int]  # the manifest's commit_seq; None: not recorded (an older pileprep's commit, or damaged)
-    references: frozenset  # the generations its manifest references (itself, and incremental parents)
+    references: frozenset[str]  # the generations its manifest references (itself, and incremental parents)
     damaged: str = ""  # why the manifest copy could not be read ("" when it was)
     previous: Optional[str] = None  # its previous_generation (None: the first commit, or not recorded)
 
@@ -69,19 +70,19 @@ class RefEntry:
 
 @dataclass
 class DatasetState:
-    live: frozenset  # what the live manifest references
-    history: list  # [CommittedGeneration], newest first
-    present: frozenset  # generation directories on disk
-    refs: list  # [RefEntry]
+    live: frozenset[str]  # what the live manifest references
+    history: list[CommittedGeneration]  # newest first
+    present: frozenset[str]  # generation directories on disk
+    refs: list[RefEntry]
 
 
 @dataclass
 class PrunePlan:
-    remove: list = field(default_factory=list)  # [(generation, reason)]
-    keep: list = field(default_factory=list)  # [(generation, reason)]
-    uncommitted: list = field(default_factory=list)  # generation directories with no manifest of their own
-    stale_refs: list = field(default_factory=list)  # [RefEntry] whose holder is gone (removed by gc --yes)
-    damaged_refs: list = field(default_factory=list)  # [RefEntry] that could not be read (kept)
+    remove: list[tuple[str, str]] = field(default_factory=list)  # (generation, reason)
+    keep: list[tuple[str, str]] = field(default_factory=list)  # (generation, reason)
+    uncommitted: list[str] = field(default_factory=list)  # generation directories with no manifest of their own
+    stale_refs: list[RefEntry] = field(default_factory=list)  # whose holder is gone (removed by gc --yes)
+    damaged_refs: list[RefEntry] = field(default_factory=list)  # those that could not be read (kept)
 
 
 def plan_prune(state: DatasetState, keep_generations: int, drop_stale_refs: bool) -> PrunePlan:

@@ -32,7 +32,8 @@ from typing import Optional
 from apache_beam.io.filesystems import FileSystems
 
 from model_contract import MANIFEST_NAME, Manifest
-from model_contract.manifest import is_generation_name, resolve_dataset_path
+from model_contract.dataset_paths import resolve_dataset_path
+from model_contract.schema import is_generation_name
 from pipeline.errors import ConfigError, RunError
 from pipeline.shard import integrity
 from transforms.io import io_utils

@@ -27,11 +27,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 from apache_beam.io.filesystems import FileSystems
 
 from model_contract import Manifest
-from model_contract.manifest import LedgerRow
+from model_contract.manifest_rows import LedgerRow
 from model_contract.hashing import sha256_file
 from pipeline.config import ConfigError
 from pipeline.ops.input_checks import match_input
@@ -83,11 +84,12 @@ def file_sha256(path: str) -> tuple:
 # --------------------------------------------------------------------------------------------------- diff
 @dataclass
 class LedgerDiff:
-    new: list = field(default_factory=list)  # current rows not in the ledger
-    unchanged: list = field(default_factory=list)
-    changed: list = field(default_factory=list)  # (LedgerRow, current row)
-    removed: list = field(default_factory=list)  # LedgerRows no longer listed
-    touched: list = field(default_factory=list)  # same bytes, new mtime/etag (not a change)
+    # A current row is list_inputs' listing row, JSON-shaped: {path: str, bytes: int, mtime: float[, etag: str]}.
+    new: list[dict[str, Any]] = field(default_factory=list)  # current rows not in the ledger
+    unchanged: list[dict[str, Any]] = field(default_factory=list)
+    changed: list[tuple[LedgerRow, dict[str, Any]]] = field(default_factory=list)  # (LedgerRow, current row)
+    removed: list[LedgerRow] = field(default_factory=list)  # no longer listed
+    touched: list[dict[str, Any]] = field(default_factory=list)  # same bytes, new mtime/etag (not a change)
 
     def problems(self) -> list:
         out = []

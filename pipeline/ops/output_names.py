@@ -11,7 +11,7 @@ from __future__ import annotations
 import posixpath
 from typing import Iterable, Optional
 
-from model_contract.manifest import check_relative_path
+from model_contract.schema import check_relative_path
 
 
 class NameCollisionError(ValueError):

@@ -113,7 +113,7 @@ def counters_from_result(result) -> dict:
 @dataclass
 class Progress:
     elapsed_s: float
-    counters: dict
+    counters: dict[str, int]  # counter name (COUNTERS, split_raw_bytes, stage_reruns) -> count
     total_input_bytes: int = 0
     total_input_files: int = 0
 

@@ -14,7 +14,7 @@ class BuildConfig:
     dataset: str  # committed shard dataset (directory with manifest.json)
     output: str  # chunk database directory
     chunk_len: int = 64
-    splits: tuple = ("train",)  # which splits of the dataset go into the database
+    splits: tuple[str, ...] = ("train",)  # which splits of the dataset go into the database
     encoder: str = "bm25"
     index: str = "auto"  # Faiss index_factory spec for dense encoders
     nprobe: int = 64

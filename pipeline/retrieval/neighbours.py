@@ -2,8 +2,9 @@
 database chunks (with continuation) from *other* documents, written as a sidecar aligned record for record.
 
 Keyed by the generation, not by a trainer seed, shuffle or data-parallel size: the sidecar is reused by every
-training run over that generation (docs/DESIGN.md). One Beam element per shard: the worker loads the database,
-index and encoder once (DoFn.setup), then answers that shard's queries in batches, grouped by exclusion set.
+training run over that generation (docs/DESIGN.md, "Retrieval keying"). One Beam element per shard: the worker
+loads the database, index and encoder once (DoFn.setup), then answers that shard's queries in batches, grouped by
+exclusion set.
 With BM25 the sidecar is byte-identical for any number of workers; with dense encoders it is compared by
 recall and overlap (float sums in Faiss and torch may differ by thread count).
 """
@@ -25,7 +26,9 @@ from pipeline.beam_glue import FilesystemOptions, PlanDoFn, apply_filesystem_opt
 from pipeline.config import PILEPREP_VERSION, ConfigError
 from pipeline.ops import commit
 from pipeline.ops.output_names import sidecar_path
-from pipeline.retrieval import build, store, store_job
+from pipeline.retrieval import store, store_job
+from pipeline.retrieval.build_index import BM25_QUERY_TERMS, load_bm25
+from pipeline.retrieval.build_plan import dataset_identity
 from pipeline.retrieval.config import NeighboursConfig
 from transforms.io import io_utils
 from transforms.retrieval import retrieval_chunks, retrieval_encoders, retrieval_index, retrieval_rerank
@@ -89,7 +92,7 @@ def prepare(config: NeighboursConfig) -> NeighboursPlan:
         retrieval_encoders.check_encoder(EncoderInfo.from_dict(db.encoder), query_encoder_info(db))
     except EncoderMismatchError as e:
         raise ConfigError(f"--db {config.db}: {e}") from None
-    identity = {"dataset": build.dataset_identity(dataset.to_dict()), "db": db.fingerprint,
+    identity = {"dataset": dataset_identity(dataset.to_dict()), "db": db.fingerprint,
                 "k": config.num_neighbours, "neighbour_len": config.neighbour_len, "nprobe": config.nprobe,
                 "version": PILEPREP_VERSION}
     fp = store.fingerprint(identity)
@@ -112,8 +115,8 @@ class Searcher:
         self.kind = index["kind"]
         self.batch_size = batch_size
         if self.kind == "bm25":
-            self.bm25 = build.load_bm25(db_root, index)
-            self.query_terms = int(index.get("query_terms", build.BM25_QUERY_TERMS))
+            self.bm25 = load_bm25(db_root, index)
+            self.query_terms = int(index.get("query_terms", BM25_QUERY_TERMS))
         else:
             import faiss  # noqa: PLC0415
 

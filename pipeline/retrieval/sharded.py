@@ -6,9 +6,9 @@
 
 A worker holds one range's codes (range-<r>.faiss, written by `write_ranges`), the coarse quantizer (to route)
 and a batch of queries; the full vectors are read row by row from a memory-mapped fp16 .npy
-(transforms/retrieval/retrieval_rerank.py's FileRows: pread by row, so only the asked rows enter the worker). Which rows a key gets is decided by transforms/retrieval/
-retrieval_ranges.py's rules alone, so the answer is the same for every R, worker count and runner
-(tests/e2e/test_retrieval_sharded.py).
+(transforms/retrieval/retrieval_rerank.py's FileRows: pread by row, so only the asked rows enter the worker).
+Which rows a key gets is decided by transforms/retrieval/retrieval_ranges.py's rules alone, so the answer is the
+same for every R, worker count and runner (tests/e2e/test_retrieval_sharded.py).
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from typing import Optional
 
 import numpy as np
 
-from model_contract.manifest import check_manifest_dict
+from model_contract.manifest_check import check_manifest_dict
 from model_contract.retrieval import DB_FORMAT, DbManifest
 from transforms.io import io_utils
 
@@ -116,7 +116,7 @@ def read_manifest(output_dir: str, expected_format: str):
     d = json.loads(io_utils.read_bytes(path).decode("utf-8"))
     if d.get("format") != expected_format:
         raise ValueError(f"{path}: not a {expected_format} manifest (format={d.get('format')!r})")
-    # Every field, whichever the kind (model_contract/retrieval.py, model_contract/manifest.py): a rerun of
+    # Every field, whichever the kind (model_contract/retrieval.py, model_contract/manifest_check.py): a rerun of
     # `retrieval neighbours` onto a hand-edited sidecar refuses it naming the field, as the shard job does its
     # dataset's, instead of planning from it.
     if expected_format == DB_FORMAT:
@@ -133,9 +133,9 @@ class ChunkDatabase:
     manifest: DbManifest
     doc_ids: np.ndarray = field(default=None)  # [N] int64, database order
     chunk_index: np.ndarray = field(default=None)  # [N] int32
-    tokens: list = field(default=None)  # [N] int32 arrays
+    tokens: Optional[list[np.ndarray]] = field(default=None)  # [N] int32 arrays; None: loaded without tokens
     token_hash: np.ndarray = field(default=None)  # [N] int64
-    sources: list = field(default=None)
+    sources: list[str] = field(default=None)  # [N] each chunk's document source
 
     @classmethod
     def load(cls, root: str, with_tokens: bool = True) -> "ChunkDatabase":

@@ -3,7 +3,7 @@
     BuildShards(plan)
       ListInputs        the plan's ledger, one element per input file (file_idx, path, chunk_bytes)
       Units             CutIntoChunks + Tokenize, or CutAndTokenize in one worker  -> UnitResult
-      NearDedup         (--near-dedup) pipeline/shard/near_dedup_graph.py        -> UnitResult
+      NearDedup         (--near-dedup) pipeline/shard/near_dedup/transform.py    -> UnitResult
       PackShards        the file spill or the runner's shuffle (docs/SHUFFLE.md)  -> ShardResult
       Commit            every stage's results in one element -> the committed manifest (a dict)
 
@@ -29,7 +29,9 @@ from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.beam_glue import GatherAll, Spread, apply_filesystem_options
 from pipeline.ops import commit, runners
-from pipeline.shard import manifest_builder, near_dedup_graph, near_dedup_settings, runner_shuffle, unit_plan
+from pipeline.shard import manifest_builder, runner_shuffle, unit_plan
+from pipeline.shard.near_dedup import settings as near_dedup_settings
+from pipeline.shard.near_dedup.transform import NearDedup
 from pipeline.shard.plan import JobPlan
 from pipeline.shard.stage_dofn import CutAndTokenizeFile, CutInputFile, PackShard, TokenizeChunk
 from transforms.io import io_utils
@@ -61,7 +63,7 @@ class BuildShards(beam.PTransform):
         # generation finished it (its marker checked with every file's sha256: pipeline/shard/markers.py), since
         # the removals it staged depend only on the fingerprint.
         if near_dedup_settings.enabled(plan.config) and not plan.resumed_near_dedup:
-            units = units | "NearDedup" >> near_dedup_graph.NearDedup(plan, self.shuffle)
+            units = units | "NearDedup" >> NearDedup(plan, self.shuffle)
         shards = units | "PackShards" >> PackShards(plan, self.shuffle)
         return ((cuts, units, shards)  # told apart by type at the commit (transforms/shard/records.py CommitParts)
                 | "GatherForCommit" >> beam.Flatten()

@@ -19,11 +19,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from model_contract import MANIFEST_NAME, Manifest
-from model_contract.manifest import (FileDigest, IdIndexRow, LedgerRow, dataset_relative_path, is_generation_name,
-                                     resolve_dataset_path)
+from model_contract.dataset_paths import dataset_relative_path, resolve_dataset_path
+from model_contract.manifest_rows import FileDigest, IdIndexRow, LedgerRow
+from model_contract.schema import is_generation_name
 from pipeline.config import ConfigError
 from pipeline.ops.incremental import InputsChangedError, file_sha256
-from pipeline.shard import near_dedup_manifest
+from pipeline.shard.near_dedup import manifest as near_dedup_manifest
 from transforms.shard.records import InputFile
 from transforms.io import io_utils
 from transforms.shard import corpus_stats

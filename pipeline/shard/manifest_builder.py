@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from model_contract import DataContract, Manifest, ShardInfo
-from model_contract.manifest import dataset_relative_path
+from model_contract.dataset_paths import dataset_relative_path
 from pipeline.config import BYTES_PER_TOKEN_ESTIMATE, PILEPREP_VERSION, ShardConfig
 from pipeline.ops import commit, guards
 from pipeline.shard import integrity

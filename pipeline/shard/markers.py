@@ -30,7 +30,7 @@ from typing import Optional
 from apache_beam.io.filesystems import FileSystems
 
 from model_contract.hashing import sha256_file
-from pipeline.shard import near_dedup_settings
+from pipeline.shard.near_dedup import settings as near_dedup_settings
 from transforms.io import io_utils
 from transforms.shard import layout
 from transforms.shard.layout import DATA, STAGING, Layout, Placed
@@ -40,7 +40,7 @@ LOG = logging.getLogger("pileprep.resume")
 NEAR_DEDUP = "near-dedup"  # the global stage's one marker (its clusters need every unit: docs/OPERATIONS.md)
 _MARKER_NAME = re.compile(r"(cut-f[0-9]{6}|unit-f[0-9]{6}-c[0-9]{5}|pack-(train|val|test)-[0-9]{5}-of-[0-9]{5}"
                           r"|near-dedup)")
-# What the near-dedup stage writes (pipeline/shard/near_dedup_graph.py _finish): removal indexes and their list in
+# What the near-dedup stage writes (pipeline/shard/near_dedup/partitions.py finish): removal indexes and their list in
 # staging; the summary, removed-id sidecars and band indexes in the partial generation. One directory level.
 _NEAR_DEDUP_FILE = re.compile(r"near-dedup/[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}")
 
@@ -192,7 +192,7 @@ def mark_pack(plan, result: ShardResult) -> None:
 
 
 def mark_near_dedup(plan, staged: list, published: list) -> None:
-    """After the near-dedup stage's last file (its removals list, pipeline/shard/near_dedup_graph.py _finish):
+    """After the near-dedup stage's last file (its removals list, pipeline/shard/near_dedup/partitions.py finish):
     its marker, naming every file it wrote, `staged` under the staging directory and `published` under the
     partial generation (full paths)."""
     def rel(path, root):

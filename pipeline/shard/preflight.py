@@ -64,16 +64,16 @@ def check_environment(config: ShardConfig, options: PipelineOptions) -> Checked:
 
 def check_decontaminate(config: ShardConfig) -> None:
     """--decontaminate's evaluation files, read once here with the stage's own reader
-    (pipeline/shard/near_dedup_graph.py): each match a regular file whose bytes are the compression its name
+    (pipeline/shard/near_dedup/eval_sets.py): each match a regular file whose bytes are the compression its name
     says, every record JSON, and at least one record with a string --decontaminate-field. Otherwise the stage
     would fail in a worker after every document was tokenized (exit 1), or remove nothing without a word.
     The files are evaluation sets (small next to the corpus); every worker reads them again to build its set."""
     if not config.decontaminate:
         return
     from pipeline.ops import input_checks  # noqa: PLC0415
-    from pipeline.shard import near_dedup_graph  # noqa: PLC0415 - the stage's reader, so both accept the same
+    from pipeline.shard.near_dedup import eval_sets  # noqa: PLC0415 - the stage's reader, so both accept the same
 
-    files = near_dedup_graph.eval_files(config)  # ConfigError for a glob that matches nothing
+    files = eval_sets.eval_files(config)  # ConfigError for a glob that matches nothing
     kept, skipped = input_checks.screen_inputs([{"path": p} for p in files], config.output, "")
     if skipped:
         path, reason = skipped[0]["path"], skipped[0]["reason"]
@@ -84,7 +84,7 @@ def check_decontaminate(config: ShardConfig) -> None:
     field = config.decontaminate_field
     for path in files:
         try:
-            texts = sum(1 for _ in near_dedup_graph._eval_texts(path, field))  # noqa: SLF001 - the stage's reader
+            texts = sum(1 for _ in eval_sets.eval_texts(path, field))
         except (ValueError, RunError, OSError) as e:  # a line that is not JSON, a damaged file
             message = str(e).removeprefix("--decontaminate: ")
             raise ConfigError(f"--decontaminate: {message}; an evaluation file is JSON lines (or Parquet) with "

@@ -22,7 +22,8 @@ from apache_beam.metrics import Metrics
 
 from pipeline.beam_glue import PlanDoFn
 from pipeline.ops import progress
-from pipeline.shard import cancel, input_digests, markers, near_dedup_settings
+from pipeline.shard import cancel, input_digests, markers
+from pipeline.shard.near_dedup import settings as near_dedup_settings
 from transforms.io import io_utils
 from transforms.shard import corpus_stats, cut, pack, tokenize_unit
 from transforms.shard.records import ChunkRef, CutOutput, ShardResult, ShardTask, TokenizedFile, UnitResult

@@ -2,25 +2,23 @@
 
 The driver's own planning (`shard_pipeline.prepare`: config validation, input listing, tokenizer, committed
 manifest for `--incremental`) runs as in a real run, so every configuration error a real run would report
-before starting is reported here too. Then a few input files spread over the listing are read through the
-job's reader and parser, up to a byte budget each: the ratio of raw JSON to input bytes and of documents and
-text to raw bytes scale the sample up to the whole input. Documents are tokenized (up to a character budget;
-beyond it tokens are scaled from bytes) with the real tokenizer and assigned to splits with the job's own
-split function, shard counts come from the job's own shard planner (with `--source-weights` applied to each
-source's estimated train tokens, as the job sizes its shards), and output bytes from packing and encoding
-sampled examples exactly as the shard stage does. Core-hours are the CPU time the sample took per stage:
-read+parse per input byte, tokenize per text byte *of each source* (code, prose and maths tokenize at
-different rates, so each source's own measured rate is scaled by that source's estimated bytes), pack+encode
-per example. Those stage timings miss what the job adds around them (document ids, statistics, spill writes,
-hashing, the runner's per-element cost), so the dry run also runs the job itself, in this process, on a slice of
-the sample (CALIBRATION_BYTES of raw lines from the sampled files, recompressed as they were) and on its half, and
-adds to the stage model what the job's marginal CPU per byte between the two exceeds the model's on that same
-slice, times the input's raw bytes (`Calibration`), and the CPU a run spends above a one-record run. Start-up
-(the interpreter and imports, as the CLI's own process spent them before estimating, the driver's planning as
-a real run does it, and the one-record run's CPU: graph, runner, commit) is the same for any input; it is included in core-hours once and shown
-apart, so the estimate compares with a real run's whole process tree (nothing at Pile scale, a third of a
-96 MB run). A machine-dependent estimate, not a promise. Wall time on N workers (`--dry-run-workers`) is the driver's measured planning time plus
-core-hours / N, i.e. perfect scaling: a lower bound.
+before starting is reported here too. Then three parts, one module each:
+- the stage model (pipeline/tools/dry_run_sample.py): a few input files spread over the listing read through the
+  job's reader and parser, up to a byte budget each, tokenized with the real tokenizer and split with the job's
+  own split function, examples packed and framed as the shard stage does, each stage's CPU measured;
+- the calibration (pipeline/tools/dry_run_calibration.py): the job itself run on a slice of that sample, for what
+  it spends around the modelled stages;
+- the estimate (this module): the sample scaled up to the whole input, per source and per split; shard counts
+  from the job's own shard planner (with `--source-weights` applied to each source's estimated train tokens, as
+  the job sizes its shards), output bytes from the framed examples. Core-hours are the CPU time the sample took
+  per stage: read+parse per input byte, tokenize per text byte *of each source* (each source's own measured rate
+  scaled by that source's estimated bytes), pack+encode per example, plus the calibration's extra CPU per raw
+  byte and per run. Start-up (the interpreter and imports, as the CLI's own process spent them before
+  estimating, the driver's planning as a real run does it, and the one-record run's CPU: graph, runner, commit)
+  is the same for any input; it is included in core-hours once and shown apart, so the estimate compares with a
+  real run's whole process tree (its share of a small run: docs/BENCHMARKS.md, "Dry run calibration"). A
+  machine-dependent estimate, not a promise. Wall time on N workers (`--dry-run-workers`) is the driver's
+  measured planning time plus core-hours / N, i.e. perfect scaling: a lower bound.
 
 Not modelled: exact duplicates (removed by the job), and compression ratios that change inside a file beyond
 the sampled prefix.
@@ -34,203 +32,11 @@ import types
 from dataclasses import dataclass, field
 from typing import Optional
 
-import numpy as np
-
-from model_contract import frame_examples
 from pipeline.config import ShardConfig
-from transforms.io import io_utils
-from transforms.shard.documents import HASHED, SPLITS, Document, assign_split, parse_record
-from transforms.shard.packing import BLOCK_EXAMPLES, pack_blocks
-from transforms.io.read_records import FileDamage, compression_of, iter_raw_records
-
-MAX_SAMPLE_FILES = 16
-SAMPLE_INPUT_BYTES_PER_FILE = 16 << 20  # compressed bytes read per sampled file, at most
-TOKENIZE_CHARS = 8_000_000  # characters tokenized in all; further documents' tokens are scaled from bytes
-ENCODE_EXAMPLES = 256  # examples packed and encoded to measure output bytes per example
-# Raw JSON lines (in all) the job itself runs on to calibrate the stage model. The job's marginal CPU per byte is
-# the difference of two runs (the slice and its half) that each carry ~0.5 CPU-s of fixed cost, so the slice must
-# be large beside that. With the machine at load 5-10 on 2 cores the job/model ratio on the slice came out
-# 1.32-2.00 at 4 MB and 1.06-2.06 at 16 MB with the best of two runs per size (bench/dry_run_bench.py and
-# experiments beside it): still noisy, so the estimate adds the difference rather than multiplying by the ratio
-# (`Calibration.extra_cpu_per_byte`). 16 MB costs a dry run ~3 CPU-s more than 4 MB with a fast tokenizer.
-CALIBRATION_BYTES = 16 << 20
-CALIBRATION_REPEATS = 3  # runs of the slice and of its half; each size's least CPU counts (load only adds; with 2, one full-suite run under load measured the marginal rate at 0.07x the model)
-
-
-class _CountingReader:
-    """Counts the bytes the decompressor has pulled from the file (the compressed bytes consumed). Reads are
-    capped at STEP bytes (short reads are legal for a raw stream), so that a sample that stops in the middle of
-    a file knows how far it got to within STEP, not within the reader's 1 MiB blocks."""
-
-    STEP = 16 << 10
-
-    def __init__(self, raw):
-        self.raw = raw
-        self.count = 0
-
-    def read(self, n=-1):
-        data = self.raw.read(self.STEP if n is None or n < 0 else min(n, self.STEP))
-        self.count += len(data)
-        return data
-
-    def readinto(self, buf):
-        view = memoryview(buf)[:self.STEP]
-        n = self.raw.readinto(view)
-        self.count += n or 0
-        return n
-
-    def __getattr__(self, name):
-        return getattr(self.raw, name)
-
-
-@dataclass
-class Sample:
-    input_bytes: int = 0  # compressed bytes consumed
-    raw_bytes: int = 0  # JSON lines (decompressed)
-    records: int = 0
-    documents: int = 0
-    text_bytes: int = 0
-    tokenized_text_bytes: int = 0
-    tokenized_tokens: int = 0
-    split_text_bytes: list = field(default_factory=lambda: [0] * len(SPLITS))
-    split_tokens: list = field(default_factory=lambda: [0.0] * len(SPLITS))  # tokenized docs exact, others scaled
-    split_docs: list = field(default_factory=lambda: [0] * len(SPLITS))
-    untokenized_split_bytes: list = field(default_factory=lambda: [0] * len(SPLITS))
-    dead_letters: int = 0
-    filtered: int = 0
-    read_cpu_s: float = 0.0
-    tokenize_cpu_s: float = 0.0
-    token_arrays: list = field(default_factory=list)  # a few documents' tokens, for the output bytes estimate
-    by_source: dict = field(default_factory=dict)  # source -> SourceSample
-    slices: list = field(default_factory=list)  # (input path, [raw lines]): the calibration run's input
-
-
-@dataclass
-class SourceSample:
-    """One source's share of a sample: its own tokenize rate (CPU s and tokens per text byte)."""
-    documents: int = 0
-    text_bytes: int = 0
-    tokenized_text_bytes: int = 0
-    tokenized_tokens: int = 0
-    tokenize_cpu_s: float = 0.0
-    split_docs: list = field(default_factory=lambda: [0] * len(SPLITS))
-    split_tokens: list = field(default_factory=lambda: [0] * len(SPLITS))  # of the tokenized documents
-    untokenized_split_bytes: list = field(default_factory=lambda: [0] * len(SPLITS))
-
-    def tokens_per_byte(self, fallback: float) -> float:
-        return self.tokenized_tokens / self.tokenized_text_bytes if self.tokenized_text_bytes else fallback
-
-    def cpu_per_byte(self, fallback: float) -> float:
-        return self.tokenize_cpu_s / self.tokenized_text_bytes if self.tokenized_text_bytes else fallback
-
-    def split_token_estimate(self, fallback_rate: float) -> list:
-        rate = self.tokens_per_byte(fallback_rate)
-        return [self.split_tokens[i] + self.untokenized_split_bytes[i] * rate for i in range(len(SPLITS))]
-
-
-def pick_files(rows: list, n: int = MAX_SAMPLE_FILES) -> list:
-    """Up to n rows spread evenly over the (sorted) listing, always including the first and the last."""
-    if len(rows) <= n:
-        return list(rows)
-    idx = sorted({round(i * (len(rows) - 1) / (n - 1)) for i in range(n)})
-    return [rows[i] for i in idx]
-
-
-def sample_inputs(rows: list, config: ShardConfig, sp, budget_per_file: int = SAMPLE_INPUT_BYTES_PER_FILE,
-                  tokenize_chars: int = TOKENIZE_CHARS, input_splits: dict = None,
-                  slice_bytes: int = 0) -> Sample:
-    """`input_splits`: path -> the split a --val-input / --test-input file goes to whole (HASHED otherwise).
-    `slice_bytes`: raw lines kept (in all, spread over the files) for the calibration run."""
-    s = Sample()
-    chars_left = tokenize_chars
-    per_file_chars = max(1, tokenize_chars // max(1, len(rows)))
-    per_file_slice = slice_bytes // max(1, len(rows))
-    for row in rows:
-        file_chars = min(per_file_chars, chars_left)
-        lines, slice_left = [], per_file_slice
-        t0 = time.process_time()
-        with io_utils.open_read(row["path"]) as raw:
-            stream = _CountingReader(raw)
-            for item in iter_raw_records(stream, compression_of(row["path"]), config.max_line_bytes,
-                                         config.max_zstd_window_bytes):
-                if isinstance(item, FileDamage):
-                    s.records += 1
-                    s.dead_letters += 1
-                    continue
-                s.records += 1
-                s.raw_bytes += len(item.data) + 1
-                if slice_left > 0:
-                    lines.append(item.data)
-                    slice_left -= len(item.data) + 1
-                doc = parse_record(item.data, config.text_field, config.source_fields)
-                if not isinstance(doc, Document):
-                    if doc.kind == "dead_letter":
-                        s.dead_letters += 1
-                    else:
-                        s.filtered += 1
-                else:
-                    _add_document(s, doc, config, sp, file_chars, (input_splits or {}).get(row["path"], HASHED))
-                    if file_chars > 0:
-                        file_chars -= len(doc.text)
-                if stream.count >= budget_per_file:
-                    break
-            s.input_bytes += stream.count
-        if lines:
-            s.slices.append((row["path"], lines))
-        chars_left -= per_file_chars
-        s.read_cpu_s += time.process_time() - t0
-    s.read_cpu_s -= s.tokenize_cpu_s
-    return s
-
-
-def _add_document(s: Sample, doc: Document, config: ShardConfig, sp, chars_budget: int,
-                  input_split: int = HASHED) -> None:
-    split = assign_split(doc.doc_id, input_split, config.val_fraction, config.test_fraction)
-    n_bytes = len(doc.text.encode("utf-8"))
-    src = s.by_source.setdefault(doc.source, SourceSample())
-    s.documents += 1
-    s.text_bytes += n_bytes
-    s.split_docs[split] += 1
-    s.split_text_bytes[split] += n_bytes
-    src.documents += 1
-    src.text_bytes += n_bytes
-    src.split_docs[split] += 1
-    if chars_budget > 0:
-        t0 = time.process_time()
-        ids = sp.encode(doc.text)
-        cpu = time.process_time() - t0
-        s.tokenize_cpu_s += cpu
-        s.tokenized_tokens += len(ids)
-        s.tokenized_text_bytes += n_bytes
-        s.split_tokens[split] += len(ids)
-        src.tokenize_cpu_s += cpu
-        src.tokenized_tokens += len(ids)
-        src.tokenized_text_bytes += n_bytes
-        src.split_tokens[split] += len(ids)
-        if len(s.token_arrays) < 4 * ENCODE_EXAMPLES:
-            s.token_arrays.append(np.asarray(ids, dtype=np.int64))
-    else:
-        s.untokenized_split_bytes[split] += n_bytes
-        src.untokenized_split_bytes[split] += n_bytes
-
-
-def output_bytes_per_example(s: Sample, seq_len: int, eos_id: int, pad_id: int) -> tuple:
-    """(bytes per framed example, CPU seconds per example) from packing and framing sampled documents a block at
-    a time, as the shard stage does (transforms/shard/stages.py pack_shard: pack_blocks, frame_examples)."""
-    eos = np.array([eos_id], dtype=np.int64)
-    docs = ((i, np.concatenate((t, eos))) for i, t in enumerate(s.token_arrays))
-    n, total, t0 = 0, 0, time.process_time()
-    for block in pack_blocks(docs, seq_len, pad_id, block_examples=min(BLOCK_EXAMPLES, ENCODE_EXAMPLES)):
-        if block.padding and n:  # the last, padded block is not typical
-            break
-        total += len(frame_examples(block.columns(), block.examples))
-        n += block.examples
-        if n >= ENCODE_EXAMPLES:
-            break
-    cpu = time.process_time() - t0
-    if not n:
-        return 8.0 * seq_len, 0.0
-    return total / n, cpu / n
+from pipeline.tools.dry_run_calibration import CALIBRATION_BYTES, Calibration, calibrate, process_cpu_s
+from pipeline.tools.dry_run_sample import (MAX_SAMPLE_FILES, SAMPLE_INPUT_BYTES_PER_FILE, output_bytes_per_example,
+                                           pick_files, sample_inputs)
+from transforms.shard.documents import HASHED, SPLITS
 
 
 @dataclass
@@ -244,128 +50,21 @@ class Estimate:
     documents: int
     dead_letters: int
     tokens: int
-    tokens_per_split: dict
+    tokens_per_split: dict[str, int]  # split name -> tokens
     examples: int
     shards: int
-    shards_per_split: dict
+    shards_per_split: dict[str, int]  # split name -> shards
     output_bytes: int
     core_hours: float
     nothing_to_do: bool = False
-    notes: list = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     workers: int = 1
     wall_s: float = 0.0  # driver planning + core-hours / workers (perfect scaling: a lower bound)
     startup_s: float = 0.0
     startup_core_s: float = 0.0  # included in core_hours: a run's CPU whatever its input (see the docstring)
-    sources: dict = field(default_factory=dict)  # source -> {documents, tokens, text_bytes, tokenize_core_s}
-    calibration: Optional["Calibration"] = None
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """The job run on a slice of the sample and on its first half: its marginal CPU per raw byte beside the stage
-    model's for the same slice, and the CPU a run spends above a one-record run whatever its size (shards,
-    units, planning: `overhead_cpu_s`) and the one-record run's own (`one_record_cpu_s`, the first job run in
-    this process: lazy imports, planning, graph, runner, commit)."""
-    raw_bytes: int
-    job_cpu_per_byte: float
-    model_cpu_per_byte: float
-    overhead_cpu_s: float
-    one_record_cpu_s: float = 0.0
-
-    @property
-    def factor(self) -> float:
-        """The job's CPU per byte over the model's on the slice (shown in the note; the estimate adds the
-        difference, `extra_cpu_per_byte`)."""
-        if self.model_cpu_per_byte > 0 and self.job_cpu_per_byte > 0:
-            return self.job_cpu_per_byte / self.model_cpu_per_byte
-        return 1.0
-
-    @property
-    def extra_cpu_per_byte(self) -> float:
-        """What the job spends per raw byte around the modelled stages (document ids, statistics, spill, hashing,
-        the runner's per-element cost). Added, not multiplied: that work does not depend on how fast the
-        tokenizer is, and the slice (the first lines of each sampled file) tokenizes at another rate than the
-        whole input. Scaling the model by the slice's ratio overestimated a 384 MB run by 1.3-1.6x; adding gave
-        0.91 (96 MB) and 1.02 (384 MB) of the real runs (bench/dry_run_bench.py; repeats in docs/PILE.md). Never below 0: the job runs every stage the
-        model times, so a lower job rate is timing noise."""
-        return max(0.0, self.job_cpu_per_byte - self.model_cpu_per_byte)
-
-
-def process_cpu_s() -> float:
-    import resource  # noqa: PLC0415
-
-    r = resource.getrusage(resource.RUSAGE_SELF)  # the in-memory runner's workers are threads of this process
-    return r.ru_utime + r.ru_stime
-
-
-_IN_PROCESS = ["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
-
-
-def write_slices(slices: list, directory: str) -> list:
-    """The calibration input: each sampled file's slice of raw lines, compressed as the file was."""
-    import gzip  # noqa: PLC0415
-
-    import zstandard  # noqa: PLC0415
-
-    paths = []
-    for i, (path, lines) in enumerate(slices):
-        body = b"".join(line + b"\n" for line in lines)
-        kind = compression_of(path)
-        suffix = {"zstd": ".jsonl.zst", "gzip": ".jsonl.gz"}.get(kind, ".jsonl")
-        data = zstandard.ZstdCompressor(level=3).compress(body) if kind == "zstd" else (
-            gzip.compress(body, compresslevel=6) if kind == "gzip" else body)
-        out = os.path.join(directory, f"slice-{i:03d}{suffix}")
-        with open(out, "wb") as f:
-            f.write(data)
-        paths.append(out)
-    return paths
-
-
-def calibrate(config: ShardConfig, slices: list) -> Optional[Calibration]:
-    """Run the job in this process on one record of `slices`, then CALIBRATION_REPEATS times on their first
-    halves and on them whole, in a temporary directory this function creates and removes; the stage model's
-    estimate for the same slice beside it."""
-    import dataclasses  # noqa: PLC0415
-    import shutil  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
-
-    from pipeline.shard import shard_pipeline  # noqa: PLC0415
-
-    if not slices:
-        return None
-    root = tempfile.mkdtemp(prefix="pileprep-dry-run-")
-    try:
-        os.mkdir(os.path.join(root, "in"))
-        os.mkdir(os.path.join(root, "one"))
-        paths = write_slices(slices, os.path.join(root, "in"))
-        write_slices([(slices[0][0], slices[0][1][:1])], os.path.join(root, "one"))
-        base = dict(val_inputs=(), test_inputs=(), staging_dir=None, allow_unknown_sources=True,
-                    num_shards=config.num_shards or 1)
-        one = dataclasses.replace(config, inputs=(os.path.join(root, "one", "*"),),
-                                  output=os.path.join(root, "one-out"), **{**base, "source_weights": ""})
-        full = dataclasses.replace(config, inputs=(os.path.join(root, "in", "*"),), output=os.path.join(root, "out"),
-                                   **base)
-        half = dataclasses.replace(full, inputs=(os.path.join(root, "half", "*"),),
-                                   output=os.path.join(root, "half-out"))
-        os.mkdir(os.path.join(root, "half"))
-        write_slices([(p, lines[:max(1, len(lines) // 2)]) for p, lines in slices], os.path.join(root, "half"))
-        cpu = [math.inf] * 3  # the least CPU of each size's runs: contention from other work only adds to it
-        for i, cfg in [(0, one)] + [(1, half), (2, full)] * CALIBRATION_REPEATS:
-            c0 = process_cpu_s()
-            shard_pipeline.run_outcome(cfg, _IN_PROCESS, progress_every_s=0)
-            cpu[i] = min(cpu[i], process_cpu_s() - c0)
-            shutil.rmtree(cfg.output, ignore_errors=True)  # the next run of this size starts from nothing again
-        raw = sum(len(line) + 1 for _p, lines in slices for line in lines)
-        raw_half = sum(len(line) + 1 for _p, lines in slices for line in lines[:max(1, len(lines) // 2)])
-        model = estimate(dataclasses.replace(full, output=os.path.join(root, "model-never")), _IN_PROCESS,
-                         sample_files=len(paths), budget_per_file=1 << 62, workers=1, calibrated=False)
-        job_per_byte = (cpu[2] - cpu[1]) / (raw - raw_half) if raw > raw_half else 0.0
-        overhead = max(0.0, (cpu[2] - cpu[0]) - job_per_byte * raw)
-        return Calibration(raw_bytes=raw, job_cpu_per_byte=max(job_per_byte, 0.0),
-                           model_cpu_per_byte=model.core_hours * 3600.0 / raw, overhead_cpu_s=overhead,
-                           one_record_cpu_s=cpu[0])  # the first run here: it pays the lazy imports too
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    # source -> {documents, tokens, text_bytes: int; tokenize_core_s: float}
+    sources: dict[str, dict[str, float]] = field(default_factory=dict)
+    calibration: Optional[Calibration] = None
 
 
 def default_workers(beam_args) -> int:
@@ -477,7 +176,8 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
     notes = []
     if sampled_bytes < total_in:
         notes.append(f"sampled {sampled_bytes / total_in:.1%} of the input bytes")
-    calibration = calibrate(config, [sl for _p, smp, _scale in parts for sl in smp.slices]) if calibrated else None
+    calibration = calibrate(config, [sl for _p, smp, _scale in parts for sl in smp.slices],
+                            _model_core_s) if calibrated else None
     startup_core_s = 0.0
     if calibration is not None:
         startup_core_s = process_startup_cpu_s + planning_cpu_s + calibration.one_record_cpu_s
@@ -499,6 +199,14 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
                                  "text_bytes": int(round(r["text_bytes"])),
                                  "tokenize_core_s": round(r["tokenize_core_s"], 3)}
                              for n, r in sorted(sources.items())}, calibration=calibration)
+
+
+def _model_core_s(config: ShardConfig, beam_args, sample_files: int) -> float:
+    """The stage model alone (uncalibrated) on every byte of `config`'s inputs, in core seconds: the calibration's
+    yardstick for its slice (pipeline/tools/dry_run_calibration.py)."""
+    model = estimate(config, beam_args, sample_files=sample_files, budget_per_file=1 << 62, workers=1,
+                     calibrated=False)
+    return model.core_hours * 3600.0
 
 
 def format_estimate(e: Estimate) -> str:
@@ -541,3 +249,4 @@ def _duration(seconds: float) -> str:
 def _safe(name: str) -> str:
     """A source name from the data as terminal text: control characters and escape sequences shown, not run."""
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in str(name))
+

@@ -1,8 +1,9 @@
 """`pileprep env`: what is installed and active, for bug reports and for checking a worker image.
 
 The C varint codec (model_contract/_varint.c) is optional: an install without a compiler silently falls back to
-the numpy path, which is byte-identical but ~25x slower at encoding. This says which one runs; likewise for the
-C word-shingle path of --near-dedup (transforms/shard/_shingles.c, bit-identical to its numpy fallback).
+the numpy path, which is byte-identical but slower at encoding (docs/BENCHMARKS.md, "Varint codec"). This says
+which one runs; likewise for the C word-shingle path of --near-dedup (transforms/shard/_shingles.c, bit-identical
+to its numpy fallback).
 """
 from __future__ import annotations
 
@@ -43,9 +44,9 @@ def c_codec() -> dict:
 
 def c_shingles() -> dict:
     """Whether transforms.shard's C word-shingle extension (_shingles.c, --near-dedup) is loaded, and from where."""
-    from transforms.shard import near_dedup  # noqa: PLC0415
+    from transforms.shard.near_dedup import hashing  # noqa: PLC0415
 
-    fast = getattr(near_dedup, "_fast", None)
+    fast = hashing.fast
     return {"active": fast is not None, "path": getattr(fast, "__file__", None)}
 
 

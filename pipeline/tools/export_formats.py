@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from model_contract.hashing import sha256_file
+from model_contract.manifest_rows import ShardInfo
 from pipeline.tools.export import (EXPORT_KIND, IN_PROGRESS_MARKER, SUMMARY_NAME, check_export_output,
                                    register_export, remove_abandoned_temporaries, temporary_name)
 
@@ -45,7 +46,7 @@ class SplitJob:
     """One split's export: its shards in manifest order, where they are, where its files go."""
     fmt: str
     split: str
-    shards: list  # ShardInfo
+    shards: list[ShardInfo]  # the split's, in manifest order
     manifest_file: str
     manifest: object  # model_contract.Manifest
     directory: str  # <output>/<generation>: local

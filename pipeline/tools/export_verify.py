@@ -27,7 +27,7 @@ def _inside(root: str, rel: str) -> bool:
 
 
 def verify_export(output: str, report) -> None:
-    """Fill `report` (pipeline/tools/verify.py VerifyReport) from OUTPUT's export.json."""
+    """Fill `report` (pipeline/tools/verify_report.py VerifyReport) from OUTPUT's export.json."""
     summary_path = os.path.join(output, SUMMARY_NAME)
     try:
         with open(summary_path, encoding="utf-8") as f:

@@ -25,7 +25,7 @@ class GcResult:
     dataset: str
     removed: bool  # --yes: the listed generations and stale refs were removed
     plan: generations.PrunePlan
-    sizes: dict = field(default_factory=dict)  # generation -> bytes
+    sizes: dict[str, int] = field(default_factory=dict)  # generation -> bytes
 
     @property
     def freed(self) -> int:

@@ -6,7 +6,7 @@ import re
 
 from model_contract import decode_example, resolve_shard_path
 from model_contract.checked_reader import iter_checked_records
-from model_contract.manifest import MANIFEST_NAME
+from model_contract.dataset_paths import MANIFEST_NAME
 from pipeline.ops.safe_text import terminal
 from transforms.shard.documents import SPLITS
 

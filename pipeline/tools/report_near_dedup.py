@@ -1,6 +1,6 @@
 """The report's near-duplicates and decontamination section (pipeline/tools/report.py calls `section`).
 
-Everything shown comes from the manifest's `near_dedup` section (pipeline/shard/near_dedup_manifest.py
+Everything shown comes from the manifest's `near_dedup` section (pipeline/shard/near_dedup/manifest.py
 `manifest_section`): removed share per source, the cluster-size histogram, three example pairs side by side,
 and contaminated documents with their evaluation n-gram. Document text is data: every value is escaped, and
 the section adds no script (the page's Content-Security-Policy allows only its own, by hash).
@@ -52,7 +52,7 @@ def section(manifest: dict) -> str:
                      "removed share"], rows)]
     minhash = nd.get("minhash")
     if minhash:
-        # A `--near-dedup-shingles tokens` run records shingles/shingle_tokens (pipeline/shard/near_dedup_graph.py)
+        # A `--near-dedup-shingles tokens` run records shingles/shingle_tokens (pipeline/shard/near_dedup/partitions.py)
         grams = (f"token {_e(minhash.get('shingle_tokens'))}-grams" if minhash.get("shingles") == "tokens"
                  else f"word {_e(minhash.get('shingle_words'))}-grams")
         parts.append(f"<p>MinHash: {_e(minhash.get('bands'))} bands x {_e(minhash.get('rows'))} rows over {grams}, "

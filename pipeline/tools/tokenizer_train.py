@@ -43,7 +43,7 @@ MIN_VOCAB_SIZE = 4 + 256 + 1  # specials + the 256 byte pieces + at least one le
 class _ReadStats:
     files: int = 0
     documents: int = 0
-    rejected: dict = field(default_factory=dict)  # reason -> count (file damage and record rejections)
+    rejected: dict[str, int] = field(default_factory=dict)  # reason -> count (file damage and record rejections)
 
 
 def _list_inputs(input_globs: list[str]) -> list[str]:
@@ -127,7 +127,8 @@ def _read_training_sample(input_globs, max_sentences: int, max_sentence_chars: i
                           max_line_bytes, max_zstd_window_bytes) -> tuple:
     """The deterministic, size-bounded training sample both kinds of tokenizer train on, read with the
     pipeline's own reader: (sentences, read stats, input paths, seconds spent reading)."""
-    from transforms.io.read_records import DEFAULT_MAX_LINE_BYTES, DEFAULT_MAX_ZSTD_WINDOW_BYTES  # noqa: PLC0415
+    from transforms.io.decompress import DEFAULT_MAX_ZSTD_WINDOW_BYTES  # noqa: PLC0415
+    from transforms.io.read_records import DEFAULT_MAX_LINE_BYTES  # noqa: PLC0415
 
     if max_sentences < 1 or max_sentence_chars < 16:
         raise ValueError("max_sentences must be >= 1 and max_sentence_chars >= 16")

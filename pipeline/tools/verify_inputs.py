@@ -1,4 +1,4 @@
-"""`pileprep verify --inputs`: what became of each sampled input document (pipeline/tools/verify.py samples and
+"""`pileprep verify --inputs`: what became of each sampled input document (pipeline/tools/verify_audit.py samples and
 re-tokenizes them; this module judges each one).
 
 A document of the inputs is, in the committed dataset, exactly one of:
@@ -9,7 +9,7 @@ A document of the inputs is, in the committed dataset, exactly one of:
 * removed by --near-dedup (`near_duplicate`: its keeper must be written or dropped by its own source's weight;
   `near_duplicate_of_committed`) or by
   --decontaminate (`contaminated`: the recorded n-gram must be in its text), as the generation's near-dedup
-  sidecar files say (pipeline/shard/near_dedup_graph.py `_write_partition`; their sha256 is checked here);
+  sidecar files say (pipeline/shard/near_dedup/partitions.py `write_partition`; their sha256 is checked here);
 * dropped by a source weight below 1 (transforms/shard/mixture.py `copies` gives it no copy; counted as filtered
   `mixture_weight` in the manifest).
 
@@ -22,12 +22,12 @@ import collections
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from model_contract import ContractError, Manifest
-from model_contract.manifest import resolve_dataset_path
+from model_contract.dataset_paths import resolve_dataset_path
 from transforms.io import io_utils
 
 NEAR_DUPLICATE, OF_COMMITTED, CONTAMINATED = "near_duplicate", "near_duplicate_of_committed", "contaminated"
@@ -37,8 +37,9 @@ DROPPED_BY_WEIGHT = "mixture_weight"
 @dataclass
 class Removals:
     """What the dataset records as removed: sidecar rows by document id, and the source weights."""
-    rows: dict = field(default_factory=dict)  # doc_id -> sidecar row
-    weights: dict = field(default_factory=dict)  # source -> weight (train split only)
+    # doc_id -> its near-dedup sidecar row, one JSON line as written: {id, reason, keeper, ...}
+    rows: dict[int, dict[str, Any]] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)  # source -> weight (train split only)
     seed: int = 0
 
     def keepers(self, ids) -> set:
@@ -212,7 +213,7 @@ def _removed(doc: Sampled, pieces: dict, removals: Removals, counts: collections
 
 def _keeper_accounted(row: dict, pieces: dict, removals: Removals) -> bool:
     """A near-duplicate's keeper is written, or was itself dropped by its source's weight (the mixture runs after
-    near-dedup, transforms/shard/stages.py)."""
+    near-dedup, transforms/shard/pack.py pack_shard)."""
     keeper = int(row.get("keeper", -1))
     if pieces.get(keeper):
         return True
@@ -220,7 +221,7 @@ def _keeper_accounted(row: dict, pieces: dict, removals: Removals) -> bool:
 
 
 def _holds_ngram(text: str, ngram: str) -> bool:
-    from transforms.shard.near_dedup import normalised_words  # noqa: PLC0415 - decontamination's normalisation
+    from transforms.shard.near_dedup.shingling import normalised_words  # noqa: PLC0415 - as decontamination
 
     words, want = normalised_words(text), ngram.split()
     n = len(want)

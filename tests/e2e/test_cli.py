@@ -14,7 +14,7 @@ from typing import Literal, Optional
 import pytest
 
 from model_contract import ContractError
-from pipeline import cli, errors, options
+from pipeline import cli, cli_parser, errors, options
 from pipeline.config import RunOptions, ShardConfig, option
 from tests.conftest import REPO
 from tests.ops_fixtures import subprocess_env
@@ -31,7 +31,7 @@ def run_main(argv, capsys):
 
 # ---------------------------------------------------------------------------------- derived from the config
 def test_every_config_field_is_an_option_with_its_type_default_and_help():
-    parser = cli.build_parser()
+    parser = cli_parser.build_parser()
     shard = parser._subparsers._group_actions[0].choices["shard"]  # noqa: SLF001
     by_dest = {a.dest: a for a in shard._actions}  # noqa: SLF001
     for cls in (ShardConfig, RunOptions):
@@ -44,7 +44,7 @@ def test_every_config_field_is_an_option_with_its_type_default_and_help():
             if f.default is not dataclasses.MISSING:
                 default = list(f.default) if isinstance(f.default, tuple) else f.default
                 assert action.default == default
-    args, _ = cli.parse(["shard", *REQUIRED])
+    args, _ = cli_parser.parse(["shard", *REQUIRED])
     built = options.build(ShardConfig, args)
     assert built == ShardConfig(inputs=("in/*.zst",), output="out", tokenizer="t.model")
     help_text = " ".join(shard.format_help().split())
@@ -60,7 +60,7 @@ def test_types_map_to_argparse_including_literal_choices_and_switches():
         names: tuple[str, ...] = option(("a",), "names", flag="--name")
         on: bool = option(False, "switch")
 
-    p = cli.Parser(prog="toy")
+    p = cli_parser.Parser(prog="toy")
     options.add_options(p, Toy)
     ns = p.parse_args(["--mode", "exact", "--n", "3", "--name", "x", "y", "--on"])
     assert options.build(Toy, ns) == Toy("exact", 3, ("x", "y"), True)
@@ -78,7 +78,7 @@ def test_config_file_supplies_options_and_flags_override_it(tmp_path):
     cfg.write_text('input = ["a/*.zst", "b/*.zst"]\noutput = "ds"\ntokenizer = "t.model"\nseq-len = 512\n'
                    'val_fraction = 0.05\nsource-field = "source"\nincremental = true\n'
                    'beam-args = ["--runner=FnApiRunner", "--direct_num_workers=1"]\n')
-    args, beam_args = cli.parse(["shard", "--config", str(cfg), "--seq-len", "1024"])
+    args, beam_args = cli_parser.parse(["shard", "--config", str(cfg), "--seq-len", "1024"])
     config, run = options.build(ShardConfig, args), options.build(RunOptions, args)
     assert config.inputs == ("a/*.zst", "b/*.zst") and config.output == "ds"
     assert config.seq_len == 1024  # the flag wins
@@ -138,7 +138,7 @@ def test_runner_specific_options_exist_once_the_runner_is_named():
     dask = importlib_spec("dask.distributed")
     if dask is None:
         pytest.skip("dask is not installed")
-    _, beam_args = cli.parse(["shard", *REQUIRED, "--runner=apache_beam.runners.dask.dask_runner.DaskRunner",
+    _, beam_args = cli_parser.parse(["shard", *REQUIRED, "--runner=apache_beam.runners.dask.dask_runner.DaskRunner",
                               "--dask_client_address=127.0.0.1:8786"])
     assert "--dask_client_address=127.0.0.1:8786" in beam_args
 
@@ -180,9 +180,9 @@ def test_readme_dataflow_flink_and_spark_flag_sets_parse():
             argv = [a for a in argv if a != "..."] + REQUIRED
         if "--runner=DataflowRunner" in argv and importlib_spec("apitools") is None:
             with pytest.raises(errors.UsageError, match=r"pileprep\[gcp\]"):
-                cli.parse(argv)
+                cli_parser.parse(argv)
             continue
-        args, beam_args = cli.parse(argv)
+        args, beam_args = cli_parser.parse(argv)
         assert beam_args and all(not a.startswith("--" + o) for a in beam_args
                                  for o in ("input", "output", "tokenizer", "seq-len")), title
         assert options.runner_name(beam_args), title
@@ -229,9 +229,9 @@ def test_every_command_reports_user_errors_in_one_line_exit_2(tmp_path):
 
 
 def test_verbosity_after_the_subcommand_version_and_env(capsys):
-    args, _ = cli.parse(["shard", *REQUIRED, "-v", "-v"])
+    args, _ = cli_parser.parse(["shard", *REQUIRED, "-v", "-v"])
     assert args.verbose == 2 and args.quiet is False
-    args, _ = cli.parse(["-v", "inspect", "ds", "-q"])
+    args, _ = cli_parser.parse(["-v", "inspect", "ds", "-q"])
     assert args.verbose == 1 and args.quiet is True
     with pytest.raises(SystemExit) as e:
         cli.main(["--version"])
@@ -244,9 +244,9 @@ def test_verbosity_after_the_subcommand_version_and_env(capsys):
     from model_contract import example_codec
 
     assert report["c_varint_codec"]["active"] == (example_codec._fast is not None)  # noqa: SLF001
-    from transforms.shard import near_dedup
+    from transforms.shard.near_dedup import hashing
 
-    assert report["c_shingles"]["active"] == (near_dedup._fast is not None)  # noqa: SLF001
+    assert report["c_shingles"]["active"] == (hashing.fast is not None)
 
 
 def test_a_bad_choice_built_in_code_fails_validation_with_the_types_own_choices():

@@ -115,7 +115,8 @@ def test_best_fit_dataset_same_documents_none_that_fits_split(datasets):
 
 def test_best_fit_is_read_by_the_trainer_unchanged(datasets):
     from trainer.config import DataConfig, model_config
-    from trainer.data import ShardLoader, open_dataset
+    from trainer.data import ShardLoader
+    from trainer.dataset import open_dataset
     from trainer.loss import IGNORE_INDEX
 
     path, manifest = datasets["best-fit"]

@@ -1,4 +1,4 @@
-"""--incremental --near-dedup (pipeline/shard/near_dedup_graph.py, transforms/shard/near_dedup_band_index.py).
+"""--incremental --near-dedup (pipeline/shard/near_dedup/, transforms/shard/near_dedup/band_index.py).
 
 Generation A holds distinct documents and one within-A near-copy pair; the train-only addition B holds
 near-copies of A's documents (one of them a copy of the A document whose own copy A removed), a new-vs-new pair
@@ -18,10 +18,15 @@ import pathlib
 import pytest
 
 from pipeline.config import ShardConfig
-from pipeline.shard import near_dedup_graph, shard_pipeline
+from pipeline.shard import shard_pipeline
+from pipeline.shard.near_dedup import band_files, sign
+from pipeline.shard.near_dedup import edges as near_edges
+from pipeline.shard.near_dedup.manifest import BAND_INDEXES
+from pipeline.shard.near_dedup.windows import RangeWindows
 from tests.corpus_fixtures import good_documents, pile_line, write_zst
 from tests.e2e.test_near_dedup_pipeline import IN_MEMORY, assert_same_files, shard_doc_ids, sidecar_rows
-from transforms.shard import near_dedup, near_dedup_band_index
+from transforms.shard.near_dedup import band_index, minhash, shingling
+from transforms.shard.near_dedup.band_index import BAND_RANGES
 from transforms.shard.documents import document_id
 
 pytestmark = pytest.mark.timeout(300)
@@ -37,7 +42,7 @@ def copy_above(text: str) -> str:
 
 
 def write_corpus(root: pathlib.Path) -> dict:
-    docs = [t for t, _s in good_documents(400_000) if len(near_dedup.normalised_words(t)) >= 60][:44]
+    docs = [t for t, _s in good_documents(400_000) if len(shingling.normalised_words(t)) >= 60][:44]
     a_docs, b_docs = docs[:20], docs[20:]
     a_copy = copy_above(a_docs[0])  # removed by A itself
     b_of_committed = [copy_above(t) for t in a_docs[1:5]]
@@ -95,15 +100,15 @@ def test_incremental_addition_keeps_the_documents_a_full_build_keeps(builds):
 
 def test_each_generation_lists_its_band_index_of_kept_documents_with_sha256(builds):
     root, plan, _full, first, added = builds
-    entries = added[near_dedup_graph.BAND_INDEXES]
+    entries = added[BAND_INDEXES]
     assert {e["generation"] for e in entries} == {first["generation"], added["generation"]}
-    num_perm = near_dedup.MinHashParams().num_perm
+    num_perm = minhash.MinHashParams().num_perm
     indexed = {}
     for e in entries:
         data = (root / "inc" / e["path"]).read_bytes()
         assert e["path"].startswith(e["generation"] + "/near-dedup/")
         assert (len(data), hashlib.sha256(data).hexdigest()) == (e["bytes"], e["sha256"])
-        rows = near_dedup_band_index.decode(data, num_perm, e["path"])
+        rows = band_index.decode(data, num_perm, e["path"])
         indexed.setdefault(e["generation"], set()).update(int(i) for i in rows["doc_id"])
     # kept documents only, each generation its own: A's removed copy and B's removed copies are not listed
     assert indexed[first["generation"]] == set(plan["a_docs"]) | set(
@@ -132,48 +137,48 @@ def test_the_runner_shuffle_reads_the_committed_band_index_the_same_way(builds, 
     assert got["records"] == added["records"]
     assert shard_doc_ids(out, got) == shard_doc_ids(root / "inc", added)
     assert sidecar_rows(out, got) == sidecar_rows(root / "inc", added)
-    band_bytes = [[(out_dir / e["path"]).read_bytes() for e in m[near_dedup_graph.BAND_INDEXES]]
+    band_bytes = [[(out_dir / e["path"]).read_bytes() for e in m[BAND_INDEXES]]
                   for out_dir, m in ((out, got), (root / "inc", added))]
     assert band_bytes[0] == band_bytes[1]
 
 
 def test_bounded_key_windows_read_the_committed_band_index_by_window_to_the_same_bytes(builds, tiny_tokenizer,
                                                                                        monkeypatch):
-    """Files shuffle with windows of 4 band rows (near_dedup_graph.WINDOW_ROWS): the committed generation's band
+    """Files shuffle with windows of 4 band rows (band_files.WINDOW_ROWS): the committed generation's band
     index files are read a window's slice at a time; both generations are the bytes of one window per range."""
     root, _plan, _full, _first, added = builds
-    monkeypatch.setattr(near_dedup_graph, "WINDOW_ROWS", 4)
+    monkeypatch.setattr(band_files, "WINDOW_ROWS", 4)
     held = []
-    windows = near_dedup_graph._RangeWindows.windows
+    windows = RangeWindows.windows
 
     def counted(self):
         for parts, committed in windows(self):
             held.append(len(committed))
             yield parts, committed
 
-    monkeypatch.setattr(near_dedup_graph._RangeWindows, "windows", counted)
+    monkeypatch.setattr(RangeWindows, "windows", counted)
     out = root / "inc-windows"
     for inputs, incremental in ((str(root / "in" / "a.*"), False), (str(root / "in" / "*"), True)):
         got = shard_pipeline.run(config(inputs, out, tiny_tokenizer), IN_MEMORY, incremental_run=incremental,
                                  progress_every_s=0)
-    assert len(held) > 4 * near_dedup_graph.BAND_RANGES and 0 < max(held) <= 4
+    assert len(held) > 4 * BAND_RANGES and 0 < max(held) <= 4
     assert_same_files(root / "inc", out)
     assert got == added
 
 def test_hot_buckets_with_committed_members_are_streamed_to_the_same_bytes(builds, tiny_tokenizer, monkeypatch):
-    """Every bucket of more than one row taken as hot (near_dedup_graph.HOT_BUCKET_ROWS = 1), committed members
+    """Every bucket of more than one row taken as hot (edges.py HOT_BUCKET_ROWS = 1), committed members
     among them: both generations are the bytes of the default."""
     root, _plan, _full, _first, added = builds
-    monkeypatch.setattr(near_dedup_graph, "HOT_BUCKET_ROWS", 1)
-    monkeypatch.setattr(near_dedup_graph, "HOT_CHUNK", 2)
+    monkeypatch.setattr(near_edges, "HOT_BUCKET_ROWS", 1)
+    monkeypatch.setattr(near_edges, "HOT_CHUNK", 2)
     committed = []
-    hot = near_dedup_graph._hot_bucket_edges
+    hot = near_edges.hot_bucket_edges
 
     def counted(*args):
         committed.append(len(args[3]))
         yield from hot(*args)
 
-    monkeypatch.setattr(near_dedup_graph, "_hot_bucket_edges", counted)
+    monkeypatch.setattr(near_edges, "hot_bucket_edges", counted)
     out = root / "inc-hot"
     for inputs, incremental in ((str(root / "in" / "a.*"), False), (str(root / "in" / "*"), True)):
         got = shard_pipeline.run(config(inputs, out, tiny_tokenizer), IN_MEMORY, incremental_run=incremental,
@@ -188,7 +193,7 @@ def test_incremental_signatures_from_the_tokenize_stage_are_the_text_paths_bytes
     text is in memory"); incrementally the near-dedup stage must still leave out exact copies of committed
     documents (their ids are in a committed doc-ids.idx) and pick the same copies as when it reads the text."""
     plan = write_corpus(tmp_path)
-    a_text = [t for t, _s in good_documents(400_000) if len(near_dedup.normalised_words(t)) >= 60][3]
+    a_text = [t for t, _s in good_documents(400_000) if len(shingling.normalised_words(t)) >= 60][3]
     write_zst(tmp_path / "in" / "c.jsonl.zst", [pile_line(a_text, "C")])  # an exact copy of a committed document
 
     def build(name):
@@ -204,7 +209,7 @@ def test_incremental_signatures_from_the_tokenize_stage_are_the_text_paths_bytes
     rows = {r["id"] for r in sidecar_rows(tmp_path / "tokenize-signed", added)}
     assert set(plan["of_committed"]) <= rows and document_id(a_text) not in rows
     with monkeypatch.context() as m:
-        m.setattr(near_dedup_graph, "tokenize_signing", lambda _config: None)
+        m.setattr(sign, "tokenize_signing", lambda _config: None)
         build("text-signed")
     files = [{str(p.relative_to(tmp_path / d)): p.read_bytes() for p in sorted((tmp_path / d).rglob("*"))
               if p.is_file() and "_staging" not in p.parts} for d in ("tokenize-signed", "text-signed")]

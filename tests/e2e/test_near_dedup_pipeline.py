@@ -1,4 +1,4 @@
-"""The shard job with --near-dedup and --decontaminate (pipeline/shard/near_dedup_graph.py), end to end.
+"""The shard job with --near-dedup and --decontaminate (pipeline/shard/near_dedup/), end to end.
 
 A small corpus with planted near-copies (a header inserted and the case changed: exact Jaccard >= 0.9), one of
 them in a --val-input file, and an evaluation file quoting one training document. Every removed document must
@@ -17,11 +17,17 @@ import pytest
 from model_contract import decode_example, read_records
 from pipeline.config import ShardConfig
 from pipeline.errors import RunError
-from pipeline.shard import near_dedup_graph, shard_pipeline
+from pipeline.shard import shard_pipeline
+from pipeline.shard.near_dedup import band_files, sign
+from pipeline.shard.near_dedup import edges as near_edges
+from pipeline.shard.near_dedup.transform import NearDedup
+from pipeline.shard.near_dedup.windows import RangeWindows
 from tests.corpus_fixtures import good_documents, pile_line, write_zst
 from tests.e2e.test_dask_runner import dask_cluster  # noqa: F401 - the module's Dask cluster fixture
 from tests.ops_fixtures import portable_args, portable_services, run_cli  # noqa: F401
-from transforms.shard import near_dedup, pack, tokenize_unit
+from transforms.shard import pack
+from transforms.shard.near_dedup import hashing, minhash, shingling
+from transforms.shard.near_dedup.band_index import BAND_RANGES
 from transforms.shard.documents import document_id
 
 pytestmark = pytest.mark.timeout(300)
@@ -36,7 +42,7 @@ def near_copy(text: str) -> str:
 def write_corpus(root: pathlib.Path, near_copy=near_copy) -> dict:
     """Files in root/in (train), root/val.jsonl (one held-out near-copy), root/eval.jsonl; returns the plan."""
     docs = good_documents(360_000)
-    docs = [(t, s) for t, s in docs if len(near_dedup.normalised_words(t)) >= 60][:60]
+    docs = [(t, s) for t, s in docs if len(shingling.normalised_words(t)) >= 60][:60]
     (root / "in").mkdir(parents=True)
     originals = docs[:PLANTED]
     copies = [(near_copy(t), s) for t, s in originals[1:]]
@@ -54,9 +60,9 @@ def write_corpus(root: pathlib.Path, near_copy=near_copy) -> dict:
 def unique_passage(docs: list) -> tuple:
     """(document, 20 of its words) whose 13-word windows no other document has (plain tuples, no hashing)."""
     grams = [{tuple(w[i:i + 13]) for i in range(len(w) - 12)}
-             for w in (near_dedup.normalised_words(t) for t, _ in docs)]
+             for w in (shingling.normalised_words(t) for t, _ in docs)]
     for d in range(len(docs) - 1, -1, -1):
-        words = near_dedup.normalised_words(docs[d][0])
+        words = shingling.normalised_words(docs[d][0])
         others = set().union(*(g for k, g in enumerate(grams) if k != d))
         for start in range(0, len(words) - 20, 7):
             passage = words[start:start + 20]
@@ -114,8 +120,8 @@ def test_near_copies_and_contaminated_documents_are_filtered_with_keeper_and_rea
     assert near[plan["originals"][0]]["keeper"] == plan["held_out"]
     # nothing else is removed unless it really is a near-copy (exact Jaccard of the shingles)
     for i, r in near.items():
-        truth = near_dedup.exact_jaccard(near_dedup.shingles(plan["texts"][i]),
-                                         near_dedup.shingles(plan["texts"][r["keeper"]]))
+        truth = minhash.exact_jaccard(shingling.shingles(plan["texts"][i]),
+                                      shingling.shingles(plan["texts"][r["keeper"]]))
         assert truth >= 0.8 and abs(truth - r["jaccard"]) < 0.2  # verified: exact Jaccard >= the threshold
     assert rows[plan["contaminated"]]["reason"] == "contaminated"
     assert rows[plan["contaminated"]]["eval_file"].endswith("eval.jsonl")
@@ -175,42 +181,42 @@ def test_portable_runner_through_its_own_group_by_key_writes_the_same_bytes(buil
 
 
 def test_bounded_key_windows_write_the_same_bytes_as_one_window_per_range(built, tmp_path, monkeypatch):
-    """Files shuffle with a window of 4 band rows (near_dedup_graph.WINDOW_ROWS): every key-range task works
+    """Files shuffle with a window of 4 band rows (band_files.WINDOW_ROWS): every key-range task works
     through dozens of windows, none over the cap unless one fine window alone is, and shards, manifest,
     sidecars and band index are the bytes of the built run (one window per range at this corpus's size)."""
     root, _plan, _manifest, tok = built
-    monkeypatch.setattr(near_dedup_graph, "WINDOW_ROWS", 4)
+    monkeypatch.setattr(band_files, "WINDOW_ROWS", 4)
     seen = []  # (rows held, fine windows in the window), per window of every task
-    windows = near_dedup_graph._RangeWindows.windows
+    windows = RangeWindows.windows
 
     def counted(self):
         for w, (parts, committed) in enumerate(windows(self)):
             seen.append((sum(a.size for _n, a in parts) + len(committed), self.cuts[w + 1] - self.cuts[w]))
             yield parts, committed
 
-    monkeypatch.setattr(near_dedup_graph._RangeWindows, "windows", counted)
+    monkeypatch.setattr(RangeWindows, "windows", counted)
     shard_pipeline.run(config(root, tmp_path / "windows", tok), IN_MEMORY, progress_every_s=0)
     # two tasks per range (edges, band index), each through its windows
-    assert len(seen) > 2 * near_dedup_graph.BAND_RANGES * 10
+    assert len(seen) > 2 * BAND_RANGES * 10
     assert all(rows <= 4 or fine == 1 for rows, fine in seen)
     assert sum(rows for rows, _f in seen) > 0
     assert_same_files(root / "one", tmp_path / "windows")
 
 
 def test_hot_buckets_streamed_in_chunks_write_the_same_bytes(built, tmp_path, monkeypatch):
-    """Every bucket of more than one row taken as hot (near_dedup_graph.HOT_BUCKET_ROWS = 1): its Nodes made
+    """Every bucket of more than one row taken as hot (edges.py HOT_BUCKET_ROWS = 1): its Nodes made
     two at a time (_hot_bucket_edges), not all at once: the bytes of the built run."""
     root, _plan, _manifest, tok = built
-    monkeypatch.setattr(near_dedup_graph, "HOT_BUCKET_ROWS", 1)
-    monkeypatch.setattr(near_dedup_graph, "HOT_CHUNK", 2)
+    monkeypatch.setattr(near_edges, "HOT_BUCKET_ROWS", 1)
+    monkeypatch.setattr(near_edges, "HOT_CHUNK", 2)
     streamed = []
-    hot = near_dedup_graph._hot_bucket_edges
+    hot = near_edges.hot_bucket_edges
 
     def counted(*args):
         streamed.append(args[1])
         yield from hot(*args)
 
-    monkeypatch.setattr(near_dedup_graph, "_hot_bucket_edges", counted)
+    monkeypatch.setattr(near_edges, "hot_bucket_edges", counted)
     shard_pipeline.run(config(root, tmp_path / "hot", tok), IN_MEMORY, progress_every_s=0)
     assert len(streamed) >= PLANTED
     assert_same_files(root / "one", tmp_path / "hot")
@@ -248,7 +254,7 @@ def test_a_rerun_after_a_failure_while_packing_skips_the_finished_near_dedup_sta
     def stage_again(_self, _units):
         raise AssertionError("the near-dedup stage ran again")
 
-    monkeypatch.setattr(near_dedup_graph.NearDedup, "expand", stage_again)
+    monkeypatch.setattr(NearDedup, "expand", stage_again)
     shard_pipeline.run(config(root, out, tok, **kw), IN_MEMORY, progress_every_s=0)
     assert_same_files(twin, out)
 
@@ -280,7 +286,7 @@ def test_signatures_from_the_tokenize_stage_and_from_the_c_path_write_the_same_b
     while its text is in memory (tokenize_unit.TokenizeSettings.near_dedup_params) and the near-dedup stage reads no
     text at all. The same bytes as signing re-read text in the near-dedup stage, and as the numpy path without
     the C extension (transforms/shard/_shingles.c). One input file holds no document (its unit has none)."""
-    from pipeline.shard import near_dedup_graph
+    from pipeline.shard.near_dedup import unit_docs
 
     plan = write_corpus(tmp_path)
     write_zst(tmp_path / "in" / "c.jsonl.zst", [pile_line("   ", "Blank")])  # a unit without a document
@@ -293,18 +299,18 @@ def test_signatures_from_the_tokenize_stage_and_from_the_c_path_write_the_same_b
         raise AssertionError("the near-dedup stage read the chunk although the tokenize stage signed it")
 
     with monkeypatch.context() as m:
-        m.setattr(near_dedup_graph, "_unit_documents", no_text)
+        m.setattr(unit_docs, "unit_documents", no_text)
         manifest = run("tokenize-signed")
     near = {r["id"]: r for r in sidecar_rows(tmp_path / "tokenize-signed", manifest)}
     for original, copy in zip(plan["originals"][1:], plan["copies"]):
         assert near[copy]["keeper"] == original if original < copy else near[original]["keeper"] == copy
     assert len(near) == PLANTED and manifest["records"]["filtered"]["near_duplicate"] == PLANTED
     with monkeypatch.context() as m:
-        m.setattr(near_dedup_graph, "tokenize_signing", lambda _config: None)
+        m.setattr(sign, "tokenize_signing", lambda _config: None)
         run("text-signed")
     assert_same_files(tmp_path / "tokenize-signed", tmp_path / "text-signed")
-    if near_dedup._fast is not None:
+    if hashing.fast is not None:
         with monkeypatch.context() as m:
-            m.setattr(near_dedup, "_fast", None)
+            m.setattr(hashing, "fast", None)
             run("numpy")
         assert_same_files(tmp_path / "tokenize-signed", tmp_path / "numpy")

@@ -15,7 +15,7 @@ import pytest
 
 from pipeline.config import ShardConfig
 from pipeline.shard import shard_pipeline
-from pipeline.tools import report
+from pipeline.tools import report, report_data, report_plots
 from tests.corpus_fixtures import good_documents, write_bad_inputs, write_good_corpus
 from transforms.shard import mixture
 from tests.ops_fixtures import run_cli, s3_env, s3_server  # noqa: F401 - fixtures
@@ -241,20 +241,20 @@ def test_headline_mixture_dedup_and_one_decoded_example_per_split(dataset, corpu
     run_log = tmp_path / "run.jsonl"
     run_log.write_text(json.dumps({"event": "summary", "wall_s": 12.345}) + "\n")
     page = open(report.write_report(str(out), str(tmp_path / "r.html"), run_log=str(run_log)), encoding="utf-8").read()
-    head = dict(report.headline(manifest, 12.345))
+    head = dict(report_data.headline(manifest, 12.345))
     assert head["tokens"] == f"{sum(s['tokens'] for s in manifest['splits'].values()):,}"
     assert head["documents"] == f"{sum(s['documents'] for s in manifest['splits'].values()):,}"
     on_disk = sum(s["bytes"] for s in manifest["shards"]) + sum(f["bytes"] for f in manifest["doc_id_indexes"])
-    assert report.bytes_on_disk(manifest) >= on_disk > 0
+    assert report_data.bytes_on_disk(manifest) >= on_disk > 0
     assert head["wall time"] == "12.3 s" and head["generation"] == manifest["generation"]
     assert head["backend"].startswith(manifest.get("tokenizer_backend", {}).get("name", "sentencepiece"))
     for label, value in head.items():
         assert f"<dt>{label}</dt><dd>{html.escape(value)}</dd>" in page
     # Shares: per split they add up to 100%; no weights, so the realised mix is the corpus's own; the Pile
     # paper's share sits beside every source that has a Pile name.
-    for split, shares in report.split_shares(manifest).items():
+    for split, shares in report_data.split_shares(manifest).items():
         assert abs(sum(shares.values()) - 100.0) < 1e-6, split
-    rows = report.mixture_rows(manifest)
+    rows = report_data.mixture_rows(manifest)
     assert {r["source"] for r in rows} == set(manifest["sources"])
     for r in rows:
         assert abs(r["corpus_share"] - r["realised_share"]) < 1e-9, r
@@ -262,11 +262,11 @@ def test_headline_mixture_dedup_and_one_decoded_example_per_split(dataset, corpu
         assert r["paper_share"] == (100 * expected if expected is not None else None)
     assert any(r["paper_share"] for r in rows) and "the Pile paper" in page
     # Dedup share per source: the fixture's one planted copy is counted against its source.
-    dedup = {row[0]: row for row in report.dedup_rows(manifest["statistics"]["sources"])}
+    dedup = {row[0]: row for row in report_data.dedup_rows(manifest["statistics"]["sources"])}
     assert sum(row[2] for row in dedup.values()) == manifest["records"]["filtered"]["duplicate"] >= 1
     assert all(row[3].endswith("%") for row in dedup.values() if row[1])
     # One decoded example per split, as text from the inputs.
-    examples = report.decoded_examples(str(out / "manifest.json"), report_manifest(out))
+    examples = report_data.decoded_examples(str(out / "manifest.json"), report_manifest(out))
     assert set(examples) == {s for s in ("train", "val", "test") if manifest["splits"].get(s, {}).get("examples")}
     texts = [t for t, _s in docs + good_documents(600_000, skip=40)]  # write_good_corpus's and write_bad_inputs'
     for split, ex in examples.items():
@@ -287,10 +287,10 @@ def test_shard_balance_is_one_labelled_panel_per_split_and_plot_text_is_inert(da
     data strings in plots lose control characters and mathtext (a `$` formula would raise or draw markup)."""
     _out, manifest = dataset
     figures = []
-    real_img = report._img
-    monkeypatch.setattr(report, "_img", lambda pid, fig, alt, adjust=True: (figures.append((pid, fig)),
+    real_img = report_plots._img
+    monkeypatch.setattr(report_plots, "_img", lambda pid, fig, alt, adjust=True: (figures.append((pid, fig)),
                                                                             real_img(pid, fig, alt, adjust))[1])
-    report.plot_shards(manifest)
+    report_plots.plot_shards(manifest)
     (_pid, fig), = figures
     splits = [s for s in ("train", "val", "test") if any(sh["split"] == s for sh in manifest["shards"])]
     assert len(fig.axes) == len(splits)
@@ -301,9 +301,9 @@ def test_shard_balance_is_one_labelled_panel_per_split_and_plot_text_is_inert(da
         assert all(t.get_rotation() == 0 and t.get_fontsize() >= 8 for t in ax.get_yticklabels())
         assert ax.get_lines() == [] and ax.get_title().startswith(split)
     # the one sanitizer (pipeline/ops/safe_text.py): controls shown escaped, never acted on; `$` escaped
-    assert report.plot_text("a\x1b[31mb\nc$\\frac{1}{$") == "a\\x1b[31mb\\nc\\$\\frac{1}{\\$"
+    assert report_plots.plot_text("a\x1b[31mb\nc$\\frac{1}{$") == "a\\x1b[31mb\\nc\\$\\frac{1}{\\$"
     hostile = {**manifest, "sources": {"$\\frac{x$\x1b[2J": per for per in manifest["sources"].values()}}
-    assert report.plot_tokens_per_source(hostile).startswith('<img class="plot"')
+    assert report_plots.plot_tokens_per_source(hostile).startswith('<img class="plot"')
 
 
 # ------------------------------------------------------------------------------ data is never code

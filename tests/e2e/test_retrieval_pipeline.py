@@ -270,7 +270,7 @@ def test_database_and_sidecar_on_s3_are_the_local_bytes(dataset, db, sidecar, s3
 
 def test_retrieval_build_checks_an_s3_datasets_manifest_by_field(dataset, s3_server, s3_env, tmp_path):
     """On an object store the dataset's manifest was read as plain JSON (only local ones were checked): a
-    hand-damaged one is refused in one line, exit 2, naming the field (pipeline/retrieval/build.py `prepare`)."""
+    hand-damaged one is refused in one line, exit 2, naming the field (pipeline/retrieval/build_plan.py `prepare`)."""
     client = s3_server.client()
     client.create_bucket(Bucket="damaged")
     manifest = json.loads((dataset / "manifest.json").read_text())

@@ -13,13 +13,14 @@ from pipeline.config import ShardConfig
 from pipeline.shard import shard_pipeline
 from pipeline.tools import dry_run
 from pipeline.tools.inspect_dataset import inspect
-from pipeline.tools.report import decoded_examples
+from pipeline.tools.report_data import decoded_examples
 from pipeline.tools.sample_corpus import write_sample_corpus
 from pipeline.tools.verify import verify
 from tests.corpus_fixtures import pile_line, write_good_corpus
 from tests.ops_fixtures import FAST_LOCAL, dataset_files, run_cli
 from trainer.config import DataConfig, model_config
-from trainer.data import ShardLoader, open_dataset
+from trainer.data import ShardLoader
+from trainer.dataset import open_dataset
 
 SPECIAL_TEXT = "a <|endoftext|> b </s> c <s> d <|padding|><unk><pad> e\n"  # every special token, as text
 

@@ -15,7 +15,7 @@ from tests.trainer_launch import REPO
 from trainer.config import ConfigError
 from trainer.launch.sagemaker_entry import build_argv, efa_plugin
 from trainer.launch.sagemaker_launch import estimator_config, main as sm_main, stage_source
-from trainer.train import parse_args
+from trainer.args import parse_args
 
 LAUNCH = REPO / "trainer" / "launch"
 

@@ -7,7 +7,7 @@
 
 Without --submit (or without the `sagemaker` SDK installed) it prints the estimator configuration as JSON.
 
-* The layout is resolved by the trainer's own validation (`trainer.train.parse_args` for instances x GPUs
+* The layout is resolved by the trainer's own validation (`trainer.args.parse_args` for instances x GPUs
   processes) before anything is submitted: a refused layout fails here, not on the cluster.
 * Every option the launcher does not know is a trainer option: they travel as one `trainer-args`
   hyperparameter (SageMaker passes hyperparameters as `--key value`, which valueless flags cannot use).
@@ -68,7 +68,7 @@ def estimator_config(*, role: str, data: str, instances: int = 1, instance_type:
     if extra:
         hyper["trainer-args"] = shlex.join(extra)
     # The trainer's own validation of exactly what each host will run (data and checkpoints as mounted there).
-    from trainer.train import parse_args
+    from trainer.args import parse_args
     env = {"SM_CHANNEL_TRAIN": "/opt/ml/input/data/train", "SM_NUM_GPUS": str(GPUS[instance_type]),
            "SM_OUTPUT_DATA_DIR": "/opt/ml/output/data"}
     if checkpoint_fsx:

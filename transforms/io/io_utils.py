@@ -82,8 +82,8 @@ class _WriteOnce:
 
 
 # From this size a closed local file's pages are queued for writing to disk at once (start_writeback), so that
-# the commit's fsync of the shards (pipeline/ops/commit.py) finds them written: at 384 MB the commit otherwise
-# waited ~0.5 s, both cores idle, for ~600 MB of shards the packers had left in the page cache.
+# the commit's fsync of the shards (pipeline/ops/commit.py) finds them written instead of waiting, both cores
+# idle, for the shards the packers left in the page cache (docs/BENCHMARKS.md, "The last steps to the targets").
 WRITEBACK_FROM_BYTES = 4 << 20
 
 

@@ -5,11 +5,12 @@ text field and the source fields, dotted paths into struct columns), so everythi
 validate, dedup, tokenize, dead letters — is the JSON-lines path unchanged. The record's `line` is the row's
 1-based number in the file; dead letters raised here also name the row group and the row inside it.
 
-Memory is bounded like every reader (DESIGN: trust): only the needed columns are read, one row group at a time,
-in batches of `BATCH_ROWS`; a row group whose needed columns would decompress to more than `max_row_group_bytes`
-is not read at all but dead-lettered (one record, `row_group_too_large`), and a text larger than `max_bytes` (the
-longest document allowed, like a JSON line) is dead-lettered as `cell_too_large`. A file whose footer cannot be read is one `parquet_corrupt` dead letter; a row group
-that fails to decode is one `parquet_corrupt` dead letter and reading continues with the next.
+Memory is bounded like every reader's (transforms/io/read_records.py): only the needed columns are read, one row
+group at a time, in batches of `BATCH_ROWS`; a row group whose needed columns would decompress to more than
+`max_row_group_bytes` is not read at all but dead-lettered (one record, `row_group_too_large`), and a text larger
+than `max_bytes` (the longest document allowed, like a JSON line) is dead-lettered as `cell_too_large`. A file
+whose footer cannot be read is one `parquet_corrupt` dead letter; a row group that fails to decode is one
+`parquet_corrupt` dead letter and reading continues with the next.
 """
 from __future__ import annotations
 

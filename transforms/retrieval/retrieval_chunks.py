@@ -90,7 +90,7 @@ class QueryChunk:
     """One chunk of a training example: its tokens, the documents it touches, and whether it is padding."""
     index: int  # chunk index inside the example
     tokens: np.ndarray  # non-padding tokens of the chunk (empty for a padding chunk)
-    doc_ids: tuple  # sorted ids of every document with a token in this chunk
+    doc_ids: tuple[int, ...]  # sorted ids of every document with a token in this chunk
 
     @property
     def is_padding(self) -> bool:

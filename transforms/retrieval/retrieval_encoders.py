@@ -33,7 +33,8 @@ class EncoderMismatchError(ValueError):
 @dataclass(frozen=True)
 class EncoderInfo:
     name: str  # bm25 | minilm
-    params: tuple = ()  # ((key, value), ...) sorted
+    # ((key, value), ...) sorted by key; the values are the db manifest's encoder.params JSON scalars
+    params: tuple[tuple[str, str | int | float | bool], ...] = ()
     weights_sha256: str = ""  # sha256 over the model files (empty for BM25)
     dim: int = 0  # vector dimension (0 = sparse/lexical)
 

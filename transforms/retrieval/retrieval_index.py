@@ -150,8 +150,8 @@ def merge_parts(trained_bytes: bytes, parts: Iterable[bytes]):
 @dataclass(frozen=True)
 class Exclusion:
     """Ids a query must not get: id ranges [lo, hi) of its documents, and single ids of equal-token chunks."""
-    ranges: tuple = ()
-    ids: tuple = ()
+    ranges: tuple[tuple[int, int], ...] = ()  # [lo, hi) dense ids
+    ids: tuple[int, ...] = ()
 
     @property
     def key(self) -> tuple:

@@ -1,17 +1,17 @@
 /* Word-shingle window hashes and one-permutation signatures: the hot path of `pileprep shard --near-dedup`.
  *
- * Optional accelerator for transforms/shard/near_dedup.py, which falls back to numpy when this extension is not
+ * Optional accelerator for transforms/shard/near_dedup/ (shingling.py, minhash.py), which falls back to numpy when this extension is not
  * built; the values are bit-identical (tests/unit/shard/test_near_dedup_c.py compares both on fuzzed text).
  *
  * windows(texts, n) -> (bytes, bytes): for each text, the 64-bit hash of every n-word window of its normalised
- *   words, in text order, repeats kept (near_dedup.py `_ascii_words` + `_window_hashes`), all texts' windows
+ *   words, in text order, repeats kept (near_dedup/shingling.py `_ascii_words` + `_window_hashes`), all texts' windows
  *   concatenated (little-endian uint64), and one int64 count per text. Only ASCII texts are read here (`\w` is
  *   [0-9A-Za-z_] and lower case is A-Z -> a-z for them); a non-ASCII text gets the count -1 and its shingles
  *   come from the Python path (Unicode lower() and \w), so no Unicode rule is reimplemented here.
  * oph(windows, counts, k, salt, donors) -> bytes: (texts, k) uint32 one-permutation signatures with optimal
- *   densification (near_dedup.py `oph_signatures`); a bin's minimum is the same over a multiset as over its set,
+ *   densification (near_dedup/minhash.py `oph_signatures`); a bin's minimum is the same over a multiset as over its set,
  *   so the windows need not be sorted or unique. A count of 0 gives all-0xFFFFFFFF.
- * band_keys(sigs, bands, rows) -> bytes: (texts, bands) uint64 (near_dedup.py `band_keys`).
+ * band_keys(sigs, bands, rows) -> bytes: (texts, bands) uint64 (near_dedup/minhash.py `band_keys`).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -50,7 +50,7 @@ static int vec_reserve(vec_u64 *v, Py_ssize_t extra) {
     return 0;
 }
 
-/* The word hashes of one ASCII text appended to `words` (near_dedup.py `_ascii_words`); -1 when out of memory. */
+/* The word hashes of one ASCII text appended to `words` (near_dedup/shingling.py `_ascii_words`); -1 when out of memory. */
 static int text_words(const unsigned char *s, Py_ssize_t len, vec_u64 *words) {
     Py_ssize_t i = 0;
     while (i < len) {
@@ -72,7 +72,7 @@ static int text_words(const unsigned char *s, Py_ssize_t len, vec_u64 *words) {
     return 0;
 }
 
-/* The hash of one window of `n` word hashes (near_dedup.py `_window_hashes`): h = n, then per word
+/* The hash of one window of `n` word hashes (near_dedup/shingling.py `_window_hashes`): h = n, then per word
    h = mix(h * golden + w). */
 static inline uint64_t window_hash(const uint64_t *w, Py_ssize_t n) {
     uint64_t h = (uint64_t)n;

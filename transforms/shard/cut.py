@@ -11,7 +11,8 @@ import dataclasses
 from typing import Callable, Iterator, Optional
 
 from transforms.io import io_utils, read_parquet
-from transforms.io.read_records import DEFAULT_MAX_ZSTD_WINDOW_BYTES, FileDamage, compression_of, iter_raw_records
+from transforms.io.decompress import DEFAULT_MAX_ZSTD_WINDOW_BYTES
+from transforms.io.read_records import FileDamage, compression_of, iter_raw_records
 from transforms.shard import layout
 from transforms.shard.layout import Layout
 from transforms.shard.records import ChunkRef, CutResult, FileStats, dead_letter_row

@@ -2,7 +2,7 @@
 
 An evaluation set is one or more files (jsonl, jsonl.zst/gz or parquet) with a text field named by
 `--decontaminate-field`. Every n-word window (default 13, the GPT-3 paper's choice) of every evaluation text is
-hashed with the same normalisation as near-dedup (transforms/shard/near_dedup.py: lower case, `\\w+` words, so
+hashed with the same normalisation as near-dedup (transforms/shard/near_dedup/shingling.py: lower case, `\\w+` words, so
 punctuation and spacing are stripped); a document is contaminated when any of its windows' hashes is in the
 set. The n-gram and the evaluation file are recorded, so every removal can be checked by hand. An evaluation
 text shorter than n words contributes no n-gram (it is too short to match reliably, as in the GPT-3 paper).
@@ -19,7 +19,7 @@ from typing import Iterable, Optional
 import numpy as np
 
 from transforms.shard.documents import lookup_field
-from transforms.shard.near_dedup import ngram_hashes, normalised_words
+from transforms.shard.near_dedup.shingling import ngram_hashes, normalised_words
 
 DEFAULT_NGRAM = 13
 
@@ -28,7 +28,7 @@ DEFAULT_NGRAM = 13
 class EvalSet:
     hashes: np.ndarray  # sorted uint64 n-gram hashes
     file_idx: np.ndarray  # int32, parallel to hashes: which file (the first in `files`' order) holds it
-    files: tuple  # evaluation file names, sorted
+    files: tuple[str, ...]  # evaluation file names, sorted
     n: int = DEFAULT_NGRAM
 
     @property

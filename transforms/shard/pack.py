@@ -9,7 +9,8 @@ import numpy as np
 
 from model_contract import frame_examples
 from transforms.io import io_utils
-from transforms.shard import corpus_stats, doc_ids, layout, mixture, near_dedup_removals, packing_stats
+from transforms.shard import corpus_stats, doc_ids, layout, mixture, packing_stats
+from transforms.shard.near_dedup import removals
 from transforms.shard.best_fit import DEFAULT_WINDOW_EXAMPLES, pack_best_fit
 from transforms.shard.documents import shard_key_range
 from transforms.shard.exact_dedup import duplicate_mask
@@ -85,7 +86,7 @@ def pack_shard(task: ShardTask, units: list, seq_len: int, eos_id: int, pad_id: 
     `packing_window` examples' worth of tokens)."""
     rows, which, buffers = gathered if gathered is not None else _gather_shard_documents(task, units)
     elsewhere = duplicate_mask(rows, task.split, dedup)
-    removed = near_dedup_removals.reasons_for(rows["doc_id"], task.split, staging_dir)  # after exact dedup
+    removed = removals.reasons_for(rows["doc_id"], task.split, staging_dir)  # after exact dedup
     filtered: dict = collections.defaultdict(collections.Counter)
     filtered_sources: dict = collections.defaultdict(collections.Counter)
     result = ShardResult(task, Layout("", data_dir).path(layout.shard_file(task.file_name)), 0, 0, 0, 0, 0, "")

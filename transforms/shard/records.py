@@ -314,7 +314,7 @@ class ShardResult:
     ids_count: int = 0  # how many (repeats by a mixture weight count once; dropped ones are still kept)
     dropped_per_file: dict[str, int] = field(default_factory=dict)  # input path -> dropped by a weight < 1
     source_stats: dict = field(default_factory=dict)  # transforms/shard/corpus_stats.py, of what was written
-    # near-dedup / decontamination (transforms/shard/near_dedup_removals.py): input path -> {reason: n}, and
+    # near-dedup / decontamination (transforms/shard/near_dedup/removals.py): input path -> {reason: n}, and
     # reason -> {source: n}
     filtered_per_file: dict[str, dict[str, int]] = field(default_factory=dict)
     filtered_per_source: dict[str, dict[str, int]] = field(default_factory=dict)

@@ -13,7 +13,8 @@ from typing import Callable, Iterable, Optional
 import numpy as np
 
 from transforms.io import io_utils
-from transforms.shard import corpus_stats, layout, near_dedup
+from transforms.shard import corpus_stats, layout
+from transforms.shard.near_dedup import minhash
 from transforms.shard.cut import never_cancelled
 from transforms.shard.documents import (DEAD_LETTER, HASHED, SPLIT_SHIFT, SPLITS, Document, assign_split,
                                         parse_record, sort_key)
@@ -39,7 +40,7 @@ class TokenizeSettings:
     # --decontaminate): sign each document here, where its text is already in memory, and stage the signatures
     # (transforms/shard/layout.py unit_signatures); the near-dedup stage reads them instead of re-reading and
     # parsing the chunk.
-    near_dedup_params: Optional[near_dedup.MinHashParams] = None
+    near_dedup_params: Optional[minhash.MinHashParams] = None
 
     def input_split(self, file_idx: int) -> int:
         return self.input_splits[file_idx] if file_idx < len(self.input_splits) else HASHED
@@ -47,7 +48,7 @@ class TokenizeSettings:
 
 def unit_signatures_dtype(num_perm: int) -> np.dtype:
     """A staged signature row: the document's line in its input file and its `num_perm` one-permutation values."""
-    return np.dtype([("line", "<u8"), ("sig", near_dedup.SIGNATURE_DTYPE, (num_perm,))])
+    return np.dtype([("line", "<u8"), ("sig", minhash.SIGNATURE_DTYPE, (num_perm,))])
 
 
 
@@ -102,7 +103,7 @@ def tokenize_records(chunk: ChunkRef, records, sp, token_dtype: np.dtype, settin
                     if not isinstance(ids, tokenizer.Rejected)]
             signed = np.zeros(len(kept), dtype=unit_signatures_dtype(signing.num_perm))
             signed["line"] = [line for line, _t in kept]
-            signed["sig"] = near_dedup.word_signatures([t for _l, t in kept], signing)
+            signed["sig"] = minhash.word_signatures([t for _l, t in kept], signing)
             sig_file.write(signed.tobytes())
         for (line, doc), ids in zip(batch, encoded):
             if isinstance(ids, tokenizer.Rejected):  # pretoken_too_long, tokenizer_panic, tokenizer_drops_text (tokenizer.encode_batch)

@@ -55,9 +55,10 @@ class Domain:
     backend: str
     kind: str
     tokenizer_sha256: str
-    versions: tuple  # ((distribution, version), ...) of the libraries compared
-    excluded_ranges: tuple  # ((first, last), ...) inclusive code point ranges outside the domain, surrogates included
-    excluded_texts: tuple = ()  # added-token / special-token texts the two encode differently
+    versions: tuple[tuple[str, str], ...]  # (distribution, version) of the libraries compared
+    # (first, last) inclusive code point ranges outside the domain, surrogates included
+    excluded_ranges: tuple[tuple[int, int], ...]
+    excluded_texts: tuple[str, ...] = ()  # added-token / special-token texts the two encode differently
     compared: str = ""  # what was compared: "ids", or "ids+pretokens"
 
     def to_json(self) -> str:

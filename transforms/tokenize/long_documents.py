@@ -59,7 +59,8 @@ class LongDocuments:
     dummy_prefix: bool = False
     piece_chars: int = PIECE_CHARS
     max_pretoken_bytes: int = DEFAULT_MAX_PRETOKEN_BYTES
-    added: tuple = ()  # (content, lstrip, rstrip) of the added tokens a cut must not split (HF tokenizer.json)
+    # (content, lstrip, rstrip) of the added tokens a cut must not split (HF tokenizer.json)
+    added: tuple[tuple[str, bool, bool], ...] = ()
 
 
 def plan(sp, model_bytes: Optional[bytes], max_pretoken_bytes: int = DEFAULT_MAX_PRETOKEN_BYTES,

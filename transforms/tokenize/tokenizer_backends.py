@@ -299,7 +299,7 @@ def sample_documents(paths: list, text_field: str, seed: int, limit_bytes: int =
 class ParityReport:
     """For tests and the benchmark: how two encoders compare on a list of texts."""
     documents: int = 0
-    mismatches: list = field(default_factory=list)
+    mismatches: list[int] = field(default_factory=list)  # indexes of the texts whose ids differ
 
     @property
     def exact(self) -> bool:

@@ -7,7 +7,7 @@ import struct
 
 from model_contract import hashing
 from pipeline.ops import incremental
-from pipeline.tools import verify
+from pipeline.tools import verify_files
 from transforms.shard import documents, mixture
 
 
@@ -24,7 +24,7 @@ def test_sha256_streams_across_block_boundaries(tmp_path):
         assert hashing.sha256_stream(f, block=1000) == (len(data), hashlib.sha256(data).hexdigest())
     assert hashing.sha256_file(str(path)) == (len(data), hashlib.sha256(data).hexdigest())
     # every side that hashes files uses it: the ledger / dead letters (incremental) and verify agree
-    assert incremental.file_sha256(str(path)) == verify._digest(str(path)) == hashing.sha256_file(str(path))
+    assert incremental.file_sha256(str(path)) == verify_files._digest(str(path)) == hashing.sha256_file(str(path))
 
 
 def test_sha256_file_uses_the_callers_opener(tmp_path):

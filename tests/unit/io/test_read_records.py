@@ -6,8 +6,8 @@ import tracemalloc
 import pytest
 import zstandard
 
-from transforms.io.read_records import (OUTPUT_STEP, FileDamage, RawRecord, compression_of, decompressed_blocks,
-                                     iter_raw_records)
+from transforms.io.decompress import OUTPUT_STEP
+from transforms.io.read_records import FileDamage, RawRecord, compression_of, iter_raw_records
 
 MiB = 1 << 20
 
@@ -115,14 +115,6 @@ def peak_traced(fn):
         return result, tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-
-
-def test_zstd_output_per_step_is_bounded_whatever_the_ratio():
-    bomb = zstd_bomb(64 * MiB)
-    assert len(bomb) < 64 * 1024  # a 64 MiB line in a few KB: the ratio an attacker controls
-    sizes = [len(b) for b in decompressed_blocks(io.BytesIO(bomb), "zstd")]
-    assert sum(sizes) == 64 * MiB + 1
-    assert max(sizes) <= OUTPUT_STEP + (128 << 10)
 
 
 @pytest.mark.parametrize("compression", ["zstd", "gzip", "none"])

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import ShardConfig
 from pipeline.ops import incremental
 from pipeline.ops.input_checks import match_input
-from pipeline.shard import shard_pipeline
-from pipeline.tools.tokenizer_train import train_tokenizer
 from tests.corpus_fixtures import good_documents, pile_line
-from tests.ops_fixtures import FAST_LOCAL
 
 
 @pytest.fixture
@@ -44,13 +40,3 @@ def test_a_relative_glob_matches_what_the_shell_would(corpus_dir, pattern, expec
 def test_an_absolute_glob_is_unchanged(corpus_dir):
     assert sorted(m.path for m in match_input(str(corpus_dir / "c*.jsonl"))) == \
         [str(corpus_dir / "c1.jsonl"), str(corpus_dir / "c2.jsonl")]
-
-
-def test_shard_and_tokenizer_train_take_a_bare_relative_glob(corpus_dir):
-    summary = train_tokenizer(["c*.jsonl"], str(corpus_dir / "tok.model"), 600, max_sentences=400)
-    assert summary["files"] == 2, summary
-    config = ShardConfig(inputs=("c*.jsonl",), output=str(corpus_dir / "ds"), tokenizer=str(corpus_dir / "tok.model"),
-                         seq_len=64, num_shards=1, val_fraction=0.0, test_fraction=0.0)
-    manifest = shard_pipeline.run(config, FAST_LOCAL, progress_every_s=0)
-    assert sorted(row["path"] for row in manifest["ledger"]) == ["c1.jsonl", "c2.jsonl"]
-    assert manifest["records"]["read"] == len(good_documents(40_000))

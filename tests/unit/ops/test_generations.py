@@ -1,5 +1,5 @@
 """Kept generations (pipeline/ops/generations.py, pipeline/ops/commit.py), refs (model_contract/refs.py),
-`pileprep gc` (pipeline/tools/gc.py), the trainer's pinning (trainer/data.py) and export's ref."""
+`pileprep gc` (pipeline/tools/gc.py), the trainer's pinning (trainer/dataset.py) and export's ref."""
 from __future__ import annotations
 
 import json
@@ -188,7 +188,7 @@ def test_pinning_moves_to_a_generation_committed_between_the_read_and_the_ref(tm
 
 def test_the_trainer_reads_its_pinned_generation_or_refuses_naming_it(tmp_path, monkeypatch):
     from trainer.config import DataConfig
-    from trainer.data import pin_generation, read_manifest
+    from trainer.dataset import pin_generation, read_manifest
 
     monkeypatch.delenv("RANK", raising=False)
     out, ck = tmp_path / "ds", tmp_path / "ck"

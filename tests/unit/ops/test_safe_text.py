@@ -29,10 +29,10 @@ def test_plot_text_never_starts_mathtext():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from pipeline.tools import report
+    from pipeline.tools import report_plots
 
     fig, ax = plt.subplots()
-    report._bars(ax, ["$x^2$", "\x1b[2J"], {"$a$": [1, 2], "b": [3, 4]}, "y")
+    report_plots._bars(ax, ["$x^2$", "\x1b[2J"], {"$a$": [1, 2], "b": [3, 4]}, "y")
     labels = [t.get_text() for t in ax.get_xticklabels()]
     assert labels == [r"\$x^2\$", "\\x1b[2J"]
     assert [t.get_text() for t in ax.get_legend().get_texts()][0] == r"\$a\$"
@@ -69,7 +69,7 @@ def test_progress_summary_table_and_display_are_inert():
 
 def test_verify_report_and_retrieval_show_are_inert():
     from pipeline.retrieval.show import _clip
-    from pipeline.tools.verify import VerifyReport
+    from pipeline.tools.verify_report import VerifyReport
 
     report = VerifyReport("ds\x1b[2J", mismatches=["shard gen-x/\r\x1b[2Jfake: 1 bytes"], notes=["a\nOK"])
     text = report.render()

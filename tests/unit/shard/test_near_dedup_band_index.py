@@ -1,33 +1,35 @@
 """Incremental near-dedup's pure parts: committed documents in the band buckets, the band index file, and the
-checks on what a committed manifest says about it (transforms/shard/near_dedup_band_index.py,
-pipeline/shard/near_dedup_graph.py committed_band_indexes / committed_range_rows)."""
+checks on what a committed manifest says about it (transforms/shard/near_dedup/band_index.py,
+pipeline/shard/near_dedup/committed.py committed_band_indexes, windows.py committed_range_rows)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import types
 
 import numpy as np
 import pytest
 
-from model_contract.manifest import BandIndexRow
+from model_contract.manifest_rows import BandIndexRow
 from pipeline.errors import ConfigError, RunError
-from pipeline.shard import near_dedup_graph as graph
-from transforms.shard import near_dedup as nd
-from transforms.shard import near_dedup_band_index as bi
+from pipeline.shard.near_dedup import committed, windows
+from pipeline.shard.near_dedup.elements import CommittedBandFile
+from transforms.shard.near_dedup import band_index as bi
+from transforms.shard.near_dedup import clusters, minhash, shingling
 
 TEXT = " ".join(f"word{i % 97} token{i % 13} item{i}" for i in range(120))
 NEAR = "Mirrored from an archive. " + TEXT.upper()
 OTHER = " ".join(f"other{i % 31} thing{i}" for i in range(120))
 GEN = "gen-00000000000000aa"
-PARAMS = nd.MinHashParams()
+PARAMS = minhash.MinHashParams()
 
 
 def _sig(text):
-    return nd.signatures([nd.shingles(text)], PARAMS)[0]
+    return minhash.signatures([shingling.shingles(text)], PARAMS)[0]
 
 
 def _new(doc_id, text, split=0):
-    return nd.Node(nd.rank(split, doc_id), doc_id, split, _sig(text).tobytes())
+    return clusters.Node(clusters.rank(split, doc_id), doc_id, split, _sig(text).tobytes())
 
 
 def _committed(doc_id, text, split=0):
@@ -38,21 +40,21 @@ def _committed(doc_id, text, split=0):
 
 def test_a_committed_document_keeps_a_near_copy_out_even_when_the_copy_would_win_a_full_build():
     committed, copy = _committed(900, TEXT), _new(3, NEAR)  # the new copy has the smaller id
-    full = nd.components(nd.bucket_edges([_new(900, TEXT), copy], 0.8))[0]
+    full = clusters.components(clusters.bucket_edges([_new(900, TEXT), copy], 0.8))[0]
     assert full[900][1].doc_id == 3  # a full build keeps the smaller id
-    clusters, converged = nd.components(nd.bucket_edges([copy, committed], 0.8))
-    assert converged and clusters[3][1] is committed  # incrementally the committed one wins
-    assert nd.rank(0, 1 << 60, committed=True) < nd.rank(2, 0)  # over any new split too
+    labels, converged = clusters.components(clusters.bucket_edges([copy, committed], 0.8))
+    assert converged and labels[3][1] is committed  # incrementally the committed one wins
+    assert clusters.rank(0, 1 << 60, committed=True) < clusters.rank(2, 0)  # over any new split too
 
 
 def test_committed_documents_are_not_linked_to_each_other_and_new_ones_still_cluster():
     a, b = _committed(10, TEXT), _committed(11, NEAR)  # near each other, but both committed: decided already
-    assert nd.bucket_edges([a, b], 0.8) == []
+    assert clusters.bucket_edges([a, b], 0.8) == []
     n1, n2 = _new(20, OTHER), _new(21, OTHER.upper())
-    edges = nd.bucket_edges([a, b, n1, n2], 0.8)
+    edges = clusters.bucket_edges([a, b, n1, n2], 0.8)
     assert [(x.doc_id, y.doc_id) for x, y, _j in edges] == [(20, 21)]  # far from both committed ones
     near = _new(30, TEXT + " tail")
-    assert [(x.doc_id, y.doc_id) for x, y, _j in nd.bucket_edges([b, a, near], 0.8)] == [(10, 30)]  # the best
+    assert [(x.doc_id, y.doc_id) for x, y, _j in clusters.bucket_edges([b, a, near], 0.8)] == [(10, 30)]  # the best
 
 
 def test_band_index_round_trip_keeps_one_row_per_key_and_id_sorted_and_refuses_damage():
@@ -81,14 +83,14 @@ def _row(**kw):
 
 
 def test_committed_band_index_rows_are_validated_before_use(tmp_path):
-    got = graph.committed_band_indexes(_manifest([_row()]), str(tmp_path))
-    assert got[0]["path"] == str(tmp_path / GEN / "near-dedup" / "band-index-r00.bin")
+    got = committed.committed_band_indexes(_manifest([_row()]), str(tmp_path))
+    assert got[0].path == str(tmp_path / GEN / "near-dedup" / "band-index-r00.bin")
     for bad in (_row(path=f"{GEN}/../../etc/passwd"), _row(path="gen-00000000000000bb/x.bin"),
                 _row(generation="../x"), _row(range=99), _row(sha256=None)):
         with pytest.raises(ConfigError, match="--incremental --near-dedup"):
-            graph.committed_band_indexes(_manifest([bad]), str(tmp_path))
+            committed.committed_band_indexes(_manifest([bad]), str(tmp_path))
     with pytest.raises(ConfigError, match="gen-00000000000000bb .*no band index"):
-        graph.committed_band_indexes(_manifest([_row()], (GEN, "gen-00000000000000bb")), str(tmp_path))
+        committed.committed_band_indexes(_manifest([_row()], (GEN, "gen-00000000000000bb")), str(tmp_path))
 
 
 def test_an_incremental_run_with_other_shingles_than_the_committed_band_index_is_refused_by_name(tmp_path):
@@ -96,13 +98,13 @@ def test_an_incremental_run_with_other_shingles_than_the_committed_band_index_is
     committed one, so its near-copies of committed documents would stay. A config without the key is `words`
     (pipeline/config.py drops it at the default, as datasets built before the option have it)."""
     words, tokens = _manifest([_row()]), _manifest([_row()], config={"near_dedup_shingles": "tokens"})
-    assert graph.committed_band_indexes(words, str(tmp_path), "words")
-    assert graph.committed_band_indexes(tokens, str(tmp_path), "tokens")
+    assert committed.committed_band_indexes(words, str(tmp_path), "words")
+    assert committed.committed_band_indexes(tokens, str(tmp_path), "tokens")
     with pytest.raises(ConfigError, match="--near-dedup-shingles tokens differs from the committed dataset's "
                                           r"\(words\)"):
-        graph.committed_band_indexes(words, str(tmp_path), "tokens")
+        committed.committed_band_indexes(words, str(tmp_path), "tokens")
     with pytest.raises(ConfigError, match=r"--near-dedup-shingles words differs .*\(tokens\)"):
-        graph.committed_band_indexes(tokens, str(tmp_path), "words")
+        committed.committed_band_indexes(tokens, str(tmp_path), "words")
 
 
 def test_the_shingle_kind_is_in_the_fingerprint_only_when_it_is_not_the_default():
@@ -126,27 +128,26 @@ def test_a_committed_band_index_that_does_not_match_its_manifest_row_fails_the_r
     data = rows.tobytes()
     path = tmp_path / "b.bin"
     path.write_bytes(data)
-    entry = {"generation": GEN, "rel": "b.bin", "path": str(path), "range": 4, "bytes": len(data),
-             "sha256": hashlib.sha256(data).hexdigest()}
-    assert [n.doc_id for _k, n in graph.committed_range_rows(entry, PARAMS.num_perm)] == [1]
+    entry = CommittedBandFile(GEN, "b.bin", 4, len(data), hashlib.sha256(data).hexdigest(), str(path))
+    assert [n.doc_id for _k, n in windows.committed_range_rows(entry, PARAMS.num_perm)] == [1]
     with pytest.raises(RunError, match="outside its range"):
-        graph.committed_range_rows({**entry, "range": 0}, PARAMS.num_perm)
+        windows.committed_range_rows(dataclasses.replace(entry, range=0), PARAMS.num_perm)
     path.write_bytes(data[:-4] + b"\0\0\0\0")
     with pytest.raises(RunError, match="unusable.*sha256"):
-        graph.committed_range_rows(entry, PARAMS.num_perm)
+        windows.committed_range_rows(entry, PARAMS.num_perm)
 
 
 def test_band_index_from_arrays_is_the_same_bytes_as_from_nodes():
-    """The shard job encodes its staged band rows as arrays (pipeline/shard/near_dedup_graph.py
+    """The shard job encodes its staged band rows as arrays (pipeline/shard/near_dedup/band_index_writer.py
     write_band_index_range): the bytes must equal `encode` of the same rows as Nodes, copies of one id in two
     units and splits included (the highest split is the row kept)."""
     texts = [f"document {i} " + " ".join(f"w{(i * 7 + j) % 50}" for j in range(60)) for i in range(6)]
-    sigs = nd.signatures([nd.shingles(t) for t in texts], PARAMS)
-    keys = nd.band_keys(sigs, PARAMS) >> np.uint64(1)
+    sigs = minhash.signatures([shingling.shingles(t) for t in texts], PARAMS)
+    keys = minhash.band_keys(sigs, PARAMS) >> np.uint64(1)
     docs = [(100 + i, i % 3, i) for i in range(6)] + [(100, 2, 0), (103, 0, 3)]  # (id, split, text) copies
     nodes, cols, rows_of = [], ([], [], [], []), []
     for n, (doc_id, split, t) in enumerate(docs):
-        node = nd.Node(nd.rank(split, doc_id), doc_id, split, sigs[t].tobytes(), "s", ("u", n))
+        node = clusters.Node(clusters.rank(split, doc_id), doc_id, split, sigs[t].tobytes(), "s", ("u", n))
         for k in keys[t].tolist():
             nodes.append((k, node))
             rows_of.append(t)

@@ -9,9 +9,9 @@ import random
 import numpy as np
 import pytest
 
-from transforms.shard import near_dedup as nd
+from transforms.shard.near_dedup import hashing, minhash, shingling
 
-pytestmark = pytest.mark.skipif(nd._fast is None, reason="transforms.shard._shingles was not built (no compiler): "
+pytestmark = pytest.mark.skipif(hashing.fast is None, reason="transforms.shard._shingles was not built (no compiler): "
                                 "only the numpy path exists here")
 
 
@@ -42,7 +42,7 @@ def numpy_only(monkeypatch):
     """Run a call with the extension hidden: the numpy path, as on an install without a compiler."""
     def call(fn, *args):
         with monkeypatch.context() as m:
-            m.setattr(nd, "_fast", None)
+            m.setattr(hashing, "fast", None)
             return fn(*args)
     return call
 
@@ -51,29 +51,29 @@ def test_c_shingles_signatures_and_band_keys_equal_the_numpy_path_bit_for_bit(nu
     texts = _fuzzed_texts(11, 600)
     rng = random.Random(12)
     for n in (5, 1, 2, 13):
-        want = numpy_only(nd.shingles_batch, texts, n)
-        got = nd.shingles_batch(texts, n)
+        want = numpy_only(shingling.shingles_batch, texts, n)
+        got = shingling.shingles_batch(texts, n)
         for text, g, w in zip(texts, got, want):
             assert g.dtype == w.dtype and np.array_equal(g, w), (n, text[:80])
     for text in texts[:80]:
-        assert np.array_equal(nd.shingles(text), numpy_only(nd.shingles, text)), text[:80]
-    for params in (nd.MinHashParams(), nd.MinHashParams(seed=7), nd.MinHashParams(bands=4, rows=3, seed=3),
-                   nd.MinHashParams(bands=20, rows=5, seed=2**63 + 5)):
+        assert np.array_equal(shingling.shingles(text), numpy_only(shingling.shingles, text)), text[:80]
+    for params in (minhash.MinHashParams(), minhash.MinHashParams(seed=7), minhash.MinHashParams(bands=4, rows=3, seed=3),
+                   minhash.MinHashParams(bands=20, rows=5, seed=2**63 + 5)):
         for _ in range(6):
             batch = rng.sample(texts, rng.randint(0, 60))
-            want = numpy_only(nd.signatures, numpy_only(nd.shingles_batch, batch, params.shingle_words), params)
-            assert np.array_equal(nd.word_signatures(batch, params), want)
-            assert np.array_equal(nd.signatures(nd.shingles_batch(batch, params.shingle_words), params), want)
-            assert np.array_equal(nd.band_keys(want, params), numpy_only(nd.band_keys, want, params))
+            want = numpy_only(minhash.signatures, numpy_only(shingling.shingles_batch, batch, params.shingle_words), params)
+            assert np.array_equal(minhash.word_signatures(batch, params), want)
+            assert np.array_equal(minhash.signatures(shingling.shingles_batch(batch, params.shingle_words), params), want)
+            assert np.array_equal(minhash.band_keys(want, params), numpy_only(minhash.band_keys, want, params))
     # densification's rare fallback (no donor bin filled in 32 tries): one shingle in 100 bins hits it
     one = [np.array([h], dtype=np.uint64) for h in range(0, 2**64 - 1, 2**57 + 12345)]
-    assert np.array_equal(nd.signatures(one, nd.MinHashParams()), numpy_only(nd.signatures, one, nd.MinHashParams()))
+    assert np.array_equal(minhash.signatures(one, minhash.MinHashParams()), numpy_only(minhash.signatures, one, minhash.MinHashParams()))
 
 
 def test_c_window_counts_send_non_ascii_texts_to_the_python_path():
-    flat, counts = nd._c_windows(["a b c d e f", "", "Köln a b c d e", "ab"], 5)
+    flat, counts = shingling.c_windows(["a b c d e f", "", "Köln a b c d e", "ab"], 5)
     assert counts.tolist() == [2, 0, -1, 1] and flat.size == 3
     with pytest.raises(TypeError):
-        nd._fast.windows([b"bytes"], 5)
+        hashing.fast.windows([b"bytes"], 5)
     with pytest.raises(ValueError):
-        nd._fast.windows(["a"], 0)
+        hashing.fast.windows(["a"], 0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from model_contract import DataContract, Manifest, TokenizerInfo
-from model_contract.manifest import LedgerRow, RecordCounts
+from model_contract.manifest_rows import LedgerRow, RecordCounts
 from pipeline.ops.incremental import InputsChangedError
 from pipeline.shard import integrity
 from transforms.shard.records import CommitParts, InputFile, CutOutput

@@ -59,6 +59,7 @@ class _Doubling(stage_dofn.StageDoFn):
 
 
 def test_the_stage_dofn_yields_marks_and_counts_each_result():
+    cancel.reset()  # a run cancelled earlier in this process (another test) leaves the flag set until the next run
     fn = _Doubling()
     assert list(fn.process(4)) == [8]
     assert fn.marked == [8] and fn.counted == [(4, 8, False)]

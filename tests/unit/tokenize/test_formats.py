@@ -168,14 +168,14 @@ def test_contract_records_the_format_and_an_older_reader_still_reads_it(hf_bpe):
 
 @pytest.mark.parametrize("kind", [formats.SENTENCEPIECE, formats.HF_JSON, formats.TIKTOKEN])
 def test_the_trainer_pins_each_format_by_its_files_sha256(kind, hf_bpe, tiny_tokenizer):
-    """`--tokenizer SHA256` (trainer/data.py tokenizer_pin, checked by model_contract's check_compatible) against
+    """`--tokenizer SHA256` (trainer/dataset.py tokenizer_pin, checked by model_contract's check_compatible) against
     the contract the job writes (tokenizer.describe): the sha256 a user computes of the file on disk (`sha256sum`;
     the tokenizer.json inside a directory) is accepted, in either case; a wrong one is refused in one line
     naming both. A unit check of the pin, where tests/e2e/test_tokenizer_formats.py pins by path only."""
     import hashlib
 
     from model_contract import ContractMismatchError, Expectation, check_compatible
-    from trainer.data import tokenizer_pin
+    from trainer.dataset import tokenizer_pin
 
     path, summary = hf_bpe
     file, given, options = {formats.SENTENCEPIECE: (tiny_tokenizer, tiny_tokenizer, TokenizerOptions()),

@@ -1,11 +1,12 @@
 """The dense retrieval encoder decodes chunk text with the dataset's own tokenizer options: a tiktoken file
 cannot be loaded without its split pattern and special tokens, which live in the dataset's contract
-(pipeline/retrieval/build.py ChunkTexts, pipeline/retrieval/neighbours.py Searcher)."""
+(pipeline/retrieval/build_index.py ChunkTexts, pipeline/retrieval/neighbours.py Searcher)."""
 from __future__ import annotations
 
 import types
 
-from pipeline.retrieval.build import BuildPlan, ChunkTexts
+from pipeline.retrieval.build_index import ChunkTexts
+from pipeline.retrieval.build_plan import BuildPlan
 from transforms.tokenize import tokenizer
 
 

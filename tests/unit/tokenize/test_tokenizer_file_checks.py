@@ -142,7 +142,7 @@ def test_the_tokenizer_path_must_be_a_bounded_regular_file(tmp_path, monkeypatch
 
 
 def test_inspect_and_the_report_read_a_manifests_tokenizer_through_the_same_opener(tmp_path):
-    from pipeline.tools.report import contract_tokenizer
+    from pipeline.tools.report_data import contract_tokenizer
 
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)

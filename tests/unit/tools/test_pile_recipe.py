@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from pipeline import cli, options
+from pipeline import cli_parser, options
 from pipeline.config import ShardConfig
 from pipeline.ops import runners
 from tests.conftest import REPO
@@ -53,7 +53,7 @@ def test_every_recipe_command_parses_and_gets_the_shuffle_the_recipe_says():
         assert runners.choose_shuffle("auto", runner or "") == expected, runner
         if runner == "DataflowRunner":
             continue  # parsing Dataflow's options needs the gcp extra (tests/e2e/test_cli.py)
-        args, beam_args = cli.parse(argv)
+        args, beam_args = cli_parser.parse(argv)
         assert args.source_weights == "pile" and args.seq_len == 2048
         assert runners.choose_shuffle(args.shuffle, options.runner_name(beam_args) or "") == expected, argv
 
@@ -74,6 +74,6 @@ def test_shuffle_help_names_the_shuffle_each_runner_gets():
     assert {"FnApiRunner", "DirectRunner"} <= set(local)
     for name in local:
         assert runners.choose_shuffle("auto", name if name.endswith("Runner") else name + "Runner") == "files", name
-    help_text = cli.build_parser()._subparsers._group_actions[0].choices["shard"].format_help()  # noqa: SLF001
+    help_text = cli_parser.build_parser()._subparsers._group_actions[0].choices["shard"].format_help()  # noqa: SLF001
     assert "auto = runner on every runner whose GroupByKey is distributed" in " ".join(help_text.split())
 

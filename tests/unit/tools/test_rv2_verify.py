@@ -1,7 +1,7 @@
 """`verify --inputs` as the second hostile review (rv2) found it: F4, a ByteLevel add_prefix_space tokenizer's one
 leading space failed every document's round trip; F5, an input was matched by the literal path string typed at
 shard time, and a relative manifest tokenizer path was reported as "--tokenizer" (pipeline/tools/verify_inputs.py
-RoundTrip and held_inputs, pipeline/tools/verify.py audit_content)."""
+RoundTrip and held_inputs, pipeline/tools/verify_audit.py audit_content)."""
 from __future__ import annotations
 
 import hashlib
@@ -9,9 +9,9 @@ import os
 
 import pytest
 
-from model_contract.manifest import LedgerRow
+from model_contract.manifest_rows import LedgerRow
 from pipeline.tools import verify_inputs
-from pipeline.tools.verify import _manifest_tokenizer_unreadable
+from pipeline.tools.verify_audit import _manifest_tokenizer_unreadable
 from tests.unit.tokenize.crafted import added_token, as_bytes, byte_level_spec
 from transforms.tokenize import tokenizer
 

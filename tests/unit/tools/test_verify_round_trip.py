@@ -69,7 +69,7 @@ def test_a_normalizing_sentencepiece_model_is_not_checked_and_the_audit_says_so(
     sp = tokenizer.load_processor(model, "nfkc.model")
     trip = verify_inputs.round_trip(sp, model)
     assert trip.decode is None and "round trip NOT checked" in trip.note and "nmt_nfkc" in trip.note, trip
-    from pipeline.tools.verify import AuditResult, VerifyReport
+    from pipeline.tools.verify_report import AuditResult, VerifyReport
 
     report = VerifyReport("ds", audit=AuditResult(sampled=1, documents=1, round_trip_note=trip.note))
     assert f"  note: {trip.note}" in report.render().splitlines()

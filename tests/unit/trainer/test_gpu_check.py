@@ -30,7 +30,7 @@ def test_gpu_check_tiny_on_cpu_then_rerun_skips(tmp_path, capsys):
     assert step["variants"]["before"]["attention"] == "sdpa" and step["variants"]["after"]["loss"] == "chunked"
     # what ran is what the trainer would choose on this device, and what is reported
     from trainer.attention import resolve_impl
-    from trainer.parallel import adamw_impl
+    from trainer.optim import adamw_impl
     cpu = torch.device("cpu")
     for name, row in step["variants"].items():
         attention, compiled, _, adamw = gc.VARIANTS[name]

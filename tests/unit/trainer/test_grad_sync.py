@@ -1,15 +1,22 @@
 """trainer/grad_sync.py: the mode rules, the bucket plan, and the overlapped reducer's hooks on a real (one-rank
-gloo) process group: all-reduces start during the last micro-batch's backward, never during an earlier one."""
+gloo) process group: all-reduces start during the last micro-batch's backward, never during an earlier one; the
+after-backward buckets reused and averaging; the global clip norm spanning pipeline stages."""
 from __future__ import annotations
 
+import os
 import time
+import types
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from trainer.config import ConfigError, ParallelConfig, TrainConfig, resolve_grad_reduce, resolve_layout
+from trainer.config import ConfigError, ParallelConfig, TrainConfig, model_config, resolve_grad_reduce, resolve_layout
+from trainer.model import GPTStage, build_gpt
+from trainer.partition import partition_model
+
+torch.set_num_threads(1)
 
 
 @pytest.mark.parametrize("mode,pp,tp,fsdp,want", [
@@ -36,7 +43,7 @@ def test_a_grad_reduce_that_cannot_run_is_refused_at_parse_time(changes, knob):
 def test_bucket_plan_is_the_after_backward_plan():
     """Both modes pack alike (reverse order, one dtype per bucket, closed at bucket_bytes)."""
     from trainer.grad_sync import plan_buckets
-    from trainer.parallel import GradBuckets
+    from trainer.grad_sync import GradBuckets
     shapes = [(7, 3), (5,), (4, 4), (1,), (9, 2), (3,), (8,)]
     dtypes = [torch.float32, torch.float32, torch.float32, torch.float64, torch.float64, torch.float32,
               torch.float32]
@@ -132,3 +139,71 @@ def test_progress_line_reports_the_overlap():
     after = grad_sync_summary([GradSyncTiming("after-backward", 2, 0, -0.0001, 0.02)])
     assert "0/2 buckets in backward, first 0.1ms after it" in grad_sync_part(after)
     assert grad_sync_part(None) == ""
+
+
+def test_grad_buckets_reuse_their_buffers_and_average(monkeypatch):
+    import torch.distributed as dist
+    from trainer.grad_sync import GradBuckets
+
+    class Done:
+        def wait(self):
+            pass
+
+    calls = []
+    monkeypatch.setattr(dist, "all_reduce", lambda buf, group=None, async_op=False: calls.append(buf) or Done())
+    b = GradBuckets(bucket_bytes=64)  # 16 fp32 values per bucket: several buckets
+    grads = [torch.full((10,), 4.0), torch.full((3, 4), 8.0), torch.full((20,), 2.0)]
+    b.reduce(grads, None, 2)
+    ptrs = [buf.data_ptr() for buf in b.buffers]
+    assert len(b.buffers) >= 2 and [g.unique().item() for g in grads] == [2.0, 4.0, 1.0]  # divided by world
+    grads = [torch.full((10,), 4.0), torch.full((3, 4), 8.0), torch.full((20,), 2.0)]  # a new step's grads
+    b.reduce(grads, None, 2)
+    assert [buf.data_ptr() for buf in b.buffers] == ptrs  # the same buffers: no allocation per step
+    assert len(calls) == 2 * len(ptrs)
+    assert [g.unique().item() for g in grads] == [2.0, 4.0, 1.0]
+
+
+CFG = model_config("tiny", seq_len=32, vocab_size=64, n_layers=3, d_model=32, n_heads=2)
+
+
+def _clip_worker(rank: int, init_file: str, grads: dict, max_norm: float, out: str) -> None:
+    """One pipeline stage of two: its parameters get the whole model's gradients, then the trainer clips."""
+    import torch.distributed as dist
+
+    from trainer.grad_sync import clip_grad_norm
+    from trainer.partition import partition_model
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    spec = partition_model(CFG, 2)[rank]
+    stage = GPTStage(CFG, spec.layers, first=spec.first, last=spec.last)
+    for name, p in stage.named_parameters():
+        p.grad = grads["tok_emb.weight" if name == "head.weight" else name].clone()  # the synced tied grad
+    env = types.SimpleNamespace(pp=2, pp_rank=rank, is_first_stage=rank == 0, is_last_stage=rank == 1,
+                                pp_group=dist.group.WORLD, device=torch.device("cpu"), dp=1)
+    norm = clip_grad_norm(stage, max_norm, env)
+    torch.save({"norm": float(norm), "grads": {n: p.grad for n, p in stage.named_parameters()}},
+               os.path.join(out, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_global_clip_norm_spans_pipeline_stages(tmp_path):
+    """Two stages clip by the norm of the whole model's gradient (tied weight counted once), exactly as the
+    unpipelined model does: a stage clipping by its own norm fails this."""
+    import torch.multiprocessing as mp
+
+    whole = build_gpt(CFG)
+    g = torch.Generator().manual_seed(0)
+    grads = {n: torch.randn(p.shape, generator=g) for n, p in whole.named_parameters()}
+    for n, p in whole.named_parameters():
+        p.grad = grads[n].clone()
+    max_norm = 0.5
+    expected_norm = float(torch.nn.utils.clip_grad_norm_(whole.parameters(), max_norm))
+    mp.spawn(_clip_worker, args=(str(tmp_path / "init"), grads, max_norm, str(tmp_path)), nprocs=2)
+    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for r in got:
+        assert r["norm"] == pytest.approx(expected_norm, rel=1e-5)
+    expected = dict(whole.named_parameters())
+    for r in got:
+        for name, grad in r["grads"].items():
+            ref = expected["tok_emb.weight" if name == "head.weight" else name].grad
+            torch.testing.assert_close(grad, ref, rtol=1e-5, atol=1e-7, msg=f"clipped gradient of {name}")

@@ -12,7 +12,7 @@ import trainer.attention as attention
 import trainer.model as model
 from trainer.attention import build_mask, varlen_boundaries, varlen_run_bound
 from trainer.config import model_config
-from trainer.parallel import build_rank_stages
+from trainer.schedule import build_rank_stages
 from trainer.partition import StageSpec
 from trainer.train import Trainer
 

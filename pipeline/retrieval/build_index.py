@@ -1,0 +1,136 @@
+"""`pileprep retrieval build`, its index stages: chunk texts → MiniLM vectors (a RunInference model handler) →
+embedding files → a trained Faiss index and one filled part per database shard; or, for the BM25 encoder, the
+postings as .npy files. The encoders are transforms/retrieval/retrieval_encoders.py, the index
+transforms/retrieval/retrieval_index.py.
+"""
+from __future__ import annotations
+
+import numpy as np
+from apache_beam.ml.inference.base import ModelHandler
+
+from model_contract.contract import TokenizerInfo
+from pipeline.beam_glue import PlanDoFn
+from pipeline.retrieval import store
+from pipeline.retrieval.build_plan import BuildPlan
+from transforms.io import io_utils
+from transforms.retrieval import retrieval_encoders, retrieval_index
+from transforms.tokenize import tokenizer
+
+
+class MiniLMHandler(ModelHandler):
+    """RunInference handler: loads all-MiniLM-L6-v2 once per worker; batches of chunk texts → unit vectors."""
+
+    def __init__(self, device: str = "cpu", batch_size: int = 64):
+        super().__init__()
+        self.device = device
+        self.batch_size = batch_size
+
+    def load_model(self):
+        import torch  # noqa: PLC0415
+
+        torch.set_num_threads(1)
+        return retrieval_encoders.load_minilm(self.device)
+
+    def run_inference(self, batch, model, inference_args=None):
+        from apache_beam.ml.inference.base import PredictionResult  # noqa: PLC0415
+
+        vecs = retrieval_encoders.minilm_encode(model, batch, self.batch_size)
+        return [PredictionResult(x, v) for x, v in zip(batch, vecs)]
+
+    def batch_elements_kwargs(self):
+        return {"min_batch_size": 1, "max_batch_size": self.batch_size}
+
+    def share_model_across_processes(self) -> bool:
+        return False
+
+
+class ChunkTexts(PlanDoFn):
+    """A written database shard → ((shard, row), decoded chunk text) for the encoder."""
+
+    def setup(self):
+        super().setup()
+        # the dataset's own tokenizer options (a tiktoken file's pattern and specials live in the contract)
+        info = TokenizerInfo.from_dict(self.plan.dataset_manifest["contract"]["tokenizer"])
+        self.sp = tokenizer.load_for_info(self.plan.model_bytes, info)
+
+    def process(self, result):
+        rows = store.read_parquet(io_utils.join(self.plan.config.output, result["path"]), ["tokens"])
+        for r, toks in enumerate(rows["tokens"]):
+            yield (result["shard"], r), self.sp.decode([int(t) for t in toks])
+
+
+def write_embeddings(element, plan: BuildPlan):
+    plan.setup_worker()
+    k, rows = element
+    rows = sorted(rows, key=lambda r: r[0])
+    vecs = np.stack([v for _, v in rows]).astype(np.float32) if rows else \
+        np.zeros((0, retrieval_encoders.MINILM_DIM), np.float32)
+    rel = f"{plan.generation}/" + store.shard_name("embeddings", k, plan.config.num_db_shards, "npy")
+    nbytes, sha = store.write_npy(io_utils.join(plan.config.output, rel), vecs)
+    return k, {"path": rel, "bytes": nbytes, "sha256": sha, "rows": len(vecs)}
+
+
+BM25_ARRAYS = ("vocab", "data", "indices", "indptr", "num_chunks")
+BM25_QUERY_TERMS = 8
+
+
+def build_bm25(shard_results: list, plan: BuildPlan) -> dict:
+    """The BM25 postings over every chunk, in database order, as plain .npy files (deterministic bytes)."""
+    plan.setup_worker()
+    tokens = []
+    for r in sorted(shard_results, key=lambda r: r["shard"]):
+        tokens += store.read_parquet(io_utils.join(plan.config.output, r["path"]), ["tokens"])["tokens"]
+    arrays = retrieval_encoders.BM25Scorer.build(tokens).arrays()
+    files = {}
+    for name in BM25_ARRAYS:
+        rel = f"{plan.generation}/index/bm25-{name}.npy"
+        nbytes, sha = store.write_npy(io_utils.join(plan.config.output, rel), arrays[name])
+        files[name] = {"path": rel, "bytes": nbytes, "sha256": sha}
+    return {"files": files, "query_terms": BM25_QUERY_TERMS}
+
+
+def load_bm25(root: str, index: dict) -> "retrieval_encoders.BM25Scorer":
+    arrays = {name: store.read_npy(io_utils.join(root, store.contained(f["path"])))
+              for name, f in index["files"].items()}
+    return retrieval_encoders.BM25Scorer.from_arrays(arrays)
+
+
+def train_index(shard_results: list, embedding_results: list, plan: BuildPlan) -> dict:
+    """Train the index on a seeded sample of every vector (ids are global dense ids); write trained.faiss."""
+    plan.setup_worker()
+    cfg = plan.config
+    emb = dict(embedding_results)
+    total = sum(r["chunks"] for r in shard_results)
+    icfg = retrieval_index.IndexConfig(cfg.index, cfg.nprobe, cfg.train_size, cfg.seed).resolve(total)
+    sample_ids = retrieval_index.training_sample(total, icfg.train_size, icfg.seed)
+    first = 0
+    sample = []
+    for r in sorted(shard_results, key=lambda r: r["shard"]):
+        lo, hi = np.searchsorted(sample_ids, [first, first + r["chunks"]])
+        if hi > lo and r["shard"] in emb:
+            vecs = store.read_npy(io_utils.join(cfg.output, emb[r["shard"]]["path"]))
+            sample.append(vecs[sample_ids[lo:hi] - first])
+        first += r["chunks"]
+    dim = retrieval_encoders.MINILM_DIM
+    sample_arr = np.concatenate(sample) if sample else np.zeros((0, dim), np.float32)
+    index = retrieval_index.train_index(dim, icfg, sample_arr)
+    data = retrieval_index.serialize(index)
+    rel = f"{plan.generation}/index/trained.faiss"
+    io_utils.write_bytes(io_utils.join(cfg.output, rel), data)
+    return {"config": icfg.to_dict(), "trained": {"path": rel, "bytes": len(data), "sha256": store.sha256_of(data)},
+            "trained_on": int(len(sample_arr))}
+
+
+def fill_part(element, plan: BuildPlan, trained: dict, shard_results: list):
+    """Add one database shard's vectors (with their global ids) to a copy of the trained index; write it."""
+    plan.setup_worker()
+    k, emb = element
+    cfg = plan.config
+    first = sum(r["chunks"] for r in shard_results if r["shard"] < k)
+    vecs = store.read_npy(io_utils.join(cfg.output, emb["path"]))
+    trained_bytes = io_utils.read_bytes(io_utils.join(cfg.output, trained["trained"]["path"]))
+    part = retrieval_index.fill_part(trained_bytes, vecs, first)
+    data = retrieval_index.serialize(part)
+    rel = f"{plan.generation}/index/" + store.shard_name("part", k, cfg.num_db_shards, "faiss")
+    io_utils.write_bytes(io_utils.join(cfg.output, rel), data)
+    return {"shard": k, "path": rel, "bytes": len(data), "sha256": store.sha256_of(data), "vectors": len(vecs)}

@@ -1,0 +1,307 @@
+"""Formats out: `pileprep export --format parquet` and the torch IterableDataset over the shards."""
+from __future__ import annotations
+
+import collections
+import json
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from model_contract import decode_example, read_records
+from pipeline.config import ShardConfig
+from pipeline.shard import shard_pipeline
+from pipeline.tools.export import export_parquet
+from tests.corpus_fixtures import write_good_corpus
+from trainer.iterable_dataset import ShardIterableDataset, batches_per_rank, split_work
+
+IN_MEMORY = ["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
+
+
+@pytest.fixture(scope="module")
+def dataset(tiny_tokenizer, tmp_path_factory):
+    root = tmp_path_factory.mktemp("export-corpus")
+    write_good_corpus(root, limit_bytes=300_000)
+    out = tmp_path_factory.mktemp("export-out") / "ds"
+    config = ShardConfig(inputs=(str(root / "*"),), output=str(out), tokenizer=tiny_tokenizer, seq_len=128,
+                         num_shards=3, val_fraction=0.05, test_fraction=0.05)
+    return out, shard_pipeline.run(config, IN_MEMORY, progress_every_s=0)
+
+
+def test_parquet_export_reads_back_to_the_same_arrays(dataset, tmp_path):
+    out, manifest = dataset
+    result = export_parquet(str(out), str(tmp_path / "pq"), rows_per_group=50)
+    assert [f["source_shard"] for f in result["files"]] == [s["path"] for s in manifest["shards"]]
+    for f, shard in zip(result["files"], manifest["shards"]):
+        parquet = pq.ParquetFile(tmp_path / "pq" / f["path"])
+        assert parquet.metadata.num_rows == shard["examples"]
+        assert parquet.metadata.num_row_groups == -(-shard["examples"] // 50)  # bounded: row groups of 50
+        table = parquet.read()
+        columns = table.to_pydict()
+        for i, record in enumerate(read_records(str(out / shard["path"]))):
+            ex = decode_example(record)
+            for name, values in ex.items():
+                assert np.array_equal(np.asarray(columns[name][i]), values), (shard["path"], i, name)
+            assert (columns["split"][i], columns["shard"][i], columns["record"][i]) == (shard["split"],
+                                                                                        shard["path"], i)
+        assert table.schema.field("input_ids").type.value_type.bit_width == 32
+    summary = json.loads((tmp_path / "pq" / "export.json").read_text())
+    assert summary["generation"] == manifest["generation"] and sum(f["rows"] for f in summary["files"]) == sum(
+        s["examples"] for s in manifest["shards"])
+
+
+def test_cli_export(dataset, tmp_path, capsys):
+    from pipeline import cli
+
+    out, manifest = dataset
+    assert cli.main(["export", str(out), "--format", "parquet", "--output", str(tmp_path / "x")]) == 0
+    assert len(json.loads(capsys.readouterr().out)["files"]) == len(manifest["shards"])
+    assert cli.main(["export", str(tmp_path / "missing")]) == 2
+    assert "no manifest" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("n,world,batch,workers", [(103, 3, 4, 2), (7, 2, 4, 3), (64, 4, 2, 5), (0, 1, 1, 1)])
+def test_split_work_covers_each_position_at_most_once(n, world, batch, workers):
+    seen = collections.Counter()
+    for rank in range(world):
+        taken = 0
+        for w in range(workers):
+            lo, hi = split_work(n, world, rank, batch, workers, w)
+            assert (hi - lo) % batch == 0
+            seen.update(range(lo, hi))
+            taken += hi - lo
+        assert taken == batches_per_rank(n, world, batch) * batch  # every rank: the same number of batches
+    assert max(seen.values(), default=1) == 1
+    assert sum(seen.values()) == n - n % (world * batch)  # the remainder rule: the tail that cannot fill a round
+    assert all(pos < n - n % (world * batch) for pos in seen)
+
+
+def _epoch(out, world, batch, workers, epoch=0, **kw):
+    per_rank = []
+    for rank in range(world):
+        ds = ShardIterableDataset(str(out), "train", batch_size=batch, rank=rank, world_size=world, seed=3, **kw)
+        ds.set_epoch(epoch)
+        loader = DataLoader(ds, batch_size=batch, num_workers=workers)
+        per_rank.append([b for b in loader])
+    return per_rank
+
+
+def test_iterable_dataset_splits_over_ranks_and_workers(dataset):
+    out, manifest = dataset
+    n = sum(s["examples"] for s in manifest["shards"] if s["split"] == "train")
+    world, batch = 3, 4
+    per_rank = _epoch(out, world, batch, workers=2)
+    counts = [len(batches) for batches in per_rank]
+    assert counts == [n // (world * batch)] * world
+    assert all(b["input_ids"].shape == (batch, manifest["contract"]["seq_len"]) for r in per_rank for b in r)
+    indices = torch.cat([b["index"] for r in per_rank for b in r]).tolist()
+    assert len(indices) == len(set(indices)) == n - n % (world * batch)
+    # the examples are the shards' own, in the epoch's shard order
+    order = [s for s in manifest["shards"] if s["split"] == "train"]
+    from trainer.iterable_dataset import epoch_shard_order
+
+    records = [r for i in epoch_shard_order(len(order), 3, 0, True) for r in read_records(str(out / order[i]["path"]))]
+    for b in per_rank[1]:
+        for idx, ids in zip(b["index"].tolist(), b["input_ids"]):
+            assert np.array_equal(decode_example(records[idx])["input_ids"], ids.numpy())
+    # another epoch: another shard order, the same counts; no workers: the same examples for the rank
+    again = _epoch(out, world, batch, workers=0, epoch=1)
+    assert [len(r) for r in again] == counts
+    single = _epoch(out, world, batch, workers=0)
+    assert sorted(torch.cat([b["index"] for b in single[0]]).tolist()) == sorted(
+        torch.cat([b["index"] for b in per_rank[0]]).tolist())
+
+
+def test_iterable_dataset_rejects_bad_arguments(dataset):
+    out, _ = dataset
+    with pytest.raises(ValueError, match="rank"):
+        ShardIterableDataset(str(out), "train", batch_size=2, rank=3, world_size=2)
+    with pytest.raises(ValueError, match="no shards"):
+        ShardIterableDataset(str(out), "nope", batch_size=2)
+
+
+# ------------------------------------------------------------------- two generations, swapped shard files
+@pytest.fixture(scope="module")
+def two_generations(tiny_tokenizer, tmp_path_factory):
+    from tests.generation_fixtures import two_generation_dataset
+
+    return two_generation_dataset(tmp_path_factory.mktemp("export-gens"), tiny_tokenizer)
+
+
+def test_export_of_two_generations_writes_one_file_per_shard(two_generations, tmp_path):
+    out, manifest = two_generations
+    result = export_parquet(str(out), str(tmp_path / "pq"))
+    paths = [f["path"] for f in result["files"]]
+    assert len(set(paths)) == len(paths) == len(manifest["shards"])
+    listed = json.loads((tmp_path / "pq" / "export.json").read_text())["files"]
+    for f, shard in zip(listed, manifest["shards"]):  # each file holds its own shard's rows, none overwritten
+        table = pq.read_table(tmp_path / "pq" / f["path"])
+        assert table.num_rows == f["rows"] == shard["examples"]
+        assert set(table.column("shard").to_pylist()) == {shard["path"]}
+
+
+def test_export_refuses_a_swapped_shard_by_name(two_generations, tmp_path, capsys):
+    import shutil
+
+    from pipeline import cli
+
+    out, manifest = two_generations
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    first, second = (copy / s["path"] for s in manifest["shards"][:2])
+    shutil.copy(second, first)  # generation 1's shard replaced by generation 2's: still valid TFRecord
+    assert cli.main(["export", str(copy), "--output", str(tmp_path / "pq")]) == 2
+    err = capsys.readouterr().err
+    assert manifest["shards"][0]["path"] in err and "the manifest says" in err and len(err.splitlines()) == 1
+    assert not list((tmp_path / "pq").rglob("*.parquet"))  # nothing of the refused shard under a final name
+
+
+def test_inspect_and_report_refuse_a_swapped_shard_by_name(two_generations, tmp_path, capsys):
+    import shutil
+
+    from pipeline import cli
+
+    out, manifest = two_generations
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    first, second = (copy / s["path"] for s in manifest["shards"][:2])
+    shutil.copy(second, first)
+    assert cli.main(["inspect", str(copy), "--examples", "1"]) == 2
+    err = capsys.readouterr().err
+    assert f"shard {manifest['shards'][0]['path']}: " in err and "the manifest says" in err
+    assert cli.main(["inspect", str(out), "--examples", "1"]) == 0  # the intact dataset still inspects
+    capsys.readouterr()
+    # report decodes one example per split through the same checked reader (pipeline/tools/report.py)
+    assert cli.main(["report", str(copy), "--output", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert f"shard {manifest['shards'][0]['path']}: " in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_trainer_readers_on_two_generations(two_generations, tmp_path):
+    """The trainer's loader and the IterableDataset read every shard of both generations, checked."""
+    from trainer.config import DataConfig, model_config
+    from trainer.data import ShardLoader
+    from trainer.dataset import open_dataset
+
+    out, manifest = two_generations
+    seq_len = manifest["contract"]["seq_len"]
+    model = model_config("tiny", seq_len=seq_len, vocab_size=1024, n_layers=1, d_model=32, n_heads=2)
+    m, mfile = open_dataset(DataConfig(path=str(out)), model)
+    loader = ShardLoader(m, mfile, DataConfig(path=str(out), streams=2, shuffle_buffer=4), seq_len, 4,
+                         index_dir=str(tmp_path / "idx"))
+    assert loader.counts == [s["examples"] for s in manifest["shards"]]
+    assert next(iter(loader))["input_ids"].shape == (4, seq_len)
+    loader.close()
+    ds = ShardIterableDataset(str(out), "train", batch_size=1)
+    assert sum(1 for _ in ds) == sum(s["examples"] for s in manifest["shards"])
+
+
+def test_iterable_dataset_refuses_a_swapped_shard_by_name(two_generations, tmp_path):
+    import shutil
+
+    from model_contract.checked_reader import ShardMismatchError
+
+    out, manifest = two_generations
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    first, second = (copy / s["path"] for s in manifest["shards"][:2])
+    shutil.copy(second, first)
+    with pytest.raises(ShardMismatchError, match=f"shard {manifest['shards'][0]['path']}: "):
+        list(ShardIterableDataset(str(copy), "train", batch_size=1))
+
+
+def test_export_and_report_never_write_into_another_output_or_over_the_users_files(dataset, tmp_path, capsys):
+    """`export --output` onto a dataset put its Parquet files and export.json among the dataset's, and `report
+    --output DATASET/manifest.json` replaced the manifest with the page (exit 0): neither writes into another
+    kind of output or over a file it did not write (pipeline/tools/export.py, pipeline/tools/report.py)."""
+    from pipeline import cli
+    from tests.ops_fixtures import dataset_files
+
+    out, _manifest = dataset
+    before = dataset_files(out)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("my notes")
+    refused = [(["export", str(out), "--output", str(out)], "it holds a dataset (manifest.json)"),
+               (["export", str(out), "--output", str(mine)], "files pileprep did not create (notes.txt)"),
+               (["export", str(out), "--output", str(mine / "notes.txt")], "it is a file"),
+               (["report", str(out), "--output", str(out / "manifest.json")], "is not a pileprep report"),
+               (["report", str(out), "--output", str(mine / "notes.txt")], "is not a pileprep report"),
+               (["report", str(out), "--output", str(tmp_path / "fifo")], "not a regular file")]
+    os.mkfifo(tmp_path / "fifo")  # reading it to see whether it is a report would block
+    for args, why in refused:
+        assert cli.main(args) == 2, args
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and f"--output {args[-1]}: " in err and why in err, (args, err)
+    assert dataset_files(out) == before and sorted(p.name for p in mine.iterdir()) == ["notes.txt"]
+    assert (mine / "notes.txt").read_text() == "my notes"
+    from pipeline.ops import lock
+
+    held = tmp_path / "held"
+    with lock.OutputLock(str(held)).held():  # another export writing there (this process, alive)
+        assert cli.main(["export", str(out), "--output", str(held)]) == 2
+    err = capsys.readouterr().err
+    assert "output is locked by" in err and len(err.splitlines()) == 1 and not list(held.rglob("*.parquet"))
+    page = tmp_path / "r.html"
+    for _ in range(2):  # a report replaces its own earlier page
+        assert cli.main(["report", str(out), "--output", str(page)]) == 0, capsys.readouterr().err
+    assert json.loads((out / "manifest.json").read_text())["kind"] == "dataset"
+
+
+KILL_AT_SECOND_PARQUET_RENAME = """
+import os, signal, sys
+real_replace = os.replace
+renames = []
+def replace(src, dst, *a, **k):
+    if str(dst).endswith(".parquet"):
+        renames.append(dst)
+        if len(renames) == 2:  # the first shard's file is in place, the second's is written under its temp name
+            os.kill(os.getpid(), signal.SIGKILL)
+    return real_replace(src, dst, *a, **k)
+os.replace = replace
+from pipeline.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_killed_exports_temporaries_are_removed_by_the_next_export_and_nothing_else(dataset, tmp_path):
+    """An export SIGKILLed mid-way left its `.parquet` temporaries in the output for good (and, killed before its
+    export.json, an output the next export refused as "files pileprep did not create"). The next export, under the
+    output's lock, removes exactly the temporaries an export writes (pipeline/tools/export.py
+    `remove_abandoned_temporaries`): files of other names stay."""
+    import signal
+    import subprocess
+    import sys
+
+    from pipeline.ops import lock
+    from tests.conftest import REPO
+    from tests.ops_fixtures import run_cli, subprocess_env
+
+    out, manifest = dataset
+    pq_out = tmp_path / "pq"
+    args = ["export", str(out), "--output", str(pq_out)]
+    killed = subprocess.run([sys.executable, "-c", KILL_AT_SECOND_PARQUET_RENAME, *args], capture_output=True,
+                            env=subprocess_env(PYTHONPATH=str(REPO)), cwd=str(REPO), timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    temps = [p for p in pq_out.rglob("*") if p.name.endswith(".tmp")]
+    assert len(temps) == 1 and temps[0].name.startswith(".") and not (pq_out / "export.json").exists()
+    assert (pq_out / lock.LOCK_NAME).exists()  # a dead holder's: stale at once on this host
+    # An export before the hidden temporary names left `<shard>.parquet.tmp`; files of other names are not its.
+    legacy = temps[0].parent / "val-00000-of-00001.parquet.tmp"
+    legacy.write_bytes(b"partial")
+    others = [temps[0].parent / name for name in ("notes.parquet.tmp", "train-00000-of-00003.parquet.tmp.keep",
+                                                  ".notes.parquet.tmp")]
+    for p in others:
+        p.write_bytes(b"mine")
+    res = run_cli(args, timeout_s=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert not temps[0].exists() and not legacy.exists() and all(p.read_bytes() == b"mine" for p in others)
+    listed = json.loads((pq_out / "export.json").read_text())["files"]
+    assert [f["rows"] for f in listed] == [s["examples"] for s in manifest["shards"]]
+    left = sorted(str(p.relative_to(pq_out)) for p in pq_out.rglob("*") if p.is_file())
+    assert left == sorted([f["path"] for f in listed] + ["export.json"]
+                          + [str(p.relative_to(pq_out)) for p in others])  # no lock, no in-progress marker
