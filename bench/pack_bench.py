@@ -1,4 +1,4 @@
-"""CPU-seconds of the pack stage alone (transforms/shard/stages.py `pack_shard`), measured in process.
+"""CPU-seconds of the pack stage alone (transforms/shard/pack.py `pack_shard`), measured in process.
 
     python bench/pack_bench.py capture CORPUS OUT [--tokenizer MODEL]   # one `pileprep shard`, in-memory runner
     python bench/pack_bench.py replay OUT [--repeats 3] [--profile FILE]

@@ -27,17 +27,18 @@ from dataclasses import dataclass
 from typing import Optional
 
 from model_contract.hashing import sha256_file
-from transforms.shard.records import InputFile
 from transforms.io import io_utils
+from transforms.shard import layout
+from transforms.shard.layout import Layout
+from transforms.shard.records import InputFile
 
-INPUTS_DIR = "inputs"
 CHECK_THREADS = 4
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _FILE_OF = re.compile(r"(?:cut|unit)-f([0-9]{6})(?:-c[0-9]{5})?")
 
 
 def record_path(staging_dir: str, file_idx: int) -> str:
-    return io_utils.join(staging_dir, INPUTS_DIR, f"f{file_idx:06d}.json")
+    return Layout(staging_dir, "").path(layout.input_digest(file_idx))
 
 
 def digest_of(path: str) -> InputFile:
@@ -83,7 +84,7 @@ class Screened:
 
 
 def screen(plan, markers: dict, hasher=digest_of) -> Screened:
-    """`markers`: {name: marker} that passed resume.check_marker. Which of them the inputs' current content
+    """`markers`: {name: marker} that passed markers.check_marker. Which of them the inputs' current content
     forbids reusing (see the module docstring)."""
     files: dict = {}
     for name in markers:

@@ -7,7 +7,7 @@
 - `duplicates_by_source`: exact duplicates removed, counted by the source of the removed copy (the kept copy's
   source is the one in `sources`).
 
-It also holds the dataset's state across generations: the ledger rows (`add_ledger`, `ledger_of`), the
+It also holds the dataset's state across generations: the ledger rows (`ledger_rows`, `ledger_of`), the
 generation rows (`generations_of`, `referenced_generations`: which directories a commit keeps), and `merge`,
 which commits one new generation on top of the previous manifest: it concatenates the lists and sums the
 counts. Listing the inputs and diffing them against the ledger is pipeline/ops/incremental.py.
@@ -32,24 +32,23 @@ from transforms.shard import corpus_stats
 DOC_ID_INDEXES = "doc_id_indexes"  # the JSON key, for error messages naming a row
 
 
-def add_integrity_sections(manifest: Manifest, output_dir: str, generation: str, shard_results: list,
-                           id_index: tuple) -> Manifest:
-    """Add this (one-generation) manifest's integrity sections; hashes the generation's dead letters."""
+def integrity_sections(dead_letters: list, output_dir: str, generation: str, shard_results: list,
+                       id_index: tuple) -> dict:
+    """A one-generation manifest's integrity sections, as `Manifest` fields; hashes the generation's dead letters.
+    The near-dedup summary (None without the stage) goes to the manifest's `extra` (near_dedup_manifest.py)."""
     files = []
-    for rel in manifest.dead_letters:
+    for rel in dead_letters:
         size, sha = file_sha256(io_utils.join(output_dir, rel))
         files.append(FileDigest(rel, size, sha))
     path, documents, size, sha = id_index
     duplicates: collections.Counter = collections.Counter()
     for r in shard_results:
         duplicates.update(r.duplicates_per_source)
-    manifest.dead_letter_files = files
-    manifest.doc_id_indexes = [IdIndexRow(generation, dataset_relative_path(path, output_dir), documents, size, sha)]
-    manifest.duplicates_by_source = dict(sorted(duplicates.items()))
-    summary, manifest.band_indexes = near_dedup_manifest.manifest_section(shard_results, output_dir, generation)
-    if summary is not None:
-        manifest.extra["near_dedup"] = summary
-    return manifest
+    summary, band_indexes = near_dedup_manifest.manifest_section(shard_results, output_dir, generation)
+    return {"dead_letter_files": files,
+            "doc_id_indexes": [IdIndexRow(generation, dataset_relative_path(path, output_dir), documents, size, sha)],
+            "duplicates_by_source": dict(sorted(duplicates.items())), "band_indexes": band_indexes,
+            "near_dedup": summary}
 
 
 def merge_integrity_sections(previous: Manifest, new: Manifest) -> dict:
@@ -129,13 +128,7 @@ def generations_of(manifest: Optional[Manifest]) -> list:
     if manifest.generations:
         return list(manifest.generations)
     gen = manifest.generation
-    return [_generation_row(gen, manifest)] if gen else []
-
-
-def _generation_row(name: str, manifest: Manifest) -> dict:
-    return {"name": name, "inputs": len(manifest.inputs), "shards": len(manifest.shards),
-            "examples": sum(s.examples for s in manifest.shards), "tokens": sum(s.tokens for s in manifest.shards),
-            "documents": sum(s.documents for s in manifest.shards)}
+    return [generation_row(gen, manifest.inputs, manifest.shards)] if gen else []
 
 
 def referenced_generations(manifest: Optional[Manifest]) -> set:
@@ -163,9 +156,9 @@ def _sorted_nested(d: dict) -> dict:
     return {k: (_sorted_nested(v) if isinstance(v, dict) else v) for k, v in sorted(d.items())}
 
 
-def add_ledger(manifest: Manifest, generation: str, rows: list, digests: dict) -> Manifest:
-    """Give a one-generation manifest its ledger and generations sections. `rows`: the listing rows of the files
-    it ingested; `digests`: path -> InputFile (pipeline/shard/records.py) of what the workers read, with sha256."""
+def ledger_rows(generation: str, rows: list, digests: dict) -> list[LedgerRow]:
+    """A one-generation manifest's ledger, sorted by path. `rows`: the listing rows of the files it ingested;
+    `digests`: path -> InputFile (transforms/shard/records.py) of what the workers read, with sha256."""
     ledger = []
     for row in rows:
         listed, read = InputFile.from_dict(row), digests.get(row["path"])
@@ -175,9 +168,14 @@ def add_ledger(manifest: Manifest, generation: str, rows: list, digests: dict) -
         entry = LedgerRow(listed.path, listed.bytes, generation, listed.mtime, listed.etag,
                           read.sha256 if read is not None and read.sha256 else None)
         ledger.append(entry)
-    manifest.ledger = sorted(ledger, key=lambda r: r.path)
-    manifest.generations = [_generation_row(generation, manifest)]
-    return manifest
+    return sorted(ledger, key=lambda r: r.path)
+
+
+def generation_row(name: str, inputs: list, shards: list) -> dict:
+    """A generation's row in the manifest's `generations`: its size in inputs, shards, examples, tokens, documents."""
+    return {"name": name, "inputs": len(inputs), "shards": len(shards),
+            "examples": sum(s.examples for s in shards), "tokens": sum(s.tokens for s in shards),
+            "documents": sum(s.documents for s in shards)}
 
 
 def merge(previous: Manifest, new: Manifest) -> Manifest:

@@ -1,19 +1,27 @@
-"""Assembling the manifest from the stages' small results: pure functions, no I/O.
+"""The manifest, built by one function from the stages' small results (`manifest_for`, at the commit), and the
+shard plan the pack stage follows (`shard_write_tasks`).
 
 This is also where "nothing is lost" is enforced: for every input file, records read must equal documents
-written + filtered + dead-lettered. If they do not, the run fails instead of committing a manifest that lies.
+written + filtered + dead-lettered (`tally`). If they do not, the run fails instead of committing a manifest
+that lies. `build_manifest` reads nothing but the dead-letter files it hashes; `manifest_for` also writes the
+generation's id index.
 """
 from __future__ import annotations
 
 import collections
 import math
+from dataclasses import dataclass, field
+from typing import Optional
 
 from model_contract import DataContract, Manifest, ShardInfo
 from model_contract.dataset_paths import dataset_relative_path
 from pipeline.config import BYTES_PER_TOKEN_ESTIMATE, PILEPREP_VERSION, ShardConfig
-from transforms.shard import corpus_stats, mixture, packing_stats
+from pipeline.ops import commit, guards
+from pipeline.shard import integrity
+from transforms.io import io_utils
+from transforms.shard import corpus_stats, exact_dedup, mixture, packing_stats, tokenize_unit
 from transforms.shard.documents import SPLITS
-from transforms.shard.records import FileStats, ShardTask
+from transforms.shard.records import CommitParts, FileStats, ShardTask
 
 
 class ReconciliationError(RuntimeError):
@@ -45,16 +53,21 @@ def shard_write_tasks(units: list, config: ShardConfig) -> list:
     return tasks
 
 
-def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, generation: str, output_dir: str,
-                   cut_results: list, unit_results: list, shard_results: list) -> Manifest:
+@dataclass(frozen=True)
+class Tally:
+    """Record counts per input file (ledger order) and in total, once they reconcile."""
+    files: dict[str, FileStats]
+    totals: FileStats
+
+
+def tally(ledger: list, cut_results: list, unit_results: list, shard_results: list) -> Tally:
+    """Every input file's records, summed from every stage: read must equal written + filtered + dead-lettered,
+    file by file, else ReconciliationError naming each file that does not add up (nothing is committed)."""
     files = {e.path: FileStats() for e in ledger}
     for r in cut_results:
         files[r.input_path].merge(r.stats)
     for u in unit_results:
         files[u.input_path].merge(u.stats)
-    shard_results = sorted(shard_results, key=lambda s: (s.task.split, s.task.shard))
-    sources: dict = collections.defaultdict(dict)
-    splits = {}
     for s in shard_results:
         for path, n in s.written_per_file.items():
             files[path].written += n
@@ -65,6 +78,59 @@ def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, ge
                 files[path].filter(reason, n)
         for path, n in s.dropped_per_file.items():
             files[path].filter(mixture.DROPPED_REASON, n)
+    problems = [f"{path}: read {st.read} but written+filtered+dead-lettered = {st.settled()}"
+                for path, st in files.items() if st.settled() != st.read]
+    if problems:
+        raise ReconciliationError("record counts do not reconcile:\n  " + "\n  ".join(problems))
+    totals = FileStats()
+    for st in files.values():
+        totals.merge(st)
+    return Tally(files, totals)
+
+
+@dataclass(frozen=True)
+class CommitFacts:
+    """What the commit adds to the stages' results: the generation's id index (exact_dedup.py
+    write_generation_id_index: path, documents, bytes, sha256), the ledger rows and what was read of them, the
+    glob matches skipped, the tokenizer backend's manifest section, and the committed dataset it adds to."""
+    id_index: tuple
+    input_rows: tuple = ()
+    digests: dict = field(default_factory=dict)  # path -> InputFile (transforms/shard/records.py)
+    skipped_inputs: tuple = ()
+    tokenizer_backend: Optional[dict] = None
+    previous: Optional[Manifest] = None  # --incremental: merged on top of it (pipeline/shard/integrity.py merge)
+
+
+def manifest_for(plan, parts: CommitParts) -> Manifest:
+    """The manifest the commit writes, complete, from every stage's results: counts reconciled and the dead-letter
+    rate checked first (nothing is written when either fails), then the generation's id index, durable before the
+    manifest that references it (pipeline/ops/commit.py)."""
+    cuts = [c.result for c in sorted(parts.cuts, key=lambda c: c.result.file_idx)]
+    units = sorted(parts.units, key=lambda u: u.name)
+    counts = tally(plan.ledger, cuts, units, parts.shards)
+    guards.check_dead_letter_rate(counts.totals.to_dict(), plan.config.max_dead_letter_fraction)
+    id_index = exact_dedup.write_generation_id_index(parts.shards, plan.data_dir)
+    io_utils.fsync_files([id_index[0]])
+    backend = plan.tokenizer_backend  # how this generation was tokenized; the only backend-dependent field
+    facts = CommitFacts(id_index, tuple(plan.input_rows), {c.digest.path: c.digest for c in parts.cuts},
+                        tuple(plan.skipped_inputs),
+                        None if backend is None else backend.to_manifest(tokenize_unit.spot_check_totals(units)),
+                        plan.previous if plan.incremental else None)
+    return build_manifest(plan.config, plan.contract, plan.ledger, plan.generation, plan.config.output, cuts, units,
+                          parts.shards, facts)
+
+
+def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, generation: str, output_dir: str,
+                   cut_results: list, unit_results: list, shard_results: list,
+                   facts: Optional[CommitFacts] = None) -> Manifest:
+    """The manifest of one generation built from its stages' results (counts reconciled first: `tally`), with the
+    commit's sections when `facts` are given, merged on top of `facts.previous` when there is one. Without
+    `facts` (tests), the counts and statistics alone."""
+    counts = tally(ledger, cut_results, unit_results, shard_results)
+    shard_results = sorted(shard_results, key=lambda s: (s.task.split, s.task.shard))
+    sources: dict = collections.defaultdict(dict)
+    splits = {}
+    for s in shard_results:
         name = SPLITS[s.task.split]
         agg = splits.setdefault(name, {"documents": 0, "tokens": 0, "padding_tokens": 0, "examples": 0,
                                        "shards": 0})
@@ -73,24 +139,11 @@ def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, ge
         agg["padding_tokens"] += s.padding_tokens
         agg["examples"] += s.examples
         agg["shards"] += 1
-        for source, counts in s.sources.items():
+        for source, per_split in s.sources.items():
             per = sources[source].setdefault(name, {"documents": 0, "tokens": 0})
-            per["documents"] += counts["documents"]
-            per["tokens"] += counts["tokens"]
-
-    problems = []
-    totals = FileStats()
-    inputs = []
-    for entry in ledger:
-        path = entry.path
-        st = files[path]
-        if st.settled() != st.read:
-            problems.append(f"{path}: read {st.read} but written+filtered+dead-lettered = {st.settled()}")
-        totals.merge(st)
-        inputs.append({"path": path, "bytes": entry.size, **st.to_dict()})
-    if problems:
-        raise ReconciliationError("record counts do not reconcile:\n  " + "\n  ".join(problems))
-
+            per["documents"] += per_split["documents"]
+            per["tokens"] += per_split["tokens"]
+    inputs = [{"path": e.path, "bytes": e.size, **counts.files[e.path].to_dict()} for e in ledger]
     examples = sum(s.examples for s in shard_results)
     padding = sum(s.padding_tokens for s in shard_results)
     dead_letters = sorted(dataset_relative_path(p, output_dir) for p in
@@ -99,20 +152,35 @@ def build_manifest(config: ShardConfig, contract: DataContract, ledger: list, ge
     shards = [ShardInfo(path=dataset_relative_path(s.path, output_dir), split=SPLITS[s.task.split],
                         examples=s.examples, tokens=s.tokens, padding_tokens=s.padding_tokens,
                         documents=s.documents, bytes=s.bytes, sha256=s.sha256) for s in shard_results]
-    return Manifest(
+    extra = _statistics(config, unit_results, shard_results)
+    committed: dict = {}
+    if facts is not None:
+        sections = integrity.integrity_sections(dead_letters, output_dir, generation, shard_results, facts.id_index)
+        near_dedup = sections.pop("near_dedup")
+        extra.update({} if near_dedup is None else {"near_dedup": near_dedup})
+        extra.update({} if facts.tokenizer_backend is None else {"tokenizer_backend": facts.tokenizer_backend})
+        committed = dict(sections, ledger=integrity.ledger_rows(generation, list(facts.input_rows), facts.digests),
+                         generations=[integrity.generation_row(generation, inputs, shards)],
+                         skipped_inputs=[dict(r) for r in facts.skipped_inputs],
+                         kind=commit.KIND_DATASET)  # checked before any commit into this output (ops/commit.py)
+    manifest = Manifest(
         contract=contract,
         shards=shards,
         splits=splits,
         sources={k: dict(sorted(v.items())) for k, v in sorted(sources.items())},
         padding_fraction=round(padding / (examples * config.seq_len), 8) if examples else 0.0,
-        records=totals.to_dict(),
+        records=counts.totals.to_dict(),
         inputs=inputs,
         dead_letters=dead_letters,
         config=config.to_manifest_dict(),
         pileprep_version=PILEPREP_VERSION,
         generation=generation,
-        extra=_statistics(config, unit_results, shard_results),
+        extra=extra,
+        **committed,
     )
+    if facts is None or facts.previous is None:
+        return manifest
+    return integrity.merge(facts.previous, manifest)
 
 
 def _statistics(config: ShardConfig, unit_results: list, shard_results: list) -> dict:

@@ -20,7 +20,7 @@ from pipeline.errors import ConfigError, RunError
 from pipeline.job import Build, Decision, NothingToDo
 from pipeline.ops import commit, guards, incremental, input_checks
 from pipeline.ops import generations
-from pipeline.shard import integrity, source_check, split_inputs
+from pipeline.shard import integrity, markers, source_check, split_inputs
 from transforms.shard.records import LedgerEntry
 from transforms.io import io_utils, memory
 from transforms.tokenize import tokenizer, tokenizer_backends
@@ -53,8 +53,8 @@ class JobPlan:
     tokenizer_backend: Optional["tokenizer_backends.BackendChoice"] = None
     skipped_inputs: tuple = ()  # glob matches that are not files (directories, dangling symlinks)
     # Once the run starts, the model travels as a staged file (stage_model): every DoFn and Map that holds the
-    # plan is pickled (bz2, level 9) into the job graph, and a 0.5 MB model in each cost ~0.5 s of start-up
-    # and megabytes of graph (Dataflow caps a job's graph at 10 MB).
+    # plan is pickled (bz2, level 9) into the job graph, and a model in each costs start-up time (docs/BENCHMARKS.md,
+    # "Measured choices in the shard job") and megabytes of graph (Dataflow caps a job's graph at 10 MB).
     model_path: Optional[str] = None
     # Resume (pipeline/shard/resume.py): the completion markers of an earlier killed run of this generation that
     # the driver checked; workers reuse those cuts and units instead of redoing them.
@@ -138,11 +138,9 @@ def make_plan(config: ShardConfig, incremental_run: bool = False, committed=comm
     adds_to_committed = incremental_run and previous is not None
     generation = generation_name(config, contract, ledger, previous, adds_to_committed, nothing_new=not rows)
     staging_dir = guards.staging_dir_for(config.output, config.staging_dir, generation)
-    from pipeline.shard import resume  # noqa: PLC0415 - resume imports this module's neighbours
-
     backend = tokenizer_backends.choose_backend(config.tokenizer_backend, model_bytes, sp,
                                                 _parity_sample(config, [e.path for e in ledger]),
-                                                failed=resume.failed_backends(staging_dir))
+                                                failed=markers.failed_backends(staging_dir))
     return JobPlan(config, ledger, model_bytes, contract, generation, io_utils.join(config.output, generation),
                    staging_dir, input_rows=tuple(rows),
                    previous_json=None if previous is None else previous.to_json(),

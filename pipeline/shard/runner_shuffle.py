@@ -13,8 +13,10 @@ import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from pipeline.beam_glue import PlanDoFn
-from pipeline.shard import cancel, resume
-from transforms.shard import pack, shard_shuffle
+from pipeline.shard import cancel
+from pipeline.shard.stage_dofn import PackStage
+from transforms.shard import shard_shuffle
+from transforms.shard.records import ShardResult, ShardTask
 
 
 def unit_elements(units: list, tasks: list, dedup) -> list:
@@ -51,17 +53,16 @@ class EmitPieces(PlanDoFn):
             yield keyed
 
 
-class PackGroupedShard(PlanDoFn):
+class PackGroupedShard(PackStage):
     """One shard from its grouped pieces: the file spill's packer (transforms/shard/pack.py pack_shard) given the
-    merged rows."""
+    merged rows; reused, marked and counted as the file spill's (pipeline/shard/stage_dofn.py PackStage)."""
 
     def process(self, key_and_values):
-        key, values = key_and_values
-        task, dedup, pieces, gathered = shard_shuffle.gather_pieces(key, values)
-        t = self.plan.contract.tokenizer
-        cfg = self.plan.config
-        result = cancel.call(resume.pack_once, self.plan, task, lambda: pack.pack_shard(
-            task, pieces, cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir, dedup, self.plan.staging_dir,
-            cfg.mixture_weights, cfg.seed, gathered, packing=cfg.packing, packing_window=cfg.packing_window))
-        if result is not None:  # None: the driver cancelled the run (pipeline/shard/cancel.py)
-            yield result
+        yield from super().process(shard_shuffle.gather_pieces(*key_and_values))
+
+    def task_of(self, element) -> ShardTask:
+        return element[0]
+
+    def compute(self, element) -> ShardResult:
+        task, dedup, pieces, gathered = element
+        return self.pack(task, pieces, dedup, gathered)

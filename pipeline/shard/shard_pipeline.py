@@ -1,399 +1,38 @@
-"""The shard job: inputs → chunks → tokenized units → packed TFRecord shards → manifest (written last).
+"""The shard job's driver: `ShardJob`, its steps for the job runner (pipeline/job.py: lock, cleanup, abandon,
+the commit check), and `run`, the library form of `pileprep shard`.
 
-Wiring only; the work is in transforms/shard/ (cut.py, tokenize_unit.py, exact_dedup.py, pack.py; the records
-they hand each other in records.py). Bulk data moves through files in the staging directory, elements are small
-descriptors, and every name and order is derived from the input and config, so the
-output is byte-identical whatever the runner or the number of workers.
-
-The driver's steps are elsewhere, one job each: pipeline/shard/preflight.py (checks), pipeline/shard/plan.py
-(the plan and the nothing-to-do decision), pipeline/job.py (lock, cleanup, abandon, the commit check). This
-module holds the DoFns, `build_pipeline`, and `ShardJob`, the shard job's steps for pipeline/job.py.
+Read -> commit in three files: pipeline/shard/graph.py (the Beam graph, top to bottom), pipeline/shard/stage_dofn.py
+(each stage: reuse or compute, mark, count) and pipeline/shard/manifest_builder.py (the manifest the commit
+writes); the stages' work is in transforms/shard/. The driver's other steps are one module each:
+pipeline/shard/preflight.py (checks), plan.py (the plan and the nothing-to-do decision), resume.py (what a killed
+run left).
 """
 from __future__ import annotations
 
 import dataclasses
 import errno
 import logging
-import pickle
 import re
 import time
 from dataclasses import dataclass
 from typing import Optional
 
 import apache_beam as beam
-from apache_beam.metrics import Metrics
-from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline import job
-from pipeline.beam_glue import (FilesystemOptions, GatherAll, PlanDoFn, Spread,  # noqa: F401 - public names
-                                apply_filesystem_options, chosen_running_mode, default_beam_args, pipeline_options)
+from pipeline.beam_glue import chosen_running_mode, default_beam_args, pipeline_options  # noqa: F401 - public names
 from pipeline.config import PILEPREP_VERSION, ShardConfig
 from pipeline.errors import RunError
 from pipeline.output import print_outcome
-from pipeline.ops import commit, guards, progress, runlog, runners
+from pipeline.ops import commit, guards, progress, runlog
 from pipeline.ops import generations
-from pipeline.shard import (cancel, input_digests, integrity, preflight, resume, runner_shuffle, unit_plan)
-from pipeline.shard.near_dedup import settings as near_dedup_settings
-from pipeline.shard.near_dedup.transform import NearDedup
-from pipeline.shard.manifest_builder import build_manifest, shard_write_tasks
+from pipeline.shard import cancel, graph, integrity, preflight, resume, unit_plan
 from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model  # noqa: F401 - the job's public names
 from pipeline.shard import plan as shard_plan
-from transforms.shard import corpus_stats, cut, exact_dedup, pack, tokenize_unit
-from transforms.shard.records import CommitParts, CutOutput, CutResult, InputFile, TokenizedFile, UnitResult
 from transforms.io import io_utils, memory
 from transforms.io.filesystem_options import set_filesystem_options
-from transforms.tokenize import tokenizer, tokenizer_backends, worker_cache
 
 LOG = logging.getLogger("pileprep.shard")
-
-
-def _cut_options(cfg) -> dict:
-    """The config's arguments for cutting an input file (transforms/shard/cut.py InputCutter)."""
-    return {"unit_bytes": cfg.unit_bytes, "max_line_bytes": cfg.max_line_bytes,
-            "max_zstd_window_bytes": cfg.max_zstd_window_bytes, "fields": (cfg.text_field, *cfg.source_fields)}
-
-
-def _marked_cut(plan: JobPlan, result: CutResult, digest: InputFile) -> CutOutput:
-    """A file's cut with the digest of the input recorded before it was cut (pipeline/shard/input_digests.py),
-    its completion marker written."""
-    output = CutOutput(result, digest)
-    resume.mark_cut(plan, output)
-    return output
-
-
-def _count_cut(plan: JobPlan, output: CutOutput) -> None:
-    """A cut file's counters: Beam's and a progress marker (runners without live metrics)."""
-    Metrics.counter("pileprep", "input_files").inc()
-    Metrics.counter("pileprep", "input_bytes").inc(output.digest.bytes)
-    # "split_raw_bytes": pipeline/ops/progress.py's key (the run log's progress event sums it)
-    progress.write_marker(plan.staging_dir, resume.cut_marker_name(output.result.file_idx), {
-        "input_files": 1, "input_bytes": output.digest.bytes,
-        "split_raw_bytes": sum(c.raw_bytes for c in output.result.chunks)})
-
-
-class CutInputFile(PlanDoFn):
-    """Cuts one input file into line-aligned chunks in staging; yields a CutOutput."""
-
-    def process(self, element):
-        # Every write of the call, its progress marker included, happens inside cancel.call: once the driver
-        # has cancelled the run and seen no call running, nothing writes into the staging it removes.
-        output = cancel.call(self._cut, *element)
-        if output is not None:  # None: the driver cancelled the run (pipeline/shard/cancel.py)
-            yield output
-
-    def _cut(self, file_idx: int, path: str, chunk_bytes: Optional[int] = None) -> CutOutput:
-        output = None
-        if resume.cut_marker_name(file_idx) in self.plan.resumed_cuts:  # an earlier run's (resume.py)
-            output = resume.load_cut(self.plan, file_idx)  # None: a file did not match its sha256
-        if output is None:
-            digest = input_digests.mark_input(self.plan, file_idx, path)
-            output = _marked_cut(self.plan, cut.cut_input_file(
-                file_idx, path, self.plan.staging_dir, self.plan.data_dir, check_cancelled=cancel.check,
-                chunk_bytes=chunk_bytes, **_cut_options(self.plan.config)), digest)
-        _count_cut(self.plan, output)
-        return output
-
-
-class TokenizeChunk(PlanDoFn):
-    """Loads the SentencePiece model once per worker (setup), then tokenizes whole chunks."""
-
-    def __init__(self, plan: JobPlan):
-        super().__init__(plan)
-        self.documents = Metrics.counter("pileprep", "documents")
-        self.tokens = Metrics.counter("pileprep", "tokens")
-        self.records = Metrics.counter("pileprep", "records")
-        self.raw_bytes = Metrics.counter("pileprep", "raw_bytes")
-        self.units_tokenized = Metrics.counter("pileprep", "units_tokenized")
-        self.units_reused = Metrics.counter("pileprep", "units_reused")
-
-    def setup(self):
-        super().setup()
-        model_bytes = self.plan.tokenizer_model()
-        cfg = self.plan.config
-        # Loaded once per worker thread: DaskRunner runs setup() per partition (transforms/tokenize/worker_cache.py)
-        options = (cfg.tokenizer, tokenizer.options_of(cfg), self.plan.tokenizer_backend,
-                   getattr(cfg, "max_pretoken_mb", None))
-        self.sp, self.byte_mask, long_docs = worker_cache.cached(model_bytes, options, lambda: self._load(model_bytes))
-        self.dtype = tokenizer.token_dtype(self.plan.contract.tokenizer.vocab_size)
-        self.settings = tokenize_unit.TokenizeSettings(
-            cfg.text_field, tuple(cfg.source_fields), cfg.val_fraction, cfg.test_fraction, cfg.seed,
-            self.plan.input_splits, long_docs, near_dedup_settings.tokenize_signing(cfg))
-
-    def _load(self, model_bytes: bytes) -> tuple:
-        cfg = self.plan.config
-        sp = tokenizer.load_processor(model_bytes, cfg.tokenizer, tokenizer.options_of(cfg))
-        encoder = sp if self.plan.tokenizer_backend is None else tokenizer_backends.make_encoder(
-            self.plan.tokenizer_backend, model_bytes, sp)
-        return encoder, corpus_stats.byte_piece_mask(encoder), tokenizer.long_document_plan(encoder, model_bytes, cfg)
-
-    def process(self, chunk):
-        unit = cancel.call(self._tokenize, chunk)
-        if unit is not None:
-            yield unit
-
-    def _tokenize(self, chunk) -> UnitResult:
-        unit = None
-        if resume.unit_marker_name(chunk.unit_name) in self.plan.resumed_units:  # finished by an earlier run
-            unit = resume.load_unit(self.plan, chunk.unit_name)  # None: a file did not match (pipeline/shard/resume.py)
-        reused = unit is not None
-        if not reused:
-            unit = self._marked(lambda: tokenize_unit.tokenize_chunk(
-                chunk, self.sp, self.dtype, self.settings, self.plan.staging_dir, self.plan.data_dir, self.byte_mask,
-                cancel.check))
-        return self._count(unit, chunk, reused)
-
-    def _marked(self, tokenize) -> UnitResult:
-        """`tokenize()`'s unit, marked finished. A failed spot check is recorded in the staging first
-        (pipeline/shard/resume.py mark_backend_failed; the driver's keep_finished keeps the record): no later run
-        of this generation picks this backend again or reuses a unit it made. Both tokenize graphs come here."""
-        try:
-            unit = tokenize()
-        except tokenizer_backends.BackendMismatchError:
-            resume.mark_backend_failed(self.plan)
-            raise
-        resume.mark_unit(self.plan, unit)
-        return unit
-
-    def _count(self, unit: UnitResult, chunk, reused: bool) -> UnitResult:
-        """A unit's counters: Beam's and a progress marker (runners without live metrics)."""
-        (self.units_reused if reused else self.units_tokenized).inc()
-        self.documents.inc(unit.n_docs)
-        self.tokens.inc(sum(unit.split_tokens))
-        self.records.inc(unit.stats.read)
-        self.raw_bytes.inc(chunk.raw_bytes)
-        progress.write_marker(self.plan.staging_dir, "unit-" + unit.name, {
-            "documents": unit.n_docs, "tokens": sum(unit.split_tokens), "records": unit.stats.read,
-            "raw_bytes": chunk.raw_bytes, "dead_letters": sum(unit.stats.dead_lettered.values()),
-            "units_reused" if reused else "units_tokenized": 1})
-        return unit
-
-
-class CutAndTokenizeFile(TokenizeChunk):
-    """Cuts one input file into chunks and tokenizes each as it is cut, in this worker: the chunks never go
-    through staging (transforms/shard/cut.py InputCutter). For graphs where a file's chunks would stay on the
-    worker that cut them anyway (`spread_chunks_needed` false) and nothing reads the chunks later (no near-dedup
-    stage): the zstd spill and its read back were ~6% of the 384 MB bench job's CPU (docs/BENCHMARKS.md).
-
-    Same units, names and bytes as CutInputFile + TokenizeChunk. Resume: each unit is marked as it is
-    written and the file's cut (chunk sizes, digest, damage) once all are; a rerun reuses a file whose cut
-    and units are all marked without reading it, and otherwise reads it again and tokenizes only the chunks
-    whose units are not (pipeline/shard/resume.py)."""
-
-    def process(self, element):
-        tokenized = cancel.call(self._cut_and_tokenize, *element)
-        if tokenized is not None:  # None: the driver cancelled the run (pipeline/shard/cancel.py)
-            yield tokenized
-
-    def _cut_and_tokenize(self, file_idx: int, path: str, chunk_bytes: Optional[int] = None) -> TokenizedFile:
-        reused = self._reuse(file_idx)
-        if reused is not None:
-            output, units = reused[0], [self._count(u, c, True) for u, c in zip(reused[1], reused[0].result.chunks)]
-        else:
-            digest = input_digests.mark_input(self.plan, file_idx, path)
-            cutter = cut.InputCutter(file_idx, path, check_cancelled=cancel.check, chunk_bytes=chunk_bytes,
-                                     **_cut_options(self.plan.config))
-            units = [self._tokenize_records(chunk, records) for chunk, records in cutter.chunks()]
-            output = _marked_cut(self.plan, cutter.finish(self.plan.data_dir, list(cutter.refs), spilled=False),
-                                 digest)
-        _count_cut(self.plan, output)
-        return TokenizedFile(output, tuple(units))
-
-    def _reuse(self, file_idx: int) -> Optional[tuple]:
-        """(cut, its units) when an earlier run finished the whole file this way and every file checks."""
-        if resume.cut_marker_name(file_idx) not in self.plan.resumed_cuts:
-            return None
-        output = resume.load_cut(self.plan, file_idx, spilled=False)
-        if output is None or not all(resume.unit_marker_name(c.unit_name) in self.plan.resumed_units
-                                     for c in output.result.chunks):
-            return None
-        units = [resume.load_unit(self.plan, c.unit_name) for c in output.result.chunks]
-        return None if any(u is None for u in units) else (output, units)
-
-    def _tokenize_records(self, chunk, records) -> UnitResult:
-        unit = None
-        if resume.unit_marker_name(chunk.unit_name) in self.plan.resumed_units:  # finished by an earlier run
-            unit = resume.load_unit(self.plan, chunk.unit_name)
-        reused = unit is not None
-        if not reused:
-            unit = self._marked(lambda: tokenize_unit.tokenize_records(
-                chunk, records, self.sp, self.dtype, self.settings, self.plan.staging_dir, self.plan.data_dir,
-                self.byte_mask, cancel.check))
-        return self._count(unit, chunk, reused)
-
-
-class PackShard(PlanDoFn):
-    def _units(self, path: str) -> list:
-        if getattr(self, "_units_path", None) != path:
-            self._units_list = pickle.loads(io_utils.read_bytes(path))
-            self._units_path = path
-        return self._units_list
-
-    def process(self, task_and_units_path):
-        task, units_path, dedup = task_and_units_path
-        t = self.plan.contract.tokenizer
-        cfg = self.plan.config
-        result = cancel.call(resume.pack_once, self.plan, task, lambda: pack.pack_shard(
-            task, self._units(units_path), cfg.seq_len, t.eos_id, t.pad_id, self.plan.data_dir, dedup,
-            self.plan.staging_dir, cfg.mixture_weights, cfg.seed, packing=cfg.packing,
-            packing_window=cfg.packing_window))
-        if result is not None:  # None: the driver cancelled the run (cancel.py)
-            yield result
-
-
-def _sorted_units(units):
-    return sorted(units, key=lambda u: u.name)
-
-
-def _index_doc_ids(shard_results, plan: JobPlan) -> tuple:
-    id_index = exact_dedup.write_generation_id_index(shard_results, plan.data_dir)
-    io_utils.fsync_files([id_index[0]])  # durable before the manifest that references it (pipeline/ops/commit.py)
-    return id_index
-
-
-def _commit(grouped, plan: JobPlan):
-    """The commit point: one element holding every stage's results (transforms/shard/records.py CommitParts)."""
-    apply_filesystem_options(plan.filesystem_options)
-    parts = CommitParts.gather(grouped)
-    cut_outputs = sorted(parts.cuts, key=lambda s: s.result.file_idx)
-    cut_results = [s.result for s in cut_outputs]
-    digests = [s.digest for s in cut_outputs]
-    manifest = build_manifest(plan.config, plan.contract, plan.ledger, plan.generation, plan.config.output,
-                              cut_results, _sorted_units(parts.units), parts.shards)
-    guards.check_dead_letter_rate(manifest.records, plan.config.max_dead_letter_fraction)
-    manifest = integrity.add_integrity_sections(manifest, plan.config.output, plan.generation, parts.shards,
-                                                _index_doc_ids(parts.shards, plan))
-    manifest = integrity.add_ledger(manifest, plan.generation, list(plan.input_rows), {d.path: d for d in digests})
-    manifest.skipped_inputs = [dict(r) for r in plan.skipped_inputs]
-    previous = plan.previous
-    if plan.incremental:
-        manifest = integrity.merge(previous, manifest)
-    manifest.kind = commit.KIND_DATASET  # checked before any commit into this output (ops/commit.py)
-    if plan.tokenizer_backend is not None:  # how this generation was tokenized; the only backend-dependent field
-        manifest.extra["tokenizer_backend"] = plan.tokenizer_backend.to_manifest(
-            tokenize_unit.spot_check_totals(parts.units))
-    commit.commit_dataset(plan.config.output, manifest,
-                          None if previous is None else previous.generation, plan.staging_dir,
-                          previous, plan.config.keep_generations)
-    return manifest.to_dict()
-
-
-
-
-UNIT_LIST_NAME = "units.pickle"
-
-
-def _pack_tasks(units, plan: "JobPlan") -> list:
-    """[(shard task, staged unit list path, dedup inputs)]: one element per shard for PackShard. The sorted
-    unit list is staged once; each pack task carries only its path.
-
-    Carrying the list in every task would move units × shards descriptors through the shuffle; a side input
-    would be rebuilt per consumer on some runners. One staged file, read once per worker, does neither.
-    """
-    units, tasks, dedup = _units_tasks_dedup(units, plan)
-    path = io_utils.join(plan.staging_dir, UNIT_LIST_NAME)
-    io_utils.write_bytes(path, pickle.dumps(units, protocol=pickle.HIGHEST_PROTOCOL))
-    return [(task, path, dedup) for task in tasks]
-
-
-def _units_tasks_dedup(units, plan: "JobPlan") -> tuple:
-    """(sorted units, shard tasks, dedup inputs): what both shuffles plan from the tokenized units."""
-    apply_filesystem_options(plan.filesystem_options)
-    units = _sorted_units(units)
-    # Cross-split dedup needs every held-out id before any shard is packed: one global pass over the units'
-    # (small) held-out key ranges here, where all units meet; packers skip ids a winning split or a committed
-    # generation holds (transforms/shard/records.py DedupInputs: a few paths, cheap to carry in every task).
-    dedup = dataclasses.replace(exact_dedup.index_held_out_ids(units, plan.staging_dir),
-                                committed=plan.committed_id_indexes)
-    return units, shard_write_tasks(units, plan.config), dedup
-
-
-def _unit_elements(units, plan: "JobPlan") -> list:
-    """The runner's shuffle: one element per unit carrying the shard plan (runner_shuffle.unit_elements)."""
-    return runner_shuffle.unit_elements(*_units_tasks_dedup(units, plan))
-
-
-def shuffle_for(p: beam.Pipeline, plan: "JobPlan") -> str:
-    """'files' or 'runner': --shuffle resolved for the pipeline's runner (pipeline/ops/runners.py)."""
-    return runners.choose_shuffle(plan.config.shuffle, type(p.runner).__name__)
-
-
-def spread_chunks_needed(plan: JobPlan, options: PipelineOptions) -> bool:
-    """Whether the chunks of one input file need their own redistribution step after the cut stage.
-
-    The step lets the chunks of a big file tokenize on many workers, which the Pile's 30 files of ~14 GB need.
-    It also makes the cut stage a barrier: no worker tokenizes until every file is cut. On the local runner
-    with at least 4 files per worker and none much bigger than the rest (pipeline/shard/unit_plan.py
-    whole_files_balance), whole files already keep every worker busy, so the step is left out and each worker
-    tokenizes a file's chunks as soon as it has cut them (the stage fuses). DaskRunner gets the same rule with
-    its cluster's worker threads (asked of the scheduler at `--dask_client_address`; Dask hands partitions to
-    free workers, so whole files balance at least as well as FnApiRunner's round robin): at 96 MB on 2 workers
-    the spread cost a cut barrier and hash-skewed tokenize tasks (docs/BENCHMARKS.md). Other remote runners,
-    and Dask without an address, always keep it: their worker count is not known here. Output bytes are the
-    same either way: names and order come from file and chunk indexes, never from placement.
-    """
-    opts = options.get_all_options()
-    runner = str(opts.get("runner") or "")
-    if runner == runners.DASK_RUNNER:
-        threads = runners.dask_cluster_threads(opts)
-        return threads is None or not unit_plan.whole_files_balance(plan.ledger, threads)
-    if runner.rsplit(".", 1)[-1] not in ("FnApiRunner", "DirectRunner", "BundleBasedDirectRunner"):
-        return True
-    workers = int(opts.get("direct_num_workers") or 1)
-    return not unit_plan.whole_files_balance(plan.ledger, workers)
-
-
-def build_pipeline(p: beam.Pipeline, plan: JobPlan, spread_chunks: bool = True,
-                   shuffle: Optional[str] = None):
-    """Attach the shard job to a pipeline; returns the PCollection holding the committed manifest dict.
-
-    The graph has no side inputs and no multi-output steps, and its one sink (the commit) depends on every
-    stage through main inputs: the same graph then runs each stage exactly once on every runner, FnApiRunner,
-    the portable runner, Dataflow/Flink/Spark and DaskRunner alike (which computes only the last step's graph
-    and recomputes side inputs per consumer). `shuffle` ('files' or 'runner', default: `shuffle_for`) picks
-    how documents reach their shard (docs/SHUFFLE.md); the output bytes are the same.
-    """
-    shuffle = shuffle or shuffle_for(p, plan)
-    LOG.info("shuffle: %s (--shuffle %s, runner %s)", shuffle, plan.config.shuffle, type(p.runner).__name__)
-    # Planned once here, on the driver, from the ledger and --unit-mb only (pipeline/shard/unit_plan.py)
-    chunk_bytes = unit_plan.chunk_bytes_for(plan.ledger, plan.config.unit_bytes)
-    files = (p
-             | "ListInputs" >> beam.Create([(i, e.path, chunk_bytes) for i, e in enumerate(plan.ledger)])
-             | "SpreadFiles" >> Spread(lambda f: f[0]))
-    # The chunks go through staging where other workers tokenize them, or where the near-dedup stage reads them
-    # again; else each file's chunks are tokenized by the worker that cuts them, as they are cut.
-    if spread_chunks or near_dedup_settings.enabled(plan.config):
-        cuts = files | "CutIntoChunks" >> beam.ParDo(CutInputFile(plan))
-        chunks = cuts | "Chunks" >> beam.FlatMap(lambda s: s.result.chunks)
-        if spread_chunks:
-            chunks = chunks | "SpreadChunks" >> Spread(lambda c: (c.file_idx, c.chunk_idx))
-        units = chunks | "Tokenize" >> beam.ParDo(TokenizeChunk(plan))
-    else:
-        tokenized = files | "CutAndTokenize" >> beam.ParDo(CutAndTokenizeFile(plan))
-        cuts = tokenized | "Cuts" >> beam.Map(lambda t: t.cut)
-        units = tokenized | "Units" >> beam.FlatMap(lambda t: t.units)
-    # After tokenize (exact dedup is by id), before packing and repeats; left out when an earlier run of this
-    # generation finished it (its marker checked with every file's sha256: pipeline/shard/resume.py), since the
-    # removals it staged depend only on the fingerprint.
-    if near_dedup_settings.enabled(plan.config) and not plan.resumed_near_dedup:
-        units = units | "NearDedup" >> NearDedup(plan, shuffle)
-    if shuffle == "runner":  # pieces through the runner's GroupByKey (pipeline/shard/runner_shuffle.py)
-        shards = (units
-                  | "CollectUnits" >> GatherAll()
-                  | "PlanPieces" >> beam.FlatMap(_unit_elements, plan)
-                  | "SpreadUnits" >> Spread(runner_shuffle.element_key)
-                  | "EmitPieces" >> beam.ParDo(runner_shuffle.EmitPieces(plan))
-                  | "GroupPieces" >> beam.GroupByKey()
-                  | "PackShards" >> beam.ParDo(runner_shuffle.PackGroupedShard(plan)))
-    else:
-        shards = (units
-                  | "CollectUnits" >> GatherAll()
-                  | "PlanShards" >> beam.FlatMap(_pack_tasks, plan)
-                  | "SpreadShards" >> Spread(lambda tu: (tu[0].split, tu[0].shard))
-                  | "PackShards" >> beam.ParDo(PackShard(plan)))
-    return ((cuts, units, shards)  # told apart by type at the commit (transforms/shard/records.py)
-            | "GatherForCommit" >> beam.Flatten()
-            | "CollectForCommit" >> GatherAll()
-            | "CommitManifest" >> beam.Map(_commit, plan))
 
 
 # ------------------------------------------------------------------------------------------------ the job
@@ -556,10 +195,11 @@ def _execute(plan: JobPlan, options, log, progress_every_s) -> Executed:
         on_progress=lambda pr: log.event("progress", **pr.to_dict()))
     with reporter:
         p = beam.Pipeline(options=options)
-        shuffle = shuffle_for(p, plan)
-        spread_chunks = spread_chunks_needed(plan, options)
+        shuffle = graph.shuffle_for(p, plan)
+        spread_chunks = graph.spread_chunks_needed(plan, options)
+        LOG.info("shuffle: %s (--shuffle %s, runner %s)", shuffle, config.shuffle, type(p.runner).__name__)
         log.event("shuffle", shuffle=shuffle, choice=config.shuffle, spread_chunks=spread_chunks)
-        build_pipeline(p, plan, spread_chunks, shuffle)
+        _ = p | "Shard" >> graph.BuildShards(plan, spread_chunks, shuffle)
         holder["result"] = result = p.run()  # FnApiRunner returns when done; portable runners at once
         result.wait_until_finish()
     elapsed = time.time() - started

@@ -10,7 +10,7 @@ and one ranged read per shard when packing).
 
 The rule reads the input ledger (path and size of every input file) and `--unit-mb`, never the worker count.
 Both are in the run's fingerprint, which names the staging directory (pipeline/ops/guards.py), so a rerun of a
-killed run cuts the same chunks and its completion markers (pipeline/shard/resume.py) stay valid when the
+killed run cuts the same chunks and its completion markers (pipeline/shard/markers.py) stay valid when the
 worker count or the runner changes. The price: `UNITS_WANTED` is fixed at 4 units for each of 16 workers, so
 a run with more workers than that on a small input gets fewer than 4 units per worker (lower `--unit-mb`).
 Sizing to the actual workers instead would make every marker of a killed run useless on a rerun with another
@@ -43,7 +43,7 @@ def units_estimate(ledger, chunk_bytes: int) -> int:
 def chunk_bytes_for(ledger, unit_bytes: int) -> int:
     """Raw bytes per chunk for this input: `unit_bytes` / 2**k for the smallest k that gives `UNITS_WANTED`
     units, no smaller than `MIN_CHUNK_BYTES` (and never above `unit_bytes`).
-    `ledger`: [LedgerEntry] (pipeline/shard/records.py)."""
+    `ledger`: [LedgerEntry] (transforms/shard/records.py)."""
     chunk = unit_bytes
     while chunk // 2 >= MIN_CHUNK_BYTES and units_estimate(ledger, chunk) < UNITS_WANTED:
         chunk //= 2
@@ -52,7 +52,7 @@ def chunk_bytes_for(ledger, unit_bytes: int) -> int:
 
 def whole_files_balance(ledger, workers: int) -> bool:
     """Whether whole input files, dealt round robin to `workers` local workers, keep them evenly busy, so that
-    cut and tokenize may fuse per file (pipeline/shard/shard_pipeline.py spread_chunks_needed): at least 4
+    cut and tokenize may fuse per file (pipeline/shard/graph.py spread_chunks_needed): at least 4
     files per worker, and with more than one worker no file over half a worker's share of the raw bytes.
 
     A worker then waits at the stage's end for at most a fraction of a share. One 48 MB file among eight of

@@ -1,12 +1,12 @@
-"""A fast backend whose spot check failed is recorded in the staging (pipeline/shard/resume.py
+"""A fast backend whose spot check failed is recorded in the staging (pipeline/shard/markers.py
 mark_backend_failed) and the next `auto` run of the generation reads that record (pipeline/shard/plan.py) and
 does not choose it again, so none of the units it finished are reused. Guards the issue-28 mutation check
 (docs/wip/mutation-issue28.md) found untested: the routing e2e test reruns with `reference` only, whose key
 differs anyway.
 
-Both tokenize graphs (pipeline/shard/shard_pipeline.py spread_chunks_needed): 2 workers on these files spread
+Both tokenize graphs (pipeline/shard/graph.py spread_chunks_needed): 2 workers on these files spread
 the chunks (TokenizeChunk), 1 worker fuses cut and tokenize (CutAndTokenizeFile); both record the failure
-(TokenizeChunk._marked) and the driver's resume.keep_finished keeps the record beside the finished units. The
+(stage_dofn.TokenizeChunk._tokenized) and the driver's resume.keep_finished keeps the record beside the finished units. The
 rerun's reconcile discards every unit the failed backend finished (another backend key) and reuses none."""
 from __future__ import annotations
 

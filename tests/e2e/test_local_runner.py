@@ -17,7 +17,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from pipeline.config import ShardConfig
 from pipeline.errors import RunError
 from pipeline.ops import runners
-from pipeline.shard import cancel, shard_pipeline
+from pipeline.shard import cancel, graph, shard_pipeline
 from transforms.shard.records import LedgerEntry
 from tests.ops_fixtures import free_port
 
@@ -84,7 +84,7 @@ _PLAN = shard_pipeline.JobPlan(ShardConfig(inputs=("x",), output="/o", tokenizer
     (500, ["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"], True),
 ])
 def test_split_and_tokenize_fuse_only_when_whole_files_keep_local_workers_busy(files, args, spread):
-    assert shard_pipeline.spread_chunks_needed(_plan_with_files(files), PipelineOptions(args)) is spread
+    assert graph.spread_chunks_needed(_plan_with_files(files), PipelineOptions(args)) is spread
 
 
 @pytest.mark.parametrize("files,threads,spread", [
@@ -99,7 +99,7 @@ def test_dask_fuses_split_and_tokenize_by_its_clusters_worker_threads(monkeypatc
                         or threads)
     args = ["--runner=DaskRunner", "--dask_client_address=tcp://127.0.0.1:1"]
     options = shard_pipeline.pipeline_options(args)
-    assert shard_pipeline.spread_chunks_needed(_plan_with_files(files), options) is spread
+    assert graph.spread_chunks_needed(_plan_with_files(files), options) is spread
     assert asked == ["tcp://127.0.0.1:1"]
 
 

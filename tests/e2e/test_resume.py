@@ -54,7 +54,7 @@ def _group_gone(pgid, timeout_s=10.0) -> bool:
 
 
 def _done(out, kind: str = "unit") -> int:
-    """Completion markers of `kind` (cut, unit, pack) in the output's staging (pipeline/shard/resume.py)."""
+    """Completion markers of `kind` (cut, unit, pack) in the output's staging (pipeline/shard/markers.py)."""
     return sum(1 for _ in (out / "_staging").glob(f"gen-*/done/{kind}-*.json"))
 
 
@@ -98,7 +98,7 @@ def test_a_run_killed_at_70_percent_of_its_units_resumes_and_gives_the_uninterru
 
 
 # Three in-process worker threads for 8 files: fewer than 4 files per worker, so the chunks go through staging
-# (pipeline/shard/shard_pipeline.py spread_chunks_needed); with 1 or 2 workers each file is tokenized as it is cut.
+# (pipeline/shard/graph.py spread_chunks_needed); with 1 or 2 workers each file is tokenized as it is cut.
 SPREAD_THREADS = ["--runner=FnApiRunner", "--direct_num_workers=3", "--direct_running_mode=multi_threading"]
 
 

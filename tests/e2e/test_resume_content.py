@@ -48,7 +48,7 @@ def _events(log, kind):
 
 
 # 3 files on one worker: chunks go through staging (split, then tokenize); 4: each file is tokenized as it is
-# cut (pipeline/shard/shard_pipeline.py spread_chunks_needed)
+# cut (pipeline/shard/graph.py spread_chunks_needed)
 @pytest.mark.parametrize("files", [3, 4], ids=["spread", "fused"])
 def test_an_input_rewritten_with_the_same_size_and_mtime_is_read_again_on_resume(tmp_path, tiny_tokenizer,
                                                                                 monkeypatch, files):

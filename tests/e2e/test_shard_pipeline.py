@@ -172,7 +172,7 @@ def _same_tree(a: pathlib.Path, b: pathlib.Path) -> None:
 def test_byte_identical_across_workers_and_runners(corpus, dataset, tiny_tokenizer, tmp_path):
     root, _, _ = corpus
     reference, _ = dataset
-    # Both graph shapes (shard_pipeline.spread_chunks_needed): one worker with >= 4 files fuses split and
+    # Both graph shapes (graph.spread_chunks_needed): one worker with >= 4 files fuses cut and
     # tokenize; worker threads outnumbering a quarter of the files keep the chunk redistribution step.
     n_files = sum(1 for p in root.glob("*") if p.is_file())
     threads = ["--runner=FnApiRunner", f"--direct_num_workers={n_files // 4 + 1}",

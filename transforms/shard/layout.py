@@ -1,8 +1,9 @@
 """Where every file a shard run writes lives, named once: in the run's staging directory (chunks, units, signatures,
 kept ids, the held-out id lists) or in its partial generation (dead letters, shards, the generation's id index).
 
+The driver's bookkeeping files in staging (markers, failed-backend records, input digests) are named here too.
 A name is a `Placed(root, rel)`: which of the two roots and the path below it. Completion markers list their
-files in that form (pipeline/shard/resume.py), so a marker never holds a full path; `Layout(staging_dir,
+files in that form (pipeline/shard/markers.py), so a marker never holds a full path; `Layout(staging_dir,
 data_dir).path(placed)` makes the full one. File names depend only on the input and the config, so a retried
 bundle rewrites identical bytes (Beam may run a bundle twice).
 """
@@ -39,6 +40,11 @@ unit_tokens = _named(STAGING, "units/{}.tokens")  # ... and its tokens
 unit_signatures = _named(STAGING, "near-dedup/unit-signatures/{}.sigs")
 held_out_ids = _named(STAGING, "dedup/{}.ids")  # a held-out split's sorted ids (exact_dedup.py index_held_out_ids)
 shard_ids = _named(STAGING, "ids/{}.ids")  # the ids a packed shard kept (merged into the id index at the commit)
+unit_list = _named(STAGING, "units.pickle")  # the sorted units every pack task reads (pipeline/shard/graph.py)
+DONE_DIR, FAILED_BACKENDS_DIR = "done", "failed-backends"
+marker = _named(STAGING, DONE_DIR + "/{}.json")  # a completion marker, by its name (pipeline/shard/markers.py)
+failed_backend = _named(STAGING, FAILED_BACKENDS_DIR + "/{}.json")  # by key hash (pipeline/shard/markers.py)
+input_digest = _named(STAGING, "inputs/f{:06d}.json")  # by file_idx (pipeline/shard/input_digests.py)
 # In the partial generation
 cut_dead_letters = _named(DATA, "dead_letter/f{:06d}-read.jsonl")  # by file_idx: damage found while cutting
 unit_dead_letters = _named(DATA, "dead_letter/{}.jsonl")  # by unit name: records the tokenize stage refused

@@ -10,7 +10,7 @@
   CommitParts              every stage's results gathered for the commit
   FileStats                the record counts each of them carries
 
-A record that is written to a completion marker (pipeline/shard/resume.py) has `to_json` and a checked
+A record that is written to a completion marker (pipeline/shard/markers.py) has `to_json` and a checked
 `from_json`: the marker was written by another process and is read back from a directory, so every field is
 type-checked (BadRecord names the first that is not) and every path is made here from the record's name through
 transforms/shard/layout.py, never read from the JSON.
@@ -256,8 +256,8 @@ class UnitResult:
 
 @dataclass(frozen=True)
 class TokenizedFile:
-    """What cutting and tokenizing one input file in one worker hands on (shard_pipeline.CutAndTokenizeFile):
-    its cut and the units of its chunks, in chunk order."""
+    """What cutting and tokenizing one input file in one worker hands on (pipeline/shard/stage_dofn.py
+    CutAndTokenizeFile): its cut and the units of its chunks, in chunk order."""
     cut: CutOutput
     units: tuple[UnitResult, ...]
 

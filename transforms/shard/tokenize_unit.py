@@ -70,7 +70,7 @@ def tokenize_records(chunk: ChunkRef, records, sp, token_dtype: np.dtype, settin
     key as the unit named after the chunk.
 
     `byte_mask`: corpus_stats.byte_piece_mask(sp), computed once per worker by the caller (it asks the model
-    about every piece: ~30 ms per call with a 32k vocabulary, which per chunk would be ~1% of the job)."""
+    about every piece; its cost per call: docs/BENCHMARKS.md, "Measured choices in the shard job")."""
     where = Layout(staging_dir, data_dir)
     stats = FileStats()
     dead: list = []

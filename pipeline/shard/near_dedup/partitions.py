@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 
-from pipeline.shard import resume
+from pipeline.shard import markers
 from pipeline.shard.near_dedup import eval_sets, unit_docs
 from pipeline.shard.near_dedup.elements import BandIndexWritten, ClusterSize, PartitionWritten, Release
 from transforms.io import io_utils
@@ -103,7 +103,7 @@ def finish(gathered: list, plan) -> None:
                                                                plan.config.decontaminate_config.checked_splits)]
     # The global stage's completion marker, last: a rerun of this generation skips the stage
     # (pipeline/shard/resume.py mark_near_dedup)
-    resume.mark_near_dedup(plan, staged, [p.sidecar for p in parts] + [b.path for b in band_files] + [summary_path])
+    markers.mark_near_dedup(plan, staged, [p.sidecar for p in parts] + [b.path for b in band_files] + [summary_path])
 
 
 def finish_and_release(gathered: list, plan) -> list:

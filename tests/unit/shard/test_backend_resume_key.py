@@ -1,4 +1,4 @@
-"""The tokenizer backend in the unit resume key (pipeline/shard/resume.py backend_key, transforms/tokenize/
+"""The tokenizer backend in the unit resume key (pipeline/shard/markers.py backend_key, transforms/tokenize/
 tokenizer_backends.py BackendChoice.resume_key): a finished unit is reused only by a run whose backend has the
 same name, versions and domain digest, and a backend recorded as failed in the staging is never chosen again.
 Guards the issue-28 mutation check (docs/wip/mutation-issue28.md) found untested at unit level."""
@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from pipeline.shard import resume
+from pipeline.shard import markers, resume
 from tests.conftest import shared_data
 from tests.unit.shard.test_resume import UNIT, _finished_run, _plan
 from tests.unit.tokenize.test_tokenizer_backends import LLAMA2, _sp
@@ -56,9 +56,9 @@ def test_a_backend_marked_failed_is_listed_in_its_staging(tmp_path):
     plan = _plan(tmp_path)
     plan.tokenizer_backend = GIGA
     _finished_run(plan)
-    assert resume.failed_backends(plan.staging_dir) == frozenset()
-    resume.mark_backend_failed(plan)
-    assert resume.failed_backends(plan.staging_dir) == {GIGA.resume_key}
+    assert markers.failed_backends(plan.staging_dir) == frozenset()
+    markers.mark_backend_failed(plan)
+    assert markers.failed_backends(plan.staging_dir) == {GIGA.resume_key}
 
 
 def test_auto_never_chooses_a_backend_that_failed_in_this_generation():

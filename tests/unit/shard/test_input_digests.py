@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from pipeline.shard import input_digests, resume
+from pipeline.shard import input_digests, markers, resume
 from tests.unit.shard.test_resume import INPUT, PACK, UNIT, _finished_run, _packed_shard, _plan
 
 
@@ -28,11 +28,11 @@ def test_an_input_rewritten_with_the_same_size_has_its_finished_work_redone(tmp_
 def test_a_unit_whose_input_has_no_recorded_sha256_is_redone_and_one_with_it_is_reused(tmp_path, caplog):
     plan = _plan(tmp_path)
     _finished_run(plan)
-    resume._delete_file(resume.marker_path(plan.staging_dir, "cut-f000000"))  # the file was not finished
+    markers.delete_file(markers.marker_path(plan.staging_dir, "cut-f000000"))  # the file was not finished
     assert resume.reconcile(plan).units == set()  # a staging of an older pileprep: no recorded sha256
     assert any("no recorded sha256" in n for n in _notes(caplog))
 
     _finished_run(plan)
-    resume._delete_file(resume.marker_path(plan.staging_dir, "cut-f000000"))
+    markers.delete_file(markers.marker_path(plan.staging_dir, "cut-f000000"))
     input_digests.mark_input(plan, 0, plan.ledger[0].path)  # recorded before the file was cut, as workers do
     assert resume.reconcile(plan).units == {"unit-" + UNIT}

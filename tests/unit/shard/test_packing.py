@@ -160,18 +160,3 @@ def test_pack_blocks_refuses_a_bad_size():
         list(pack_blocks(docs_of([3]), 0, pad_id=0))
     with pytest.raises(ValueError, match="block_examples"):
         list(pack_blocks(docs_of([3]), 4, pad_id=0, block_examples=0))
-
-
-def test_append_eos_keeps_the_spill_dtype_where_the_id_fits():
-    """pack_shard appends EOS in the spill's dtype (the packer casts to int64 once); an id the dtype cannot hold
-    makes the document int64, never a wrapped id."""
-    from transforms.shard.pack import append_eos
-
-    cache: dict = {}
-    body = np.array([5, 65535, 0], dtype=np.uint16)
-    out = append_eos(body, 2, cache)
-    assert out.dtype == np.uint16 and out.tolist() == [5, 65535, 0, 2]
-    assert append_eos(body[:0], 2, cache).tolist() == [2]
-    for dtype, eos_id in ((np.uint16, 70000), (np.uint8, 256), (np.uint16, -1)):
-        out = append_eos(np.array([1, 200], dtype=dtype), eos_id, {})
-        assert out.dtype == np.int64 and out.tolist() == [1, 200, eos_id]

@@ -46,11 +46,11 @@ def test_input_file_is_the_listing_row_and_the_ledger_row_adds_generation_and_sh
     assert InputFile.from_dict(row).to_dict() == row
     m = Manifest(contract=DataContract.for_tokens(8, TokenizerInfo("sentencepiece", SHA, 100, 2, 3, 0, 1)),
                  shards=[])
-    integrity.add_ledger(m, GEN, [row, {"path": "in/b.jsonl", "bytes": 5, "mtime": 2.0, "etag": "e"}],
-                         {"in/a.jsonl": InputFile("in/a.jsonl", 10, sha256=SHA)})
+    m.ledger = integrity.ledger_rows(GEN, [row, {"path": "in/b.jsonl", "bytes": 5, "mtime": 2.0, "etag": "e"}],
+                                     {"in/a.jsonl": InputFile("in/a.jsonl", 10, sha256=SHA)})
     assert [r.to_dict() for r in m.ledger] == [dict(row, generation=GEN, sha256=SHA),
                                                {"path": "in/b.jsonl", "bytes": 5, "mtime": 2.0, "etag": "e",
                                                 "generation": GEN}]
     assert [LedgerRow.from_dict(r.to_dict()) for r in m.ledger] == m.ledger
     with pytest.raises(InputsChangedError, match="listed with 10 bytes but 11 bytes were read"):
-        integrity.add_ledger(m, GEN, [row], {"in/a.jsonl": InputFile("in/a.jsonl", 11, sha256=SHA)})
+        integrity.ledger_rows(GEN, [row], {"in/a.jsonl": InputFile("in/a.jsonl", 11, sha256=SHA)})

@@ -1,5 +1,5 @@
-"""pipeline/shard/resume.py: a killed run's finished units are reused only when their marker, its files, the
-fingerprint and the input ledger all match this run; anything else is discarded with a one-line note."""
+"""pipeline/shard/resume.py and markers.py: a killed run's finished units are reused only when their marker, its
+files, the fingerprint and the input ledger all match this run; anything else is discarded with a one-line note."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from pipeline.ops import guards
-from pipeline.shard import resume
+from pipeline.shard import markers, resume, stage_dofn
 from transforms.shard.records import InputFile, LedgerEntry, CutOutput
 from transforms.io import io_utils
 from transforms.shard import records
 
 GEN, OTHER_GEN = "gen-" + "1" * 16, "gen-" + "2" * 16
 UNIT = "f000000-c00000"
-INPUT = b"ten bytes\n"  # the input file the killed run read; its sha256 is in its split marker
+INPUT = b"ten bytes\n"  # the input file the killed run read; its sha256 is in its cut marker
 INPUT_SHA = hashlib.sha256(INPUT).hexdigest()
 
 
@@ -35,15 +35,15 @@ def _plan(tmp_path, generation=GEN, mtime=1.5):
 
 
 def _finished_run(plan, dead_letter=True):
-    """What a killed run left: its resume record, one split and one tokenized unit, each with its marker."""
+    """What a killed run left: its resume record, one cut and one tokenized unit, each with its marker."""
     guards.mark_staging(plan.staging_dir, plan.config.output, plan.generation)
     resume.write_resume_record(plan)
     inp = plan.ledger[0].path
     chunk = io_utils.join(plan.staging_dir, "chunks", f"{UNIT}.rec.zst")
     io_utils.write_bytes(chunk, b"chunk bytes")
-    split = CutOutput(records.CutResult(0, inp, [records.ChunkRef(0, inp, 0, chunk, 3, 11)], records.FileStats(3),
-                                           None), InputFile(inp, 10, sha256=INPUT_SHA))
-    resume.mark_cut(plan, split)
+    cut = CutOutput(records.CutResult(0, inp, [records.ChunkRef(0, inp, 0, chunk, 3, 11)], records.FileStats(3),
+                                      None), InputFile(inp, 10, sha256=INPUT_SHA))
+    markers.mark_cut(plan, cut)
     unit = records.UnitResult(
         UNIT, 0, inp, io_utils.join(plan.staging_dir, "units", UNIT + ".index"),
         io_utils.join(plan.staging_dir, "units", UNIT + ".tokens"), 2, np.dtype(np.uint16).str, ["Pile-CC", "arXiv"],
@@ -54,8 +54,8 @@ def _finished_run(plan, dead_letter=True):
     io_utils.write_bytes(unit.tokens_path, b"tokens" * 10)
     if dead_letter:
         io_utils.write_jsonl(unit.dead_letter_path, [{"file": inp, "line": 2, "reason": "invalid_json"}])
-    resume.mark_unit(plan, unit)
-    return split, unit
+    markers.mark_unit(plan, unit)
+    return cut, unit
 
 
 def _notes(caplog):
@@ -64,67 +64,67 @@ def _notes(caplog):
 
 def test_finished_work_of_the_same_run_is_reused_as_it_was(tmp_path, caplog):
     plan = _plan(tmp_path)
-    split, unit = _finished_run(plan)
+    cut, unit = _finished_run(plan)
     found = resume.reconcile(plan)
     assert found.units == {"unit-" + UNIT} and found.cuts == {"cut-f000000"} and _notes(caplog) == []
-    assert resume.load_unit(plan, UNIT) == unit  # the very result the killed run's pack stage would have seen
-    assert resume.load_cut(plan, 0) == split
-    assert resume.load_cut(plan, 0, spilled=False) is None  # its chunks are files: not what a fused run reuses
+    assert markers.load_unit(plan, UNIT) == unit  # the very result the killed run's pack stage would have seen
+    assert markers.load_cut(plan, 0) == cut
+    assert markers.load_cut(plan, 0, spilled=False) is None  # its chunks are files: not what a fused run reuses
 
 
-def test_a_split_made_without_chunk_files_is_reused_only_by_a_run_that_needs_none(tmp_path, caplog):
-    """A file cut and tokenized in one worker (shard_pipeline.CutAndTokenizeFile) marks its split with no chunk
-    file; a run that spreads chunks through staging must split that file again (and the other way round)."""
+def test_a_cut_made_without_chunk_files_is_reused_only_by_a_run_that_needs_none(tmp_path, caplog):
+    """A file cut and tokenized in one worker (pipeline/shard/stage_dofn.py CutAndTokenizeFile) marks its cut with no
+    chunk file; a run that spreads chunks through staging must cut that file again (and the other way round)."""
     plan = _plan(tmp_path)
     _finished_run(plan)
     inp = plan.ledger[0].path
     cut = CutOutput(records.CutResult(0, inp, [records.ChunkRef(0, inp, 0, "", 3, 11)], records.FileStats(3), None,
-                                         spilled=False), InputFile(inp, 10, sha256=INPUT_SHA))
-    resume.mark_cut(plan, cut)
-    marker = json.loads(io_utils.read_bytes(resume.marker_path(plan.staging_dir, "cut-f000000")))
+                                      spilled=False), InputFile(inp, 10, sha256=INPUT_SHA))
+    markers.mark_cut(plan, cut)
+    marker = json.loads(io_utils.read_bytes(markers.marker_path(plan.staging_dir, "cut-f000000")))
     assert marker["files"] == [] and marker["result"]["spilled"] is False
     assert resume.reconcile(plan).cuts == {"cut-f000000"}
-    assert resume.load_cut(plan, 0, spilled=False) == cut
-    assert resume.load_cut(plan, 0) is None  # a spilled split is wanted: split again, no chunk file trusted
+    assert markers.load_cut(plan, 0, spilled=False) == cut
+    assert markers.load_cut(plan, 0) is None  # a spilled cut is wanted: cut again, no chunk file trusted
     assert _notes(caplog) == []
 
     marker["result"]["spilled"] = "no"
-    io_utils.write_bytes(resume.marker_path(plan.staging_dir, "cut-f000000"), json.dumps(marker).encode())
+    io_utils.write_bytes(markers.marker_path(plan.staging_dir, "cut-f000000"), json.dumps(marker).encode())
     assert resume.reconcile(plan).cuts == set()
     assert any("spilled is not a bool" in n for n in _notes(caplog))
 
 
 def test_a_damaged_file_or_marker_is_discarded_with_a_note_and_redone(tmp_path, caplog):
     plan = _plan(tmp_path)
-    _split, unit = _finished_run(plan)
+    _cut, unit = _finished_run(plan)
     with open(unit.index_path, "ab") as f:
         f.write(b"+")  # another size: the driver's check finds it
-    io_utils.write_bytes(resume.marker_path(plan.staging_dir, "cut-f000000"), b'{"fingerprint": "gen-')
+    io_utils.write_bytes(markers.marker_path(plan.staging_dir, "cut-f000000"), b'{"fingerprint": "gen-')
     found = resume.reconcile(plan)
     assert found.units == set() and found.cuts == set()
     notes = _notes(caplog)
     assert len(notes) == 2 and all("\n" not in n for n in notes)
     assert any(f"unit-{UNIT}" in n and f"units/{UNIT}.index is damaged (6 bytes" in n for n in notes)
     assert any("cut-f000000" in n and "unreadable" in n for n in notes)
-    assert not io_utils.exists(resume.marker_path(plan.staging_dir, "unit-" + UNIT))  # gone: never reused later
+    assert not io_utils.exists(markers.marker_path(plan.staging_dir, "unit-" + UNIT))  # gone: never reused later
 
 
 def test_same_size_other_bytes_are_found_by_the_worker_that_would_reuse_the_unit(tmp_path, caplog):
     plan = _plan(tmp_path)
-    _split, unit = _finished_run(plan)
+    _cut, unit = _finished_run(plan)
     data = bytearray(open(unit.tokens_path, "rb").read())
     data[3] ^= 1  # same size, other bytes: only the sha256 tells
     open(unit.tokens_path, "wb").write(bytes(data))
     assert resume.reconcile(plan).units == {"unit-" + UNIT}  # sizes only on the driver
-    assert resume.load_unit(plan, UNIT) is None  # the worker tokenizes it again
+    assert markers.load_unit(plan, UNIT) is None  # the worker tokenizes it again
     (note,) = _notes(caplog)
     assert f"unit-{UNIT}" in note and f"units/{UNIT}.tokens is damaged" in note and "redone" in note
-    assert not io_utils.exists(resume.marker_path(plan.staging_dir, "unit-" + UNIT))
+    assert not io_utils.exists(markers.marker_path(plan.staging_dir, "unit-" + UNIT))
 
 
 def test_a_missing_dead_letter_file_in_the_generation_directory_discards_the_unit(tmp_path, caplog):
     plan = _plan(tmp_path)
-    _split, unit = _finished_run(plan)
+    _cut, unit = _finished_run(plan)
     (tmp_path / "out" / GEN / "dead_letter" / (UNIT + ".jsonl")).unlink()
     assert resume.reconcile(plan).units == set()
     assert any("missing" in n for n in _notes(caplog))
@@ -144,7 +144,7 @@ def _other_fingerprint(marker: dict) -> None:
 def test_a_damaged_marker_is_discarded_with_a_note(tmp_path, caplog, damage, note_has):
     plan = _plan(tmp_path)
     _finished_run(plan)
-    path = resume.marker_path(plan.staging_dir, "unit-" + UNIT)
+    path = markers.marker_path(plan.staging_dir, "unit-" + UNIT)
     marker = json.loads(io_utils.read_bytes(path))
     damage(marker)
     io_utils.write_bytes(path, json.dumps(marker).encode())
@@ -198,9 +198,9 @@ def test_a_killed_writers_temp_files_are_removed_when_resuming(tmp_path):
 
 def test_records_round_trip_without_dead_letters(tmp_path):
     plan = _plan(tmp_path)
-    _split, unit = _finished_run(plan, dead_letter=False)
+    _cut, unit = _finished_run(plan, dead_letter=False)
     assert resume.reconcile(plan).units == {"unit-" + UNIT}
-    assert resume.load_unit(plan, UNIT) == dataclasses.replace(unit, dead_letter_path=None)
+    assert markers.load_unit(plan, UNIT) == dataclasses.replace(unit, dead_letter_path=None)
 
 
 def test_a_relative_output_resumes_its_own_staging(tmp_path, monkeypatch, caplog):
@@ -233,7 +233,7 @@ def _packed_shard(plan) -> "records.ShardResult":
     io_utils.write_bytes(result.ids_path, b"ids")
     # as pack_shard's HashingWriter computed them while writing: the marker takes them from the result
     result.bytes, result.sha256 = 11, hashlib.sha256(b"shard bytes").hexdigest()
-    resume.mark_pack(plan, result)
+    markers.mark_pack(plan, result)
     return result
 
 
@@ -241,15 +241,17 @@ def test_a_packed_shard_is_reused_as_it_was_and_its_paths_come_from_its_task(tmp
     plan = _plan(tmp_path)
     _finished_run(plan)
     shard = _packed_shard(plan)
-    path = resume.marker_path(plan.staging_dir, PACK)
+    path = markers.marker_path(plan.staging_dir, PACK)
     marker = json.loads(io_utils.read_bytes(path))
     marker["result"]["path"] = "/etc/passwd"  # a field the record never reads
     io_utils.write_bytes(path, json.dumps(marker).encode())
     found = resume.reconcile(plan)
     assert found.packs == {PACK} and _notes(caplog) == []
     plan = SimpleNamespace(**vars(plan), resumed_packs=found.packs)
-    assert resume.load_pack(plan, TASK) == shard  # every field, the paths made from the task
-    assert resume.pack_once(plan, TASK, lambda: pytest.fail("packed again")) == shard
+    assert markers.load_pack(plan, TASK) == shard  # every field, the paths made from the task
+    packer = stage_dofn.PackShard(plan)  # reuse or compute (pipeline/shard/stage_dofn.py): reused, not packed
+    packer.compute = lambda _element: pytest.fail("packed again")
+    assert packer.run_one((TASK, "", None)) == shard
 
 
 @pytest.mark.parametrize("field, value, note_has", [
@@ -259,7 +261,7 @@ def test_a_hostile_pack_marker_is_discarded_and_the_shard_packed_again(tmp_path,
     plan = _plan(tmp_path)
     _finished_run(plan)
     _packed_shard(plan)
-    path = resume.marker_path(plan.staging_dir, PACK)
+    path = markers.marker_path(plan.staging_dir, PACK)
     marker = json.loads(io_utils.read_bytes(path))
     marker["result"][field] = value
     io_utils.write_bytes(path, json.dumps(marker).encode())
@@ -290,7 +292,7 @@ def _near_dedup_done(plan) -> None:
     published = [io_utils.join(plan.data_dir, "near-dedup", n) for n in ("summary.json", "removed-p000.jsonl")]
     for path in staged + published:
         io_utils.write_bytes(path, path.encode())
-    resume.mark_near_dedup(plan, staged, published)
+    markers.mark_near_dedup(plan, staged, published)
 
 
 @pytest.mark.parametrize("damage, note_has", [
@@ -303,7 +305,7 @@ def test_the_near_dedup_stage_is_reused_only_when_its_marker_and_every_file_chec
     _finished_run(plan)
     _near_dedup_done(plan)
     assert resume.reconcile(plan).near_dedup and _notes(caplog) == []
-    path = resume.marker_path(plan.staging_dir, resume.NEAR_DEDUP)
+    path = markers.marker_path(plan.staging_dir, markers.NEAR_DEDUP)
     if damage is None:  # same size, other bytes: the driver checks the sha256 (no worker re-reads them)
         io_utils.write_bytes(io_utils.join(plan.data_dir, "near-dedup", "summary.json"),
                              io_utils.join(plan.data_dir, "near-dedup", "summary.jsoN").encode())
@@ -313,4 +315,4 @@ def test_the_near_dedup_stage_is_reused_only_when_its_marker_and_every_file_chec
         damage(marker)
         io_utils.write_bytes(path, json.dumps(marker).encode())
     assert not resume.reconcile(plan).near_dedup
-    assert any(resume.NEAR_DEDUP in n and note_has in n for n in _notes(caplog))
+    assert any(markers.NEAR_DEDUP in n and note_has in n for n in _notes(caplog))

@@ -8,7 +8,7 @@ import numpy as np
 
 from pipeline.config import ShardConfig
 from pipeline.shard import plan as shard_plan
-from pipeline.shard.shard_pipeline import TokenizeChunk
+from pipeline.shard.stage_dofn import TokenizeChunk
 from tests.corpus_fixtures import write_good_corpus
 from transforms.tokenize import tokenizer, worker_cache
 from transforms.tokenize.formats import TokenizerOptions
