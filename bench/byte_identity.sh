@@ -87,7 +87,8 @@ note "_meta/commit" "the checkout's commit (printed above)"
 step "sample + tokenizer"
 pp sample --output corpus --size-mb 2 > logs/sample.stdout
 # extra/dups.jsonl: two exact copies and two near copies (one line appended: word 5-gram Jaccard ~0.98) of train
-# documents, and a near copy of a val document (held-out copies win: the train one goes).
+# documents, and a near copy of a val document (held-out copies win: the train one goes). extra/eval.jsonl: an
+# "evaluation set" (field "question") quoting 40 words of a train document and 30 of a test one.
 "$PY" - <<'EOF'
 import json, os, zstandard
 def docs(path):
@@ -101,6 +102,10 @@ out = [train[0], train[1]] + [dict(d, text=d["text"] + "\n(mirrored copy)\n") fo
 os.makedirs("corpus/extra")
 with open("corpus/extra/dups.jsonl", "w", encoding="utf-8") as f:
     f.writelines(json.dumps(d, sort_keys=True) + "\n" for d in out)
+quote = [d for d in docs("corpus/train/01.jsonl.zst") if len(d["text"].split()) > 200][0]["text"].split()[100:140]
+held_out = docs("corpus/test.jsonl.zst")[1]["text"].split()[50:80]
+with open("corpus/extra/eval.jsonl", "w", encoding="utf-8") as f:
+    f.writelines(json.dumps({"question": " ".join(q)}) + "\n" for q in (quote, held_out))
 EOF
 find corpus -type f -exec touch -d '2026-01-01 00:00:00 UTC' {} +
 # Its stdout's "seconds" and "read_seconds" are wall times: the raw one goes to _meta/, a copy without them is compared.
@@ -118,6 +123,13 @@ step "shard: plain, near-dedup"
 shard plain --input "${TRAIN[@]}" --output ds/plain "${COMMON[@]}"
 shard near-dedup --input "${TRAIN[@]}" --output ds/near-dedup --near-dedup "${COMMON[@]}"
 grep -q '"near_duplicate"' ds/near-dedup/manifest.json || { echo "run: near-dedup removed nothing" >&2; exit 1; }
+# The other code paths in one run: token shingles with exact verification, decontamination (held-out too),
+# best-fit packing, the runner's GroupByKey as the shuffle.
+step "shard: variants (token shingles, --near-dedup-verify, --decontaminate, best-fit, --shuffle runner)"
+shard variants --input "${TRAIN[@]}" --output ds/variants --near-dedup --near-dedup-shingles tokens \
+  --near-dedup-verify --decontaminate corpus/extra/eval.jsonl --decontaminate-field question \
+  --decontaminate-held-out --packing best-fit --shuffle runner "${COMMON[@]}"
+grep -q '"contaminated"' ds/variants/manifest.json || { echo "run: decontamination removed nothing" >&2; exit 1; }
 
 step "shard: incremental (plain, near-dedup): 6 train files, then all and the duplicates"
 for v in plain near-dedup; do
@@ -163,6 +175,8 @@ for ds in plain near-dedup; do
   pp inspect "ds/$ds" --examples 2 --json > "logs/inspect-$ds.json"
   pp report "ds/$ds" --output "reports/$ds.html" > "logs/report-$ds.stdout"
 done
+pp verify ds/variants --inputs "${TRAIN[@]}" corpus/val.jsonl.zst corpus/test.jsonl.zst --sample 60 \
+  > logs/verify-variants.stdout
 for fmt in parquet megatron hf mds; do
   pp export ds/plain --format "$fmt" --output "exports/$fmt" > "logs/export-$fmt.stdout"
 done
