@@ -45,10 +45,10 @@ NOTES_SHOWN = 5
 class Resumed:
     """What the driver found reusable: marker names (`cut-f…`, `unit-f…`, `pack-…`) and the one-line notes it
     logged."""
-    cuts: frozenset = frozenset()
-    units: frozenset = frozenset()
-    notes: tuple = ()
-    packs: frozenset = frozenset()
+    cuts: frozenset[str] = frozenset()
+    units: frozenset[str] = frozenset()
+    notes: tuple[str, ...] = ()
+    packs: frozenset[str] = frozenset()
     near_dedup: bool = False  # the near-dedup stage's staged removals and published files
 
     def to_event(self) -> dict:
