@@ -87,7 +87,7 @@ class FileStats:
         return self
 
     def to_dict(self) -> dict:
-        """The manifest's form (`records` and each `inputs` row; model_contract/manifest.py RecordCounts), and
+        """The manifest's form (`records` and each `inputs` row; model_contract/manifest_rows.py RecordCounts), and
         the markers'."""
         return {"read": self.read, "written": self.written, "filtered": dict(sorted(self.filtered.items())),
                 "dead_lettered": dict(sorted(self.dead_lettered.items()))}
