@@ -26,9 +26,10 @@ backend only when every character of it lies in the domain proven equal for this
 comparing both libraries on every code point and added-token text; the rest goes to the reference, counted per
 backend in the manifest (`documents_by_backend`). The sample and spot checks are a second line.
 The backend never changes the shards (byte-identical, tested) and is not part of the dataset's fingerprint; it
-is part of every unit's resume key (`BackendChoice.resume_key`, pipeline/shard/resume.py), and a backend that
-failed a spot check is recorded in the staging so no later run reuses its units or picks it again. The manifest
-records which backend ran, its domain, parity sample and per-backend counts: the only fields that may differ.
+is part of every unit's resume key (`BackendChoice.resume_key`, pipeline/shard/markers.py backend_key), and a
+backend that failed a spot check is recorded in the staging so no later run reuses its units or picks it again.
+The manifest records which backend ran, its domain, parity sample and per-backend counts: the only fields that
+may differ.
 """
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ class BackendChoice:
     @property
     def resume_key(self) -> str:
         """Everything about the backend that decides a unit's bytes: the backend and its reference with their
-        versions and, for a fast one, the digest of the domain it was given (pipeline/shard/resume.py)."""
+        versions and, for a fast one, the digest of the domain it was given (pipeline/shard/markers.py backend_key)."""
         return f"{self.name}={self.version}|reference={self.reference_version}|domain={self.domain_sha256}"
 
     def to_manifest(self, spot_checked: Optional[dict] = None) -> dict:
@@ -192,8 +193,8 @@ def choose_backend(requested: str, model_bytes: bytes, sp, sample_texts: list,
     and the tokenizer's special tokens spelled as text. `auto` tries FAST_BACKENDS fastest first and takes the
     first that passes; a fast backend asked for explicitly but failing is a fallback too. Every rejection's
     reason is logged and kept in the choice's `reason`: never different tokens. `failed`: the resume keys of
-    backends that failed a spot check in an earlier run of this generation (pipeline/shard/resume.py); never
-    chosen again."""
+    backends that failed a spot check in an earlier run of this generation (pipeline/shard/markers.py
+    failed_backends); never chosen again."""
     kind = references.format_of(sp)
     if requested not in BACKENDS:
         raise formats.TokenizerError(f"--tokenizer-backend {requested!r}: choose one of {', '.join(BACKENDS)}")
