@@ -3,7 +3,7 @@
 Starts a real `dask scheduler` and `dask worker --nworkers N --nthreads 1` on 127.0.0.1 (separate processes),
 runs `pileprep shard` on Dask --warmup times (the workers import Beam and pileprep on their first task, once per
 cluster; printed, not counted), then --repeat rounds of FnApiRunner with N worker threads, FnApiRunner with N
-worker processes (the two modes its default picks from: pipeline/beam_glue.py default_running_mode) and
+worker processes (the two modes its default picks from: pipeline/ops/runners.py default_running_mode) and
 DaskRunner, the order alternating between rounds. Prints every run with the load, the medians of wall and CPU,
 their ratios to each FnApiRunner mode, Dask's wall over the faster mode's, and whether all outputs are
 byte-identical. Anything after `--` goes to `pileprep shard`; without it, `--num-shards 4`. The 96 MB figure

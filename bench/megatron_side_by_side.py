@@ -1,7 +1,7 @@
 """pileprep against Megatron-LM's own preprocessing on the same documents, in one run.
 
     python bench/megatron_side_by_side.py --megatron-dir DIR [--sizes 96 384] [--backends sentencepiece auto]
-                                          [--repeat N]
+                                          [--repeat N] [--checkouts PILEPREP_DIR ...]
 
 DIR is a checkout of Megatron-LM (the figures in docs/BENCHMARKS.md used tag core_v0.16.1:
 `git clone --branch core_v0.16.1 https://github.com/NVIDIA/Megatron-LM`), run with this Python. For each corpus
@@ -13,6 +13,10 @@ size (built by `pileprep sample --size-mb N`, cached like bench/shard_bench.py's
    the clock starts, so Megatron is spared the decompression pileprep pays;
 3. `pileprep shard` with each backend, on the `.jsonl.zst` corpus, with the default runner, W workers
    (bench/shard_bench.py's run_pipeline: the same command `make bench` times).
+
+`--checkouts A B` times pileprep from each checkout (PYTHONPATH and working directory = the checkout, this
+Python) in the same alternation, each labelled with its commit: issue 29's before/after speed rule (384 MB wall
+within 5%, tokens per CPU-second not lower). Without --megatron-dir (and $MEGATRON_DIR) Megatron is left out.
 
 Every tool runs in a fresh process; wall is start to exit; peak RSS is the largest single process (wait4's
 ru_maxrss over the process and every child it reaped) and the sampled process tree. Ratios as in
@@ -80,10 +84,18 @@ def run_megatron(megatron_dir: str, jsonl: str, tokenizer: str, out_dir: str, wo
         text = log.read()
     if run["returncode"] != 0:
         raise SystemExit(f"Megatron's preprocess_data.py failed:\n{text[-3000:]}")
-    result = {"wall": run["wall"], "tokens": megatron_tokens(prefix + "_text_document"),
+    result = {"wall": run["wall"], "cpu_s": run["cpu_s"], "tokens": megatron_tokens(prefix + "_text_document"),
               "largest_mb": run["largest_mb"], "tree_mb": run["tree_mb"]}
     shutil.rmtree(out_dir, ignore_errors=True)
     return result
+
+
+def _commit(checkout: str) -> str:
+    """A checkout's short commit (+dirty when tracked files differ from it), to label its runs."""
+    def git(*a):
+        return subprocess.run(["git", "-C", checkout, *a], capture_output=True, text=True, check=False).stdout
+    head = git("rev-parse", "--short", "HEAD").strip() or os.path.basename(checkout)
+    return head + ("+dirty" if git("status", "--short", "--untracked-files=no").strip() else "")
 
 
 def _load() -> str:
@@ -93,8 +105,10 @@ def _load() -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--megatron-dir", default=os.environ.get("MEGATRON_DIR"), required="MEGATRON_DIR" not in os.environ,
-                   help="a Megatron-LM checkout (default $MEGATRON_DIR)")
+    p.add_argument("--megatron-dir", default=os.environ.get("MEGATRON_DIR"),
+                   help="a Megatron-LM checkout (default $MEGATRON_DIR; without either, Megatron is not run)")
+    p.add_argument("--checkouts", nargs="+", default=[REPO], metavar="DIR",
+                   help="pileprep checkouts to time, alternating (default: this one)")
     p.add_argument("--tokenizer", default=SHARED_TOKENIZER, help="SentencePiece BPE model (Llama 2's by default)")
     p.add_argument("--sizes", nargs="+", type=int, default=[96, 384], help="corpus sizes in MB")
     p.add_argument("--backends", nargs="+", default=["sentencepiece", "auto"])
@@ -105,11 +119,13 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="runs of every tool per size, alternating; the table "
                                                          "holds each tool's median run by wall")
     args = p.parse_args(argv)
-    script = os.path.join(args.megatron_dir, "tools", "preprocess_data.py")
-    if not os.path.exists(script):
+    script = args.megatron_dir and os.path.join(args.megatron_dir, "tools", "preprocess_data.py")
+    if script and not os.path.exists(script):
         raise SystemExit(f"{script} not found: --megatron-dir must be a Megatron-LM checkout")
     if not os.path.exists(args.tokenizer):
         raise SystemExit(f"tokenizer {args.tokenizer} not found")
+    checkouts = {os.path.abspath(c): _commit(c) for c in args.checkouts}
+    pileprep = [(c, b) for c in checkouts for b in args.backends]  # what runs besides Megatron, in order
     fingerprint = _installation_fingerprint()
     rows = []
     for i, size in enumerate(args.sizes):
@@ -123,7 +139,7 @@ def main(argv=None) -> int:
               flush=True)
         runs: dict = {}
         for rep in range(max(1, args.repeat)):
-            tools = ["megatron", *args.backends]
+            tools = (["megatron"] if script else []) + pileprep
             if (i + rep) % 2:
                 tools.reverse()
             for tool in tools:
@@ -131,27 +147,33 @@ def main(argv=None) -> int:
                     r = run_megatron(args.megatron_dir, jsonl, args.tokenizer,
                                      os.path.join(args.cache_dir, "run", "megatron"), args.workers)
                 else:
-                    r = run_pipeline(root, args.tokenizer, os.path.join(args.cache_dir, "run", f"side-{tool}"),
-                                     tool, args.seq_len, [])
-                    tool = f"pileprep {tool} ({r['backend_ran']})"
+                    checkout, backend = tool
+                    r = run_pipeline(root, args.tokenizer, os.path.join(args.cache_dir, "run", f"side-{backend}"),
+                                     backend, args.seq_len, [], repo=checkout)
+                    at = f" @{checkouts[checkout]}" if len(checkouts) > 1 else ""
+                    r["label"] = f"pileprep {backend} ({r['backend_ran']}){at}"
                 runs.setdefault(tool, []).append(r)
-                print(f"  {tool} (run {rep + 1}): {r['tokens']:,} tokens, wall {r['wall']:.1f}s, peak RSS largest "
-                      f"{r['largest_mb']:.0f} MB / tree {r['tree_mb']:.0f} MB; load {_load()}", flush=True)
+                print(f"  {r.get('label', tool)} (run {rep + 1}): {r['tokens']:,} tokens, wall {r['wall']:.1f}s, "
+                      f"CPU {r['cpu_s']:.1f}s, peak RSS largest {r['largest_mb']:.0f} MB / tree {r['tree_mb']:.0f} MB; "
+                      f"load {_load()}", flush=True)
         raw.measure()
         results = {tool: sorted(rs, key=lambda r: r["wall"])[(len(rs) - 1) // 2] for tool, rs in runs.items()}
         rows.append((size, docs, raw, results))
+    versus = "Megatron's" if script else "the first row's"
     print("\n## Megatron-LM preprocess_data.py vs pileprep shard, same documents, same machine, one invocation")
     print(f"{args.workers} workers; ratio = raw single-thread s ÷ ({args.workers} × wall); raw = best of 2 passes "
-          f"(before / after the tools ran); each tool's median of {max(1, args.repeat)} run(s); load average at "
-          f"the end {_load()}\n")
-    print("| corpus | tool | tokens | wall s | ratio | wall ÷ Megatron's | peak RSS largest / tree MB |")
-    print("|---|---|---|---|---|---|---|")
+          f"(before / after the tools ran); each tool's median of {max(1, args.repeat)} run(s); CPU = user + system "
+          f"of the process and its children; load average at the end {_load()}\n")
+    print(f"| corpus | tool | tokens | wall s | CPU s | tokens / CPU-s | ratio | wall ÷ {versus} "
+          f"| peak RSS largest / tree MB |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for size, docs, raw, results in rows:
-        meg = results["megatron"]["wall"]
-        for tool, r in sorted(results.items(), key=lambda kv: kv[0] != "megatron"):
+        ordered = [results[t] for t in ["megatron", *pileprep] if t in results]
+        for r in ordered:
             raw_s = r["tokens"] / raw.rate
-            print(f"| {size} MB, {docs:,} docs | {tool} | {r['tokens'] / 1e6:.1f} M | {r['wall']:.1f} "
-                  f"| {raw_s / (args.workers * r['wall']):.2f} | {r['wall'] / meg:.2f} "
+            print(f"| {size} MB, {docs:,} docs | {r.get('label', 'megatron')} | {r['tokens'] / 1e6:.1f} M "
+                  f"| {r['wall']:.1f} | {r['cpu_s']:.1f} | {r['tokens'] / r['cpu_s'] / 1e3:.0f} k "
+                  f"| {raw_s / (args.workers * r['wall']):.2f} | {r['wall'] / ordered[0]['wall']:.2f} "
                   f"| {r['largest_mb']:.0f} / {r['tree_mb']:.0f} |")
     print("\n(Megatron reads plain .jsonl, written before its clock starts; pileprep reads and decompresses the "
           ".jsonl.zst corpus, splits train/val/test, dedups, packs and writes TFRecord shards with a manifest)")

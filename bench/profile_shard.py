@@ -5,7 +5,7 @@
 
 Runs `pileprep shard` once in this process (the CLI's own defaults unless Beam flags are given: on 2 cores
 that is FnApiRunner, 2 workers, multi_threading below ~48 MiB of estimated raw input and multi_processing from
-there (pipeline/beam_glue.py default_running_mode); pass `--runner=FnApiRunner --direct_num_workers=2
+there (pipeline/ops/runners.py default_running_mode); pass `--runner=FnApiRunner --direct_num_workers=2
 --direct_running_mode=...` to choose).
 `--one-mb` first writes the inputs' first 1 MB of raw records to one `.jsonl.zst` in a temporary folder and
 runs on that instead: the fixed cost of a run.

@@ -161,7 +161,7 @@ def split_timing(corpus: str, tokenizer_path: str) -> None:
 
     def timed(fn, batch):
         """Best of two CPU timings. The process's gigatoken tokenizer keeps its pre-token cache between calls
-        (tokenizer_backends._gigatoken_tokenizer: one per file and process), so every timing runs after a warm-up
+        (fast_encoders._gigatoken_tokenizer: one per file and process), so every timing runs after a warm-up
         pass over all the texts below: warm against warm, as a worker is after its first units."""
         best = float("inf")
         for _ in range(2):

@@ -105,8 +105,8 @@ def _installation_fingerprint() -> str:
     return h.hexdigest()
 
 
-def _env() -> dict:
-    return dict(os.environ, PYTHONPATH=REPO, OMP_WAIT_POLICY="PASSIVE")
+def _env(repo: str = REPO) -> dict:
+    return dict(os.environ, PYTHONPATH=repo, OMP_WAIT_POLICY="PASSIVE")
 
 
 def build_corpus(cache_dir: str, size_mb: int, fingerprint: str, rebuild: bool) -> dict:
@@ -245,15 +245,16 @@ def shard_args(root: str, tokenizer: str, out: str, backend: str, seq_len: int, 
             "--unit-mb", str(UNIT_MB), "--tokenizer-backend", backend, "--progress-every", "0", *beam_args]
 
 
-def run_pipeline(root: str, tokenizer: str, out: str, backend: str, seq_len: int, beam_args: list) -> dict:
-    """One `pileprep shard` in a fresh process: wall (process and job), CPU, tokens, output bytes, backend,
-    peak RSS."""
+def run_pipeline(root: str, tokenizer: str, out: str, backend: str, seq_len: int, beam_args: list,
+                 repo: str = REPO) -> dict:
+    """One `pileprep shard` in a fresh process, with the code of checkout `repo` (default: this one): wall
+    (process and job), CPU, tokens, output bytes, backend, peak RSS."""
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out + "-logs", exist_ok=True)
     args = shard_args(root, tokenizer, out, backend, seq_len, beam_args)
     with open(os.path.join(out + "-logs", "stdout"), "w+") as so, open(os.path.join(out + "-logs", "stderr"),
                                                                        "w+") as se:
-        run = run_measured(args, _env(), REPO, so, se)
+        run = run_measured(args, _env(repo), repo, so, se)
         so.seek(0)
         se.seek(0)
         stdout, stderr = so.read(), se.read()

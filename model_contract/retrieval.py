@@ -196,7 +196,7 @@ _DB_OPTIONAL = ("kind", "pileprep_version", "dataset", "tokenizer", "config", "e
 
 @dataclass(frozen=True)
 class DbManifest:
-    """A chunk database's manifest (pipeline/retrieval/build.py `build_manifest`); `from_dict` checks every
+    """A chunk database's manifest (pipeline/retrieval/build_manifest.py `build_manifest`); `from_dict` checks every
     field first (`check_db_manifest`), `to_dict` writes the same JSON back, keys it does not know included."""
     generation: str
     fingerprint: str
@@ -241,7 +241,7 @@ def _check_file_entry(f: Fields, key: str, extra_counts=()) -> None:
 
 
 def check_db_manifest(d, what: str = "retrieval database manifest") -> dict:
-    """Every field of a chunk database manifest (pipeline/retrieval/build.py `build_manifest`); returns it."""
+    """Every field of a chunk database manifest (pipeline/retrieval/build_manifest.py `build_manifest`); returns it."""
     f = Fields(d, "", what)
     if d.get("format") != DB_FORMAT:
         raise ContractError(f"not a {DB_FORMAT} manifest (format={d.get('format')!r})")

@@ -10,7 +10,7 @@ import hashlib
 import json
 import typing
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from pipeline.errors import ConfigError  # noqa: F401 - re-exported: `from pipeline.config import ConfigError`
 from pipeline.shard.near_dedup.settings import DecontaminateConfig, NearDedupConfig
@@ -193,7 +193,9 @@ class ShardConfig:
         0.5, "fail without committing when more than this fraction of the records read are dead-lettered "
         "(checked once at least 1,000 records were read)", manifest=False, metavar="FRACTION",
         group="operations (docs/OPERATIONS.md)")
-    extra: dict = option({}, cli=False, manifest=False)
+    # free-form settings no option names (not a flag, not in the manifest): heterogeneous JSON. options.py skips
+    # it (cli=False) but get_type_hints still evaluates it, hence `Any` imported at runtime.
+    extra: dict[str, Any] = option({}, cli=False, manifest=False)
 
     def __post_init__(self):
         held_out_files = bool(self.val_inputs or self.test_inputs)

@@ -18,7 +18,7 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 from pipeline.errors import RunError, RunInterrupted
 from pipeline.ops import commit, guards, lock, redaction, runlog
@@ -47,7 +47,7 @@ Decision = Union[NothingToDo, Build]
 class JobOutcome:
     """What a run did, for the CLI to print: the committed manifest (as a dict), whether this run committed it,
     the nothing-to-do line when it did not, and the job's own summary (the shard job's counter table)."""
-    manifest: dict
+    manifest: dict[str, Any]  # the committed manifest's JSON object: heterogeneous JSON
     generation: Optional[str]
     committed: bool
     message: str = ""

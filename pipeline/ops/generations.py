@@ -16,7 +16,7 @@ read is named and, since the generation it protects is unknown, protects every g
 
 Since the order decides what is deleted, a `commit_seq` that cannot be a real commit's is refused (HistoryError,
 exit 2, one line naming the file), never ordered (docs/wip/hostile-review-issue28.md F5): one of the wrong form
-(-5, "9", 3.5, null, true, 1e400, >= 2^53: model_contract/manifest.py check_commit_seq), one that two copies
+(-5, "9", 3.5, null, true, 1e400, >= 2^53: model_contract/manifest_check.py check_commit_seq), one that two copies
 share, and a previous generation's that is not below the live manifest's (`check_order`: by `gc`, and at a
 commit before anything is published or removed). A swap of two copies' valid values passes those checks, so each
 commit also records the generation that was live before it (`previous_generation`, model_contract/manifest.py)

@@ -21,15 +21,9 @@ DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 DEFAULT_DASK_NPARTITIONS = 16
 
 # From this much raw input (unit_plan.raw_bytes_estimate: 3x a compressed file's size) the default runner's
-# workers are processes even on <= 4 cores (shard job, pipeline/beam_glue.py chosen_running_mode). gigatoken's
-# per-document `encode` holds the GIL, so two worker threads keep ~1.1-1.2 of 2 cores busy from the first record to the commit; two
-# processes keep 1.73-1.89 there, for ~1.2 s more wall around it (the workers import Beam and pileprep, then
-# stop) and ~0.5-1 CPU-s. bench/profile_shard.py, Llama 2, 2 cores, alternating, neighbours idle
-# (docs/BENCHMARKS.md): 384 MB bench corpus (estimate 252 MB) 13.96-14.63 s with processes against 21.06-22.04 s
-# with threads; 96 MB (estimate 63 MB) 6.27 / 6.27 / 6.38 s against 6.64 / 6.68 / 7.06 s. The fixed cost meets
-# the gain near ~70 MB of real text (~48 MB estimated on that corpus); at 24 MB processes cost more (measured).
-# With a neighbour on one core, processes cannot use the second one: 96 MB then ran 1-2 s slower on processes,
-# 384 MB the same on both.
+# workers are processes even on <= 4 cores (shard job, pipeline/beam_glue.py chosen_running_mode): gigatoken's
+# per-document `encode` holds the GIL, so threads keep ~1.1 of 2 cores busy, and processes pay a fixed start-up
+# that the gain meets near this size (docs/BENCHMARKS.md, "Threads or processes: the measured threshold").
 PROCESSES_FROM_RAW_BYTES = 48 << 20
 
 

@@ -79,8 +79,8 @@ def _cut_sha256(marker: dict) -> Optional[str]:
 @dataclass(frozen=True)
 class Screened:
     """What the content check discards: marker names, and one note per reason."""
-    discard: frozenset
-    notes: tuple
+    discard: frozenset[str]
+    notes: tuple[str, ...]
 
 
 def screen(plan, markers: dict, hasher=digest_of) -> Screened:

@@ -35,7 +35,8 @@ DOC_ID_INDEXES = "doc_id_indexes"  # the JSON key, for error messages naming a r
 def integrity_sections(dead_letters: list, output_dir: str, generation: str, shard_results: list,
                        id_index: tuple) -> dict:
     """A one-generation manifest's integrity sections, as `Manifest` fields; hashes the generation's dead letters.
-    The near-dedup summary (None without the stage) goes to the manifest's `extra` (near_dedup_manifest.py)."""
+    The near-dedup summary (None without the stage) goes to the manifest's `extra`
+    (pipeline/shard/near_dedup/manifest.py)."""
     files = []
     for rel in dead_letters:
         size, sha = file_sha256(io_utils.join(output_dir, rel))

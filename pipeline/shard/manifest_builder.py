@@ -11,7 +11,7 @@ from __future__ import annotations
 import collections
 import math
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from model_contract import DataContract, Manifest, ShardInfo
 from model_contract.dataset_paths import dataset_relative_path
@@ -21,7 +21,7 @@ from pipeline.shard import integrity
 from transforms.io import io_utils
 from transforms.shard import corpus_stats, exact_dedup, mixture, packing_stats, tokenize_unit
 from transforms.shard.documents import SPLITS
-from transforms.shard.records import CommitParts, FileStats, ShardTask
+from transforms.shard.records import CommitParts, FileStats, InputFile, ShardTask
 
 
 class ReconciliationError(RuntimeError):
@@ -93,11 +93,14 @@ class CommitFacts:
     """What the commit adds to the stages' results: the generation's id index (exact_dedup.py
     write_generation_id_index: path, documents, bytes, sha256), the ledger rows and what was read of them, the
     glob matches skipped, the tokenizer backend's manifest section, and the committed dataset it adds to."""
-    id_index: tuple
-    input_rows: tuple = ()
-    digests: dict = field(default_factory=dict)  # path -> InputFile (transforms/shard/records.py)
-    skipped_inputs: tuple = ()
-    tokenizer_backend: Optional[dict] = None
+    id_index: tuple[str, int, int, str]  # (path, documents, bytes, sha256)
+    # ledger rows {path, bytes, mtime[, etag]}: heterogeneous JSON (pipeline/ops/incremental.py)
+    input_rows: tuple[dict[str, Any], ...] = ()
+    digests: dict[str, InputFile] = field(default_factory=dict)  # path -> InputFile (transforms/shard/records.py)
+    skipped_inputs: tuple[dict[str, str], ...] = ()  # {"path", "reason"} (pipeline/ops/guards.py skipped_inputs)
+    # the manifest's tokenizer_backend section: heterogeneous JSON (transforms/tokenize/tokenizer_backends.py
+    # BackendChoice.to_manifest)
+    tokenizer_backend: Optional[dict[str, Any]] = None
     previous: Optional[Manifest] = None  # --incremental: merged on top of it (pipeline/shard/integrity.py merge)
 
 

@@ -131,7 +131,7 @@ def backend_key(plan) -> str:
 
 def mark_backend_failed(plan) -> None:
     """A spot check of this run's fast backend failed: recorded in the staging, so no later run of this
-    generation reuses a unit it produced (`_read_marker`) or picks it again (plan.py `failed_backends`)."""
+    generation reuses a unit it produced (`_read_marker`) or picks it again (`failed_backends`, read by plan.py)."""
     key = backend_key(plan)
     name = hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
     io_utils.write_bytes(Layout(plan.staging_dir, "").path(layout.failed_backend(name)),

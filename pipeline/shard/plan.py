@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from model_contract import DataContract
 from pipeline.beam_glue import FilesystemOptions, apply_filesystem_options
@@ -33,34 +33,36 @@ MODEL_FILE_NAME = "tokenizer.model"
 class JobPlan:
     """Everything decided on the driver before the pipeline starts."""
     config: ShardConfig
-    ledger: list  # [LedgerEntry] sorted by path; a file's position is its file_idx
+    ledger: list[LedgerEntry]  # sorted by path; a file's position is its file_idx
     model_bytes: bytes
     contract: DataContract
     generation: str
     data_dir: str
     staging_dir: str
     # Ops (pipeline/ops/incremental.py, pipeline/ops/commit.py): the ledger rows {path, bytes, mtime[, etag]} of the
-    # files this generation ingests, the committed manifest the run started from, and whether to add to it.
-    input_rows: tuple = ()
+    # files this generation ingests (heterogeneous JSON rows), the committed manifest the run started from, and
+    # whether to add to it.
+    input_rows: tuple[dict[str, Any], ...] = ()
     previous_json: Optional[str] = None
     incremental: bool = False
     nothing_to_do: bool = False
     filesystem_options: Optional[FilesystemOptions] = None
     # Splits and dedup (pipeline/shard/split_inputs.py, transforms/shard/doc_ids.py): per ledger file its split
     # (HASHED for train inputs), and the id indexes of the committed generations new documents are checked against.
-    input_splits: tuple = ()
-    committed_id_indexes: tuple = ()
+    input_splits: tuple[int, ...] = ()  # a split index or HASHED (transforms/shard/documents.py)
+    committed_id_indexes: tuple[str, ...] = ()
     tokenizer_backend: Optional["tokenizer_backends.BackendChoice"] = None
-    skipped_inputs: tuple = ()  # glob matches that are not files (directories, dangling symlinks)
+    # glob matches that are not files (directories, dangling symlinks): {"path", "reason"}
+    skipped_inputs: tuple[dict[str, str], ...] = ()
     # Once the run starts, the model travels as a staged file (stage_model): every DoFn and Map that holds the
     # plan is pickled (bz2, level 9) into the job graph, and a model in each costs start-up time (docs/BENCHMARKS.md,
     # "Measured choices in the shard job") and megabytes of graph (Dataflow caps a job's graph at 10 MB).
     model_path: Optional[str] = None
     # Resume (pipeline/shard/resume.py): the completion markers of an earlier killed run of this generation that
     # the driver checked; workers reuse those cuts and units instead of redoing them.
-    resumed_cuts: frozenset = frozenset()
-    resumed_units: frozenset = frozenset()
-    resumed_packs: frozenset = frozenset()  # and the packed shards (pack-<split>-<shard>-of-<n>)
+    resumed_cuts: frozenset[str] = frozenset()
+    resumed_units: frozenset[str] = frozenset()
+    resumed_packs: frozenset[str] = frozenset()  # and the packed shards (pack-<split>-<shard>-of-<n>)
     resumed_near_dedup: bool = False  # and the near-dedup stage's output (the graph then leaves the stage out)
 
     def tokenizer_model(self) -> bytes:

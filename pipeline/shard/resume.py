@@ -45,10 +45,10 @@ NOTES_SHOWN = 5
 class Resumed:
     """What the driver found reusable: marker names (`cut-f…`, `unit-f…`, `pack-…`) and the one-line notes it
     logged."""
-    cuts: frozenset = frozenset()
-    units: frozenset = frozenset()
-    notes: tuple = ()
-    packs: frozenset = frozenset()
+    cuts: frozenset[str] = frozenset()
+    units: frozenset[str] = frozenset()
+    notes: tuple[str, ...] = ()
+    packs: frozenset[str] = frozenset()
     near_dedup: bool = False  # the near-dedup stage's staged removals and published files
 
     def to_event(self) -> dict:
@@ -236,7 +236,7 @@ def keep_finished(plan) -> Kept:
     io_utils.delete_tree(progress.marker_dir(staging))
     names = markers.marker_names(staging)
     keep = {io_utils.join(staging, RESUME_FILE), io_utils.join(staging, guards.STAGING_MARKER)}
-    # A spot-check failure record outlives the run: the next run's plan reads it (plan.py failed_backends), so it
+    # A spot-check failure record outlives the run: the next run's plan reads it (markers.py failed_backends), so it
     # never picks that backend again.
     records = markers.failed_backend_records(staging)
     keep.update(records)

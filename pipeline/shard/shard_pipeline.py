@@ -172,7 +172,7 @@ def run(config: ShardConfig, beam_args=None, incremental_run: bool = False, run_
 class Executed:
     """What a finished pipeline measured: wall seconds and the merged counters."""
     elapsed_s: float
-    counters: dict
+    counters: dict[str, int]  # counter name -> count (pipeline/ops/progress.py)
     input_bytes: int
     files: int
 

@@ -16,7 +16,8 @@ BAR_WIDTH = 40  # characters
 
 
 def _e(v) -> str:
-    """Inert (pipeline/ops/safe_text.py), then escaped, as pipeline/tools/report.py `_e` writes a data string."""
+    """Inert (pipeline/ops/safe_text.py), then escaped, as pipeline/tools/report_html.py `escape` writes a data
+    string."""
     return html.escape(safe_text.terminal(v), quote=True)
 
 

@@ -35,7 +35,7 @@ class InputCutter:
 
     Both ways of cutting cut here, so their chunks (and the units named after them) are the same: spilled to
     staging (`cut_input_file`) or handed straight to the tokenizer in the same worker
-    (pipeline/shard/shard_pipeline.py CutAndTokenizeFile). Parquet files (transforms/io/read_parquet.py) give one
+    (pipeline/shard/stage_dofn.py CutAndTokenizeFile). Parquet files (transforms/io/read_parquet.py) give one
     record per row holding `fields` (text, source fields); a row group may hold up to 4 * unit_bytes of those
     columns (at least max_line_bytes). `check_cancelled` is called before each chunk and raises when the driver
     has given up on the run (pipeline/shard/cancel.py)."""

@@ -87,7 +87,7 @@ class FileStats:
         return self
 
     def to_dict(self) -> dict:
-        """The manifest's form (`records` and each `inputs` row; model_contract/manifest.py RecordCounts), and
+        """The manifest's form (`records` and each `inputs` row; model_contract/manifest_rows.py RecordCounts), and
         the markers'."""
         return {"read": self.read, "written": self.written, "filtered": dict(sorted(self.filtered.items())),
                 "dead_lettered": dict(sorted(self.dead_lettered.items()))}
@@ -217,7 +217,8 @@ class UnitResult:
     split_tokens: list[int]  # tokens incl. EOS per split (train, val, test), before dedup
     stats: FileStats  # this chunk's records (written is settled later by pack)
     dead_letter_path: Optional[str]
-    source_stats: dict = field(default_factory=dict)  # transforms/shard/corpus_stats.py, before dedup
+    # source -> {counter: n, or a length histogram} (transforms/shard/corpus_stats.py), before dedup
+    source_stats: dict[str, dict[str, int | list[int]]] = field(default_factory=dict)
     # First index row of a held-out split (val, then test: the split is the sort key's top bits), so the global
     # dedup pass reads them with one ranged read, no search. tokenize_chunk always sets it; None (a unit built
     # by hand, as some tests do) makes the pass search the index instead.
@@ -313,12 +314,14 @@ class ShardResult:
     ids_path: Optional[str] = None  # sorted ids of the documents kept by dedup (the generation's id index)
     ids_count: int = 0  # how many (repeats by a mixture weight count once; dropped ones are still kept)
     dropped_per_file: dict[str, int] = field(default_factory=dict)  # input path -> dropped by a weight < 1
-    source_stats: dict = field(default_factory=dict)  # transforms/shard/corpus_stats.py, of what was written
+    # source -> {counter: n, or a length histogram} (transforms/shard/corpus_stats.py), of what was written
+    source_stats: dict[str, dict[str, int | list[int]]] = field(default_factory=dict)
     # near-dedup / decontamination (transforms/shard/near_dedup/removals.py): input path -> {reason: n}, and
     # reason -> {source: n}
     filtered_per_file: dict[str, dict[str, int]] = field(default_factory=dict)
     filtered_per_source: dict[str, dict[str, int]] = field(default_factory=dict)
-    packing: dict = field(default_factory=dict)  # source -> counters (transforms/shard/packing_stats.py)
+    # source -> {counter: n} (transforms/shard/packing_stats.py)
+    packing: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         """A packed shard's result without its paths (those follow from its task: `from_json`)."""

@@ -27,7 +27,7 @@ from transforms.shard.records import DedupInputs, ShardTask
 class ShardPlan:
     """What every unit needs to cut itself: the shard count per split (0: the split has none) and the dedup
     inputs the packers use. A few numbers, not the task list, so carrying it with each unit stays cheap."""
-    num_shards: tuple  # per split, in SPLITS order
+    num_shards: tuple[int, ...]  # per split, in SPLITS order
     dedup: Optional[DedupInputs] = None
 
     @classmethod
@@ -48,7 +48,7 @@ class ShardPiece:
     Carries what the packer reads of a unit (input path, source names), so a piece stands in for the unit."""
     unit_name: str
     input_path: str
-    sources: tuple
+    sources: tuple[str, ...]  # source names; rows refer to them by position
     token_dtype: str
     rows: bytes  # INDEX_DTYPE records, token_start still relative to the unit's tokens file
     tokens: bytes

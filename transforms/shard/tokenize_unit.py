@@ -30,11 +30,11 @@ TOKENIZE_BATCH_CHARS = 1 << 20
 @dataclass(frozen=True)
 class TokenizeSettings:
     text_field: str
-    source_fields: tuple
+    source_fields: tuple[str, ...]
     val_fraction: float
     test_fraction: float
     seed: int
-    input_splits: tuple = ()  # per file_idx: HASHED (train inputs) or the split a --val/--test-input goes to
+    input_splits: tuple[int, ...] = ()  # per file_idx: HASHED (train inputs) or the split a --val/--test-input goes to
     long_documents: Optional[object] = None  # transforms/tokenize/long_documents.py: LongDocuments
     # --near-dedup with word shingles and nothing else reading the text (no --near-dedup-verify, no
     # --decontaminate): sign each document here, where its text is already in memory, and stage the signatures

@@ -21,7 +21,7 @@ the fast backend (and the special tokens' text, which both must treat as text) a
 between words; a text on which they differ is excluded as a whole (`excluded_texts`).
 
 The domain's digest (with the libraries' versions and the tokenizer file's sha256) is part of the unit resume
-key (pipeline/shard/resume.py), and the derivation is cached on disk per (versions, file)
+key (pipeline/shard/markers.py backend_key), and the derivation is cached on disk per (versions, file)
 (transforms/tokenize/tokenizer_cache.py).
 """
 from __future__ import annotations

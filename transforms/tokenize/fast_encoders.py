@@ -206,7 +206,7 @@ class GigatokenEncoder(SpotChecked):
     more than a second core gives back (docs/BENCHMARKS.md), so it is not used. `parallel=True` (its rayon pool)
     and a tokenizer object per thread were measured too: the pool's caches are per call as well (the 2nd and 3rd
     call over the same texts as slow as the 1st, ~3.5x a warm `encode`), and separate objects still hold the GIL
-    (1.0 busy cores). Big inputs get worker processes instead (pipeline/beam_glue.py default_running_mode)."""
+    (1.0 busy cores). Big inputs get worker processes instead (pipeline/ops/runners.py default_running_mode)."""
     name = "gigatoken"
 
     def __init__(self, model_bytes: bytes, sp, spot_check_every: int = 0):

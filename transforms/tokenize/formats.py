@@ -71,7 +71,7 @@ def detect(data: bytes) -> str:
     if data and _looks_tiktoken(data):
         return TIKTOKEN
     if data:
-        return SENTENCEPIECE  # confirmed by sentencepiece loading it (references.load)
+        return SENTENCEPIECE  # confirmed by sentencepiece loading it (transforms/tokenize/tokenizer.py load_processor)
     raise FormatError(f"an empty file; --tokenizer takes {ACCEPTED}")
 
 

@@ -26,9 +26,10 @@ backend only when every character of it lies in the domain proven equal for this
 comparing both libraries on every code point and added-token text; the rest goes to the reference, counted per
 backend in the manifest (`documents_by_backend`). The sample and spot checks are a second line.
 The backend never changes the shards (byte-identical, tested) and is not part of the dataset's fingerprint; it
-is part of every unit's resume key (`BackendChoice.resume_key`, pipeline/shard/resume.py), and a backend that
-failed a spot check is recorded in the staging so no later run reuses its units or picks it again. The manifest
-records which backend ran, its domain, parity sample and per-backend counts: the only fields that may differ.
+is part of every unit's resume key (`BackendChoice.resume_key`, pipeline/shard/markers.py backend_key), and a
+backend that failed a spot check is recorded in the staging so no later run reuses its units or picks it again.
+The manifest records which backend ran, its domain, parity sample and per-backend counts: the only fields that
+may differ.
 """
 from __future__ import annotations
 
@@ -58,21 +59,14 @@ BACKENDS = ("auto", "reference", "sentencepiece", "gigatoken", "kitoken", "splin
 # compares single code points, so a tie inside a multi-character run is outside what it proves; with one
 # candidate, `auto`'s exactness rests on the domain plus gigatoken's tie tests, not on a sampled parity check.
 FAST_BACKENDS = {formats.SENTENCEPIECE: ("gigatoken",), formats.HF_JSON: ("gigatoken",), formats.TIKTOKEN: ()}
-# Spot check 1 document in N: the check re-encodes ~1/N of the bytes with the reference, which is `speed-up` times
-# slower than the backend, so its cost is ~speed-up/N of the encode; N >= 20 x the measured speed-up keeps it
-# <= 5% of the tokenize stage (which is more than the encode: parsing, ids, spill). Measured again with the
-# bench's 4,938 documents (12 alternating runs, load ~3.9): the check's whole cost, picking and re-encoding, was
-# +9.6% (Llama 2) and +7.3% (HF byte-level BPE) of gigatoken's encode CPU, ~0.01 CPU-s per 9.8 MB of text,
-# i.e. ~0.5% of the split + tokenize stage's 5.0 CPU-s on 24 MB (docs/BENCHMARKS.md). Speed-ups per thread
-# (bench/tokenizer_backend_bench.py, same run, CPU): gigatoken 23-32x sentencepiece on Llama 2 (1 in 1024:
-# 2.3-3.1%) and 58-73x HF tokenizers on a trained byte-level BPE (1 in 2048: 2.8-3.6%); splintr 4.6-8.5x (1 in
-# 256: <= 3.3%), kitoken 3.1-3.6x (1 in 128: <= 2.8%).
+# Spot check 1 document in N: the check re-encodes ~1/N of the bytes with the reference, `speed-up` times slower
+# than the backend, so it costs ~speed-up/N of the encode; N >= 20 x the measured speed-up keeps it <= 5% of the
+# tokenize stage (the speed-ups and the check's measured cost: docs/BENCHMARKS.md, "Spot checks and parity sample").
 SPOT_CHECK_EVERY = {("gigatoken", formats.SENTENCEPIECE): 1024, ("gigatoken", formats.HF_JSON): 2048,
                     ("splintr", formats.SENTENCEPIECE): 256, ("kitoken", formats.SENTENCEPIECE): 128}
 # The driver's parity sample: the run's documents checked against the reference before any worker starts. The
-# reference encodes it on one thread while both cores wait, so it is start-up cost (docs/DESIGN.md: at most 1 MB;
-# 4 MiB took 7.3 of the driver's 10.1 s of planning on a 24 MB input under cProfile, docs/BENCHMARKS.md); the
-# workers' spot checks cover the rest of the run.
+# reference encodes it on one thread while both cores wait, so it is start-up cost and stays at 1 MB
+# (docs/BENCHMARKS.md, "Spot checks and parity sample"); the workers' spot checks cover the rest of the run.
 PARITY_SAMPLE_BYTES = 1 << 20
 
 @dataclass(frozen=True)
@@ -96,7 +90,7 @@ class BackendChoice:
     @property
     def resume_key(self) -> str:
         """Everything about the backend that decides a unit's bytes: the backend and its reference with their
-        versions and, for a fast one, the digest of the domain it was given (pipeline/shard/resume.py)."""
+        versions and, for a fast one, the digest of the domain it was given (pipeline/shard/markers.py backend_key)."""
         return f"{self.name}={self.version}|reference={self.reference_version}|domain={self.domain_sha256}"
 
     def to_manifest(self, spot_checked: Optional[dict] = None) -> dict:
@@ -199,8 +193,8 @@ def choose_backend(requested: str, model_bytes: bytes, sp, sample_texts: list,
     and the tokenizer's special tokens spelled as text. `auto` tries FAST_BACKENDS fastest first and takes the
     first that passes; a fast backend asked for explicitly but failing is a fallback too. Every rejection's
     reason is logged and kept in the choice's `reason`: never different tokens. `failed`: the resume keys of
-    backends that failed a spot check in an earlier run of this generation (pipeline/shard/resume.py); never
-    chosen again."""
+    backends that failed a spot check in an earlier run of this generation (pipeline/shard/markers.py
+    failed_backends); never chosen again."""
     kind = references.format_of(sp)
     if requested not in BACKENDS:
         raise formats.TokenizerError(f"--tokenizer-backend {requested!r}: choose one of {', '.join(BACKENDS)}")

@@ -102,7 +102,7 @@ def finish(gathered: list, plan) -> None:
     staged = [p for _r, p in indexes] + [removals.write_marker(plan.staging_dir, indexes,
                                                                plan.config.decontaminate_config.checked_splits)]
     # The global stage's completion marker, last: a rerun of this generation skips the stage
-    # (pipeline/shard/resume.py mark_near_dedup)
+    # (pipeline/shard/markers.py mark_near_dedup)
     markers.mark_near_dedup(plan, staged, [p.sidecar for p in parts] + [b.path for b in band_files] + [summary_path])
 
 
