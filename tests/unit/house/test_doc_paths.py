@@ -1,11 +1,12 @@
 """Every Python file the docs name exists (issue 29: docs/DESIGN.md pointed at where code used to live).
 
 docs/*.md and README.md are scanned for `something.py`. A name with a folder (`pipeline/shard/plan.py`) must be
-that file under the repository root; a bare name (`export_hf.py`, read beside the folder the sentence names) must
-be some file's name in the repository. Where a doc pairs a file with a name in backticks (`` `model_contract/
-hashing.py` `hash64` ``), the file must define that name (a def, a class or a module-level assignment), so a
-function moved to another module fails here too. Links (`https://...`) and paths outside the repository
-(`../shared/...`) are not checked; a file of another project that the docs name is listed in FOREIGN with why.
+that file under the repository root, or the end of one (`retrieval/build.py`); a bare name (`export_hf.py`, read
+beside the folder the sentence names) must be some file's name in the repository. Where a doc pairs a file
+with a name in backticks (`` `model_contract/hashing.py` `hash64` ``), the file must define that name (a def, a
+class or a module-level assignment), so a function moved to another module fails here too. Links
+(`https://...`) and paths outside the repository (`../shared/...`) are not checked; a file of another project,
+or one a doc names as removed, is listed in NOT_HERE with why.
 
 Sections are cited the same way from code, tests and docs (`docs/DESIGN.md#rooms`, `docs/OPERATIONS.md
 "Resume"`): the doc must have that heading's anchor, or a heading or bold paragraph title starting with the
@@ -19,17 +20,11 @@ import re
 from tests.conftest import REPO
 
 # path -> why it is named although it is not in this repository
-FOREIGN = {
+NOT_HERE = {
     "tools/preprocess_data.py": "Megatron-LM's preprocessing script, run beside pileprep by bench/",
     "pipeline/shard/warm_workers.py": "docs/BENCHMARKS.md records its removal by issue 29 and what that cost",
-}
-# (doc, quoted title) -> why a citation of it may point at a section not written yet. Issue 29 moved benchmark
-# figures out of comments: each comment now points at a section of docs/BENCHMARKS.md, and the moved text went to
-# that file's owner in the s37 reports. Remove an entry when its section lands.
-PENDING = {
-    ("docs/BENCHMARKS.md", title): "figures moved out of a comment by issue 29 (s37 reports, 'For BENCHMARKS.md')"
-    for title in ("Measured choices in the shard job", "Dry run calibration", "Varint codec", "Page faults",
-                  "Near-dedup")
+    "stages.py": "transforms/shard/stages.py, split by stage by issue 29: BENCHMARKS.md's byte-identity table "
+                 "names the commit that did it",
 }
 THIS = pathlib.Path(__file__).name  # its own examples of broken citations are not citations
 SKIP_DIRS = {".git", ".venv", ".venv-airflow", "out", "node_modules", "__pycache__"}
@@ -44,10 +39,12 @@ def doc_files(root: pathlib.Path) -> list:
 
 
 def repo_py_names(root: pathlib.Path) -> set:
+    """Every tail of every .py file's path: `pipeline/retrieval/build.py`, `retrieval/build.py`, `build.py`."""
     names = set()
     for path in root.rglob("*.py"):
-        if not SKIP_DIRS.intersection(path.relative_to(root).parts):
-            names.add(path.name)
+        parts = path.relative_to(root).parts
+        if not SKIP_DIRS.intersection(parts):
+            names.update("/".join(parts[i:]) for i in range(len(parts)))
     return names
 
 
@@ -63,11 +60,9 @@ def named_paths(text: str) -> list:
 def missing_paths(doc: pathlib.Path, root: pathlib.Path, names: set) -> list:
     bad = []
     for number, path in named_paths(doc.read_text(encoding="utf-8")):
-        if path.startswith("../") or path in FOREIGN:
+        if path.startswith("../") or path in NOT_HERE:
             continue
-        path = path.removeprefix("./")
-        exists = (root / path).is_file() if "/" in path else path in names
-        if not exists:
+        if path.removeprefix("./") not in names:
             bad.append(f"{doc.relative_to(root)}:{number}: {path}")
     return bad
 
@@ -126,8 +121,6 @@ def broken_citations(path: pathlib.Path, root: pathlib.Path) -> list:
     text, bad = path.read_text(encoding="utf-8", errors="replace"), []
     for match in CITATION.finditer(URL.sub(" ", text)):
         name, anchor, title = match.groups()
-        if (name, title) in PENDING:
-            continue
         candidates = [root / name, root / "docs" / name, path.parent / name]
         doc = next((c for c in candidates if c.is_file()), None)
         where = f"{path.relative_to(root)}:{text.count(chr(10), 0, match.start()) + 1}"
@@ -169,11 +162,13 @@ def test_a_stale_path_or_name_is_caught(tmp_path):
                                               encoding="utf-8")
     doc = tmp_path / "README.md"
     doc.write_text("`pkg/here.py` `kept`, `pkg/here.py` `LIMIT`, `pkg/here.py` `C.field`, ../shared/x.py, "
-                   "https://x.org/a/b.py, `pkg/here.py` `field`, `pkg/here.py` `D.field`\n"
-                   "`pkg/gone.py` and gone.py; `pkg/here.py` `moved`; here.py, `pkg/here.py`\n`wrapped`\n",
+                   "./pkg/here.py, https://x.org/a/b.py, `pkg/here.py` `field`, `pkg/here.py` `D.field`\n"
+                   "`pkg/gone.py` and gone.py; `pkg/here.py` `moved`; here.py, `pkg/here.py`\n`wrapped`\n"
+                   "ere.py, kg/here.py\n",
                    encoding="utf-8")
     names = repo_py_names(tmp_path)
-    assert missing_paths(doc, tmp_path, names) == ["README.md:2: pkg/gone.py", "README.md:2: gone.py"]
+    assert missing_paths(doc, tmp_path, names) == ["README.md:2: pkg/gone.py", "README.md:2: gone.py",
+                                                   "README.md:4: ere.py", "README.md:4: kg/here.py"]
     assert missing_names(doc, tmp_path) == ["README.md:1: pkg/here.py does not define field",
                                             "README.md:1: pkg/here.py does not define D.field",
                                             "README.md:2: pkg/here.py does not define moved",
