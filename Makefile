@@ -73,7 +73,7 @@ test-deps: $(TEST_STAMP)
 	  echo 'WARNING: chromium could not be installed; the report browser test will say so'
 	@$(MAKE) -s airflow || echo 'WARNING: Airflow could not be installed; tests/e2e/test_airflow.py will say so'
 
-test: test-deps ## run the whole test suite (tests/unit and tests/e2e; what CI runs); sets itself up first
+test: test-deps ## the whole suite: tests/unit, tests/integration, tests/e2e (what CI runs); sets itself up first
 	$(BIN)/python -m pytest -q --durations=40 --skip-guard tests
 
 test-fast: $(TEST_STAMP) ## the unit tests only (tests/unit/<room>/, marker unit), a few minutes

@@ -102,7 +102,7 @@ def test_bad_config_file_is_one_line_exit_2(tmp_path, capsys, body, needle):
     assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1, err
 
 
-# --------------------------------------------------------------------------------- unknown options (7 §6)
+# --------------------------------------------------------------- unknown options (README.md: "did you mean --seq-len?")
 @pytest.mark.parametrize("argv, needle", [
     (["shard", *REQUIRED, "--seqlen", "512"], "unrecognized option --seqlen (did you mean --seq-len?)"),
     (["shard", *REQUIRED, "--num-shard", "4"], "unrecognized option --num-shard (did you mean --num-shards?)"),

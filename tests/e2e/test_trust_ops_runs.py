@@ -59,7 +59,7 @@ def _copy(committed, tmp_path):
     return out
 
 
-# ------------------------------------------------------------------------------------------------- §4
+# --------------------------------- one writer per output, a damaged dataset (docs/OPERATIONS.md, "The commit protocol")
 def test_a_second_run_on_a_locked_output_exits_2_and_touches_nothing(committed, tmp_path):
     out = _copy(committed, tmp_path)
     holder = lock.OutputLock(str(out))
@@ -105,7 +105,7 @@ def test_an_incremental_run_over_a_damaged_dataset_says_so(committed, tmp_path):
     assert res.returncode == 1 and "damaged" in line and "missing" in line and "without --incremental" in line
 
 
-# ------------------------------------------------------------------------------------------------- §6
+# ------------------------------------------------------------------------ docs/OPERATIONS.md, "Failures and interrupts"
 def _finished_units_left(out) -> int:
     """What a failed or interrupted run may leave in staging (docs/OPERATIONS.md "Failures and interrupts"): at
     most its one staging directory, holding only the resume record, the staging marker, completion markers and
