@@ -252,7 +252,8 @@ def resolve_grad_reduce(mode: str, *, pp: int, tp: int, fsdp: bool) -> str:
 
 
 def resolve_layout(cfg: TrainConfig, world: int) -> TrainConfig:
-    """Apply the batch rules (trainer/README.md "Batch rules") for `world` processes; fill dp and micro-batches in place.
+    """Apply the batch rules (trainer/README.md "Batch rules") for `world` processes; fill dp and micro-batches
+    in place.
 
     The global batch is the user's recipe; the layout only decides how it is cut: dp ranks get global_batch / dp
     sequences each, split into micro-batches (count x size = per-rank batch). Raises ConfigError naming the fix.
