@@ -78,7 +78,7 @@ def test_local_output_that_cannot_be_written_is_a_config_error(tmp_path):
 def test_tokenizer_train_reads_only_regular_files_with_the_compression_they_claim(tmp_path):
     """`tokenizer train --input` listed its glob unscreened: a FIFO or a link to /dev/zero blocked its sample's
     first read forever, a .bz2 was read as text. It screens as the shard job does (pipeline/ops/input_checks.py
-    `readable_inputs`); `verify --inputs` too (tests/unit/tools/test_verify.py)."""
+    `readable_inputs`); `verify --inputs` too (tests/integration/tools/test_verify.py)."""
     import bz2
     import gzip
 
