@@ -5,11 +5,10 @@ import json
 import re
 
 import pytest
-import sentencepiece as spm
 
 from model_contract import DataContract, TokenizerInfo
 from pipeline.tools.tokenizer_train import tiktoken_path_for
-from tests.conftest import shared_data, stdlib_texts
+from tests.conftest import stdlib_texts
 from transforms.tokenize import formats, references, tokenizer
 from transforms.tokenize import tokenizer_backends as tb
 from transforms.tokenize.formats import TokenizerOptions
@@ -198,21 +197,3 @@ def test_the_trainer_pins_each_format_by_its_files_sha256(kind, hf_bpe, tiny_tok
         check_compatible(contract, pinned(wrong))
     assert len(e.value.mismatches) == 1 and "\n" not in e.value.mismatches[0]
     assert sha[:12] in e.value.mismatches[0] and wrong[:12] in e.value.mismatches[0], e.value.mismatches
-
-
-def test_gigatoken_matches_each_reference_on_real_text(hf_bpe):
-    path, _summary = hf_bpe
-    texts = _texts()
-    data, hf = _load(path)
-    assert tb.compare(hf, tb.GigatokenEncoder(data, hf), texts).exact
-    import gigatoken  # the encode caches' bound is the job's, not gigatoken's 512 MiB default
-    assert gigatoken.get_max_cache_bytes() == tb.GIGATOKEN_CACHE_BYTES
-    llama = shared_data("tokenizers", "llama2-bpe-32k.model").read_bytes()
-    sp = spm.SentencePieceProcessor(model_proto=llama)
-    report = tb.compare(sp, tb.GigatokenEncoder(llama, sp), texts + _with_specials(references.special_tokens_of(sp)))
-    assert report.exact, report.mismatches[:5]
-    choice = tb.choose_backend("auto", data, hf, texts[:40])
-    assert choice.name == "gigatoken" and choice.spot_check_every == 2048 and "tokenizers" in choice.reason
-    assert tb.choose_backend("reference", data, hf, texts).name == "tokenizers"
-    with pytest.raises(tokenizer.TokenizerError, match="--tokenizer-backend sentencepiece"):
-        tb.choose_backend("sentencepiece", data, hf, texts)
