@@ -397,17 +397,13 @@ def print_report(corpora: dict, raw: dict, by_backend: dict, workers: int, token
 
 
 def default_workers(beam_args: list) -> int:
-    """The local workers the job gets: --direct_num_workers in --beam-args, else pileprep's default."""
-    found = [a.split("=", 1)[1] for a in beam_args if a.startswith("--direct_num_workers=")]
-    if found:
-        return int(found[-1])
-    try:
-        from pipeline.shard.shard_pipeline import DEFAULT_BEAM_ARGS  # noqa: PLC0415
+    """The local workers the job gets: --direct_num_workers in --beam-args, else pileprep's default runner's
+    (pipeline/beam_glue.py default_beam_args: one per core)."""
+    from pipeline.beam_glue import default_beam_args  # noqa: PLC0415
+    from pipeline.ops.runners import arg_value  # noqa: PLC0415
 
-        found = [a.split("=", 1)[1] for a in DEFAULT_BEAM_ARGS if a.startswith("--direct_num_workers=")]
-    except Exception:  # noqa: BLE001 - only a default for the printout
-        found = []
-    return int(found[-1]) if found else 2
+    given = arg_value(beam_args, "--direct_num_workers")
+    return int(given if given is not None else arg_value(default_beam_args(), "--direct_num_workers"))
 
 
 def main(argv=None) -> int:

@@ -12,7 +12,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional
 
-from pipeline.errors import ConfigError  # noqa: F401 - re-exported: `from pipeline.config import ConfigError`
+from pipeline.errors import ConfigError
 from pipeline.shard.near_dedup.settings import DecontaminateConfig, NearDedupConfig
 from transforms.shard import best_fit
 from transforms.shard import decontaminate as decontaminate_mod
@@ -245,11 +245,10 @@ class ShardConfig:
         if not 0 < self.max_zstd_window_mb <= ZSTD_MAX_WINDOW_MB:
             problems.append(f"--max-zstd-window-mb must be in (0, {ZSTD_MAX_WINDOW_MB}] (zstd's largest window), "
                             f"got {self.max_zstd_window_mb}")
-        if self.source_weights:
-            try:
-                mixture.parse_weights(self.source_weights)
-            except ValueError as e:
-                problems.append(f"--source-weights: {e}")
+        try:
+            self.mixture_weights
+        except ConfigError as e:
+            problems.append(str(e))
         problems += near_dedup_problems(self)
         if problems:
             raise ConfigError("invalid shard configuration:\n  " + "\n  ".join(problems))
@@ -266,7 +265,12 @@ class ShardConfig:
 
     @property
     def mixture_weights(self) -> dict:
-        return mixture.parse_weights(self.source_weights) if self.source_weights else {}
+        """The parsed `--source-weights`; a bad spec is a ConfigError naming the option (exit 2), wherever it is
+        first read: the job's start event (pipeline/shard/shard_pipeline.py describe) reads it before preflight."""
+        try:
+            return mixture.parse_weights(self.source_weights) if self.source_weights else {}
+        except ValueError as e:
+            raise ConfigError(f"--source-weights: {e}") from None
 
     @property
     def unit_bytes(self) -> int:

@@ -37,10 +37,6 @@ class StageSpec:
     last: bool
     layers: tuple[int, ...]  # block indices
 
-    @property
-    def module_args(self) -> dict:
-        return {"layers": self.layers, "first": self.first, "last": self.last}
-
 
 def model_units(cfg: ModelConfig, pipelined: bool = True) -> list[Unit]:
     """The units of a GPT with their parameter counts and per-token training FLOPs."""

@@ -222,17 +222,6 @@ def estimate(cfg: ModelConfig, lay: Layout, gpu: str = "A100-40GB") -> Plan:
     return plan
 
 
-def check_fits(cfg: ModelConfig, lay: Layout, gpu: str) -> Plan:
-    plan = estimate(cfg, lay, gpu)
-    if not plan.fits:
-        raise LayoutDoesNotFit(
-            f"{cfg.name} with dp={lay.dp} pp={lay.pp} tp={lay.tp} fsdp={lay.fsdp} micro-batch {lay.micro_batch} "
-            f"ac={lay.ac} needs {plan.total / GiB:.1f} GiB per GPU, more than the {gpu}'s "
-            f"{plan.capacity / GiB:.1f} GiB: shard (--fsdp, --tp, --pp), checkpoint activations (--ac) or lower "
-            f"the micro-batch size")
-    return plan
-
-
 def derive_microbatches(global_batch: int, dp: int, pp: int, micro_batch: int) -> int:
     """Micro-batches per rank for the user's global batch (trainer/README.md, "Batch rules": the global batch is
     the recipe; the micro-batch count follows from it and the layout). With pp > 1 at least pp of them, and the

@@ -21,7 +21,7 @@ from typing import Optional
 from model_contract import MANIFEST_NAME, Manifest
 from model_contract.manifest_check import MANIFEST_FORMAT
 from model_contract.schema import check_generation_name, check_relative_path
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 from pipeline.shard import integrity
 from pipeline.ops import generations, guards
 from pipeline.ops.guards import normal_path

@@ -34,7 +34,7 @@ from apache_beam.io.filesystems import FileSystems
 from model_contract import Manifest
 from model_contract.manifest_rows import LedgerRow
 from model_contract.hashing import sha256_file
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 from pipeline.ops.input_checks import match_input
 from pipeline.ops.redaction import redact
 from transforms.io import io_utils

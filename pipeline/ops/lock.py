@@ -30,7 +30,7 @@ import time
 import uuid
 from typing import Optional
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 from transforms.io import io_utils
 
 LOG = logging.getLogger("pileprep.lock")

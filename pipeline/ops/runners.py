@@ -11,7 +11,7 @@ import os
 import socket
 from typing import Optional
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 
 CONNECT_TIMEOUT_S = 5.0
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"

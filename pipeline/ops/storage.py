@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 from pipeline.ops.redaction import redact_userinfo
 from transforms.io import io_utils
 

@@ -8,7 +8,8 @@ import dataclasses
 from typing import Any, Optional
 
 from pipeline.beam_glue import FilesystemOptions, apply_filesystem_options
-from pipeline.config import PILEPREP_VERSION, ConfigError
+from pipeline.config import PILEPREP_VERSION
+from pipeline.errors import ConfigError
 from pipeline.ops import commit
 from pipeline.retrieval import store
 from pipeline.retrieval.config import BuildConfig

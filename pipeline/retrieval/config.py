@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 from transforms.retrieval.retrieval_encoders import ENCODERS
 from transforms.retrieval.retrieval_index import validate_spec
 

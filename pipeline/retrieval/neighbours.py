@@ -23,7 +23,8 @@ from model_contract.retrieval import (AlignedShard, DbManifest, SidecarInfo, enc
                                       token_dtype_for)
 from pipeline import job
 from pipeline.beam_glue import FilesystemOptions, PlanDoFn, apply_filesystem_options
-from pipeline.config import PILEPREP_VERSION, ConfigError
+from pipeline.config import PILEPREP_VERSION
+from pipeline.errors import ConfigError
 from pipeline.ops import commit
 from pipeline.ops.output_names import sidecar_path
 from pipeline.retrieval import store, store_job

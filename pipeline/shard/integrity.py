@@ -22,7 +22,7 @@ from model_contract import MANIFEST_NAME, Manifest
 from model_contract.dataset_paths import dataset_relative_path, resolve_dataset_path
 from model_contract.manifest_rows import FileDigest, IdIndexRow, LedgerRow
 from model_contract.schema import is_generation_name
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 from pipeline.ops.incremental import InputsChangedError, file_sha256
 from pipeline.shard.near_dedup import manifest as near_dedup_manifest
 from transforms.shard.records import InputFile

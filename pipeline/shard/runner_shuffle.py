@@ -9,7 +9,6 @@ Chosen by `--shuffle` (pipeline/ops/runners.py: choose_shuffle); the file spill 
 """
 from __future__ import annotations
 
-import apache_beam as beam
 from apache_beam.metrics import Metrics
 
 from pipeline.beam_glue import PlanDoFn

@@ -20,14 +20,14 @@ from typing import Optional
 import apache_beam as beam
 
 from pipeline import job
-from pipeline.beam_glue import chosen_running_mode, default_beam_args, pipeline_options  # noqa: F401 - public names
+from pipeline.beam_glue import chosen_running_mode, pipeline_options
 from pipeline.config import PILEPREP_VERSION, ShardConfig
 from pipeline.errors import RunError
 from pipeline.output import print_outcome
 from pipeline.ops import commit, guards, progress, runlog
 from pipeline.ops import generations
 from pipeline.shard import cancel, graph, integrity, preflight, resume, unit_plan
-from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model  # noqa: F401 - the job's public names
+from pipeline.shard.plan import JobPlan, stage_model
 from pipeline.shard import plan as shard_plan
 from transforms.io import io_utils, memory
 from transforms.io.filesystem_options import set_filesystem_options

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import logging
 
-from pipeline.config import ConfigError, ShardConfig
+from pipeline.config import ShardConfig
+from pipeline.errors import ConfigError
 from pipeline.ops import incremental
 from transforms.shard.documents import HASHED, SPLITS, looks_like_held_out
 

@@ -79,7 +79,9 @@ def _count_cut(plan, output: CutOutput) -> None:
     """A cut file's counters: Beam's and a progress marker (runners without live metrics)."""
     Metrics.counter(progress.NAMESPACE, "input_files").inc()
     Metrics.counter(progress.NAMESPACE, "input_bytes").inc(output.digest.bytes)
-    # "split_raw_bytes": pipeline/ops/progress.py's key (the run log's progress event sums it)
+    # "split_raw_bytes": the raw text bytes the cut stage made, pipeline/ops/progress.py's key for the ETA. Named
+    # before the stage was called "cut" and kept: the run log's progress events carry every counter under its
+    # key (docs/OPERATIONS.md), so a rename would change the --run-log output that readers parse.
     progress.write_marker(plan.staging_dir, markers.cut_marker_name(output.result.file_idx), {
         "input_files": 1, "input_bytes": output.digest.bytes,
         "split_raw_bytes": sum(c.raw_bytes for c in output.result.chunks)})

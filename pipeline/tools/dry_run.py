@@ -81,6 +81,7 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
     """The estimate (module docstring). `process_startup_cpu_s`: what the calling process spent before it (the
     CLI passes its own CPU so far, interpreter and imports: a real run's driver spends the same); added to the
     start-up with the calibration's one-record run."""
+    from pipeline.beam_glue import pipeline_options  # noqa: PLC0415
     from pipeline.shard import shard_pipeline  # noqa: PLC0415
     from pipeline.shard.manifest_builder import shard_write_tasks  # noqa: PLC0415
     from transforms.io.filesystem_options import set_filesystem_options  # noqa: PLC0415
@@ -93,7 +94,7 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
     workers = workers or default_workers(beam_args)
     t_start = time.monotonic()
     cpu_0 = process_cpu_s()
-    set_filesystem_options(shard_pipeline.pipeline_options(beam_args))
+    set_filesystem_options(pipeline_options(beam_args))
     plan = shard_pipeline.prepare(config, incremental_run)
     startup_s = time.monotonic() - t_start
     planning_cpu_s = process_cpu_s() - cpu_0  # a real run's driver plans the same way (imports, tokenizer, listing)

@@ -155,6 +155,7 @@ def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: i
     from pipeline.ops import lock  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
 
+    check_export_dataset(dataset)
     output = output or io_utils.join(dataset, "parquet")
     check_export_output(output)  # before the ref: a refused export leaves nothing in the dataset either
     # One writer per output (pipeline/ops/lock.py), local or object store alike (the lock object is a conditional
@@ -216,6 +217,23 @@ def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tup
     return {"output": output, **summary}
 
 
+def _no_manifest(dataset: str) -> FileNotFoundError:
+    from pipeline.ops import commit  # noqa: PLC0415
+
+    return FileNotFoundError(f"no manifest at {commit.manifest_location(dataset)}: the dataset is missing or was "
+                             f"never committed")
+
+
+def check_export_dataset(dataset: str) -> None:
+    """FileNotFoundError (exit 2) when DATASET holds no manifest. Checked before the output's lock, which creates
+    the output directory (by default DATASET/<format>, so DATASET too): a refused export creates nothing."""
+    from pipeline.ops import commit  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    if not io_utils.exists(commit.manifest_location(dataset)):
+        raise _no_manifest(dataset)
+
+
 def register_export(dataset: str, output: str):
     """Under the dataset's lock (local datasets): the live manifest, and `output`'s ref to its generation
     (replacing an earlier export's ref to the same output). A dataset this user cannot write still exports,
@@ -230,8 +248,7 @@ def register_export(dataset: str, output: str):
     def committed():
         manifest = commit.read_committed(dataset)
         if manifest is None:
-            raise FileNotFoundError(f"no manifest at {commit.manifest_location(dataset)}: the dataset is missing or "
-                                    f"was never committed")
+            raise _no_manifest(dataset)
         return commit.require_dataset(manifest, dataset)
 
     if not io_utils.exists(commit.manifest_location(dataset)):

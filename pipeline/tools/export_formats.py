@@ -31,8 +31,8 @@ from typing import Callable, Optional
 
 from model_contract.hashing import sha256_file
 from model_contract.manifest_rows import ShardInfo
-from pipeline.tools.export import (EXPORT_KIND, IN_PROGRESS_MARKER, SUMMARY_NAME, check_export_output,
-                                   register_export, remove_abandoned_temporaries, temporary_name)
+from pipeline.tools.export import (EXPORT_KIND, IN_PROGRESS_MARKER, SUMMARY_NAME, check_export_dataset,
+                                   check_export_output, register_export, remove_abandoned_temporaries, temporary_name)
 
 FORMATS = ("megatron", "hf", "mds")
 __all__ = ["FORMATS", "IN_PROGRESS_MARKER", "export_format", "read_summary", "safe_relative"]
@@ -88,6 +88,7 @@ def export_format(dataset: str, fmt: str, output: Optional[str] = None, splits: 
     if not io_utils.is_local(output):
         raise ConfigError(f"--output {output}: a {fmt} export is written to a local or mounted directory (copy it "
                           f"to the object store after)")
+    check_export_dataset(dataset)
     check_export_output(output)
     with lock.OutputLock(output, s3_options).held():
         remove_abandoned_temporaries(output)

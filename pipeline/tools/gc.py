@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 from pipeline.ops import commit, generations, lock
 from pipeline.ops.safe_text import terminal
 from pipeline.shard import integrity

@@ -252,7 +252,8 @@ def test_verbosity_after_the_subcommand_version_and_env(capsys):
 def test_a_bad_choice_built_in_code_fails_validation_with_the_types_own_choices():
     """ShardConfig made in code (the Airflow DAG, tests) skips the CLI's choice check: validate() refuses any
     value outside a Literal field's choices, naming the flag and listing them."""
-    from pipeline.config import ConfigError, ShardConfig
+    from pipeline.config import ShardConfig
+    from pipeline.errors import ConfigError
 
     good = ShardConfig(inputs=("a",), output="o", tokenizer="t")
     for name, flag, listed in (("tokenizer_backend", "--tokenizer-backend",

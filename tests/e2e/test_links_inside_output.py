@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 from pipeline.shard import shard_pipeline
 from pipeline.tools.gc import gc
 from pipeline.tools.inspect_dataset import inspect

@@ -14,20 +14,21 @@ import time
 import pytest
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipeline.beam_glue import default_beam_args, pipeline_options
 from pipeline.config import ShardConfig
 from pipeline.errors import RunError
 from pipeline.ops import runners
 from pipeline.shard import cancel, graph, shard_pipeline
+from pipeline.shard.plan import MODEL_FILE_NAME, JobPlan, stage_model
 from transforms.shard.records import LedgerEntry
 from tests.ops_fixtures import free_port
 
 
 def test_default_runner_uses_threads_on_small_machines_and_processes_on_big_ones():
-    assert shard_pipeline.default_beam_args(2) == ["--runner=FnApiRunner", "--direct_num_workers=2",
-                                                   "--direct_running_mode=multi_threading"]
-    assert shard_pipeline.default_beam_args(16)[1:] == ["--direct_num_workers=16",
-                                                        "--direct_running_mode=multi_processing"]
-    given = shard_pipeline.pipeline_options(["--runner=DirectRunner"]).get_all_options()
+    assert default_beam_args(2) == ["--runner=FnApiRunner", "--direct_num_workers=2",
+                                    "--direct_running_mode=multi_threading"]
+    assert default_beam_args(16)[1:] == ["--direct_num_workers=16", "--direct_running_mode=multi_processing"]
+    given = pipeline_options(["--runner=DirectRunner"]).get_all_options()
     assert given["runner"] == "DirectRunner" and not given.get("direct_running_mode", "").startswith("multi_thr")
 
 
@@ -41,7 +42,7 @@ def test_default_runner_uses_processes_from_a_raw_input_size_on_small_machines()
     for args, raw, mode in (([], big, "multi_processing"), ([], 1 << 20, "multi_threading"),
                             (["--direct_running_mode=multi_threading"], big, None),  # the user's choice stands
                             (["--runner=FnApiRunner", "--direct_num_workers=2"], big, None)):
-        options = shard_pipeline.pipeline_options(args)
+        options = pipeline_options(args)
         assert beam_glue.chosen_running_mode(options, args, raw) == mode
         want = mode or ("multi_threading" if "--direct_running_mode=multi_threading" in args else "in_memory")
         assert options.get_all_options()["direct_running_mode"] == want, (args, raw)
@@ -68,8 +69,8 @@ def _plan_with_files(files):
     return dataclasses.replace(_PLAN, ledger=[LedgerEntry(f"/in/{i}.jsonl", size) for i, size in enumerate(sizes)])
 
 
-_PLAN = shard_pipeline.JobPlan(ShardConfig(inputs=("x",), output="/o", tokenizer="t"), [], b"", None, "gen-0",
-                               "/o/gen-0", "/o/_staging/gen-0")
+_PLAN = JobPlan(ShardConfig(inputs=("x",), output="/o", tokenizer="t"), [], b"", None, "gen-0",
+                "/o/gen-0", "/o/_staging/gen-0")
 
 
 @pytest.mark.parametrize("files,args,spread", [
@@ -98,7 +99,7 @@ def test_dask_fuses_split_and_tokenize_by_its_clusters_worker_threads(monkeypatc
     monkeypatch.setattr(runners, "dask_cluster_threads", lambda opts: asked.append(opts["address"])
                         or threads)
     args = ["--runner=DaskRunner", "--dask_client_address=tcp://127.0.0.1:1"]
-    options = shard_pipeline.pipeline_options(args)
+    options = pipeline_options(args)
     assert graph.spread_chunks_needed(_plan_with_files(files), options) is spread
     assert asked == ["tcp://127.0.0.1:1"]
 
@@ -116,9 +117,9 @@ def test_the_staged_tokenizer_model_is_checked_against_the_plan(tmp_path):
 
     contract = type("C", (), {"tokenizer": type("T", (), {"model_sha256": hashlib.sha256(model).hexdigest()})})
     plan = dataclasses.replace(_PLAN, model_bytes=model, contract=contract, staging_dir=str(tmp_path / "stage"))
-    staged = shard_pipeline.stage_model(plan)
+    staged = stage_model(plan)
     assert staged.model_bytes == b"" and staged.tokenizer_model() == model
-    (tmp_path / "stage" / shard_pipeline.MODEL_FILE_NAME).write_bytes(b"another model")
+    (tmp_path / "stage" / MODEL_FILE_NAME).write_bytes(b"another model")
     with pytest.raises(RunError, match="does not match the plan's sha256"):
         staged.tokenizer_model()
 

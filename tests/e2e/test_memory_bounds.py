@@ -17,7 +17,8 @@ import tracemalloc
 
 import pytest
 
-from pipeline.config import MAX_SEQ_LEN, ConfigError, ShardConfig
+from pipeline.config import MAX_SEQ_LEN, ShardConfig
+from pipeline.errors import ConfigError
 from tests.corpus_fixtures import good_documents, pile_line
 from tests.measured_cli import CHILD_CODE, peak_mb
 from tests.unit.io.test_read_records import zstd_bomb

@@ -14,7 +14,8 @@ import pytest
 from pipeline.ops import progress, runlog
 from pipeline.shard import shard_pipeline
 from pipeline.cli import parse
-from pipeline.config import ConfigError, ShardConfig
+from pipeline.config import ShardConfig
+from pipeline.errors import ConfigError
 from tests.conftest import REPO
 from tests.ops_fixtures import FAST_LOCAL, real_corpus, tokenizer_path
 

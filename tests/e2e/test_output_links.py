@@ -11,7 +11,8 @@ import pathlib
 
 import pytest
 
-from pipeline.config import ConfigError, ShardConfig
+from pipeline.config import ShardConfig
+from pipeline.errors import ConfigError
 from pipeline.shard import shard_pipeline
 from tests.corpus_fixtures import good_documents, pile_line, write_zst
 from tests.ops_fixtures import FAST_LOCAL

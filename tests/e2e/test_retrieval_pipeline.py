@@ -16,7 +16,8 @@ import pytest
 from model_contract import (ContractMismatchError, Expectation, RetrievalSpec, check_compatible, decode_example,
                             load_manifest, read_records)
 from model_contract.retrieval import SIDECAR_FEATURES, check_sidecar, decode_sidecar
-from pipeline.config import ConfigError, ShardConfig
+from pipeline.config import ShardConfig
+from pipeline.errors import ConfigError
 from pipeline.retrieval import build, neighbours, store
 from pipeline.retrieval.config import BuildConfig, NeighboursConfig
 from pipeline.shard import shard_pipeline

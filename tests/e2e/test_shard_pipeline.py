@@ -15,7 +15,8 @@ import sentencepiece as spm
 
 from model_contract import Expectation, check_compatible, decode_example, load_manifest, read_records
 from pipeline.shard import shard_pipeline, unit_plan
-from pipeline.config import ConfigError, ShardConfig
+from pipeline.config import ShardConfig
+from pipeline.errors import ConfigError
 from tests.corpus_fixtures import write_bad_inputs, write_good_corpus
 from tests.measured_cli import CHILD_CODE, peak_mb
 from transforms.shard.documents import document_id

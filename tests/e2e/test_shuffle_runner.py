@@ -12,7 +12,8 @@ import random
 import numpy as np
 import pytest
 
-from pipeline.config import ConfigError, ShardConfig
+from pipeline.config import ShardConfig
+from pipeline.errors import ConfigError
 from pipeline.ops import runlog, runners
 from pipeline.shard import shard_pipeline
 from tests.corpus_fixtures import good_documents, pile_line, write_good_corpus, write_zst

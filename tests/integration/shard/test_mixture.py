@@ -7,7 +7,8 @@ import json
 import pytest
 
 from model_contract import decode_example, read_records
-from pipeline.config import ConfigError, ShardConfig
+from pipeline.config import ShardConfig
+from pipeline.errors import ConfigError
 from pipeline.shard import shard_pipeline
 from tests.conftest import stdlib_texts
 from tests.corpus_fixtures import pile_line, write_zst

@@ -6,7 +6,8 @@ import dataclasses
 
 import pytest
 
-from pipeline.config import ConfigError, ShardConfig
+from pipeline.config import ShardConfig
+from pipeline.errors import ConfigError
 from pipeline.job import Build, NothingToDo
 from pipeline.shard import plan as shard_plan
 from pipeline.shard import shard_pipeline

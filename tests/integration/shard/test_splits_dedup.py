@@ -158,7 +158,7 @@ def test_train_input_named_like_a_held_out_file_is_warned_about(held_out_corpus,
 
 
 def test_a_file_claimed_by_two_flags_is_refused(held_out_corpus, tiny_tokenizer, tmp_path):
-    from pipeline.config import ConfigError
+    from pipeline.errors import ConfigError
 
     root = held_out_corpus[0]
     with pytest.raises(ConfigError, match="--val-input"):

@@ -179,7 +179,7 @@ def test_dry_run_with_source_weights_sizes_train_as_the_job_does(measured_run, t
 
 def test_a_weight_for_a_source_no_record_has_is_a_configuration_error(tmp_path):
     """Without shared data: the check itself (pipeline/shard/source_check.py), then the CLI's exit 2."""
-    from pipeline.config import ConfigError
+    from pipeline.errors import ConfigError
     from pipeline.shard import source_check
     from tests.corpus_fixtures import pile_line
 

@@ -226,7 +226,7 @@ def test_export_registers_a_ref_to_the_generation_it_reads(tmp_path):
 
 
 def test_a_staging_dir_inside_generations_or_refs_is_refused(tmp_path):
-    from pipeline.config import ConfigError
+    from pipeline.errors import ConfigError
 
     for inner in ("generations", ".refs/x"):
         with pytest.raises(ConfigError, match="--staging-dir"):

@@ -1,4 +1,4 @@
-"""The chunk size the split stage cuts at (pipeline/shard/unit_plan.py): `--unit-mb` subdivided for a small
+"""The chunk size the cut stage cuts at (pipeline/shard/unit_plan.py): `--unit-mb` subdivided for a small
 input, from the ledger and `--unit-mb` alone (never the worker count: resume markers depend on it)."""
 from __future__ import annotations
 

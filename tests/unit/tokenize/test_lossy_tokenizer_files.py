@@ -11,7 +11,8 @@ import re
 
 import pytest
 
-from pipeline.config import ConfigError, ShardConfig
+from pipeline.config import ShardConfig
+from pipeline.errors import ConfigError
 from tests.unit.tokenize.crafted import added_token, as_bytes, byte_level_spec, tiktoken_bytes
 from transforms.tokenize import formats, lossy_settings, tokenizer
 from transforms.tokenize.formats import TokenizerOptions
