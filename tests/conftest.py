@@ -104,11 +104,16 @@ def pytest_addoption(parser):
 
 
 def skip_guard_report(skipped: list, limit: int = MAX_SKIPS) -> list:
-    """Lines naming each skip when there are more than `limit`; empty when within it."""
-    if len(skipped) <= limit:
+    """Lines naming each skip (and imperative xfail: it stops a test body as a skip does) when there are more than
+    `limit`; empty when within it. A module skipped at import (a module-level importorskip) is one report for
+    every test it holds, a number never collected: it alone exceeds the limit."""
+    counted = sum(limit + 1 if getattr(report, "when", None) == "collect" else 1
+                  for report in skipped)
+    if counted <= limit:
         return []
-    lines = [f"skip guard: {len(skipped)} tests skipped, at most {limit} allowed (data the tests need is made by "
-             f"tests/fixtures/; a skip must have a reason a bare clone cannot fix):"]
+    lines = [f"skip guard: {counted} tests skipped, at most {limit} allowed (data the tests need is made by "
+             f"tests/fixtures/; a skip must have a reason a bare clone cannot fix; a module skipped at import "
+             f"counts as more than the limit):"]
     for report in skipped:
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         lines.append(f"  {report.nodeid}: {reason}")
@@ -122,7 +127,7 @@ def pytest_sessionfinish(session, exitstatus):
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if not config.getoption("--skip-guard") or reporter is None:
         return  # a partial run (-k, one file) may skip what it likes
-    config._skip_guard_lines = skip_guard_report(reporter.stats.get("skipped", []))
+    config._skip_guard_lines = skip_guard_report(reporter.stats.get("skipped", []) + reporter.stats.get("xfailed", []))
     if config._skip_guard_lines and session.exitstatus == 0:
         session.exitstatus = 1
 

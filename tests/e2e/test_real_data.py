@@ -77,7 +77,12 @@ def test_naughty_strings_are_handled_not_crashed(real_run):
     _, out, manifest, _ = real_run
     info = next(i for i in manifest["inputs"] if i["path"].endswith("naughty-strings.jsonl.zst"))
     assert info["written"] >= 1
+    # its record whose text is a list (the real file's and the stand-in's) is dead-lettered with file, line, reason
+    assert manifest["records"]["dead_lettered"].get("text_not_a_string") == 1 and manifest["dead_letters"]
+    reasons = set()
     for rel in manifest["dead_letters"]:
         for line in open(out / rel, encoding="utf-8"):
             row = json.loads(line)
             assert {"file", "line", "reason", "excerpt"} <= set(row)
+            reasons.add((row["reason"], row["file"].endswith("naughty-strings.jsonl.zst")))
+    assert ("text_not_a_string", True) in reasons
