@@ -50,22 +50,32 @@ class SplitJob:
     manifest_file: str
     manifest: object  # model_contract.Manifest
     directory: str  # <output>/<generation>: local
+    sources: Optional[object] = None  # export_sources.DocumentSources: --by-source (Megatron)
 
     def put(self, name: str, fill: Callable[[str], None]) -> dict:
         """Write `name` (relative to the directory) by `fill(temporary path)`, then rename it into place; its row
         for export.json."""
-        target = os.path.join(self.directory, name)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = temporary_name(target)
+        return self.put_many([name], lambda tmps: fill(tmps[0]))[0]
+
+    def put_many(self, names: list, fill: Callable[[list], None]) -> list:
+        """`put` for files one pass writes together (Megatron's per-source `.bin`s): `fill(temporary paths)`; all
+        are hashed and renamed once it returns, none when it raises."""
+        targets = [os.path.join(self.directory, name) for name in names]
+        for target in targets:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmps = [temporary_name(target) for target in targets]
         try:
-            fill(tmp)
-            size, sha = sha256_file(tmp)
-            os.replace(tmp, target)
+            fill(tmps)
+            digests = [sha256_file(tmp) for tmp in tmps]
+            for tmp, target in zip(tmps, targets):
+                os.replace(tmp, target)
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            for tmp in tmps:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
             raise
-        return {"path": name, "bytes": size, "sha256": sha, "split": self.split}
+        return [{"path": name, "bytes": size, "sha256": sha, "split": self.split}
+                for name, (size, sha) in zip(names, digests)]
 
 
 def _writers() -> dict:
@@ -75,13 +85,16 @@ def _writers() -> dict:
 
 
 def export_format(dataset: str, fmt: str, output: Optional[str] = None, splits: Optional[tuple] = None,
-                  s3_options: Optional[dict] = None) -> dict:
+                  s3_options: Optional[dict] = None, by_source: bool = False) -> dict:
     """Write DIR's committed generation in `fmt` under `output` (default DIR/<fmt>); returns export.json's
-    content with `output`."""
+    content with `output`. `by_source` (Megatron only): one `.bin/.idx` per split and source, and the blend
+    (pipeline/tools/export_megatron.py `finish`)."""
     from pipeline.errors import ConfigError  # noqa: PLC0415
     from pipeline.ops import lock  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
 
+    if by_source and fmt != "megatron":
+        raise ConfigError(f"--by-source: only --format megatron has one file set per source (a blend), not {fmt}")
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: must be one of parquet, {', '.join(FORMATS)}")
     output = output or io_utils.join(dataset, fmt)
@@ -92,11 +105,14 @@ def export_format(dataset: str, fmt: str, output: Optional[str] = None, splits: 
     check_export_output(output)
     with lock.OutputLock(output, s3_options).held():
         remove_abandoned_temporaries(output)
-        return _export(dataset, fmt, output, splits)
+        return _export(dataset, fmt, output, splits, by_source)
 
 
-def _split_key(fmt: str, writer, shards: list) -> str:
-    blob = json.dumps({"format": fmt, "writer": writer.VERSION, "shards": [(s.path, s.sha256) for s in shards]})
+def _split_key(fmt: str, writer, shards: list, by_source: bool = False) -> str:
+    key = {"format": fmt, "writer": writer.VERSION, "shards": [(s.path, s.sha256) for s in shards]}
+    if by_source:  # absent otherwise: the key of an export made before the option stays
+        key["by_source"] = True
+    blob = json.dumps(key)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
@@ -139,7 +155,7 @@ def read_summary(output: str) -> Optional[dict]:
     return summary if isinstance(summary, dict) else None
 
 
-def _export(dataset: str, fmt: str, output: str, splits: Optional[tuple]) -> dict:
+def _export(dataset: str, fmt: str, output: str, splits: Optional[tuple], by_source: bool = False) -> dict:
     from pipeline.errors import ConfigError  # noqa: PLC0415
     from pipeline.ops import commit  # noqa: PLC0415
 
@@ -153,6 +169,10 @@ def _export(dataset: str, fmt: str, output: str, splits: Optional[tuple]) -> dic
     if previous is not None and previous.get("format") != fmt:
         raise ConfigError(f"--output {output}: it holds a {str(previous.get('format'))[:20]} export; a {fmt} export "
                           f"goes to its own directory: choose another --output")
+    if previous is not None and bool(previous.get("by_source")) != by_source:
+        raise ConfigError(f"--output {output}: it holds an export {'with' if previous.get('by_source') else 'without'}"
+                          f" --by-source; one {'with' if by_source else 'without'} goes to its own directory: choose "
+                          f"another --output")
     directory = os.path.join(output, generation)
     if os.path.islink(directory) or (os.path.exists(directory) and not os.path.isdir(directory)):
         raise ConfigError(f"{directory}: not a directory this export made (a link or a file): choose another --output")
@@ -164,23 +184,31 @@ def _export(dataset: str, fmt: str, output: str, splits: Optional[tuple]) -> dic
     os.makedirs(directory, exist_ok=True)
     files, info = [], {}
     chosen = [s for s in manifest.splits if not splits or s in splits]  # the manifest's split order
+    sources = None
+    if by_source:  # before any file: a changed or missing input is refused with nothing written
+        from pipeline.tools.export_sources import SourceError, document_sources  # noqa: PLC0415
+
+        try:
+            sources = document_sources(manifest)
+        except SourceError as e:
+            raise ConfigError(f"--by-source: {e}") from None
     for split in chosen:
         shards = [s for s in manifest.shards if s.split == split]
-        key = _split_key(fmt, writer, shards)
+        key = _split_key(fmt, writer, shards, by_source)
         rows = _reusable(directory, split, key)
         if rows is None:
-            job = SplitJob(fmt, split, shards, manifest_file, manifest, directory)
+            job = SplitJob(fmt, split, shards, manifest_file, manifest, directory, sources)
             rows = writer.write_split(job)
             done = {"key": key, "files": rows}
             job.put(DONE_MARKER.format(split=split), lambda p: _write_json(p, done))
         files += [{**r, "path": f"{generation}/{r['path']}"} for r in rows]
-    extra = writer.finish(SplitJob(fmt, "", [], manifest_file, manifest, directory), chosen, files)
+    extra = writer.finish(SplitJob(fmt, "", [], manifest_file, manifest, directory, sources), chosen, files)
     for row in extra:
         files.append({**row, "path": f"{generation}/{row['path']}"})
-    info = getattr(writer, "describe", lambda m: {})(manifest)
+    info = getattr(writer, "describe", lambda m, f: {})(manifest, files)
     kept = _kept_generations(previous, generation)
     summary = {"kind": EXPORT_KIND, "format": fmt, "generation": generation, "files": files, "previous": kept,
-               **info}
+               **info, **({"by_source": True} if by_source else {})}
     _publish(os.path.join(output, SUMMARY_NAME), summary)
     for split in chosen:  # the commit is made: the done markers are not needed any more
         with contextlib.suppress(FileNotFoundError):
