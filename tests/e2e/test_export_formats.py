@@ -7,6 +7,7 @@ import collections
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -391,3 +392,24 @@ def test_best_fit_same_bytes_with_the_runner_shuffle(datasets, corpus, tiny_toke
     assert [(s["path"], s["sha256"]) for s in again["shards"]] == [(s["path"], s["sha256"]) for s in
                                                                    manifest["shards"]]
     assert again["packing"] == manifest["packing"]
+
+
+def test_dry_run_reports_what_best_fit_would_give(datasets, corpus, tiny_tokenizer, tmp_path):
+    """--dry-run --packing best-fit: the padding and the documents cut, from the sample, near the real run's
+    (the best-fit dataset of this module), and the examples sized by that padding; nothing written."""
+    from pipeline.tools import dry_run
+
+    _path, manifest = datasets["best-fit"]
+    never = tmp_path / "never"
+    est = dry_run.estimate(_config(corpus, never, tiny_tokenizer, packing="best-fit", packing_window=8), IN_MEMORY,
+                           calibrated=False)
+    assert not never.exists()
+    shards = manifest["shards"]
+    real_padding = sum(s["padding_tokens"] for s in shards) / (sum(s["examples"] for s in shards) * SEQ_LEN)
+    p = est.packing
+    assert p.packing == "best-fit" and p.best_fit["fitting_split"] == 0
+    assert abs(p.best_fit["padding_fraction"] - real_padding) <= 0.25 * real_padding
+    # 962 estimated, 948 written; sized as concat (no padding but each shard's last example) it was 913
+    assert abs(est.examples - sum(s["examples"] for s in shards)) <= 0.025 * sum(s["examples"] for s in shards)
+    text = dry_run.format_estimate(est)
+    assert re.search(r"packing\s+best-fit", text) and re.search(r"padding\s+\d+\.\d\d%\s+best-fit", text)
