@@ -6,6 +6,7 @@ per split, the documents (first pieces), those split over more than one example,
 (EOS included) and of them the ones split anyway, examples per document, and the padding fraction.
 
   python bench/packing_bench.py [--size-mb 384] [--seq-len 2048] [--tokenizer PATH] [--window N] [--json OUT]
+  python bench/packing_bench.py --real-sample [--seq-len 2048]   (../shared/data's real files instead)
 
 The corpus is bench/shard_bench.py's (`pileprep sample --size-mb N`, cached in out/bench/); the tokenizer the
 Llama 2 model from ../shared/data when present.
@@ -27,6 +28,20 @@ from bench.shard_bench import (REPO, SAMPLE_TOKENIZER, _env, _installation_finge
 from model_contract import decode_example, read_records  # noqa: E402
 
 LLAMA = os.path.join(REPO, "..", "shared", "data", "tokenizers", "llama2-bpe-32k.model")
+SHARED = os.path.join(REPO, "..", "shared", "data")
+
+
+def real_sample_args(tokenizer: str, out: str, seq_len: int) -> list:
+    """`pileprep shard` over ../shared/data's real files: the Pile sample and the other corpora as train input,
+    the Pile's val and test files whole (as the 384 MB bench corpus is laid out)."""
+    import glob  # noqa: PLC0415
+
+    train = [os.path.join(SHARED, "pile", "00.jsonl.zst")] + sorted(glob.glob(os.path.join(SHARED, "other", "*")))
+    return [sys.executable, "-m", "pipeline.cli", "shard", "--input", *train,
+            "--val-input", os.path.join(SHARED, "pile", "val.jsonl.zst"),
+            "--test-input", os.path.join(SHARED, "pile", "test.jsonl.zst"), "--output", out,
+            "--tokenizer", tokenizer, "--seq-len", str(seq_len), "--tokenizer-backend", "auto",
+            "--progress-every", "0"]
 
 
 def shard_stats(out: str, seq_len: int) -> dict:
@@ -70,14 +85,19 @@ def main(argv=None) -> int:
     p.add_argument("--window", type=int, default=None, help="--packing-window (default: the option's)")
     p.add_argument("--cache-dir", default=os.path.join(REPO, "out", "bench"))
     p.add_argument("--json", default=None, help="write the figures here too")
+    p.add_argument("--real-sample", action="store_true", help="../shared/data's real files, not the bench corpus")
     args = p.parse_args(argv)
-    corpus = build_corpus(args.cache_dir, args.size_mb, _installation_fingerprint(), False)
-    root = corpus["output_dir"]
-    figures = {"size_mb": args.size_mb, "seq_len": args.seq_len, "tokenizer": os.path.basename(args.tokenizer)}
+    root = None
+    if not args.real_sample:
+        root = build_corpus(args.cache_dir, args.size_mb, _installation_fingerprint(), False)["output_dir"]
+    name = "real-sample" if args.real_sample else f"{args.size_mb}mb"
+    figures = {"corpus": name, "seq_len": args.seq_len, "tokenizer": os.path.basename(args.tokenizer)}
     for packing in ("concat", "best-fit"):
-        out = os.path.join(args.cache_dir, f"packing-{packing}-{args.size_mb}mb")
+        out = os.path.join(args.cache_dir, f"packing-{packing}-{name}-{args.seq_len}")
         extra = ["--packing", packing] + (["--packing-window", str(args.window)] if args.window else [])
-        cmd = shard_args(root, args.tokenizer, out, "auto", args.seq_len, []) + extra + ["--overwrite"]
+        base = (real_sample_args(args.tokenizer, out, args.seq_len) if args.real_sample
+                else shard_args(root, args.tokenizer, out, "auto", args.seq_len, []))
+        cmd = base + extra + ["--overwrite"]
         with open(out + ".stdout", "w") as so, open(out + ".stderr", "w") as se:
             run = run_measured(cmd, _env(), REPO, so, se)
         if run["returncode"] != 0:

@@ -108,12 +108,17 @@ def cmd_export(args, beam_args) -> int:
     from pipeline.tools.export import export_parquet  # noqa: PLC0415
 
     _filesystem_args(beam_args)
-    if args.format != "parquet":  # Megatron, HF datasets, MDS: pipeline/tools/export_formats.py
+    if args.format != "parquet" or args.by_source:  # Megatron, HF, MDS: pipeline/tools/export_formats.py
         from pipeline.tools.export_formats import export_format  # noqa: PLC0415
 
-        summary = export_format(args.dataset, args.format, args.output, s3_options=_s3_options(beam_args))
-        print(json.dumps({k: v for k, v in summary.items() if k != "files"} | {"files": len(summary["files"])},
-                         indent=1, sort_keys=True))
+        summary = export_format(args.dataset, args.format, args.output, s3_options=_s3_options(beam_args),
+                                by_source=args.by_source)
+        shown = {k: v for k, v in summary.items() if k != "files"} | {"files": len(summary["files"])}
+        if args.by_source:  # Megatron-LM's arguments for the blend, prefixes absolute
+            from pipeline.tools.export_megatron import blend_arguments  # noqa: PLC0415
+
+            shown["megatron_arguments"] = blend_arguments(summary, summary["output"])
+        print(json.dumps(shown, indent=1, sort_keys=True))
         return 0
     # The store's options for the output lock on an s3:// --output (pipeline/ops/lock.py), as `gc` passes them.
     print(json.dumps(export_parquet(args.dataset, args.output, s3_options=_s3_options(beam_args)), indent=1,

@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="output format: parquet; megatron (documents, <split>_text_document.bin/.idx); hf "
                         "(Parquet + dataset card for datasets.load_dataset); mds (MosaicML StreamingDataset)")
     export.add_argument("--output", default=None, help="output directory (default DATASET/FORMAT)")
+    export.add_argument("--by-source", action="store_true",
+                        help="megatron: one <split>_<source>_text_document.bin/.idx per source and blend.json, the "
+                        "blend by each source's share of tokens (reads the dataset's inputs again)")
     gc = _subcommand(sub, "gc", "remove a dataset's generations that nobody keeps (dry run unless --yes; "
                      "docs/OPERATIONS.md)", epilog=s3_help)
     gc.add_argument("dataset", help="dataset directory (local or s3://)")

@@ -34,6 +34,7 @@ from typing import Optional
 
 from pipeline.config import ShardConfig
 from pipeline.tools.dry_run_calibration import CALIBRATION_BYTES, Calibration, calibrate, process_cpu_s
+from pipeline.tools.dry_run_packing import PackingEstimate, RecordingEncoder, estimate_packing, packing_rows
 from pipeline.tools.dry_run_sample import (MAX_SAMPLE_FILES, SAMPLE_INPUT_BYTES_PER_FILE, output_bytes_per_example,
                                            pick_files, sample_inputs)
 from transforms.shard.documents import HASHED, SPLITS
@@ -65,6 +66,8 @@ class Estimate:
     # source -> {documents, tokens, text_bytes: int; tokenize_core_s: float}
     sources: dict[str, dict[str, float]] = field(default_factory=dict)
     calibration: Optional[Calibration] = None
+    packing: Optional[PackingEstimate] = None  # both packings on the sampled documents (dry_run_packing.py)
+    concat_padding: float = 0.0  # concat's padding fraction from the estimated examples (each shard's last)
 
 
 def default_workers(beam_args) -> int:
@@ -107,6 +110,7 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
         from transforms.tokenize import tokenizer_backends  # noqa: PLC0415
 
         sp = tokenizer_backends.make_encoder(plan.tokenizer_backend, plan.model_bytes, sp)
+    sp = RecordingEncoder(sp)  # the sampled documents' lengths, for the packing estimate
     # --val-input / --test-input files go whole to their split: sampled and scaled as a group of their own, so a
     # small official val file is neither skipped by the file pick nor scaled by the train files' size.
     input_splits = dict(zip((e.path for e in plan.ledger), plan.input_splits))
@@ -161,11 +165,17 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
         source_stats={n: {"tokens": int(round(r["split_tokens"][0]))} for n, r in sorted(sources.items())})]
     tasks = shard_write_tasks(units, config)
     shards_per_split = {SPLITS[i]: sum(1 for t in tasks if t.split == i) for i in range(len(SPLITS))}
-    examples = 0.0
+    packed = estimate_packing(sp.lengths, config.seq_len, config.packing, config.packing_window)
+    # best-fit: every window's examples carry the sampled padding; concat: only each shard's last example
+    fill = 1.0 - packed.best_fit["padding_fraction"] if config.packing == "best-fit" else 1.0
+    examples = concat_examples = 0.0
     for i in range(len(SPLITS)):
         n_shards = shards_per_split[SPLITS[i]]
         if n_shards:  # documents + one EOS each, packed per shard; the last example of a shard is padded
-            examples += (split_tokens[i] + split_docs[i]) / config.seq_len + n_shards / 2
+            concat_examples += (split_tokens[i] + split_docs[i]) / config.seq_len + n_shards / 2
+            examples += (split_tokens[i] + split_docs[i]) / config.seq_len / max(fill, 1e-9) + n_shards / 2
+    concat_slots = concat_examples * config.seq_len
+    concat_padding = (concat_slots - sum(split_tokens) - sum(split_docs)) / concat_slots if concat_slots else 0.0
     contract = plan.contract.tokenizer
     bytes_per_example, encode_cpu = output_bytes_per_example(
         max((s for _p, s, _scale in parts), key=lambda s: len(s.token_arrays)), config.seq_len, contract.eos_id,
@@ -199,7 +209,8 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
                     sources={n: {"documents": int(round(r["documents"])), "tokens": int(round(r["tokens"])),
                                  "text_bytes": int(round(r["text_bytes"])),
                                  "tokenize_core_s": round(r["tokenize_core_s"], 3)}
-                             for n, r in sorted(sources.items())}, calibration=calibration)
+                             for n, r in sorted(sources.items())}, calibration=calibration, packing=packed,
+                    concat_padding=max(concat_padding, 0.0))
 
 
 def _model_core_s(config: ShardConfig, beam_args, sample_files: int) -> float:
@@ -229,6 +240,8 @@ def format_estimate(e: Estimate) -> str:
         (f"wall on {e.workers} workers", _duration(e.wall_s),
          f"planning {e.startup_s:,.1f}s + core-hours / {e.workers} (perfect scaling: a lower bound)"),
     ]
+    if e.packing is not None:
+        rows += packing_rows(e.packing, e.concat_padding)
     for name, r in e.sources.items():
         rows.append((f"  source {_safe(name)[:40]}", f"{r['tokens']:,}",
                      f"tokens; {r['documents']:,} documents, {r['tokenize_core_s'] / 3600:,.3f} core-hours tokenizing"))
@@ -236,6 +249,9 @@ def format_estimate(e: Estimate) -> str:
     lines = ["dry run (nothing written): estimates from a sample of the inputs"]
     lines += [f"  {r[0]:<{widths[0]}}  {r[1]:>{widths[1]}}  {r[2]}" for r in rows]
     lines += [f"  note: {n}" for n in e.notes]
+    if e.packing is not None and e.packing.packing == "best-fit" and e.packing.small_sample:
+        lines.append(f"  note: the sample holds fewer tokens than one best-fit window ({e.packing.window_examples:,}"
+                     f" examples): its padding is packed in a smaller window than the run's, so it is pessimistic")
     return "\n".join(lines)
 
 

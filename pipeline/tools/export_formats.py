@@ -16,7 +16,11 @@ The protocol, shared by every format (pipeline/tools/export.py has the Parquet o
   the commit point. The previous generation's directory is kept for readers that opened it; the one before that
   is removed (only a directory an earlier export.json named: never another path);
 - `pileprep verify OUTPUT` checks every file export.json lists (pipeline/tools/export_verify.py).
-Output is local (the Megatron writer places a document's pieces by offset in its file, which needs a seekable file).
+An s3:// output (or any object store Beam reaches): each file is written in a local temporary directory first (the
+Megatron writer places a document's pieces by offset in its file, which needs a seekable file), hashed there and
+uploaded under its final name (an object appears whole when its upload completes, so no temporary name is needed
+there); done markers, export.json last (one PUT: the commit point) and the removal of an older generation go
+through the store as the shard job's commit does. The output's lock is the store's conditional PUT.
 """
 from __future__ import annotations
 
@@ -49,23 +53,44 @@ class SplitJob:
     shards: list[ShardInfo]  # the split's, in manifest order
     manifest_file: str
     manifest: object  # model_contract.Manifest
-    directory: str  # <output>/<generation>: local
+    directory: str  # <output>/<generation>: local, or an object store's prefix
+    sources: Optional[object] = None  # export_sources.DocumentSources: --by-source (Megatron)
+    staging: Optional[str] = None  # a local temporary directory when `directory` is remote
 
     def put(self, name: str, fill: Callable[[str], None]) -> dict:
         """Write `name` (relative to the directory) by `fill(temporary path)`, then rename it into place; its row
         for export.json."""
-        target = os.path.join(self.directory, name)
-        os.makedirs(os.path.dirname(target), exist_ok=True)
-        tmp = temporary_name(target)
+        return self.put_many([name], lambda tmps: fill(tmps[0]))[0]
+
+    def put_many(self, names: list, fill: Callable[[list], None]) -> list:
+        """`put` for files one pass writes together (Megatron's per-source `.bin`s): `fill(temporary paths)`; all
+        are hashed and renamed once it returns, none when it raises."""
+        from transforms.io import io_utils  # noqa: PLC0415
+
+        remote = self.staging is not None
+        targets = [io_utils.join(self.directory, name) if remote else os.path.join(self.directory, name)
+                   for name in names]
+        local = [os.path.join(self.staging, name) for name in names] if remote else targets
+        for target in local:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+        tmps = [temporary_name(target) for target in local]
         try:
-            fill(tmp)
-            size, sha = sha256_file(tmp)
-            os.replace(tmp, target)
+            fill(tmps)
+            digests = [sha256_file(tmp) for tmp in tmps]
+            for tmp, target in zip(tmps, targets):
+                if remote:  # the object appears whole once its upload completes
+                    with open(tmp, "rb") as src, io_utils.open_write(target) as dst:
+                        shutil.copyfileobj(src, dst, 8 << 20)
+                    os.unlink(tmp)
+                else:
+                    os.replace(tmp, target)
         except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
+            for tmp in tmps:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
             raise
-        return {"path": name, "bytes": size, "sha256": sha, "split": self.split}
+        return [{"path": name, "bytes": size, "sha256": sha, "split": self.split}
+                for name, (size, sha) in zip(names, digests)]
 
 
 def _writers() -> dict:
@@ -75,37 +100,50 @@ def _writers() -> dict:
 
 
 def export_format(dataset: str, fmt: str, output: Optional[str] = None, splits: Optional[tuple] = None,
-                  s3_options: Optional[dict] = None) -> dict:
+                  s3_options: Optional[dict] = None, by_source: bool = False) -> dict:
     """Write DIR's committed generation in `fmt` under `output` (default DIR/<fmt>); returns export.json's
-    content with `output`."""
+    content with `output`. `by_source` (Megatron only): one `.bin/.idx` per split and source, and the blend
+    (pipeline/tools/export_megatron.py `finish`)."""
     from pipeline.errors import ConfigError  # noqa: PLC0415
     from pipeline.ops import lock  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
 
+    if by_source and fmt != "megatron":
+        raise ConfigError(f"--by-source: only --format megatron has one file set per source (a blend), not {fmt}")
     if fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: must be one of parquet, {', '.join(FORMATS)}")
     output = output or io_utils.join(dataset, fmt)
-    if not io_utils.is_local(output):
-        raise ConfigError(f"--output {output}: a {fmt} export is written to a local or mounted directory (copy it "
-                          f"to the object store after)")
     check_export_dataset(dataset)
     check_export_output(output)
     with lock.OutputLock(output, s3_options).held():
-        remove_abandoned_temporaries(output)
-        return _export(dataset, fmt, output, splits)
+        if io_utils.is_local(output):
+            remove_abandoned_temporaries(output)
+            return _export(dataset, fmt, output, splits, by_source)
+        import tempfile  # noqa: PLC0415
+
+        staging = tempfile.mkdtemp(prefix="pileprep-export-")
+        try:
+            return _export(dataset, fmt, output, splits, by_source, staging)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
-def _split_key(fmt: str, writer, shards: list) -> str:
-    blob = json.dumps({"format": fmt, "writer": writer.VERSION, "shards": [(s.path, s.sha256) for s in shards]})
+def _split_key(fmt: str, writer, shards: list, by_source: bool = False) -> str:
+    key = {"format": fmt, "writer": writer.VERSION, "shards": [(s.path, s.sha256) for s in shards]}
+    if by_source:  # absent otherwise: the key of an export made before the option stays
+        key["by_source"] = True
+    blob = json.dumps(key)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()
 
 
 def _reusable(directory: str, split: str, key: str) -> Optional[list]:
     """The split's rows from its done marker when the key is this export's and every file still hashes to it."""
-    path = os.path.join(directory, DONE_MARKER.format(split=split))
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    remote = not io_utils.is_local(directory)
+    path = (io_utils.join if remote else os.path.join)(directory, DONE_MARKER.format(split=split))
     try:
-        with open(path, encoding="utf-8") as f:
-            marker = json.load(f)
+        marker = json.loads(_read_text(path))
     except (OSError, ValueError):
         return None
     if not isinstance(marker, dict) or marker.get("key") != key or not isinstance(marker.get("files"), list):
@@ -114,12 +152,31 @@ def _reusable(directory: str, split: str, key: str) -> Optional[list]:
     for row in rows:
         if not (isinstance(row, dict) and isinstance(row.get("path"), str) and safe_relative(row["path"])):
             return None
-        target = os.path.join(directory, row["path"])
-        if os.path.islink(target) or not os.path.isfile(target):
-            return None
-        if sha256_file(target) != (row.get("bytes"), row.get("sha256")):
+        if remote:
+            target = io_utils.join(directory, row["path"])
+            if not io_utils.exists(target):
+                return None
+            digest = sha256_file(target, opener=io_utils.open_read)
+        else:
+            target = os.path.join(directory, row["path"])
+            if os.path.islink(target) or not os.path.isfile(target):
+                return None
+            digest = sha256_file(target)
+        if digest != (row.get("bytes"), row.get("sha256")):
             return None
     return rows
+
+
+def _read_text(path: str) -> str:
+    """A local or object-store file's text; FileNotFoundError (an OSError) when it is not there."""
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    if io_utils.is_local(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    if not io_utils.exists(path):
+        raise FileNotFoundError(path)
+    return io_utils.read_bytes(path).decode("utf-8")
 
 
 def safe_relative(path: str) -> bool:
@@ -130,18 +187,22 @@ def safe_relative(path: str) -> bool:
 
 
 def read_summary(output: str) -> Optional[dict]:
-    path = os.path.join(output, SUMMARY_NAME)
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    path = io_utils.join(output, SUMMARY_NAME) if not io_utils.is_local(output) else os.path.join(output, SUMMARY_NAME)
     try:
-        with open(path, encoding="utf-8") as f:
-            summary = json.load(f)
+        summary = json.loads(_read_text(path))
     except FileNotFoundError:
         return None
     return summary if isinstance(summary, dict) else None
 
 
-def _export(dataset: str, fmt: str, output: str, splits: Optional[tuple]) -> dict:
+def _export(dataset: str, fmt: str, output: str, splits: Optional[tuple], by_source: bool = False,
+            staging: Optional[str] = None) -> dict:
+    """`staging`: a local temporary directory when `output` is remote (module doc)."""
     from pipeline.errors import ConfigError  # noqa: PLC0415
     from pipeline.ops import commit  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
 
     manifest = register_export(dataset, output)
     manifest_file = commit.manifest_location(dataset)
@@ -153,41 +214,62 @@ def _export(dataset: str, fmt: str, output: str, splits: Optional[tuple]) -> dic
     if previous is not None and previous.get("format") != fmt:
         raise ConfigError(f"--output {output}: it holds a {str(previous.get('format'))[:20]} export; a {fmt} export "
                           f"goes to its own directory: choose another --output")
-    directory = os.path.join(output, generation)
-    if os.path.islink(directory) or (os.path.exists(directory) and not os.path.isdir(directory)):
+    if previous is not None and bool(previous.get("by_source")) != by_source:
+        raise ConfigError(f"--output {output}: it holds an export {'with' if previous.get('by_source') else 'without'}"
+                          f" --by-source; one {'with' if by_source else 'without'} goes to its own directory: choose "
+                          f"another --output")
+    local = staging is None
+    directory = os.path.join(output, generation) if local else io_utils.join(output, generation)
+    if local and (os.path.islink(directory) or (os.path.exists(directory) and not os.path.isdir(directory))):
         raise ConfigError(f"{directory}: not a directory this export made (a link or a file): choose another --output")
-    marker = os.path.join(output, IN_PROGRESS_MARKER)
-    if previous is None:
+    marker = os.path.join(output, IN_PROGRESS_MARKER) if local else None
+    if local and previous is None:
         os.makedirs(output, exist_ok=True)
         with open(marker, "wb"):
             pass
-    os.makedirs(directory, exist_ok=True)
+    if local:
+        os.makedirs(directory, exist_ok=True)
     files, info = [], {}
     chosen = [s for s in manifest.splits if not splits or s in splits]  # the manifest's split order
+    sources = None
+    if by_source:  # before any file: a changed or missing input is refused with nothing written
+        from pipeline.tools.export_sources import SourceError, document_sources  # noqa: PLC0415
+
+        try:
+            sources = document_sources(manifest)
+        except SourceError as e:
+            raise ConfigError(f"--by-source: {e}") from None
     for split in chosen:
         shards = [s for s in manifest.shards if s.split == split]
-        key = _split_key(fmt, writer, shards)
+        key = _split_key(fmt, writer, shards, by_source)
         rows = _reusable(directory, split, key)
         if rows is None:
-            job = SplitJob(fmt, split, shards, manifest_file, manifest, directory)
+            job = SplitJob(fmt, split, shards, manifest_file, manifest, directory, sources, staging)
             rows = writer.write_split(job)
             done = {"key": key, "files": rows}
             job.put(DONE_MARKER.format(split=split), lambda p: _write_json(p, done))
         files += [{**r, "path": f"{generation}/{r['path']}"} for r in rows]
-    extra = writer.finish(SplitJob(fmt, "", [], manifest_file, manifest, directory), chosen, files)
+    extra = writer.finish(SplitJob(fmt, "", [], manifest_file, manifest, directory, sources, staging), chosen, files)
     for row in extra:
         files.append({**row, "path": f"{generation}/{row['path']}"})
-    info = getattr(writer, "describe", lambda m: {})(manifest)
+    info = getattr(writer, "describe", lambda m, f: {})(manifest, files)
     kept = _kept_generations(previous, generation)
     summary = {"kind": EXPORT_KIND, "format": fmt, "generation": generation, "files": files, "previous": kept,
-               **info}
-    _publish(os.path.join(output, SUMMARY_NAME), summary)
-    for split in chosen:  # the commit is made: the done markers are not needed any more
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(directory, DONE_MARKER.format(split=split)))
+               **info, **({"by_source": True} if by_source else {})}
+    _publish(io_utils.join(output, SUMMARY_NAME) if not local else os.path.join(output, SUMMARY_NAME), summary)
+    done = [DONE_MARKER.format(split=split) for split in chosen]  # the commit is made: not needed any more
+    if local:
+        for name in done:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, name))
+    else:
+        from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+
+        FileSystems.delete([io_utils.join(directory, name) for name in done])
     _remove_older(output, previous, kept, generation)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(marker)
+    if marker is not None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(marker)
     return {"output": output, **summary}
 
 
@@ -216,9 +298,14 @@ def _remove_older(output: str, previous: Optional[dict], kept: list, generation:
     (created by an earlier export), never a link or another path."""
     if not previous:
         return
+    from transforms.io import io_utils  # noqa: PLC0415
+
     named = [previous.get("generation")] + list(previous.get("previous") or [])
     for name in named:
         if not (isinstance(name, str) and GENERATION_NAME.fullmatch(name)) or name in kept or name == generation:
+            continue
+        if not io_utils.is_local(output):
+            io_utils.delete_tree(io_utils.join(output, name))
             continue
         path = os.path.join(output, name)
         if os.path.isdir(path) and not os.path.islink(path):

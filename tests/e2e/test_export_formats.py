@@ -7,6 +7,7 @@ import collections
 import json
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -248,14 +249,77 @@ def test_previous_generation_kept_older_removed(datasets, tmp_path):
         export_formats.export_format(str(path), "hf", str(out))
 
 
+def corpus_sources(corpus) -> dict:
+    """{document id: source} read from the corpus files here, not through the exporter's reader."""
+    import zstandard
+
+    from transforms.shard.documents import document_id
+
+    out = {}
+    for f in sorted(corpus.iterdir()):
+        data = f.read_bytes()
+        if f.suffix == ".zst":
+            data = zstandard.ZstdDecompressor().stream_reader(data).read()
+        for line in data.decode("utf-8").splitlines():
+            record = json.loads(line)
+            out.setdefault(document_id(record["text"]), record["meta"]["pile_set_name"])
+    return out
+
+
+def test_megatron_by_source_blend_read_back_per_prefix(datasets, corpus, tmp_path):
+    """--by-source: one prefix per split and source, each read back by IndexedDataset holding exactly that source's
+    documents in order; blend.json parsed by Megatron's own get_blend_from_list, weights the token shares."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+    from megatron.core.datasets.utils import get_blend_from_list, normalize
+
+    path, manifest = datasets["concat"]
+    out = tmp_path / "by-source"
+    summary = export_formats.export_format(str(path), "megatron", str(out), by_source=True)
+    gen = summary["generation"]
+    source_of = corpus_sources(corpus)
+    blend = json.loads((out / gen / "blend.json").read_text())
+    assert blend == summary["megatron"]["blend"] and sorted(blend) == ["test", "train", "valid"]
+    row_source = {r["path"][:-len(".bin")]: r["source"] for r in summary["files"] if r["path"].endswith(".bin")}
+    for split, key in (("train", "train"), ("val", "valid"), ("test", "test")):
+        docs, order = documents_of(path, manifest, split)
+        prefixes, weights = get_blend_from_list(blend[key])
+        assert len(prefixes) == len(manifest["sources"]) == 3
+        seen, tokens = 0, []
+        for prefix in prefixes:
+            source = row_source[prefix]
+            want = [d for d in order if source_of[d] == source]
+            ds = IndexedDataset(str(out / prefix))
+            assert len(ds) == len(want) == manifest["sources"][source][split]["documents"] > 0
+            for i, d in enumerate(want):
+                assert np.array_equal(ds[i].astype(np.int64), docs[d]), f"{prefix} document {i}"
+            seen += len(ds)
+            tokens.append(int(ds.index.sequence_lengths.sum()))
+        assert seen == len(order)  # every document once, in one source's file
+        assert np.allclose(normalize(weights), np.array(tokens) / sum(tokens), atol=1e-7)
+    assert verify(str(out)).ok
+    with pytest.raises(Exception, match="holds an export with --by-source"):  # never mixed in one output
+        export_formats.export_format(str(path), "megatron", str(out))
+    with pytest.raises(Exception, match="--by-source: only --format megatron"):
+        export_formats.export_format(str(path), "mds", str(tmp_path / "mds"), by_source=True)
+
+
 def test_cli_export_and_verify(datasets, tmp_path):
+    from megatron.core.datasets.utils import get_blend_from_list
+
     path, _ = datasets["concat"]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     out = tmp_path / "cli"
     run = subprocess.run([sys.executable, "-m", "pipeline.cli", "export", str(path), "--format", "megatron",
-                          "--output", str(out)], capture_output=True, text=True, env=env, timeout=300)
+                          "--output", str(out), "--by-source"], capture_output=True, text=True, env=env, timeout=300)
     assert run.returncode == 0, run.stderr
-    assert json.loads(run.stdout)["format"] == "megatron"
+    shown = json.loads(run.stdout)
+    assert shown["format"] == "megatron" and shown["by_source"] is True
+    arguments = shown["megatron_arguments"]
+    assert [a.split()[0] for a in arguments] == ["--train-data-path", "--valid-data-path", "--test-data-path"]
+    for line in arguments:  # Megatron-LM's own parser; every prefix absolute and there
+        prefixes, weights = get_blend_from_list(line.split()[1:])
+        assert len(prefixes) == 3 and all(w > 0 for w in weights)
+        assert all(os.path.isabs(p) and os.path.exists(p + ".bin") and os.path.exists(p + ".idx") for p in prefixes)
     run = subprocess.run([sys.executable, "-m", "pipeline.cli", "verify", str(out)], capture_output=True, text=True,
                          env=env, timeout=300)
     assert run.returncode == 0 and "OK" in run.stdout, run.stdout + run.stderr
@@ -328,3 +392,24 @@ def test_best_fit_same_bytes_with_the_runner_shuffle(datasets, corpus, tiny_toke
     assert [(s["path"], s["sha256"]) for s in again["shards"]] == [(s["path"], s["sha256"]) for s in
                                                                    manifest["shards"]]
     assert again["packing"] == manifest["packing"]
+
+
+def test_dry_run_reports_what_best_fit_would_give(datasets, corpus, tiny_tokenizer, tmp_path):
+    """--dry-run --packing best-fit: the padding and the documents cut, from the sample, near the real run's
+    (the best-fit dataset of this module), and the examples sized by that padding; nothing written."""
+    from pipeline.tools import dry_run
+
+    _path, manifest = datasets["best-fit"]
+    never = tmp_path / "never"
+    est = dry_run.estimate(_config(corpus, never, tiny_tokenizer, packing="best-fit", packing_window=8), IN_MEMORY,
+                           calibrated=False)
+    assert not never.exists()
+    shards = manifest["shards"]
+    real_padding = sum(s["padding_tokens"] for s in shards) / (sum(s["examples"] for s in shards) * SEQ_LEN)
+    p = est.packing
+    assert p.packing == "best-fit" and p.best_fit["fitting_split"] == 0
+    assert abs(p.best_fit["padding_fraction"] - real_padding) <= 0.25 * real_padding
+    # 962 estimated, 948 written; sized as concat (no padding but each shard's last example) it was 913
+    assert abs(est.examples - sum(s["examples"] for s in shards)) <= 0.025 * sum(s["examples"] for s in shards)
+    text = dry_run.format_estimate(est)
+    assert re.search(r"packing\s+best-fit", text) and re.search(r"padding\s+\d+\.\d\d%\s+best-fit", text)

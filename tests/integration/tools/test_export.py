@@ -12,23 +12,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from model_contract import decode_example, read_records
-from pipeline.config import ShardConfig
-from pipeline.shard import shard_pipeline
 from pipeline.tools.export import export_parquet
-from tests.corpus_fixtures import write_good_corpus
+from tests.export_fixtures import build_dataset
 from trainer.iterable_dataset import ShardIterableDataset, batches_per_rank, split_work
-
-IN_MEMORY = ["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 
 
 @pytest.fixture(scope="module")
 def dataset(tiny_tokenizer, tmp_path_factory):
-    root = tmp_path_factory.mktemp("export-corpus")
-    write_good_corpus(root, limit_bytes=300_000)
-    out = tmp_path_factory.mktemp("export-out") / "ds"
-    config = ShardConfig(inputs=(str(root / "*"),), output=str(out), tokenizer=tiny_tokenizer, seq_len=128,
-                         num_shards=3, val_fraction=0.05, test_fraction=0.05)
-    return out, shard_pipeline.run(config, IN_MEMORY, progress_every_s=0)
+    return build_dataset(tmp_path_factory, tiny_tokenizer, 300_000)
 
 
 def test_parquet_export_reads_back_to_the_same_arrays(dataset, tmp_path):

@@ -1,0 +1,109 @@
+"""`pileprep export --format megatron|hf|mds` to an s3:// output (moto's S3 server): the same files, byte for
+byte, as a local export; export.json last, no temporary or done-marker object left; resumable through the store;
+the previous generation kept, the one before removed."""
+from __future__ import annotations
+
+import hashlib
+import json
+import unittest.mock
+
+import pytest
+
+from pipeline.tools import export_formats
+from tests.export_fixtures import build_dataset
+from tests.ops_fixtures import s3_server  # noqa: F401 - the module's S3 server fixture
+
+pytestmark = pytest.mark.formats
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory, tiny_tokenizer):
+    return build_dataset(tmp_path_factory, tiny_tokenizer, 120_000, num_shards=1, val_fraction=0.2,
+                         test_fraction=0.1)[0]
+
+
+@pytest.fixture
+def store(s3_server, monkeypatch):  # noqa: F811
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from transforms.io.filesystem_options import set_filesystem_options
+
+    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                 "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(k, v)
+    client = s3_server.client()
+    if "exports" not in [b["Name"] for b in client.list_buckets()["Buckets"]]:
+        client.create_bucket(Bucket="exports")
+    set_filesystem_options(PipelineOptions(s3_server.beam_args()))  # as the CLI sets them
+    try:
+        yield client, {"s3_endpoint_url": s3_server.endpoint, "s3_region_name": "us-east-1"}
+    finally:
+        set_filesystem_options(PipelineOptions([]))
+
+
+def _objects(client, prefix) -> dict:
+    listed = client.list_objects_v2(Bucket="exports", Prefix=prefix).get("Contents", [])
+    return {o["Key"][len(prefix):]: client.get_object(Bucket="exports", Key=o["Key"])["Body"].read() for o in listed}
+
+
+def _check_store(client, prefix, local) -> None:
+    objects = _objects(client, prefix)
+    summary = json.loads(objects.pop("export.json"))
+    assert summary["files"] == local["files"] and summary["generation"] == local["generation"]
+    for row in summary["files"]:
+        data = objects.pop(row["path"])
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (row["bytes"], row["sha256"])
+    return objects
+
+
+@pytest.mark.parametrize("fmt", ["hf", "mds"])
+def test_s3_export_equals_the_local_one_and_commits_last(dataset, store, fmt, tmp_path):
+    client, options = store
+    local = export_formats.export_format(str(dataset), fmt, str(tmp_path / "local"))
+    remote = export_formats.export_format(str(dataset), fmt, f"s3://exports/{fmt}", s3_options=options)
+    assert remote["files"] == local["files"]  # sizes and sha256, file for file
+    left = _check_store(client, f"{fmt}/", local)
+    assert not left, left  # no temporary, no done marker, no lock, nothing unlisted
+
+
+def test_s3_megatron_export_resumes_and_keeps_the_previous_generation(dataset, store, tmp_path):
+    """The bytes of a local export (read back by IndexedDataset in test_export_formats.py); a run killed after
+    train reuses train's objects through its done marker; the previous generation kept, the one before removed."""
+    from pipeline.tools import export_megatron
+
+    client, options = store
+    out = "s3://exports/resume"
+    local = export_formats.export_format(str(dataset), "megatron", str(tmp_path / "local"))
+    first = export_formats.export_format(str(dataset), "megatron", out, s3_options=options)
+    assert first["files"] == local["files"]
+    gen = first["generation"]
+    assert not _check_store(client, "resume/", local)
+    # killed after train (its done marker there), over an export.json that committed gen1 (gen0 before it)
+    rows = [{**r, "path": r["path"].split("/", 1)[1]} for r in first["files"] if r["split"] == "train"]
+    shards = [s for s in _manifest(dataset).shards if s.split == "train"]
+    key = export_formats._split_key("megatron", export_megatron, shards)
+    client.put_object(Bucket="exports", Key=f"resume/{gen}/.pileprep-export-train.done.json",
+                      Body=json.dumps({"key": key, "files": rows}).encode())
+    for name in ("gen0", "gen1"):
+        client.put_object(Bucket="exports", Key=f"resume/{name}/f", Body=name.encode())
+    client.put_object(Bucket="exports", Key="resume/export.json", Body=json.dumps(
+        {"kind": "export", "format": "megatron", "generation": "gen1", "previous": ["gen0"], "files": []}).encode())
+    uploads = []
+    real_put = export_formats.SplitJob.put_many
+
+    def counting(self, names, fill):
+        uploads.extend(names)
+        return real_put(self, names, fill)
+
+    with unittest.mock.patch.object(export_formats.SplitJob, "put_many", counting):
+        again = export_formats.export_format(str(dataset), "megatron", out, s3_options=options)
+    assert again["files"] == first["files"] and again["previous"] == ["gen1"]
+    assert not any(n.startswith("train_") for n in uploads) and "val_text_document.bin" in uploads
+    left = _check_store(client, "resume/", local)
+    assert set(left) == {"gen1/f"}, left  # gen0 removed; no done marker, no lock left
+
+
+def _manifest(dataset):
+    from pipeline.ops import commit
+
+    return commit.read_committed(str(dataset))
