@@ -54,7 +54,7 @@ def add_tokenized(stats: dict, source: str, text: str, ids: np.ndarray, byte_mas
     s = stats.setdefault(source, dict.fromkeys(TOKENIZE_KEYS, 0))
     s["tokenized_documents"] += 1
     s["chars"] += len(text)
-    s["bytes"] += len(text.encode("utf-8"))
+    s["bytes"] += len(text) if text.isascii() else len(text.encode("utf-8"))  # isascii reads a flag: no copy
     s["tokens"] += int(ids.size)
     if ids.size:
         s["byte_fallback_tokens"] += byte_fallback_count(ids, byte_mask, byte_range)

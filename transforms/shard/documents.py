@@ -46,7 +46,12 @@ def document_id(text: str) -> int:
     """63-bit content id of the text alone (docs/DESIGN.md, "Document identity"): stable across runs, machines and
     file moves, and the same text under two sources is one document, so exact duplicates share it wherever they
     come from and can never be trained on twice or sit in two splits."""
-    return hash64(ID_KEY, text.encode("utf-8")) >> 1
+    return document_id_of_utf8(text.encode("utf-8"))
+
+
+def document_id_of_utf8(data: bytes) -> int:
+    """document_id of the text whose UTF-8 bytes are `data` (parse_record has them already)."""
+    return hash64(ID_KEY, data) >> 1
 
 
 def lookup_field(obj: dict, dotted: str, missing=None):
@@ -132,13 +137,13 @@ def parse_record(data: bytes, text_field: str = "text",
     if not isinstance(text, str):
         return Rejection(DEAD_LETTER, "text_not_a_string", excerpt_of(data))
     try:
-        text.encode("utf-8")
+        utf8 = text.encode("utf-8")  # kept for the id: one UTF-8 copy of the text, not two
     except UnicodeEncodeError:  # lone surrogates from "\ud800"-style escapes cannot be tokenized faithfully
         return Rejection(DEAD_LETTER, "lone_surrogate", excerpt_of(data))
     if not text.strip():
         return Rejection(FILTERED, "empty_text", excerpt_of(data))
     source = _source_of(record, source_fields)
-    return Document(document_id(text), text, source)
+    return Document(document_id_of_utf8(utf8), text, source)
 
 
 def _is_present(obj: dict, dotted: str) -> bool:
