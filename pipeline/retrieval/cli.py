@@ -34,6 +34,10 @@ def add_parsers(subcommand) -> None:
     n.add_argument("--num-neighbours", type=int, default=2)
     n.add_argument("--neighbour-len", type=int, default=128, help="neighbour chunk + continuation tokens")
     n.add_argument("--nprobe", type=int, default=None, help="IVF lists probed (default: the database's)")
+    n.add_argument("--ranges", type=int, default=0,
+                   help="search an IVF index in this many ranges of inverted lists through the runner's "
+                        "GroupByKey, no worker holding the whole index (0: each worker holds it; the sidecar "
+                        "does not depend on the number)")
     n.add_argument("--device", default="cpu")
     n.add_argument("--batch-size", type=int, default=64)
     s = subcommand("show", "summary of a database + sidecar with a decoded chunk and its neighbours")
@@ -63,7 +67,8 @@ def command_output(args, beam_args) -> str:
 
         cfg = NeighboursConfig(dataset=args.dataset, db=args.db, output=args.output,
                                num_neighbours=args.num_neighbours, neighbour_len=args.neighbour_len,
-                               batch_size=args.batch_size, device=args.device, nprobe=args.nprobe)
+                               batch_size=args.batch_size, device=args.device, nprobe=args.nprobe,
+                               ranges=args.ranges)
         m = neighbours.run_outcome(cfg, beam_args).manifest
         r = m["retrieval"]
         return json.dumps({"generation": m["generation"], "fingerprint": r["fingerprint"], "counts": r["counts"],

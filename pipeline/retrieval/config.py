@@ -64,6 +64,10 @@ class NeighboursConfig:
     batch_size: int = 64
     device: str = "cpu"
     nprobe: Optional[int] = None  # default: the database's
+    # > 0: the IVF index searched in this many ranges of inverted lists through the runner's GroupByKey
+    # (pipeline/retrieval/neighbours_sharded.py); the sidecar does not depend on the number. 0: one worker per
+    # dataset shard holds the whole index (pipeline/retrieval/neighbours.py)
+    ranges: int = 0
 
     def validate(self, chunk_len: Optional[int] = None) -> None:
         problems = []
@@ -74,5 +78,7 @@ class NeighboursConfig:
         if chunk_len is not None and self.neighbour_len < chunk_len:
             problems.append(f"--neighbour-len {self.neighbour_len} is shorter than the database's chunk_len "
                             f"{chunk_len} (RETRO uses chunk + continuation = 2 x chunk_len)")
+        if self.ranges < 0:
+            problems.append(f"--ranges must be 0 (no range search) or positive, got {self.ranges}")
         if problems:
             raise ConfigError("invalid retrieval neighbours configuration:\n  " + "\n  ".join(problems))

@@ -17,27 +17,24 @@ from typing import Optional
 import apache_beam as beam
 import numpy as np
 
-from model_contract import Manifest, RetrievalSpec, ShardInfo, decode_example, frame_record
-from model_contract.checked_reader import iter_checked_records
-from model_contract.retrieval import (AlignedShard, DbManifest, SidecarInfo, encode_sidecar, sidecar_contract,
-                                      token_dtype_for)
+from model_contract import Manifest, RetrievalSpec
+from model_contract.retrieval import DbManifest, token_dtype_for
 from pipeline import job
 from pipeline.beam_glue import FilesystemOptions, PlanDoFn, apply_filesystem_options
 from pipeline.config import PILEPREP_VERSION
 from pipeline.errors import ConfigError
 from pipeline.ops import commit
-from pipeline.ops.output_names import sidecar_path
-from pipeline.retrieval import store, store_job
+from pipeline.retrieval import neighbours_sharded, store, store_job
 from pipeline.retrieval.build_index import BM25_QUERY_TERMS, load_bm25
 from pipeline.retrieval.build_plan import dataset_identity
 from pipeline.retrieval.config import NeighboursConfig
+from pipeline.retrieval.sidecar_files import commit_sidecar, exclusion_for, neighbour_shard
 from transforms.io import io_utils
 from transforms.retrieval import retrieval_chunks, retrieval_encoders, retrieval_index, retrieval_rerank
 from transforms.tokenize import tokenizer
 from transforms.retrieval.retrieval_encoders import EncoderInfo, EncoderMismatchError
 
 LOG = logging.getLogger("pileprep.retrieval")
-QUERY_BATCH = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +93,9 @@ def prepare(config: NeighboursConfig) -> NeighboursPlan:
     identity = {"dataset": dataset_identity(dataset.to_dict()), "db": db.fingerprint,
                 "k": config.num_neighbours, "neighbour_len": config.neighbour_len, "nprobe": config.nprobe,
                 "version": PILEPREP_VERSION}
+    if config.ranges:  # the range search's rules (not R: the sidecar must not depend on it)
+        check_rangeable(db.index)
+        identity["search"] = "ranges"
     fp = store.fingerprint(identity)
     spec = RetrievalSpec(db.chunk_len, config.num_neighbours, config.neighbour_len, fingerprint=fp,
                          token_dtype=token_dtype_for(dataset.contract.tokenizer.vocab_size))
@@ -103,6 +103,15 @@ def prepare(config: NeighboursConfig) -> NeighboursPlan:
     if db.encoder["name"] != retrieval_encoders.BM25:
         model_bytes = tokenizer.read_model_bytes(dataset.config.get("tokenizer", ""))
     return NeighboursPlan(config, dataset.to_json(), db, spec, "gen-" + fp, model_bytes)
+
+
+def check_rangeable(db_index: dict) -> None:
+    """Only an IVF index has inverted lists to cut into ranges (--ranges)."""
+    spec = db_index.get("config", {}).get("spec", "") if db_index.get("kind") == "faiss" else ""
+    if "IVF" not in spec:
+        what = "BM25 postings" if db_index.get("kind") == "bm25" else f"index {spec!r}"
+        raise ConfigError(f"--ranges: the database's {what} has no inverted lists to cut into ranges "
+                          "(build it with --index IVF<n>,... or leave --ranges at 0)")
 
 
 # ------------------------------------------------------------------------------------------ the searcher
@@ -137,9 +146,7 @@ class Searcher:
                 tokenizer.load_for_info(model_bytes, tokenizer_info)
 
     def exclusion(self, chunk: retrieval_chunks.QueryChunk) -> retrieval_index.Exclusion:
-        ranges = tuple(r for r in (self.db.doc_range(d) for d in chunk.doc_ids) if r is not None)
-        same = self.db.ids_with_hash(retrieval_chunks.token_hash(chunk.tokens))
-        return retrieval_index.Exclusion(ranges, tuple(int(i) for i in same))
+        return exclusion_for(self.db, chunk)
 
     def search(self, chunks: list, k: int) -> np.ndarray:
         """Dense ids [len(chunks), k], -1 = none; padding chunks get none."""
@@ -188,89 +195,14 @@ class NeighbourShard(PlanDoFn):
 
     def process(self, element):
         shard_idx, shard = element
-        yield neighbour_shard(self.plan, self.searcher, shard_idx, shard, self.pad_id)
-
-
-def neighbour_shard(plan: NeighboursPlan, searcher: Searcher, shard_idx: int, shard: dict, pad_id: int) -> dict:
-    cfg, spec = plan.config, plan.spec
-    src = io_utils.join(cfg.dataset, store.contained(shard["path"]))
-    rel = sidecar_path(plan.generation, shard["path"])
-    examples = []
-    with io_utils.open_read(src) as f:
-        for record in iter_checked_records(f, shard):
-            examples.append(retrieval_chunks.query_chunks(decode_example(record), spec.chunk_len))
-    writer_path = io_utils.join(cfg.output, rel)
-    stats = {"chunks": 0, "padding_chunks": 0, "neighbours": 0, "missing": 0}
-    with io_utils.open_write(writer_path) as out, io_utils.HashingWriter(out) as hw:
-        per = max(1, QUERY_BATCH // max(1, len(examples[0]) if examples else 1))
-        for b in range(0, len(examples), per):
-            batch = examples[b:b + per]
-            flat = [c for ex in batch for c in ex]
-            ids = searcher.search(flat, spec.num_neighbours)
-            pos = 0
-            for ex in batch:
-                n = len(ex)
-                ex_ids = ids[pos:pos + n]
-                pos += n
-                tokens = np.full((n, spec.num_neighbours, spec.neighbour_len), pad_id, np.int64)
-                doc_ids = np.full((n, spec.num_neighbours), -1, np.int64)
-                chunk_idx = np.full((n, spec.num_neighbours), -1, np.int64)
-                for c in range(n):
-                    stats["chunks"] += 1
-                    stats["padding_chunks"] += int(ex[c].is_padding)
-                    for j in range(spec.num_neighbours):
-                        i = int(ex_ids[c, j])
-                        if i < 0:
-                            stats["missing"] += int(not ex[c].is_padding)
-                            continue
-                        stats["neighbours"] += 1
-                        tokens[c, j] = searcher.db.with_continuation(i, spec.neighbour_len, pad_id)
-                        doc_ids[c, j] = searcher.db.doc_ids[i]
-                        chunk_idx[c, j] = searcher.db.chunk_index[i]
-                hw.write(frame_record(encode_sidecar(tokens, doc_ids, chunk_idx, spec.token_dtype)))
-    return {"index": shard_idx, "shard": shard["path"], "split": shard["split"], "examples": len(examples),
-            "path": rel, "bytes": hw.bytes, "sha256": hw.sha256, "shard_bytes": shard["bytes"], **stats}
-
-
-def build_sidecar_manifest(plan: NeighboursPlan, results: list) -> Manifest:
-    results = sorted(results, key=lambda r: r["index"])
-    dataset = plan.dataset
-    spec = plan.spec
-    contract = sidecar_contract(dataset.contract.seq_len, dataset.contract.tokenizer, spec)
-    shards = [ShardInfo(path=r["path"], split=r["split"], examples=r["examples"],
-                        tokens=r["examples"] * (dataset.contract.seq_len // spec.chunk_len) * spec.num_neighbours
-                        * spec.neighbour_len, padding_tokens=0, documents=0, bytes=r["bytes"], sha256=r["sha256"])
-              for r in results]
-    side_bytes = sum(r["bytes"] for r in results)
-    shard_bytes = sum(r["shard_bytes"] for r in results)
-    totals = {k: sum(r[k] for r in results) for k in ("chunks", "padding_chunks", "neighbours", "missing")}
-    retrieval = SidecarInfo(
-        fingerprint=spec.fingerprint, dataset_generation=dataset.generation,
-        db={"fingerprint": plan.db_manifest.fingerprint, "generation": plan.db_manifest.generation,
-            "encoder": plan.db_manifest.encoder, "index": {k: v for k, v in plan.db_manifest.index.items()
-                                                           if k in ("kind", "config", "query_terms")}},
-        aligned=tuple(AlignedShard(shard=r["shard"], examples=r["examples"], sidecar=r["path"]) for r in results),
-        counts=totals,
-        storage={"sidecar_bytes": side_bytes, "shard_bytes": shard_bytes,
-                 "ratio_to_shards": round(side_bytes / shard_bytes, 4) if shard_bytes else 0.0,
-                 "token_dtype": spec.token_dtype},
-    )
-    config = {"num_neighbours": plan.config.num_neighbours, "neighbour_len": plan.config.neighbour_len,
-              "nprobe": plan.config.nprobe}
-    return Manifest(contract=contract, shards=shards, config=config,
-                    pileprep_version=PILEPREP_VERSION,
-                    generation=plan.generation, kind=commit.KIND_SIDECAR, retrieval=retrieval)
-
-
-def commit_sidecar(results: list, plan: NeighboursPlan) -> dict:
-    plan.setup_worker()
-    manifest = build_sidecar_manifest(plan, results)
-    commit.commit_store(plan.config.output, commit.KIND_SIDECAR, manifest.to_dict(),
-                        [s.path for s in manifest.shards], plan.previous_generation, plan.staging_dir)
-    return manifest.to_dict()
+        k = self.plan.spec.num_neighbours
+        yield neighbour_shard(self.plan, self.searcher.db, shard_idx, shard, self.pad_id,
+                              lambda _first, batch: self.searcher.search([c for ex in batch for c in ex], k))
 
 
 def build_pipeline(p: beam.Pipeline, plan: NeighboursPlan):
+    if plan.config.ranges:
+        return neighbours_sharded.build_pipeline(p, plan)
     shards = [(i, s.to_dict()) for i, s in enumerate(plan.dataset.shards)]
     return (p | "ListShards" >> beam.Create(shards) | "SpreadShards" >> beam.Reshuffle()
             | "Neighbours" >> beam.ParDo(NeighbourShard(plan))

@@ -33,6 +33,8 @@ class ShardedSearch:
     num_candidates: int  # K: candidates re-ranked exactly per query
     nprobe: int
     query_blocks: int = 1  # groups per range: ((range, block) keys let several workers load the same range)
+    # [(first row, .npy path)] of the full vectors for re-ranking; () = index_dir's vectors.npy
+    vector_files: tuple[tuple[int, str], ...] = ()
 
 
 def range_file(index_dir: str, r: int) -> str:
@@ -124,7 +126,8 @@ class MergeQuery(beam.DoFn):
         self.search = search
 
     def setup(self):
-        self.rows = retrieval_rerank.FileRows(os.path.join(self.search.index_dir, "vectors.npy"))
+        files = self.search.vector_files or ((0, os.path.join(self.search.index_dir, "vectors.npy")),)
+        self.rows = retrieval_rerank.FileRowsSet(files)
 
     def process(self, element):
         key, grouped = element

@@ -3,7 +3,6 @@ crash-safe commit. A small corpus (a couple of thousand chunks) keeps it to abou
 from __future__ import annotations
 
 import collections
-import filecmp
 import json
 import os
 import pathlib
@@ -16,31 +15,22 @@ import pytest
 from model_contract import (ContractMismatchError, Expectation, RetrievalSpec, check_compatible, decode_example,
                             load_manifest, read_records)
 from model_contract.retrieval import SIDECAR_FEATURES, check_sidecar, decode_sidecar
-from pipeline.config import ShardConfig
 from pipeline.errors import ConfigError
 from pipeline.retrieval import build, neighbours, store
 from pipeline.retrieval.config import BuildConfig, NeighboursConfig
-from pipeline.shard import shard_pipeline
-from tests.corpus_fixtures import write_good_corpus
+from tests.retrieval_fixtures import IN_MEMORY, SEQ_LEN, same_tree, small_dataset
 from tests.ops_fixtures import s3_env, s3_server, subprocess_env  # noqa: F401 - fixtures
 from transforms.io import io_utils
 from transforms.retrieval import retrieval_chunks
 
-SEQ_LEN = 128
 CHUNK = 32
-IN_MEMORY = ["--runner=FnApiRunner", "--direct_num_workers=1", "--direct_running_mode=in_memory"]
 TWO_PROCESSES = ["--runner=FnApiRunner", "--direct_num_workers=2", "--direct_running_mode=multi_processing"]
 
 
 @pytest.fixture(scope="module")
 def dataset(tiny_tokenizer, tmp_path_factory):
-    root = tmp_path_factory.mktemp("rcorpus")
-    write_good_corpus(root, limit_bytes=160_000, files=2)
-    out = tmp_path_factory.mktemp("rds") / "ds"
-    config = ShardConfig(inputs=(str(root / "*"),), output=str(out), tokenizer=tiny_tokenizer, seq_len=SEQ_LEN,
-                         num_shards=2, val_fraction=0.1, test_fraction=0.0, unit_mb=0.05)
-    shard_pipeline.run(config, IN_MEMORY)
-    return out
+    return small_dataset(tiny_tokenizer, tmp_path_factory.mktemp("rcorpus"), tmp_path_factory.mktemp("rds") / "ds",
+                         160_000)
 
 
 @pytest.fixture(scope="module")
@@ -124,22 +114,14 @@ def test_neighbours_never_come_from_the_query_documents(dataset, db, sidecar):
     assert seen > 500 and padding >= 1
 
 
-def _same_tree(a: pathlib.Path, b: pathlib.Path) -> None:
-    files_a = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
-    files_b = sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
-    assert files_a == files_b
-    for rel in files_a:
-        assert filecmp.cmp(a / rel, b / rel, shallow=False), f"{rel} differs"
-
-
 def test_database_and_bm25_neighbours_byte_identical_across_workers(dataset, db, sidecar, tmp_path):
     db2 = tmp_path / "db2"
     build.run(BuildConfig(dataset=str(dataset), output=str(db2), chunk_len=CHUNK, num_db_shards=3), TWO_PROCESSES)
-    _same_tree(db, db2)
+    same_tree(db, db2)
     nb2 = tmp_path / "nb2"
     neighbours.run(NeighboursConfig(dataset=str(dataset), db=str(db2), output=str(nb2), neighbour_len=2 * CHUNK),
                    TWO_PROCESSES)
-    _same_tree(sidecar, nb2)
+    same_tree(sidecar, nb2)
 
 
 def test_retrieval_contract_mismatches_are_listed(dataset, sidecar):

@@ -100,6 +100,30 @@ class FileRows:
         return out
 
 
+class FileRowsSet:
+    """Rows across several .npy files ([(first row, path)], e.g. a database's per-shard embeddings), each read by
+    row with pread (FileRows): re-ranking touches only the candidates' rows, never a whole file."""
+
+    def __init__(self, pieces: Sequence):
+        pieces = sorted(pieces, key=lambda t: t[0])
+        self.readers = [FileRows(path) for _, path in pieces]
+        self.starts = np.asarray([first for first, _ in pieces], np.int64)
+        for (first, _), reader, nxt in zip(pieces, self.readers, list(self.starts[1:]) + [None]):
+            if nxt is not None and first + reader.shape[0] != nxt:
+                raise ValueError(f"vector files do not tile the rows: {first}+{reader.shape[0]} != {nxt}")
+
+    def __call__(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.asarray(ids, np.int64)
+        which = np.searchsorted(self.starts, ids, side="right") - 1
+        if len(ids) and which.min() < 0:
+            raise IndexError(f"row {int(ids.min())} is before the first file's rows")
+        out = np.empty((len(ids), self.readers[0].shape[1]), np.float32)
+        for w in np.unique(which):
+            sel = which == w
+            out[sel] = self.readers[w](ids[sel] - self.starts[w])
+        return out
+
+
 def row_reader(array: np.ndarray) -> Callable[[np.ndarray], np.ndarray]:
     return lambda ids: array[ids]
 
