@@ -76,7 +76,8 @@ def main(argv=None) -> int:
     figures = {"size_mb": args.size_mb, "seq_len": args.seq_len, "tokenizer": os.path.basename(args.tokenizer)}
     for packing in ("concat", "best-fit"):
         out = os.path.join(args.cache_dir, f"packing-{packing}-{args.size_mb}mb")
-        extra = ["--packing", packing] + (["--packing-window", str(args.window)] if args.window else [])
+        window = ["--packing-window", str(args.window)] if args.window and packing == "best-fit" else []
+        extra = ["--packing", packing] + window  # --packing-window without best-fit is exit 2 (pipeline/config.py)
         cmd = shard_args(root, args.tokenizer, out, "auto", args.seq_len, []) + extra + ["--overwrite"]
         with open(out + ".stdout", "w") as so, open(out + ".stderr", "w") as se:
             run = run_measured(cmd, _env(), REPO, so, se)
