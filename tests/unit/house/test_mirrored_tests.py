@@ -28,7 +28,6 @@ ALLOWED = {
                                              "tests/integration/shard/test_near_dedup_labels.py (typed elements)",
     "pipeline/shard/near_dedup/edges.py": "tests/unit/shard/test_near_dedup_windows.py",
     "transforms/shard/doc_ids.py": "tests/unit/shard/test_exact_dedup.py (the id index is exact dedup's)",
-    "transforms/shard/layout.py": "tests/unit/shard/test_failed_backend_record.py",
     "transforms/shard/near_dedup/paths.py": "tests/unit/shard/test_near_dedup_windows.py",
     "transforms/shard/packing_stats.py": "tests/unit/shard/test_best_fit.py (padding of both packers)",
     "transforms/shard/spill.py": "tests/unit/shard/test_tokenize_unit.py, test_exact_dedup.py",
@@ -43,7 +42,6 @@ ALLOWED = {
     # Driver steps before the graph, tested through the command's refusals:
     "pipeline/shard/preflight.py": "tests/e2e/test_decontaminate_refusals.py and every exit-2 test of `shard`",
     "pipeline/shard/source_check.py": "tests/integration/tools/test_dry_run.py (unknown --source-weights sources)",
-    "pipeline/shard/near_dedup/eval_sets.py": "tests/e2e/test_decontaminate_refusals.py (the evaluation files)",
 }
 
 
