@@ -94,7 +94,8 @@ def main(argv=None) -> int:
     figures = {"corpus": name, "seq_len": args.seq_len, "tokenizer": os.path.basename(args.tokenizer)}
     for packing in ("concat", "best-fit"):
         out = os.path.join(args.cache_dir, f"packing-{packing}-{name}-{args.seq_len}")
-        extra = ["--packing", packing] + (["--packing-window", str(args.window)] if args.window else [])
+        window = ["--packing-window", str(args.window)] if args.window and packing == "best-fit" else []
+        extra = ["--packing", packing] + window  # --packing-window without best-fit is exit 2 (pipeline/config.py)
         base = (real_sample_args(args.tokenizer, out, args.seq_len) if args.real_sample
                 else shard_args(root, args.tokenizer, out, "auto", args.seq_len, []))
         cmd = base + extra + ["--overwrite"]

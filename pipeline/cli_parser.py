@@ -51,6 +51,14 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def count(text: str) -> int:
+    """An argparse type for a number of things: an int of 0 or more (`inspect --examples -1` ran and exited 0)."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def _verbosity(parser: argparse.ArgumentParser, top: bool) -> None:
     """-v / -q, accepted before and after the subcommand (SUPPRESS: a subcommand does not reset the top's)."""
     g = parser.add_argument_group("output")
@@ -116,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspect = _subcommand(sub, "inspect", "print a dataset's manifest summary and decode a few examples",
                           epilog=s3_help)
     inspect.add_argument("dataset", help="dataset directory or manifest.json (local or s3://)")
-    inspect.add_argument("--examples", type=int, default=2, help="examples to decode")
+    inspect.add_argument("--examples", type=count, default=2, help="examples to decode")
     inspect.add_argument("--tokenizer", default=None, help="decode with this model (default: the manifest's)")
     inspect.add_argument("--json", action="store_true", help="machine-readable: the manifest and decoded examples")
 

@@ -233,6 +233,7 @@ class ShardConfig:
                                 f"got {value!r}")
         if self.packing_window < 1:
             problems.append(f"--packing-window must be at least 1, got {self.packing_window}")
+        problems += orphan_option_problems(self)
         if self.keep_generations < 0:
             problems.append(f"--keep-generations must be 0 or more, got {self.keep_generations}")
         if self.eos_token == "":  # `--eos-token ''` (an unset shell variable) must not silently mean "pick one"
@@ -326,8 +327,28 @@ def near_dedup_problems(c: "ShardConfig") -> list:
     problems = [f"{flag} must be at least 1, got {value}" for flag, value in counts if value < 1]
     if not 0.0 < near.threshold <= 1.0:
         problems.append(f"--near-dedup-threshold must be in (0, 1], got {near.threshold}")
-    if decon.held_out and not decon.enabled:
-        problems.append("--decontaminate-held-out needs --decontaminate GLOB")
+    return problems
+
+
+# An option that only shapes a stage the run does not have does nothing, so giving it is a bad configuration
+# (`--near-dedup-shingles tokens` without `--near-dedup` ran and ignored it). Only a value other than the default
+# is refused: a default written out (a TOML file listing every key) is harmless. The fields stay out of the
+# manifest when their stage is off (to_manifest_dict), so no valid run's config or fingerprint changes.
+_ENABLERS = (("near_dedup_", "--near-dedup", lambda c: c.near_dedup),
+             ("decontaminate_", "--decontaminate GLOB", lambda c: bool(c.decontaminate)),
+             ("packing_window", "--packing best-fit", lambda c: c.packing == "best-fit"))
+
+
+def orphan_option_problems(c: "ShardConfig") -> list:
+    problems = []
+    for prefix, enabler, enabled in _ENABLERS:
+        if enabled(c):
+            continue
+        for f in dataclasses.fields(c):
+            value = getattr(c, f.name)
+            if f.name.startswith(prefix) and value != f.default:
+                given = f"--{f.name.replace('_', '-')}" + ("" if isinstance(value, bool) else f" {value}")
+                problems.append(f"{given} needs {enabler}: without it the option does nothing")
     return problems
 
 

@@ -25,6 +25,7 @@ unchanged if its sha256 still matches.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,7 @@ from apache_beam.io.filesystems import FileSystems
 from model_contract import Manifest
 from model_contract.manifest_rows import LedgerRow
 from model_contract.hashing import sha256_file
+from pipeline.config import ShardConfig
 from pipeline.errors import ConfigError
 from pipeline.ops.input_checks import match_input
 from pipeline.ops.redaction import redact
@@ -154,6 +156,15 @@ def _shaping(config: dict) -> dict:
     return {k: v for k, v in config.items() if k not in NON_SHAPING_CONFIG}
 
 
+def _shown(config: dict, key: str) -> str:
+    """A config value as the message shows it: ShardConfig.to_manifest_dict leaves a setting out at its default
+    (or with its stage off) so that generation names stay, so an absent key is its default, not None."""
+    if key in config:
+        return repr(config[key])
+    default = next((f.default for f in dataclasses.fields(ShardConfig) if f.name == key), dataclasses.MISSING)
+    return "absent" if default is dataclasses.MISSING else f"{default!r} (the default)"
+
+
 def check_compatible(previous: Manifest, contract_dict: dict, config_dict: dict) -> None:
     """A new generation must produce the same kind of example as the ones already committed."""
     problems = []
@@ -164,7 +175,7 @@ def check_compatible(previous: Manifest, contract_dict: dict, config_dict: dict)
     old_s, new_s = _shaping(previous.config), _shaping(config_dict)
     for key in sorted(set(old_s) | set(new_s)):
         if old_s.get(key) != new_s.get(key):
-            problems.append(f"config.{key}: committed {old_s.get(key)!r}, this run {new_s.get(key)!r}")
+            problems.append(f"config.{key}: committed {_shown(old_s, key)}, this run {_shown(new_s, key)}")
     if problems:
         raise IncompatibleGenerationError(
             "--incremental: this run would write examples unlike the committed dataset's, so they cannot be one "

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 import numpy as np
 
@@ -55,32 +56,9 @@ class _CountingReader:
 
 
 @dataclass
-class Sample:
-    input_bytes: int = 0  # compressed bytes consumed
-    raw_bytes: int = 0  # JSON lines (decompressed)
-    records: int = 0
-    documents: int = 0
-    text_bytes: int = 0
-    tokenized_text_bytes: int = 0
-    tokenized_tokens: int = 0
-    split_text_bytes: list[int] = field(default_factory=lambda: [0] * len(SPLITS))
-    # tokenized documents exact, others scaled
-    split_tokens: list[float] = field(default_factory=lambda: [0.0] * len(SPLITS))
-    split_docs: list[int] = field(default_factory=lambda: [0] * len(SPLITS))
-    untokenized_split_bytes: list[int] = field(default_factory=lambda: [0] * len(SPLITS))
-    dead_letters: int = 0
-    filtered: int = 0
-    read_cpu_s: float = 0.0
-    tokenize_cpu_s: float = 0.0
-    token_arrays: list[np.ndarray] = field(default_factory=list)  # a few documents' int64 tokens (output size)
-    by_source: dict[str, SourceSample] = field(default_factory=dict)  # by source name
-    # (input path, its raw lines): the calibration run's input (dry_run_calibration.write_slices)
-    slices: list[tuple[str, list[bytes]]] = field(default_factory=list)
-
-
-@dataclass
-class SourceSample:
-    """One source's share of a sample: its own tokenize rate (CPU s and tokens per text byte)."""
+class Tally:
+    """Documents, bytes and tokens of a sample, or of one source's share of it (its own tokenize rate: CPU s and
+    tokens per text byte). Tokenized documents count exactly; the rest by their bytes, scaled at the rate."""
     documents: int = 0
     text_bytes: int = 0
     tokenized_text_bytes: int = 0
@@ -89,6 +67,19 @@ class SourceSample:
     split_docs: list[int] = field(default_factory=lambda: [0] * len(SPLITS))
     split_tokens: list[int] = field(default_factory=lambda: [0] * len(SPLITS))  # of the tokenized documents
     untokenized_split_bytes: list[int] = field(default_factory=lambda: [0] * len(SPLITS))
+
+    def add(self, split: int, n_bytes: int, n_tokens: Optional[int], cpu_s: float = 0.0) -> None:
+        """One document of `n_bytes` text bytes in `split`; `n_tokens` None: not tokenized (out of budget)."""
+        self.documents += 1
+        self.text_bytes += n_bytes
+        self.split_docs[split] += 1
+        if n_tokens is None:
+            self.untokenized_split_bytes[split] += n_bytes
+            return
+        self.tokenize_cpu_s += cpu_s
+        self.tokenized_tokens += n_tokens
+        self.tokenized_text_bytes += n_bytes
+        self.split_tokens[split] += n_tokens
 
     def tokens_per_byte(self, fallback: float) -> float:
         return self.tokenized_tokens / self.tokenized_text_bytes if self.tokenized_text_bytes else fallback
@@ -99,6 +90,22 @@ class SourceSample:
     def split_token_estimate(self, fallback_rate: float) -> list:
         rate = self.tokens_per_byte(fallback_rate)
         return [self.split_tokens[i] + self.untokenized_split_bytes[i] * rate for i in range(len(SPLITS))]
+
+
+@dataclass
+class Sample(Tally):
+    """The whole sample: its Tally, what reading it cost and found, and one Tally per source."""
+    input_bytes: int = 0  # compressed bytes consumed
+    raw_bytes: int = 0  # JSON lines (decompressed)
+    records: int = 0
+    split_text_bytes: list[int] = field(default_factory=lambda: [0] * len(SPLITS))
+    dead_letters: int = 0
+    filtered: int = 0
+    read_cpu_s: float = 0.0
+    token_arrays: list[np.ndarray] = field(default_factory=list)  # a few documents' int64 tokens (output size)
+    by_source: dict[str, Tally] = field(default_factory=dict)  # by source name
+    # (input path, its raw lines): the calibration run's input (dry_run_calibration.write_slices)
+    slices: list[tuple[str, list[bytes]]] = field(default_factory=list)
 
 
 def pick_files(rows: list, n: int = MAX_SAMPLE_FILES) -> list:
@@ -160,31 +167,16 @@ def _add_document(s: Sample, doc: Document, config: ShardConfig, sp, chars_budge
                   input_split: int = HASHED) -> None:
     split = assign_split(doc.doc_id, input_split, config.val_fraction, config.test_fraction)
     n_bytes = len(doc.text.encode("utf-8"))
-    src = s.by_source.setdefault(doc.source, SourceSample())
-    s.documents += 1
-    s.text_bytes += n_bytes
-    s.split_docs[split] += 1
     s.split_text_bytes[split] += n_bytes
-    src.documents += 1
-    src.text_bytes += n_bytes
-    src.split_docs[split] += 1
+    n_tokens, cpu = None, 0.0
     if chars_budget > 0:
         t0 = time.process_time()
         ids = sp.encode(doc.text)
-        cpu = time.process_time() - t0
-        s.tokenize_cpu_s += cpu
-        s.tokenized_tokens += len(ids)
-        s.tokenized_text_bytes += n_bytes
-        s.split_tokens[split] += len(ids)
-        src.tokenize_cpu_s += cpu
-        src.tokenized_tokens += len(ids)
-        src.tokenized_text_bytes += n_bytes
-        src.split_tokens[split] += len(ids)
+        cpu, n_tokens = time.process_time() - t0, len(ids)
         if len(s.token_arrays) < 4 * ENCODE_EXAMPLES:
             s.token_arrays.append(np.asarray(ids, dtype=np.int64))
-    else:
-        s.untokenized_split_bytes[split] += n_bytes
-        src.untokenized_split_bytes[split] += n_bytes
+    for tally in (s, s.by_source.setdefault(doc.source, Tally())):
+        tally.add(split, n_bytes, n_tokens, cpu)
 
 
 def output_bytes_per_example(s: Sample, seq_len: int, eos_id: int, pad_id: int) -> tuple:

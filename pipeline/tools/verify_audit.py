@@ -85,6 +85,9 @@ def sample_records(paths: list, n: int, seed: int) -> list:
     return sorted((path, line, data) for _k, path, line, data in heap)
 
 
+# The same walk as transforms/shard/documents.py `lookup_field`, kept apart on purpose: the audit re-reads the
+# inputs without the shard job's code (this module's docstring), so a bug in the job's field lookup (a dotted
+# --text-field resolved wrongly) shows as documents missing from the shards instead of being repeated here.
 def _field(record, dotted: str):
     cur = record
     for part in dotted.split("."):

@@ -8,6 +8,7 @@ worker processes).
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import pathlib
@@ -292,7 +293,8 @@ def test_signatures_from_the_tokenize_stage_and_from_the_c_path_write_the_same_b
     write_zst(tmp_path / "in" / "c.jsonl.zst", [pile_line("   ", "Blank")])  # a unit without a document
 
     def run(name):
-        cfg = config(tmp_path, tmp_path / name, tiny_tokenizer, near_dedup_verify=False, decontaminate=())
+        cfg = dataclasses.replace(config(tmp_path, tmp_path / name, tiny_tokenizer, near_dedup_verify=False),
+                                  decontaminate=(), decontaminate_field="text")  # no --decontaminate-field alone
         return shard_pipeline.run(cfg, IN_MEMORY, progress_every_s=0)
 
     def no_text(*_a, **_k):

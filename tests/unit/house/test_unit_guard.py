@@ -39,3 +39,43 @@ def test_a_shard_child_process_is_refused_before_it_starts():
 ])
 def test_is_shard_command(args, refused):
     assert is_shard_command(args) is refused
+
+
+def _refused(build, match: str):
+    """`build(p)` on a TestPipeline is refused by the guard (the refusal is consumed so this test passes)."""
+    with pytest.raises(FullPipelineInUnitTest, match=match):
+        with BeamTestPipeline() as p:
+            build(p)
+    return OFFENDERS.pop()[1]
+
+
+def test_a_test_pipeline_that_reads_files_is_refused(tmp_path):
+    from apache_beam.io import fileio
+
+    (tmp_path / "in.txt").write_text("a\nb\n")
+    path = str(tmp_path / "in.txt")
+    what = _refused(lambda p: p | beam.io.ReadFromText(path), "file read")
+    assert "ReadFromText" in what, what
+    _refused(lambda p: p | fileio.MatchFiles(path) | fileio.ReadMatches(), r"file read \(MatchAll\)")
+
+
+def test_a_test_pipeline_holding_a_whole_job_is_refused():
+    what = _refused(lambda p: p | "ListInputs" >> beam.Create([(0, "in.jsonl", 1)]), "whole job")
+    assert "'ListInputs'" in what, what
+    from pipeline.shard import graph
+
+
+    class SmallShards(graph.BuildShards):  # the whole job's class, any graph: refused by what it is
+        def expand(self, root):
+            return root | beam.Create([1])
+
+    what = _refused(lambda p: p | "Shard" >> SmallShards(plan=None), "whole job")
+    assert "'Shard'" in what, what
+
+
+def test_a_test_pipeline_over_the_cpu_budget_is_refused(monkeypatch):
+    import tests.unit.conftest as guard
+
+    monkeypatch.setattr(guard, "TEST_PIPELINE_CPU_S", 0.0)
+    what = _refused(lambda p: assert_that(p | beam.Create([1]), equal_to([1])), "s of CPU")
+    assert "more than 0" in what, what

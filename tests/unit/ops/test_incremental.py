@@ -38,3 +38,28 @@ def test_etag_decides_for_object_stores():
     old = [_held("s3://b/k", etag="e1", sha256="S")]
     same = incremental.diff_ledger(old, [_row("s3://b/k", etag="e1", mtime=5.0)], hasher=None)
     assert [r["path"] for r in same.unchanged] == ["s3://b/k"]  # re-uploaded, same ETag: unchanged, no hash
+
+
+# ------------------------------------------------------------------------------------------- compatibility
+def test_a_setting_absent_at_its_default_is_named_by_its_value_not_none():
+    """to_manifest_dict leaves a setting out at its default (generation names stay), so the committed dataset's
+    `near_dedup_shingles: tokens` against a run at the default used to read "committed 'tokens', this run None"
+    (issue 29); the message names the default the absence stands for, on either side."""
+    import types
+
+    import pytest
+
+    from pipeline.config import ShardConfig
+
+    base = dict(inputs=("x.jsonl",), output="out", tokenizer="t.model", near_dedup=True)
+    words, tokens = (ShardConfig(**base).to_manifest_dict(),
+                     ShardConfig(**base, near_dedup_shingles="tokens").to_manifest_dict())
+    committed = types.SimpleNamespace(contract=types.SimpleNamespace(to_dict=dict), config=tokens)
+    with pytest.raises(incremental.IncompatibleGenerationError) as e:
+        incremental.check_compatible(committed, {}, words)
+    assert "config.near_dedup_shingles: committed 'tokens', this run 'words' (the default)" in str(e.value)
+    assert "None" not in str(e.value)
+    committed.config = words
+    with pytest.raises(incremental.IncompatibleGenerationError, match=r"committed 'words' \(the default\), "
+                                                                      r"this run 'tokens'"):
+        incremental.check_compatible(committed, {}, tokens)

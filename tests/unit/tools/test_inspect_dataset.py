@@ -56,3 +56,18 @@ def test_inspect_decodes_only_with_the_contracts_tokenizer(tmp_path, tiny_tokeni
         notes = [line for line in lines if "token ids" in line]
         assert len(notes) == 1 and other_sha[:12] in notes[0] and info.model_sha256[:12] in notes[0], lines
         assert lines[-1].startswith("["), lines  # ids, not another tokenizer's text
+
+
+def test_a_negative_examples_count_is_exit_2_in_one_line(tmp_path, capsys):
+    """`inspect --examples -1` printed the summary and exited 0 (issue 29): a count below 0 is a bad
+    configuration, refused by the parser (the same dataset with --examples 0 is exit 0)."""
+    from pipeline.cli import main as cli_main
+    from tests.trainer_fixtures import write_dataset
+
+    ds = write_dataset(str(tmp_path / "ds"), n_docs=4, n_shards=1)
+    assert cli_main(["inspect", ds, "--json", "--examples", "0"]) == 0
+    capsys.readouterr()
+    assert cli_main(["inspect", ds, "--json", "--examples", "-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("pileprep: error: ") and "--examples" in err[0], err
+    assert "0 or more" in err[0] and "-1" in err[0], err
