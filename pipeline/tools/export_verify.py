@@ -1,7 +1,11 @@
 """`pileprep verify OUTPUT` for an export (pipeline/tools/export_formats.py): every file its export.json lists is
 hashed and compared with the size and sha256 recorded there; a missing, truncated or changed file, a path that
 leaves the output or goes through a link, is a mismatch by name. A Parquet export's export.json (pipeline/tools/
-export.py) records no digests: its files are checked to exist."""
+export.py) records no digests: its files are checked to exist.
+
+OUTPUT is local or an object store's prefix (s3://bucket/prefix, as `pileprep export` writes it): everything is read
+through transforms/io/io_utils.py, so an export on S3 is checked as a local one is, object by object (an object
+store has no links to refuse)."""
 from __future__ import annotations
 
 import json
@@ -10,10 +14,16 @@ import os
 from model_contract.hashing import sha256_file
 from pipeline.tools.export import EXPORT_KIND, SUMMARY_NAME
 from pipeline.tools.export_formats import GENERATION_NAME, safe_relative
+from transforms.io import io_utils
 
 
 def is_export(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, SUMMARY_NAME)) and not os.path.exists(os.path.join(path, "manifest.json"))
+    """OUTPUT holds an export.json and no manifest.json (local or object store)."""
+    if io_utils.is_local(path):
+        return os.path.isfile(os.path.join(path, SUMMARY_NAME)) and not os.path.exists(os.path.join(path,
+                                                                                                    "manifest.json"))
+    return io_utils.exists(io_utils.join(path, SUMMARY_NAME)) and not io_utils.exists(io_utils.join(path,
+                                                                                                    "manifest.json"))
 
 
 def _inside(root: str, rel: str) -> bool:
@@ -26,14 +36,47 @@ def _inside(root: str, rel: str) -> bool:
     return True
 
 
+def _read_summary(summary_path: str, report):
+    try:
+        return json.loads(io_utils.read_bytes(summary_path).decode("utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        report.mismatches.append(f"{summary_path}: unreadable export summary: {type(e).__name__}")
+        return None
+
+
+def _listed(output: str) -> dict:
+    """An object store's objects under OUTPUT: {path relative to OUTPUT: size}, from one listing (Beam's S3
+    filesystem builds a client per call: one `exists` per file would cost more than the hashing)."""
+    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+
+    root = io_utils.join(output, "")
+    found = FileSystems.match([root + "**"])[0].metadata_list
+    return {m.path[len(root):]: m.size_in_bytes for m in found if m.path.startswith(root)}
+
+
+def _missing(output: str, rel: str, listed, report) -> bool:
+    """True (and the mismatch recorded) when the file is not there, or (local) is reached through a link."""
+    if listed is not None:
+        if rel in listed:
+            return False
+        report.mismatches.append(f"{rel}: missing")
+        return True
+    if not _inside(output, rel):
+        report.mismatches.append(f"{rel}: reached through a link")
+        return True
+    if not os.path.isfile(os.path.join(output, rel)):
+        report.mismatches.append(f"{rel}: missing")
+        return True
+    return False
+
+
 def verify_export(output: str, report) -> None:
     """Fill `report` (pipeline/tools/verify_report.py VerifyReport) from OUTPUT's export.json."""
-    summary_path = os.path.join(output, SUMMARY_NAME)
-    try:
-        with open(summary_path, encoding="utf-8") as f:
-            summary = json.load(f)
-    except (OSError, ValueError) as e:
-        report.mismatches.append(f"{summary_path}: unreadable export summary: {type(e).__name__}")
+    local = io_utils.is_local(output)
+    join = os.path.join if local else io_utils.join
+    summary_path = join(output, SUMMARY_NAME)
+    summary = _read_summary(summary_path, report)
+    if summary is None:
         return
     if not isinstance(summary, dict) or summary.get("kind") != EXPORT_KIND or not isinstance(summary.get("files"),
                                                                                               list):
@@ -44,22 +87,23 @@ def verify_export(output: str, report) -> None:
         report.mismatches.append(f"{summary_path}: generation is not a name")
         return
     report.notes.append(f"{summary.get('format')} export of generation {generation}")
+    listed = None if local else _listed(output)
     for row in summary["files"]:
         rel = row.get("path") if isinstance(row, dict) else None
         if not (isinstance(rel, str) and safe_relative(rel)):
             report.mismatches.append(f"{summary_path}: a file path that leaves the output: {str(rel)[:80]!r}")
             continue
-        path = os.path.join(output, rel)
-        if not _inside(output, rel):
-            report.mismatches.append(f"{rel}: reached through a link")
-            continue
-        if not os.path.isfile(path):
-            report.mismatches.append(f"{rel}: missing")
+        if _missing(output, rel, listed, report):
             continue
         report.files_checked += 1
         if "sha256" not in row:  # a Parquet export's row
             continue
-        size, sha = sha256_file(path)
+        path = join(output, rel)
+        if listed is not None and listed[rel] != row.get("bytes"):  # a truncated object: no download to say so
+            report.bytes_checked += listed[rel]
+            report.mismatches.append(f"{rel}: {listed[rel]} bytes, export.json says {row.get('bytes')}")
+            continue
+        size, sha = sha256_file(path) if local else sha256_file(path, opener=io_utils.open_read)
         report.bytes_checked += size
         if size != row.get("bytes"):
             report.mismatches.append(f"{rel}: {size} bytes, export.json says {row.get('bytes')}")
