@@ -27,6 +27,9 @@ PATH_ERRORS = (FileNotFoundError, NotADirectoryError, IsADirectoryError, Permiss
 
 # -------------------------------------------------------------------------------------------- commands
 def cmd_shard(args, beam_args) -> int:
+    from pipeline.tools.export_after_shard import export_committed, parse_formats  # noqa: PLC0415
+
+    formats = parse_formats(getattr(args, "formats", None))  # a bad value: exit 2 before anything runs
     config = options.build(ShardConfig, args)
     run = options.build(RunOptions, args)
     if run.dry_run:
@@ -54,6 +57,10 @@ def cmd_shard(args, beam_args) -> int:
 
     print_outcome(outcome)
     print(summary_table(outcome.manifest))
+    if len(formats) > 1:  # the other formats: exports of the committed generation (export_after_shard.py)
+        _filesystem_args(beam_args)
+        for line in export_committed(config.output, formats, s3_options=_s3_options(beam_args)):
+            print(line, flush=True)
     return 0
 
 

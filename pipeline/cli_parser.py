@@ -97,6 +97,12 @@ def build_parser() -> argparse.ArgumentParser:
                             "beam-args = [...] for Beam options); options on the command line override it")
     options.add_options(shard, ShardConfig)
     options.add_options(shard, RunOptions)
+    # Not a ShardConfig field: the serialized config and fingerprint stay those of a run without it (SAME BYTES).
+    shard.add_argument("--format", dest="formats", action="extend", nargs="+", default=None, metavar="FORMAT",
+                       help="formats to write: tfrecord (always written: the shards are the source of truth), "
+                            "megatron, hf, mds, parquet; several space or comma separated, or --format repeated. "
+                            "Each other format is `pileprep export OUTPUT --format F` of the committed generation "
+                            "into OUTPUT/F/ after the job commits (default: tfrecord)")
 
     sample = _subcommand(sub, "sample", "write the embedded Pile-format sample corpus")
     sample.add_argument("--output", required=True, help="directory to write the sample corpus to")

@@ -3,7 +3,7 @@
 An export, not a stage of the shard job: the TFRecord shards stay the one thing the shard job writes (their bytes
 and the job's resume keys unchanged), and any committed generation can be exported later, again, or to another
 format; the cost is one more read of the shards (their checksums verified on the way, model_contract's checked
-reader). The writers: pipeline/tools/export_megatron.py (documents, `.bin/.idx`), export_hf.py (Parquet with a
+reader). `pileprep shard --format ...` runs this same export after its commit (pipeline/tools/export_after_shard.py). The writers: pipeline/tools/export_megatron.py (documents, `.bin/.idx`), export_hf.py (Parquet with a
 dataset card `datasets` opens), export_mds.py (MosaicML Streaming shards + index.json).
 
 The protocol, shared by every format (pipeline/tools/export.py has the Parquet one and the checks reused here):

@@ -3,7 +3,7 @@ it holds what its inputs say it should.
 
 1. Files (pipeline/tools/verify_files.py). Every shard, dead-letter file, document-id index and near-dedup band
    index file the manifest names, hashed and compared with the size and sha256 the manifest recorded; an
-   export's files against its export.json instead (pipeline/tools/export_verify.py).
+   export's files (local or s3://) against its export.json instead (pipeline/tools/export_verify.py).
 2. Content audit (`--inputs GLOB --sample N`, pipeline/tools/verify_audit.py). A seeded sample of input records
    re-read and re-tokenized independently of the shard job's code, each document found once and token-exact in
    the shards, or recorded as removed (pipeline/tools/verify_inputs.py), or dead-lettered, or filtered.
@@ -34,11 +34,11 @@ def verify(dataset: str, inputs: Optional[list] = None, sample: int = 200, seed:
         set_filesystem_options(PipelineOptions(list(filesystem_args)))
     report = VerifyReport(dataset)
     manifest_file = dataset if dataset.endswith(".json") else io_utils.join(dataset, MANIFEST_NAME)
-    if io_utils.is_local(dataset) and not dataset.endswith(".json"):
+    if not dataset.endswith(".json"):
         from pipeline.tools import export_verify  # noqa: PLC0415
 
-        if export_verify.is_export(dataset):  # an export's files against its export.json
-            export_verify.verify_export(dataset, report)  # (a link there is a mismatch it names)
+        if export_verify.is_export(dataset):  # an export's files against its export.json, local or s3://
+            export_verify.verify_export(dataset, report)  # (a local link there is a mismatch it names)
             return report
     if io_utils.is_local(manifest_file):  # before any read: never through a link inside the dataset
         from pipeline.ops import guards  # noqa: PLC0415

@@ -1,6 +1,6 @@
 """`pileprep export --format megatron|hf|mds` to an s3:// output (moto's S3 server): the same files, byte for
 byte, as a local export; export.json last, no temporary or done-marker object left; resumable through the store;
-the previous generation kept, the one before removed."""
+the previous generation kept, the one before removed; `pileprep verify s3://...` checks it through the store."""
 from __future__ import annotations
 
 import hashlib
@@ -57,13 +57,38 @@ def _check_store(client, prefix, local) -> None:
 
 
 @pytest.mark.parametrize("fmt", ["hf", "mds"])
-def test_s3_export_equals_the_local_one_and_commits_last(dataset, store, fmt, tmp_path):
+def test_s3_export_equals_the_local_one_and_commits_last(dataset, store, fmt, tmp_path, capsys):
     client, options = store
     local = export_formats.export_format(str(dataset), fmt, str(tmp_path / "local"))
     remote = export_formats.export_format(str(dataset), fmt, f"s3://exports/{fmt}", s3_options=options)
     assert remote["files"] == local["files"]  # sizes and sha256, file for file
     left = _check_store(client, f"{fmt}/", local)
     assert not left, left  # no temporary, no done marker, no lock, nothing unlisted
+    if fmt == "hf":  # verify reads any format's export.json alike: once is enough
+        _verify_on_the_store(client, options, f"{fmt}/", local, capsys)
+
+
+def _verify_on_the_store(client, options, prefix, local, capsys) -> None:
+    """`pileprep verify s3://...` reads export.json and hashes every object through the store: exit 0; a flipped
+    byte in one object, another cut short and a third gone: exit 1, each named."""
+    from pipeline import cli
+
+    url = f"s3://exports/{prefix.rstrip('/')}"
+    beam_args = [f"--{k}={v}" for k, v in sorted(options.items())]  # as a user gives them after the command
+    assert cli.main(["verify", url, *beam_args]) == 0, capsys.readouterr()
+    out = capsys.readouterr().out
+    assert f": {len(local['files'])} files," in out and "export of generation" in out, out
+    flipped, cut, gone = (local["files"][i]["path"] for i in (0, 1, -1))
+    data = bytearray(client.get_object(Bucket="exports", Key=prefix + flipped)["Body"].read())
+    data[len(data) // 2] ^= 0x01
+    client.put_object(Bucket="exports", Key=prefix + flipped, Body=bytes(data))
+    client.delete_object(Bucket="exports", Key=prefix + gone)
+    short = client.get_object(Bucket="exports", Key=prefix + cut)["Body"].read()[:-1]
+    client.put_object(Bucket="exports", Key=prefix + cut, Body=short)
+    assert cli.main(["verify", url, *beam_args]) == 1
+    out = capsys.readouterr().out
+    assert f"{flipped}: sha256" in out and f"{gone}: missing" in out, out
+    assert f"{cut}: {len(short)} bytes, export.json says {len(short) + 1}" in out, out
 
 
 def test_s3_megatron_export_resumes_and_keeps_the_previous_generation(dataset, store, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import unittest.mock
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -296,3 +297,66 @@ def test_a_killed_exports_temporaries_are_removed_by_the_next_export_and_nothing
     left = sorted(str(p.relative_to(pq_out)) for p in pq_out.rglob("*") if p.is_file())
     assert left == sorted([f["path"] for f in listed] + ["export.json"]
                           + [str(p.relative_to(pq_out)) for p in others])  # no lock, no in-progress marker
+
+
+@pytest.mark.formats
+def test_shard_format_writes_the_exports_of_the_committed_generation(tiny_tokenizer, tmp_path, capsys):
+    """`shard --format megatron,hf`: the TFRecord files, manifest config and generation of a run without --format;
+    OUTPUT/megatron and OUTPUT/hf equal to `export` after the shard (sha256 of every file); an export killed after
+    its first split resumes from that split's done marker when the same command runs again (nothing to do for the
+    shard job); a bad value is exit 2, one line."""
+    from pipeline import cli
+    from pipeline.tools import export_formats
+    from pipeline.tools.verify import verify
+    from tests.corpus_fixtures import write_good_corpus
+    from tests.export_fixtures import IN_MEMORY
+
+    write_good_corpus(tmp_path / "in", limit_bytes=60_000)
+
+    def shard(out, *formats):
+        return cli.main(["shard", "--input", str(tmp_path / "in" / "*"), "--output", str(tmp_path / out),
+                         "--tokenizer", tiny_tokenizer, "--seq-len", "128", "--num-shards", "1", "--val-fraction",
+                         "0.2", "--test-fraction", "0.1", "--progress-every", "0", *formats, *IN_MEMORY])
+
+    real_put = export_formats.SplitJob.put_many
+    written = []
+
+    splits = []
+
+    def killed_in_the_second_split(self, names, fill):
+        if self.split not in splits:
+            splits.append(self.split)
+        if len(splits) > 1:
+            raise KeyboardInterrupt  # as a kill during the second split, the first one's done marker written
+        return real_put(self, names, fill)
+
+    with unittest.mock.patch.object(export_formats.SplitJob, "put_many", killed_in_the_second_split):
+        assert shard("out", "--format", "megatron,hf") == 130
+    out = tmp_path / "out"
+    assert (out / "manifest.json").exists() and not (out / "megatron" / "export.json").exists()
+
+    def counting(self, names, fill):
+        written.extend((self.fmt, n) for n in names)
+        return real_put(self, names, fill)
+
+    capsys.readouterr()
+    with unittest.mock.patch.object(export_formats.SplitJob, "put_many", counting):
+        assert shard("out", "--format", "megatron,hf") == 0
+    printed = capsys.readouterr().out
+    assert "nothing to do" in printed and "--format megatron:" in printed and "--format hf:" in printed, printed
+    megatron = [n for f, n in written if f == "megatron"]
+    assert not any(n.startswith(f"{splits[0]}_") for n in megatron), written  # reused from its done marker
+    assert f"{splits[1]}_text_document.bin" in megatron and any(f == "hf" for f, _ in written), written
+    assert shard("plain") == 0  # the same run without --format
+    plain, both = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("plain", "out"))
+    assert [(s["path"], s["sha256"]) for s in both["shards"]] == [(s["path"], s["sha256"]) for s in plain["shards"]]
+    assert (both["generation"], both["config"]) == (plain["generation"], plain["config"])
+    assert not (tmp_path / "plain" / "megatron").exists()
+    for fmt in ("megatron", "hf"):
+        after = export_formats.export_format(str(tmp_path / "plain"), fmt, str(tmp_path / f"x-{fmt}"))
+        summary = json.loads((out / fmt / "export.json").read_text())
+        assert summary["files"] == after["files"] and summary["generation"] == after["generation"]
+        assert verify(str(out / fmt)).ok
+    assert shard("bad", "--format", "megatron,tfrecords") == 2
+    err = capsys.readouterr().err
+    assert "--format 'tfrecords'" in err and len(err.strip().splitlines()) == 1, err
