@@ -65,10 +65,10 @@ def worker_environment(flags: BootFlags, info, base_env: dict) -> dict:
 
 
 def provision_info(flags: BootFlags):
-    import grpc  # noqa: PLC0415
     from apache_beam.portability.api import beam_provision_api_pb2, beam_provision_api_pb2_grpc  # noqa: PLC0415
+    from apache_beam.runners.worker.channel_factory import GRPCChannelFactory  # noqa: PLC0415
 
-    with grpc.insecure_channel(flags.provision_endpoint) as channel:
+    with GRPCChannelFactory.insecure_channel(flags.provision_endpoint) as channel:
         stub = beam_provision_api_pb2_grpc.ProvisionServiceStub(channel)
         response = stub.GetProvisionInfo(beam_provision_api_pb2.GetProvisionInfoRequest(),
                                          metadata=[("worker_id", flags.worker_id)], timeout=PROVISION_TIMEOUT_S)
