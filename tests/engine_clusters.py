@@ -7,7 +7,11 @@ The cluster processes import pileprep from this checkout (PYTHONPATH), as a real
 """
 from __future__ import annotations
 
+import json
 import pathlib
+import subprocess
+import sys
+import time
 
 import psutil
 import pytest
@@ -15,7 +19,8 @@ import pytest
 from pipeline.ops.engines import cluster as engine_cluster
 from pipeline.ops.engines import fetch
 from tests.conftest import REPO
-from tests.ops_fixtures import subprocess_env
+from tests.corpus_fixtures import write_good_corpus
+from tests.ops_fixtures import dataset_files, kill_group, run_cli, subprocess_env
 
 
 def _start(engine: str, tmp_path_factory) -> engine_cluster.Cluster:
@@ -64,13 +69,6 @@ def sdk_workers(c: engine_cluster.Cluster) -> list:
 
 
 # ------------------------------------------------------------------------------------- the shared cases
-import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
-import time  # noqa: E402
-
-from tests.corpus_fixtures import write_good_corpus  # noqa: E402
-from tests.ops_fixtures import dataset_files, kill_group, run_cli  # noqa: E402
 
 
 def shard_args(corpus, output, tokenizer, *extra) -> list:

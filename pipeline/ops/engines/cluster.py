@@ -222,7 +222,7 @@ def start_flink(state: pathlib.Path, env: Optional[dict] = None) -> Cluster:
     return cluster
 
 
-def stop(state: pathlib.Path, grace_s: float = 10.0) -> int:
+def stop(state: pathlib.Path, grace_s: float = 3.0) -> int:
     """End the process groups recorded in DIR/cluster.json that are still the processes started (pid and start
     time match); returns how many were running."""
     try:
