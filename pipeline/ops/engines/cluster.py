@@ -26,7 +26,7 @@ import sys
 import time
 import urllib.request
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import Any, Optional
 
 from pipeline.ops.engines import fetch
 
@@ -41,9 +41,9 @@ PROCESS_ARGS = ["--environment_type=PROCESS", "--environment_cache_millis=60000"
 class Cluster:
     engine: str
     master_url: str
-    beam_args: list
+    beam_args: list[str]
     state_dir: str
-    processes: list = field(default_factory=list)  # [{"name", "pid", "start"}]
+    processes: list[dict[str, Any]] = field(default_factory=list)  # [{"name", "pid", "start"}]
 
     def lines(self) -> str:
         return f"MASTER_URL={self.master_url}\nBEAM_ARGS={' '.join(self.beam_args)}"
@@ -257,15 +257,15 @@ def main(argv: Optional[list] = None) -> int:
     try:
         if a.action == "stop":
             n = stop(state)
-            print(f"stopped {n} process group(s) started from {state}")
+            fetch.say(f"stopped {n} process group(s) started from {state}")
             return 0
         if a.engine is None:
             raise fetch.EngineSetupError("start needs the engine: spark or flink")
         cluster = (start_spark if a.engine == "spark" else start_flink)(state)
     except fetch.EngineSetupError as e:
-        print(f"error: {e}", file=sys.stderr)
+        fetch.say(str(e), error=True)
         return 2
-    print(cluster.lines())
+    fetch.say(cluster.lines())
     return 0
 
 

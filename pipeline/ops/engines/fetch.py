@@ -52,7 +52,7 @@ class EnginePins:
     engine: str
     runner: str          # group:artifact:version of the Beam runner
     job_service: str
-    extras: tuple
+    extras: tuple[str, ...]
     dist_package: str    # the PyPI distribution holding the engine's jars
     dist_version: str
 
@@ -214,14 +214,24 @@ def fetch(engine: str) -> pathlib.Path:
     return final
 
 
+def say(line: str, error: bool = False) -> None:
+    """The make targets' output (these modules are `python -m` entry points of the Makefile, not the service's
+    library: like pipeline/options.py's __main__ they write to the terminal; an error is the CLI's one line)."""
+    if error:
+        sys.stderr.write(f"pileprep: error: {line}\n")
+    else:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+
 def main(argv: Optional[list] = None) -> int:
     engines = list(sys.argv[1:] if argv is None else argv) or list(ENGINES)
     try:
         for engine in engines:
             where = fetch(engine)
-            print(f"{engine}: {where}")
+            say(f"{engine}: {where}")
     except EngineSetupError as e:
-        print(f"error: {e}", file=sys.stderr)
+        say(str(e), error=True)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 from pipeline.ops import runners
 from pipeline.ops.engines import fetch, sdk_boot
 from pipeline.ops.engines.options import check_engine_options
