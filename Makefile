@@ -66,9 +66,9 @@ airflow: .venv-airflow/.installed ## real Airflow in .venv-airflow (tests/e2e/te
 # `make setup` and `make shard` never do. The clusters run in the background until their -stop target.
 ENGINES := $(BIN)/python -m pipeline.ops.engines
 ENGINES_STATE ?= out/engines
-spark: $(STAMP) ## Beam's Spark job server (mvn) + Spark 3.5.0 (pyspark) into the engines cache (Java 17, Maven)
+spark: $(STAMP) ## Beam's Spark job server (mvn) + Spark (pyspark) into the engines cache (Java 17, Maven; pins: pyproject.toml)
 	@$(ENGINES).fetch spark
-flink: $(STAMP) ## Beam's Flink 1.19 job server (mvn) + Flink 1.19.0 (apache-flink-libraries) into the cache
+flink: $(STAMP) ## Beam's Flink job server (mvn) + Flink (apache-flink-libraries) into the engines cache
 	@$(ENGINES).fetch flink
 engines: spark flink ## make spark + make flink
 
@@ -84,7 +84,7 @@ flink-cluster-stop: ## stop what `make flink-cluster` started
 # What the end-to-end tests use beyond the venv, brought by `make test` itself (idempotent, cached): real Airflow
 # in its own venv (tests/e2e/test_airflow.py) and, as root with apt, Debian's headless Chromium
 # (tests/e2e/test_report.py). Either failing to install is said in one line; those tests then say why they skip.
-# The JVM engines (tests/e2e/test_spark_runner.py, test_flink_runner.py) must install: those tests fail, never
+# The JVM engines (tests/e2e/test_engines_spark.py, test_engines_flink.py) must install: those tests fail, never
 # skip, where they cannot run (CI has Java 17 and Maven).
 # MosaicML Streaming (the MDS reader of tests/e2e/test_export_formats.py) pins numpy<2.2 and transformers<5; it
 # runs with this venv's, so it and the modules it imports that nothing else brings are installed without deps.

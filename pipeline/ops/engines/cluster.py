@@ -86,6 +86,18 @@ def sdk_worker_script(state: pathlib.Path) -> pathlib.Path:
     return path
 
 
+def job_server_java(state: pathlib.Path) -> pathlib.Path:
+    """DIR/job-server-java: `--job_server_java_launcher`, java in a session of its own. Beam starts the job server
+    in the driver's process group (apache_beam/utils/subprocess_server.py), so a terminal's Ctrl-C would end it
+    before the driver could cancel the job through it (pipeline/ops/engines/submit.py); Beam still stops it."""
+    path = state / "job-server-java"
+    tmp = state / f".job-server-java.tmp-{os.getpid()}"
+    tmp.write_text('#!/bin/sh\nexec setsid java "$@"\n')
+    tmp.chmod(0o755)
+    os.replace(tmp, path)
+    return path
+
+
 def _get_json(url: str) -> Optional[dict]:
     try:
         with urllib.request.urlopen(url, timeout=2) as r:  # noqa: S310 - a loopback URL this module built
@@ -130,12 +142,18 @@ def start_spark(state: pathlib.Path, env: Optional[dict] = None, workers: int = 
                SPARK_LOG_DIR=str(state), SPARK_CONF_DIR=str(state))
     master_url = f"spark://127.0.0.1:{port}"
     script = sdk_worker_script(state)
+    events = state / "events"
+    events.mkdir(exist_ok=True)
     cluster = Cluster("spark", master_url, [
         "--runner=SparkRunner", f"--spark_master_url={master_url}",
         f"--spark_job_server_jar={fetch.launcher_jar(pins)}", f"--job_server_jvm_properties={JOB_SERVER_HEAP}",
         # The job server hosts Spark's driver: on the loopback like the cluster (else it binds the host's address).
         "--job_server_jvm_properties=-Dspark.driver.host=127.0.0.1",
         "--job_server_jvm_properties=-Dspark.driver.bindAddress=127.0.0.1",
+        # Spark's event log, as EMR keeps one for its history server (what the tests read for secrets).
+        "--job_server_jvm_properties=-Dspark.eventLog.enabled=true",
+        f"--job_server_jvm_properties=-Dspark.eventLog.dir=file://{events}",
+        f"--job_server_java_launcher={job_server_java(state)}",
         *PROCESS_ARGS, f"--environment_options=process_command={script}"], str(state))
     spark_class = str(home / "bin" / "spark-class")
     cluster.processes.append(_spawn("master", [spark_class, "org.apache.spark.deploy.master.Master", "--host",
@@ -201,7 +219,8 @@ def start_flink(state: pathlib.Path, env: Optional[dict] = None) -> Cluster:
     script = sdk_worker_script(state)
     cluster = Cluster("flink", master, [
         "--runner=FlinkRunner", f"--flink_master={master}", f"--flink_job_server_jar={fetch.launcher_jar(pins)}",
-        f"--job_server_jvm_properties={JOB_SERVER_HEAP}", *PROCESS_ARGS,
+        f"--job_server_jvm_properties={JOB_SERVER_HEAP}", f"--job_server_java_launcher={job_server_java(state)}",
+        *PROCESS_ARGS,
         f"--environment_options=process_command={script}"], str(state))
     cp = f"{home / 'lib'}/*"
     jm = ["java", "-Xmx256m", *fetch.JVM_OPENS, f"-Dlog.file={state / 'jobmanager.flink.log'}", "-cp", cp,

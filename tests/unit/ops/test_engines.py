@@ -108,3 +108,31 @@ def test_boot_environment_carries_options_and_endpoints():
     assert env["LOGGING_API_SERVICE_DESCRIPTOR"] == 'url: "localhost:3"'
     assert json.loads(env["PIPELINE_OPTIONS"]) == {"beam:option:job_name:v1": "j"}
     assert env["RUNNER_CAPABILITIES"] == "beam:protocol:x"
+
+
+def test_a_job_service_runner_gets_no_s3_secret_and_other_runners_keep_theirs():
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline.ops.engines import submit
+
+    args = ["--runner=FlinkRunner", "--flink_master=127.0.0.1:8081", "--s3_access_key_id=AKID",
+            "--s3_secret_access_key=SECRET", "--s3_session_token=TOKEN", "--s3_endpoint_url=http://127.0.0.1:9",
+            "--environment_type=PROCESS", "--environment_options=process_command=/x", "--experiments=a",
+            "--experiments=b"]
+    sent = submit.for_submission(PipelineOptions(args)).get_all_options(drop_default=True,
+                                                                        retain_unknown_options=True)
+    assert not {"s3_access_key_id", "s3_secret_access_key", "s3_session_token"} & {k for k, v in sent.items() if v}
+    assert sent["s3_endpoint_url"] == "http://127.0.0.1:9" and sent["experiments"] == ["a", "b"]
+    assert sent["environment_options"] == ["process_command=/x"] and sent["flink_master"] == "127.0.0.1:8081"
+    local = PipelineOptions(["--runner=DirectRunner", "--s3_secret_access_key=SECRET"])
+    assert submit.for_submission(local) is local
+    assert sent["job_name"].startswith("pileprep-")
+
+
+def test_final_counters_take_the_markers_count_over_attempted_metrics():
+    from pipeline.ops import progress
+
+    # Spark recomputes a stage two stages read: its attempted metrics count those records twice.
+    assert progress.final_counters({"records": 230, "shuffle_pieces": 4}, {"records": 172, "examples": 0}) == \
+        {"records": 172, "shuffle_pieces": 4}
+    assert progress.final_counters({"examples": 9}, {"examples": 0, "records": 3}) == {"examples": 9, "records": 3}

@@ -1,4 +1,5 @@
-"""Session-wide Spark and Flink clusters for tests/e2e/test_spark_runner.py and test_flink_runner.py.
+"""Session-wide Spark and Flink clusters (and one FnApiRunner reference) for tests/e2e/test_engines_spark.py and
+tests/e2e/test_engines_flink.py.
 
 Each is started once per test session (JVM start-up is seconds) by the same code as `make spark-cluster` /
 `make flink-cluster` (pipeline/ops/engines/cluster.py), from the engines `make test` fetched (`make engines`, via
@@ -8,7 +9,9 @@ The cluster processes import pileprep from this checkout (PYTHONPATH), as a real
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -23,32 +26,50 @@ from tests.corpus_fixtures import write_good_corpus
 from tests.ops_fixtures import dataset_files, kill_group, run_cli, subprocess_env
 
 
-def _start(engine: str, tmp_path_factory) -> engine_cluster.Cluster:
+def _running(engine: str, tmp_path_factory):
+    """Start `engine`'s cluster once for the session and stop what was started after it."""
     try:
         fetch.require(engine)
     except fetch.EngineSetupError as e:
         pytest.fail(f"{e} (make test runs `make engines` first; these tests never skip)")
     state = tmp_path_factory.mktemp(f"{engine}-cluster")
     starter = engine_cluster.start_spark if engine == "spark" else engine_cluster.start_flink
-    return starter(state, env=subprocess_env(PYTHONPATH=str(REPO)))
+    c = starter(state, env=subprocess_env(PYTHONPATH=str(REPO)))
+    try:
+        yield c
+    finally:
+        engine_cluster.stop(pathlib.Path(c.state_dir))
 
 
 @pytest.fixture(scope="session")
 def spark_cluster(tmp_path_factory):
-    c = _start("spark", tmp_path_factory)
-    try:
-        yield c
-    finally:
-        engine_cluster.stop(pathlib.Path(c.state_dir))
+    yield from _running("spark", tmp_path_factory)
 
 
 @pytest.fixture(scope="session")
 def flink_cluster(tmp_path_factory):
-    c = _start("flink", tmp_path_factory)
-    try:
-        yield c
-    finally:
-        engine_cluster.stop(pathlib.Path(c.state_dir))
+    yield from _running("flink", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def engines_reference(tmp_path_factory, tiny_tokenizer):
+    """The corpus, FnApiRunner's --near-dedup dataset of it and the tokenizer: once for both engines."""
+    corpus, reference = reference_run(tmp_path_factory.mktemp("engines-corpus"), tiny_tokenizer)
+    return corpus, reference, tiny_tokenizer
+
+
+# Options that carry S3 secrets, given to the byte-identity runs (their input and output are local: unused there)
+# to prove they never reach an engine's UI, job configuration or event log (pipeline/ops/engines/submit.py).
+FAKE_KEY_ID = "PILEPREPFAKEKEYID31"
+FAKE_SECRET = "pileprep-fake-secret-0b5e31"
+SECRET_ARGS = [f"--s3_access_key_id={FAKE_KEY_ID}", f"--s3_secret_access_key={FAKE_SECRET}",
+               f"--s3_session_token={FAKE_SECRET}-token"]
+
+
+def files_holding(root: pathlib.Path, *needles: str) -> list:
+    """The files under `root` (recursively) whose bytes contain any of `needles`."""
+    return sorted(str(p) for p in root.rglob("*") if p.is_file()
+                  and any(n.encode() in p.read_bytes() for n in needles))
 
 
 def sdk_workers(c: engine_cluster.Cluster) -> list:
@@ -95,29 +116,44 @@ def run_summary(log: pathlib.Path) -> dict:
     return next(e for e in events if e["event"] == "summary")
 
 
-def run_and_kill_one_sdk_worker(c, args: list, out: pathlib.Path, timeout_s: float = 240):
-    """Run `pileprep ARGS` on cluster `c`; at the first tokenized unit's progress marker (the tokenize stage is
-    running) SIGKILL one Python SDK worker process. Returns (CompletedProcess, killed pid or None)."""
+def run_with_fault(args: list, out: pathlib.Path, fault, timeout_s: float = 240):
+    """Run `pileprep ARGS` in its own process group; once the first tokenized unit's progress marker exists (the
+    tokenize stage is running) call `fault(proc)` until it returns something. Returns (CompletedProcess, what
+    `fault` returned or None when the job ended first)."""
     proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, cwd=str(REPO), env=subprocess_env(PYTHONPATH=str(REPO)),
                             start_new_session=True)
-    killed = None
+    done = None
     try:
         deadline = time.monotonic() + timeout_s
-        while killed is None and time.monotonic() < deadline and proc.poll() is None:
+        while done is None and time.monotonic() < deadline and proc.poll() is None:
             if any((out / "_staging").glob("*.progress/unit-*.json")):
-                workers = sdk_workers(c)
-                if workers:
-                    killed = workers[0].pid
-                    workers[0].kill()
-                    break
+                done = fault(proc)
             time.sleep(0.05)
         stdout, stderr = proc.communicate(timeout=max(10.0, deadline - time.monotonic()))
     except BaseException:
         kill_group(proc)
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout.decode(errors="replace"),
-                                       stderr.decode(errors="replace")), killed
+                                       stderr.decode(errors="replace")), done
+
+
+def kill_one_sdk_worker(c: engine_cluster.Cluster):
+    """A `fault`: SIGKILL one Python SDK worker process of the cluster; its pid (None while there is none)."""
+    def fault(_proc):
+        workers = sdk_workers(c)
+        if not workers:
+            return None
+        workers[0].kill()
+        return workers[0].pid
+    return fault
+
+
+def ctrl_c(proc) -> int:
+    """A `fault`: SIGINT to the run's whole process group, as a terminal's Ctrl-C (the job-server JVM Beam
+    started is in it, unless it detached itself)."""
+    os.killpg(proc.pid, signal.SIGINT)
+    return proc.pid
 
 
 def assert_failed_then_resumes(res, out: pathlib.Path, args: list, reference: dict) -> None:
