@@ -154,15 +154,3 @@ def ctrl_c(proc) -> int:
     started is in it, unless it detached itself)."""
     os.killpg(proc.pid, signal.SIGINT)
     return proc.pid
-
-
-def assert_failed_then_resumes(res, out: pathlib.Path, args: list, reference: dict) -> None:
-    """A failed cluster run: its last line is pileprep's one-line failure, nothing is committed, and running the
-    same command again (resuming the finished units the failed attempt kept) commits the reference's bytes: a
-    unit the killed attempt half-wrote never reaches a shard."""
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith(("WARNING", "20"))]
-    assert lines and lines[-1].startswith("pileprep: failed:"), res.stderr[-3000:]
-    assert not (out / "manifest.json").exists()
-    again = run_cli(args, timeout_s=300)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert_identical(dataset_files(out), reference)

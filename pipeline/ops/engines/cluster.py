@@ -190,6 +190,9 @@ taskmanager.numberOfTaskSlots: 2
 parallelism.default: 2
 jobmanager.memory.process.size: 768m
 taskmanager.memory.process.size: 1280m
+restart-strategy.type: fixed-delay
+restart-strategy.fixed-delay.attempts: 2
+restart-strategy.fixed-delay.delay: 1 s
 """
 
 

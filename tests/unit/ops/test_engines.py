@@ -136,3 +136,39 @@ def test_final_counters_take_the_markers_count_over_attempted_metrics():
     assert progress.final_counters({"records": 230, "shuffle_pieces": 4}, {"records": 172, "examples": 0}) == \
         {"records": 172, "shuffle_pieces": 4}
     assert progress.final_counters({"examples": 9}, {"examples": 0, "records": 3}) == {"examples": 9, "records": 3}
+
+
+def test_ctrl_c_during_a_job_service_run_cancels_before_beams_handler_stops_the_job_server():
+    """SIGINT while waiting: the job is cancelled through the job service first (Beam's own SIGINT handler, which
+    stops the job server, is held back), then the interrupt goes on as KeyboardInterrupt."""
+    import signal
+    import threading
+
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.portability.api import beam_job_api_pb2
+    from apache_beam.runners.portability import portable_runner
+
+    from pipeline.ops.engines import submit
+
+    calls, ended = [], threading.Event()
+
+    class JobService:
+        def Cancel(self, request, timeout=None):  # noqa: N802 - the gRPC stub's name
+            calls.append("cancel")
+            ended.set()
+
+    def states():
+        yield beam_job_api_pb2.JobStateEvent(state=beam_job_api_pb2.JobState.RUNNING)
+        ended.wait(10)
+        yield beam_job_api_pb2.JobStateEvent(state=beam_job_api_pb2.JobState.CANCELLED)
+
+    result = portable_runner.PipelineResult(JobService(), "j", iter([]), states())
+    previous = signal.signal(signal.SIGINT, lambda *_: calls.append("beam stops the job server"))
+    try:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            submit.wait_or_cancel(result, PipelineOptions([]), cancel_timeout_s=5)
+        assert calls == ["cancel"]
+        assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # Beam's handler is back
+    finally:
+        signal.signal(signal.SIGINT, previous)
