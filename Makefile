@@ -114,6 +114,10 @@ else
 endif
 
 # The same corpora and tokenizer choice as `make bench`; BENCH_ARGS='--sizes 96' for the smaller one alone.
+bench-engines: $(TEST_STAMP) engines ## FnApiRunner, Dask, Spark, Flink alternating on ENGINES_INPUT='glob' (TOKENIZER=; docs/BENCHMARKS.md, issue 31)
+	test -n "$(ENGINES_INPUT)" || { echo "set ENGINES_INPUT to the corpus files (e.g. a pileprep sample --size-mb 96)"; exit 2; }
+	$(BIN)/python bench/engines_bench.py --input $(ENGINES_INPUT) --tokenizer $(TOKENIZER) --repeat 2
+
 bench-dry-run: $(TEST_STAMP) ## `pileprep shard --dry-run` vs the real run at 96/384 MB: core-s and output bytes (~5 min)
 	$(MAKE) bench BENCH_SCRIPT=bench/dry_run_bench.py
 
