@@ -194,7 +194,9 @@ def final_counters(metrics: dict, markers: dict) -> dict:
     metrics are attempted counts: it recomputes a stage whose output two stages read, so they overcount
     (records 230 of 172 read on tests/e2e/test_engines_spark.py's corpus)."""
     out = dict(metrics or {})
-    out.update({k: v for k, v in (markers or {}).items() if v})
+    for k, v in (markers or {}).items():
+        if v or k not in out:  # a zero marker count is kept where no metric has the counter (every key stays)
+            out[k] = v
     return out
 
 

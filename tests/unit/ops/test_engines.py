@@ -134,7 +134,7 @@ def test_final_counters_take_the_markers_count_over_attempted_metrics():
 
     # Spark recomputes a stage two stages read: its attempted metrics count those records twice.
     assert progress.final_counters({"records": 230, "shuffle_pieces": 4}, {"records": 172, "examples": 0}) == \
-        {"records": 172, "shuffle_pieces": 4}
+        {"records": 172, "shuffle_pieces": 4, "examples": 0}
     assert progress.final_counters({"examples": 9}, {"examples": 0, "records": 3}) == {"examples": 9, "records": 3}
 
 
