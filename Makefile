@@ -11,7 +11,8 @@ SEQ_LEN ?= 2048
 # torch's OpenMP threads spin and slow TF/Beam in the same process; passive waits cost nothing here.
 export OMP_WAIT_POLICY := PASSIVE
 
-.PHONY: help setup setup-test test-deps shard test test-fast bench bench-dry-run bench-megatron bench-profile train clean flex-template worker-image env airflow retrieval retrieval-bench retrieval-scale-bench
+.PHONY: help setup setup-test test-deps shard test test-fast bench bench-dry-run bench-megatron bench-profile train clean flex-template worker-image env airflow retrieval retrieval-bench retrieval-scale-bench \
+  spark flink engines spark-cluster flink-cluster spark-cluster-stop flink-cluster-stop bench-engines
 
 # `make help` lists targets with a `## text` after their prerequisites, and these:
 ##@ shard: tokenize, pack and shard the embedded sample corpus into out/sample (TOKENIZER=, SEQ_LEN=)
@@ -59,14 +60,37 @@ airflow: .venv-airflow/.installed ## real Airflow in .venv-airflow (tests/e2e/te
 	.venv-airflow/bin/pip install -q "apache-airflow==$(AIRFLOW_VERSION)"
 	touch $@
 
+# ---- Spark and Flink (docs/OPERATIONS.md): Beam's job servers by Maven coordinates and the engines from PyPI,
+# fetched once into a cache outside the repository (${XDG_CACHE_HOME:-~/.cache}/pileprep/engines; the pins are
+# pyproject.toml's [tool.pileprep.engines]; pipeline/ops/engines/fetch.py). Only these targets need Java 17 + Maven:
+# `make setup` and `make shard` never do. The clusters run in the background until their -stop target.
+ENGINES := $(BIN)/python -m pipeline.ops.engines
+ENGINES_STATE ?= out/engines
+spark: $(STAMP) ## Beam's Spark job server (mvn) + Spark (pyspark) into the engines cache (Java 17, Maven; pins: pyproject.toml)
+	@$(ENGINES).fetch spark
+flink: $(STAMP) ## Beam's Flink job server (mvn) + Flink (apache-flink-libraries) into the engines cache
+	@$(ENGINES).fetch flink
+engines: spark flink ## make spark + make flink
+
+spark-cluster: spark ## a Spark standalone master + 2 workers on 127.0.0.1; prints MASTER_URL= and BEAM_ARGS=
+	@$(ENGINES).cluster start spark --state-dir $(ENGINES_STATE)/spark
+spark-cluster-stop: ## stop what `make spark-cluster` started
+	@$(ENGINES).cluster stop --state-dir $(ENGINES_STATE)/spark
+flink-cluster: flink ## a Flink JobManager + TaskManager on 127.0.0.1; prints MASTER_URL= and BEAM_ARGS=
+	@$(ENGINES).cluster start flink --state-dir $(ENGINES_STATE)/flink
+flink-cluster-stop: ## stop what `make flink-cluster` started
+	@$(ENGINES).cluster stop --state-dir $(ENGINES_STATE)/flink
+
 # What the end-to-end tests use beyond the venv, brought by `make test` itself (idempotent, cached): real Airflow
 # in its own venv (tests/e2e/test_airflow.py) and, as root with apt, Debian's headless Chromium
 # (tests/e2e/test_report.py). Either failing to install is said in one line; those tests then say why they skip.
+# The JVM engines (tests/e2e/test_engines_spark.py, test_engines_flink.py) must install: those tests fail, never
+# skip, where they cannot run (CI has Java 17 and Maven).
 # MosaicML Streaming (the MDS reader of tests/e2e/test_export_formats.py) pins numpy<2.2 and transformers<5; it
 # runs with this venv's, so it and the modules it imports that nothing else brings are installed without deps.
 STREAMING = mosaicml-streaming==0.13.0 brotli==1.2.1 python-snappy==0.7.3 cramjam==2.14.0 zstd==1.5.7.2 \
   catalogue==2.0.10
-test-deps: $(TEST_STAMP)
+test-deps: $(TEST_STAMP) engines
 	@$(BIN)/python -c 'import streaming' 2>/dev/null || $(BIN)/pip install -q --no-deps $(STREAMING)
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }; } || \
@@ -90,6 +114,10 @@ else
 endif
 
 # The same corpora and tokenizer choice as `make bench`; BENCH_ARGS='--sizes 96' for the smaller one alone.
+bench-engines: $(TEST_STAMP) engines ## FnApiRunner, Dask, Spark, Flink alternating on ENGINES_INPUT='glob' (TOKENIZER=; docs/BENCHMARKS.md, issue 31)
+	test -n "$(ENGINES_INPUT)" || { echo "set ENGINES_INPUT to the corpus files (e.g. a pileprep sample --size-mb 96)"; exit 2; }
+	$(BIN)/python bench/engines_bench.py --input $(ENGINES_INPUT) --tokenizer $(TOKENIZER) --repeat 2
+
 bench-dry-run: $(TEST_STAMP) ## `pileprep shard --dry-run` vs the real run at 96/384 MB: core-s and output bytes (~5 min)
 	$(MAKE) bench BENCH_SCRIPT=bench/dry_run_bench.py
 

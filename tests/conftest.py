@@ -87,6 +87,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "retrieval_scale: compressed/re-ranked index and range-sharded neighbour search")
     config.addinivalue_line("markers", "formats: Megatron/MDS/HF export or best-fit packing, read back by each "
                             "format's own library (tests/e2e/test_export_formats.py, tests/unit/shard/test_best_fit.py)")
+    config.addinivalue_line("markers", "engines: runs on a real Spark or Flink cluster (make engines); tests/e2e/")
 
 
 def pytest_collection_modifyitems(config, items):

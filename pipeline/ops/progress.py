@@ -188,6 +188,18 @@ def merge_snapshots(*snapshots: dict) -> dict:
     return out
 
 
+def final_counters(metrics: dict, markers: dict) -> dict:
+    """The finished run's counters: the markers' count wherever they have one (written once per unit of work,
+    a rerun apart: exact when a runner re-executes bundles or recomputes a stage), else the metric's. Spark's
+    metrics are attempted counts: it recomputes a stage whose output two stages read, so they overcount
+    (records 230 of 172 read on tests/e2e/test_engines_spark.py's corpus)."""
+    out = dict(metrics or {})
+    for k, v in (markers or {}).items():
+        if v or k not in out:  # a zero marker count is kept where no metric has the counter (every key stays)
+            out[k] = v
+    return out
+
+
 class ProgressReporter:
     """A daemon thread: every `every_s`, take a snapshot and hand a Progress line to the log and `on_progress`."""
 

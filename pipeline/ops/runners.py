@@ -12,6 +12,7 @@ import socket
 from typing import Optional
 
 from pipeline.errors import ConfigError
+from pipeline.ops.engines.options import check_engine_options
 
 CONNECT_TIMEOUT_S = 5.0
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -119,7 +120,7 @@ def _reachable(host: str, port: int) -> bool:
 
 def preflight(options: dict) -> None:
     runner = str(options.get("runner") or "")
-    checks = []
+    checks = check_engine_options(options)
     if runner.endswith("PortableRunner") or runner in ("FlinkRunner", "SparkRunner"):
         endpoint = options.get("job_endpoint")
         if endpoint and endpoint != "embed":

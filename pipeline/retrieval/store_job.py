@@ -16,6 +16,7 @@ import apache_beam as beam
 from pipeline import job
 from pipeline.beam_glue import FilesystemOptions, pipeline_options, s3_options_of
 from pipeline.ops import guards, runlog, runners
+from pipeline.ops.engines import submit
 from pipeline.retrieval import store
 from transforms.io.filesystem_options import set_filesystem_options
 from pipeline.shard import cancel
@@ -75,9 +76,9 @@ class StoreJob(job.Job):
 
     def execute(self, plan):
         cancel.reset()
-        p = beam.Pipeline(options=self.options)
+        p = beam.Pipeline(options=submit.for_submission(self.options))
         self._build_pipeline(p, plan)
-        p.run().wait_until_finish()
+        submit.wait_or_cancel(p.run(), p.options)
 
     def stop_workers(self) -> None:
         # The retrieval stages are not cancellable calls; this still silences Beam's in-process workers (their

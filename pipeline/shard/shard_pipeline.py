@@ -26,6 +26,7 @@ from pipeline.errors import RunError
 from pipeline.output import print_outcome
 from pipeline.ops import commit, guards, progress, runlog
 from pipeline.ops import generations
+from pipeline.ops.engines import submit
 from pipeline.shard import cancel, graph, integrity, preflight, resume, unit_plan
 from pipeline.shard.plan import JobPlan, stage_model
 from pipeline.shard import plan as shard_plan
@@ -194,19 +195,19 @@ def _execute(plan: JobPlan, options, log, progress_every_s) -> Executed:
         plan.input_bytes, len(plan.ledger), progress_every_s,
         on_progress=lambda pr: log.event("progress", **pr.to_dict()))
     with reporter:
-        p = beam.Pipeline(options=options)
+        p = beam.Pipeline(options=submit.for_submission(options))  # no S3 secret to an engine's UI
         shuffle = graph.shuffle_for(p, plan)
         spread_chunks = graph.spread_chunks_needed(plan, options)
         LOG.info("shuffle: %s (--shuffle %s, runner %s)", shuffle, config.shuffle, type(p.runner).__name__)
         log.event("shuffle", shuffle=shuffle, choice=config.shuffle, spread_chunks=spread_chunks)
         _ = p | "Shard" >> graph.BuildShards(plan, spread_chunks, shuffle)
         holder["result"] = result = p.run()  # FnApiRunner returns when done; portable runners at once
-        result.wait_until_finish()
+        submit.wait_or_cancel(result, p.options)  # Ctrl-C cancels a cluster's job before the staging goes
     elapsed = time.time() - started
     state = str(getattr(result, "state", "DONE"))
     if "FAIL" in state.upper() or "CANCEL" in state.upper():
         raise RuntimeError(f"the pipeline ended in state {state}; nothing was committed")
-    counters = progress.merge_snapshots(progress.counters_from_result(result), markers.snapshot())
+    counters = progress.final_counters(progress.counters_from_result(result), markers.snapshot())
     io_utils.delete_tree(progress.marker_dir(plan.staging_dir))
     counters.pop("split_raw_bytes", None)
     LOG.info("shard job finished in %.1fs (pileprep %s)", elapsed, PILEPREP_VERSION)
