@@ -50,8 +50,12 @@ def exclusions(root: str, manifest: DbManifest, chunks: list) -> list[Exclusion]
     lo: dict[int, int] = {}
     hi: dict[int, int] = {}
     same: dict[int, list[int]] = {}
+    last = np.iinfo(np.int64).min
     for first, cols in row_groups(root, manifest, ["doc_id", "token_hash"]):
         d = cols["doc_id"]
+        if len(d) and (d[0] < last or np.any(np.diff(d) < 0)):  # as store.ChunkDatabase refuses it
+            raise ValueError(f"{root}: database rows are not in document order (at row {first})")
+        last = d[-1] if len(d) else last
         at = np.flatnonzero(np.isin(d, docs))
         for i in at:  # rows are in document order: a document's rows are one run
             doc = int(d[i])

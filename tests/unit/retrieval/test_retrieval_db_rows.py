@@ -16,7 +16,7 @@ from transforms.retrieval import retrieval_chunks
 CHUNK = 4
 
 
-def _database(tmp_path):
+def _database(tmp_path, swap: bool = False):
     """Two Parquet shards of 5-row groups; documents of 1-6 chunks (the last one short), one repeated chunk."""
     rng = np.random.default_rng(0)
     doc_ids, chunk_index, tokens = [], [], []
@@ -27,6 +27,8 @@ def _database(tmp_path):
             chunk_index.append(c)
             tokens.append(rng.integers(5, 50, CHUNK if c < n - 1 else int(rng.integers(1, CHUNK + 1))).astype(np.int32))
     tokens[7] = tokens[30] = tokens[2].copy()  # equal tokens in other documents
+    if swap:  # two documents' rows out of order across a row group boundary
+        doc_ids[4], doc_ids[5] = doc_ids[5] + 100, doc_ids[4]
     hashes = [retrieval_chunks.token_hash(t) for t in tokens]
     cut = len(tokens) // 2
     shards = []
@@ -45,7 +47,8 @@ def _database(tmp_path):
     whole.chunk_index = np.asarray(chunk_index, np.int32)
     whole.tokens = tokens
     whole.token_hash = np.asarray(hashes, np.int64)
-    whole._build_lookups()
+    if not swap:
+        whole._build_lookups()
     return manifest, whole
 
 
@@ -67,3 +70,9 @@ def test_exclusions_and_rows_read_by_row_group_equal_the_whole_database(tmp_path
     r = next(i for i in range(len(whole) - 1) if whole.doc_ids[i + 1] == whole.doc_ids[i])
     with pytest.raises(KeyError):  # a continuation past the span refuses rather than writes less
         db_rows.NeededRows(str(tmp_path), manifest, [r], 1).with_continuation(r, 2 * CHUNK, 0)
+
+
+def test_rows_out_of_document_order_are_refused(tmp_path):
+    manifest, _ = _database(tmp_path, swap=True)
+    with pytest.raises(ValueError, match="not in document order"):
+        db_rows.exclusions(str(tmp_path), manifest, [retrieval_chunks.QueryChunk(0, np.arange(3), (0,))])
