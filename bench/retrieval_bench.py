@@ -98,6 +98,8 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="also write the figures here")
     p.add_argument("--vectors", default=None, help="cached .npz from bench/retrieval_corpus.py (no database)")
     p.add_argument("--no-bm25", action="store_true")
+    p.add_argument("--fp16-db", action="store_true",
+                   help="train and fill the index from the vectors rounded to fp16, as `retrieval build` stores them")
     args = p.parse_args(argv)
 
     if args.vectors:
@@ -129,7 +131,8 @@ def main(argv=None) -> int:
     for r in q_rows:
         lo, hi = ranges[int(doc_ids[r])] if ranges is not None else db.doc_range(int(doc_ids[r]))
         excl.append(Exclusion(((lo, min(hi, n)),)))
-    queries = vecs[q_rows]
+    queries = vecs[q_rows]  # float32, as the query workers encode them; exact search on float32 too
+    db_vecs = vecs.astype(np.float16).astype(np.float32) if args.fp16_db else vecs
     t = time.perf_counter()
     _, exact = retrieval_index.exact_search(vecs, queries, excl, args.k)
     exact_qps = len(q_rows) / (time.perf_counter() - t)
@@ -147,9 +150,9 @@ def main(argv=None) -> int:
         cfg = IndexConfig(factory, args.nprobe, len(train_ids), args.seed, rerank)
         t = time.perf_counter()
         if factory not in built:
-            trained = retrieval_index.serialize(retrieval_index.train_index(vecs.shape[1], cfg, vecs[train_ids]))
+            trained = retrieval_index.serialize(retrieval_index.train_index(vecs.shape[1], cfg, db_vecs[train_ids]))
             bounds = np.linspace(0, n, 5).astype(int)
-            parts = [retrieval_index.serialize(retrieval_index.fill_part(trained, vecs[a:b], int(a)))
+            parts = [retrieval_index.serialize(retrieval_index.fill_part(trained, db_vecs[a:b], int(a)))
                      for a, b in zip(bounds, bounds[1:])]
             index = retrieval_index.merge_parts(trained, parts)
             built[factory] = (index, time.perf_counter() - t, len(retrieval_index.serialize(index)))

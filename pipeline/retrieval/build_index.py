@@ -63,8 +63,10 @@ def write_embeddings(element, plan: BuildPlan):
     plan.setup_worker()
     k, rows = element
     rows = sorted(rows, key=lambda r: r[0])
-    vecs = np.stack([v for _, v in rows]).astype(np.float32) if rows else \
-        np.zeros((0, retrieval_encoders.MINILM_DIM), np.float32)
+    # fp16 on disk (issue 33): what re-ranking reads by row (retrieval_rerank.FileRows) and what the index is
+    # trained and filled from, half the bytes of float32; compared by recall, not bytes (DESIGN §9)
+    vecs = np.stack([v for _, v in rows]).astype(np.float16) if rows else \
+        np.zeros((0, retrieval_encoders.MINILM_DIM), np.float16)
     rel = f"{plan.generation}/" + store.shard_name("embeddings", k, plan.config.num_db_shards, "npy")
     nbytes, sha = store.write_npy(io_utils.join(plan.config.output, rel), vecs)
     return k, {"path": rel, "bytes": nbytes, "sha256": sha, "rows": len(vecs)}
@@ -109,7 +111,7 @@ def train_index(shard_results: list, embedding_results: list, plan: BuildPlan) -
         lo, hi = np.searchsorted(sample_ids, [first, first + r["chunks"]])
         if hi > lo and r["shard"] in emb:
             vecs = store.read_npy(io_utils.join(cfg.output, emb[r["shard"]]["path"]))
-            sample.append(vecs[sample_ids[lo:hi] - first])
+            sample.append(vecs[sample_ids[lo:hi] - first].astype(np.float32))
         first += r["chunks"]
     dim = retrieval_encoders.MINILM_DIM
     sample_arr = np.concatenate(sample) if sample else np.zeros((0, dim), np.float32)
@@ -127,7 +129,7 @@ def fill_part(element, plan: BuildPlan, trained: dict, shard_results: list):
     k, emb = element
     cfg = plan.config
     first = sum(r["chunks"] for r in shard_results if r["shard"] < k)
-    vecs = store.read_npy(io_utils.join(cfg.output, emb["path"]))
+    vecs = store.read_npy(io_utils.join(cfg.output, emb["path"])).astype(np.float32)  # fp16 on disk
     trained_bytes = io_utils.read_bytes(io_utils.join(cfg.output, trained["trained"]["path"]))
     part = retrieval_index.fill_part(trained_bytes, vecs, first)
     data = retrieval_index.serialize(part)

@@ -9,7 +9,10 @@ through the runner's own GroupByKey (pipeline/retrieval/sharded.py), so no worke
 The range files are cut from the database's trained index and parts before the graph runs, one range at a time
 (each range = the trained index + every part's lists of that range: one part and one range in memory), into
 this run's staging directory, which the commit deletes. The trained index, which holds no vectors, is the router.
-Re-ranking reads the database's embedding files by row (retrieval_rerank.FileRowsSet), never whole.
+Re-ranking reads the database's embedding files by row (retrieval_rerank.FileRowsSet), never whole; the query
+workers' exclusions and the sidecar writers' tokens come from the chunk database read by row group
+(pipeline/retrieval/db_rows.py), never whole either: a worker's memory is one range or row group plus one
+dataset shard's queries.
 
 What decides a query's rows: its vector (encoded per dataset shard in fixed batches, one torch thread, so the
 same on every runner), the ranges' candidates under the same exclusion, and retrieval_ranges' rules (score desc,
@@ -24,8 +27,8 @@ import numpy as np
 
 from pipeline.beam_glue import PlanDoFn
 from pipeline.errors import ConfigError
-from pipeline.retrieval import sharded, store
-from pipeline.retrieval.sidecar_files import commit_sidecar, exclusion_for, neighbour_shard, shard_query_chunks
+from pipeline.retrieval import db_rows, sharded, store
+from pipeline.retrieval.sidecar_files import commit_sidecar, neighbour_shard, shard_query_chunks
 from transforms.io import io_utils
 from transforms.retrieval import retrieval_encoders, retrieval_index, retrieval_ranges
 from transforms.tokenize import tokenizer
@@ -85,7 +88,6 @@ class QueryVectors(PlanDoFn):
 
         torch.set_num_threads(1)  # one thread: the vectors' float sums do not depend on the worker's cores
         cfg = self.plan.config
-        self.db = store.ChunkDatabase.load(cfg.db, with_tokens=False)
         self.model = retrieval_encoders.load_minilm(cfg.device)
         self.sp = tokenizer.load_for_info(self.plan.model_bytes, self.plan.dataset.contract.tokenizer)
 
@@ -97,8 +99,9 @@ class QueryVectors(PlanDoFn):
             return
         texts = [self.sp.decode([int(t) for t in c.tokens]) for _, c in live]
         vecs = retrieval_encoders.minilm_encode(self.model, texts, self.plan.config.batch_size)
-        for (key, c), v in zip(live, vecs):
-            e = exclusion_for(self.db, c)
+        # the database read by row group (db_rows): this worker holds one row group and this shard's queries
+        excl = db_rows.exclusions(self.plan.config.db, self.plan.db_manifest, [c for _, c in live])
+        for (key, c), v, e in zip(live, vecs, excl):
             yield key, np.asarray(v, np.float32), (e.ranges, e.ids)
 
 
@@ -107,7 +110,6 @@ class WriteShard(PlanDoFn):
 
     def setup(self):
         super().setup()
-        self.db = store.ChunkDatabase.load(self.plan.config.db)
         self.pad_id = self.plan.dataset.contract.tokenizer.pad_id
 
     def process(self, element):
@@ -116,12 +118,16 @@ class WriteShard(PlanDoFn):
         found = dict(grouped["rows"])
         k = self.plan.spec.num_neighbours
         none = (-1,) * k
+        # only the rows this shard names and their continuations' rows, read by row group (db_rows)
+        m = self.plan.db_manifest
+        db = db_rows.NeededRows(self.plan.config.db, m, [i for rows in found.values() for i in rows],
+                                -(-self.plan.spec.neighbour_len // m.chunk_len) + 1)
 
         def lookup(first, batch):
             return np.asarray([found.get((first + e, c.index), none) for e, ex in enumerate(batch) for c in ex],
                               np.int64).reshape(-1, k)
 
-        yield neighbour_shard(self.plan, self.db, shard_idx, shard, self.pad_id, lookup)
+        yield neighbour_shard(self.plan, db, shard_idx, shard, self.pad_id, lookup)
 
 
 def build_pipeline(p: beam.Pipeline, plan):

@@ -13,7 +13,7 @@ from model_contract.retrieval import AlignedShard, SidecarInfo, encode_sidecar, 
 from pipeline.config import PILEPREP_VERSION
 from pipeline.ops import commit
 from pipeline.ops.output_names import sidecar_path
-from pipeline.retrieval import store
+from pipeline.retrieval import db_rows, store
 from transforms.io import io_utils
 from transforms.retrieval import retrieval_chunks, retrieval_index
 
@@ -35,7 +35,7 @@ def shard_query_chunks(plan, shard: dict) -> list:
                 for record in iter_checked_records(f, shard)]
 
 
-def neighbour_shard(plan, db: store.ChunkDatabase, shard_idx: int, shard: dict, pad_id: int,
+def neighbour_shard(plan, db: store.ChunkDatabase | db_rows.NeededRows, shard_idx: int, shard: dict, pad_id: int,
                     search) -> dict:
     """One shard's sidecar file; `search(first record, records' chunks)` gives database rows [chunks, k]."""
     cfg, spec = plan.config, plan.spec

@@ -9,7 +9,7 @@ nothing visible. Manifests are canonical JSON (sorted keys), so equal runs give 
 Chunk database layout:
     <db>/manifest.json                                     format pileprep.retrieval_db
     <db>/gen-<fp>/chunks-00000-of-00004.parquet            doc_id, chunk_index, source, tokens, token_hash
-    <db>/gen-<fp>/embeddings-00000-of-00004.npy            dense encoders: float32 [chunks, dim], row order
+    <db>/gen-<fp>/embeddings-00000-of-00004.npy            dense encoders: float16 [chunks, dim], row order
     <db>/gen-<fp>/index/trained.faiss, part-00000-of-00004.faiss   dense encoders: index in shards
 Dense row ids (Faiss ids) are `first_id + row` of each shard, in shard order.
 """
@@ -79,7 +79,11 @@ def read_parquet(path: str, columns=None) -> dict:
     """A database shard as numpy columns; tokens as a list of int32 arrays."""
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    table = pq.read_table(io.BytesIO(io_utils.read_bytes(path)), columns=columns)
+    return table_columns(pq.read_table(io.BytesIO(io_utils.read_bytes(path)), columns=columns))
+
+
+def table_columns(table) -> dict:
+    """A pyarrow table of database rows as numpy columns; tokens as a list of int32 arrays."""
     out = {}
     for name in table.column_names:
         col = table.column(name).combine_chunks()
@@ -142,6 +146,11 @@ class ChunkDatabase:
         manifest = read_manifest(root, DB_FORMAT)
         if manifest is None:
             raise FileNotFoundError(f"no chunk database manifest at {root}: run `pileprep retrieval build` first")
+        return cls.from_manifest(root, manifest, with_tokens)
+
+    @classmethod
+    def from_manifest(cls, root: str, manifest: DbManifest, with_tokens: bool = True) -> "ChunkDatabase":
+        """Every shard's columns loaded whole (memory grows with the database; db_rows.py reads by row group)."""
         cols = ["doc_id", "chunk_index", "token_hash", "source"] + (["tokens"] if with_tokens else [])
         parts = [read_parquet(io_utils.join(root, contained(s.path)), cols) for s in manifest.shards]
         db = cls(root, manifest)
@@ -182,13 +191,19 @@ class ChunkDatabase:
 
     def with_continuation(self, dense_id: int, length: int, pad_id: int) -> np.ndarray:
         """The chunk and what follows it in its document, padded with pad_id to `length`."""
-        out = np.full(length, pad_id, dtype=np.int64)
-        parts, n, i = [], 0, dense_id
-        while n < length and i < len(self) and self.doc_ids[i] == self.doc_ids[dense_id]:
-            parts.append(self.tokens[i])
-            n += len(self.tokens[i])
-            i += 1
-        if parts:
-            toks = np.concatenate(parts)[:length]
-            out[:len(toks)] = toks
-        return out
+        return continuation(self.doc_ids, self.tokens, len(self), dense_id, length, pad_id)
+
+
+def continuation(doc_ids, tokens, total: int, dense_id: int, length: int, pad_id: int) -> np.ndarray:
+    """Row `dense_id`'s tokens and its document's following rows', padded with pad_id to `length`; doc_ids and
+    tokens are indexed by database row (whole columns, or pipeline/retrieval/db_rows.py's rows read by range)."""
+    out = np.full(length, pad_id, dtype=np.int64)
+    parts, n, i = [], 0, dense_id
+    while n < length and i < total and doc_ids[i] == doc_ids[dense_id]:
+        parts.append(tokens[i])
+        n += len(tokens[i])
+        i += 1
+    if parts:
+        toks = np.concatenate(parts)[:length]
+        out[:len(toks)] = toks
+    return out
