@@ -19,8 +19,6 @@ MIRRORED = ("pipeline/shard", "pipeline/shard/near_dedup", "transforms/shard", "
 ALLOWED = {
     # Tested as part of another module's test file (a move would split one behaviour's tests):
     "pipeline/shard/cancel.py": "tests/unit/shard/test_stage_dofn.py (the stage DoFn owns cancellation)",
-    "pipeline/shard/markers.py": "tests/unit/shard/test_resume.py, test_backend_resume_key.py, "
-                                 "test_failed_backend_record.py (markers are what resume keeps)",
     "pipeline/shard/near_dedup/band_files.py": "tests/unit/shard/test_near_dedup_windows.py",
     "pipeline/shard/near_dedup/band_index_writer.py": "tests/unit/shard/test_near_dedup_band_index.py",
     "pipeline/shard/near_dedup/committed.py": "tests/unit/shard/test_near_dedup_band_index.py",
