@@ -60,8 +60,6 @@ ALLOWED = {
     "pipeline/tools/verify_files.py": "tests/integration/tools/test_verify.py, tests/unit/contract/test_hashing.py",
     "pipeline/tools/verify_inputs.py": "tests/unit/tools/test_verify_round_trip.py, test_rv2_verify.py",
     "pipeline/retrieval/build.py": "tests/e2e/test_retrieval_pipeline.py (Beam wiring of the build)",
-    "pipeline/retrieval/build_index.py": "tests/unit/retrieval/test_retrieval_units.py (MiniLMHandler), "
-                                         "tests/unit/tokenize/test_retrieval_decoding.py (ChunkTexts)",
     "pipeline/retrieval/build_plan.py": "tests/e2e/test_retrieval_pipeline.py (prepare reads a real dataset)",
     "pipeline/retrieval/build_read.py": "tests/e2e/test_retrieval_pipeline.py (DoFns of the Beam build)",
     "pipeline/retrieval/neighbours.py": "tests/e2e/test_retrieval_pipeline.py, test_retrieval_ranges_sidecar.py",
@@ -73,7 +71,6 @@ ALLOWED = {
     "model_contract/checked_reader.py": "tests/unit/trainer/test_shard_files.py, "
                                         "tests/integration/tools/test_export.py",
     "model_contract/example_codec.py": "tests/unit/contract/test_contract.py, tests/unit/shard/test_packing.py",
-    "model_contract/manifest_rows.py": "tests/unit/contract/test_manifest.py, test_manifest_check.py",
     "model_contract/refs.py": "tests/unit/ops/test_generations.py",
     "model_contract/retrieval.py": "tests/unit/retrieval/test_retrieval_units.py (the sidecar codec), "
                                    "tests/unit/contract/test_manifest.py",
