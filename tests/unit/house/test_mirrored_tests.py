@@ -44,7 +44,6 @@ ALLOWED = {
     "pipeline/shard/source_check.py": "tests/integration/tools/test_dry_run.py (unknown --source-weights sources)",
     # The other rooms (issue 29's splits and what was there before them), where each is tested instead:
     "pipeline/beam_glue.py": "tests/unit/io/test_filesystem_options.py, tests/e2e/test_local_runner.py",
-    "pipeline/cli_logging.py": "tests/e2e/test_observability.py, test_cli.py (the worker log, RunFailed)",
     "pipeline/job.py": "tests/integration/shard/test_plan.py, tests/e2e/test_job_runner.py",
     "pipeline/options.py": "tests/e2e/test_cli.py, tests/unit/tools/test_pile_recipe.py (flags from the config)",
     "pipeline/output.py": "tests/e2e/test_cli.py (what each command prints)",
