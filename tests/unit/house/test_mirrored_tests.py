@@ -55,7 +55,6 @@ ALLOWED = {
     "pipeline/tools/export_verify.py": "tests/e2e/test_export_formats.py (verify of each export)",
     "pipeline/tools/gc.py": "tests/unit/ops/test_generation_chain.py, test_generation_order.py",
     "pipeline/tools/report_html.py": "tests/e2e/test_report.py (the page it renders)",
-    "pipeline/tools/verify_files.py": "tests/integration/tools/test_verify.py, tests/unit/contract/test_hashing.py",
     "pipeline/tools/verify_inputs.py": "tests/unit/tools/test_verify_round_trip.py, test_rv2_verify.py",
     "pipeline/retrieval/build.py": "tests/e2e/test_retrieval_pipeline.py (Beam wiring of the build)",
     "pipeline/retrieval/build_plan.py": "tests/e2e/test_retrieval_pipeline.py (prepare reads a real dataset)",
