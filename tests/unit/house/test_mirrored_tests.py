@@ -57,8 +57,6 @@ ALLOWED = {
     "pipeline/tools/report_html.py": "tests/e2e/test_report.py (the page it renders)",
     "pipeline/tools/verify_inputs.py": "tests/unit/tools/test_verify_round_trip.py, test_rv2_verify.py",
     "pipeline/retrieval/build.py": "tests/e2e/test_retrieval_pipeline.py (Beam wiring of the build)",
-    "pipeline/retrieval/build_plan.py": "tests/e2e/test_retrieval_pipeline.py (prepare reads a real dataset)",
-    "pipeline/retrieval/build_read.py": "tests/e2e/test_retrieval_pipeline.py (DoFns of the Beam build)",
     "pipeline/retrieval/neighbours.py": "tests/e2e/test_retrieval_pipeline.py, test_retrieval_ranges_sidecar.py",
     "pipeline/retrieval/neighbours_sharded.py": "tests/e2e/test_retrieval_ranges_sidecar.py (R=1 vs R=4)",
     "pipeline/retrieval/show.py": "tests/e2e/test_trust_readers.py, tests/unit/ops/test_safe_text.py",
