@@ -47,7 +47,6 @@ ALLOWED = {
     "pipeline/job.py": "tests/integration/shard/test_plan.py, tests/e2e/test_job_runner.py",
     "pipeline/options.py": "tests/e2e/test_cli.py, tests/unit/tools/test_pile_recipe.py (flags from the config)",
     "pipeline/output.py": "tests/e2e/test_cli.py (what each command prints)",
-    "pipeline/tools/dry_run_calibration.py": "tests/integration/tools/test_dry_run.py (calibrates on real slices)",
     "pipeline/tools/environment.py": "tests/unit/tools/test_env_versions.py",
     "pipeline/tools/export_hf.py": "tests/e2e/test_export_formats.py (HF datasets opens the export)",
     "pipeline/tools/export_mds.py": "tests/e2e/test_export_formats.py (streaming opens the export)",
