@@ -46,7 +46,7 @@ ALLOWED = {
     "pipeline/beam_glue.py": "tests/unit/io/test_filesystem_options.py, tests/e2e/test_local_runner.py",
     "pipeline/job.py": "tests/integration/shard/test_plan.py, tests/e2e/test_job_runner.py",
     "pipeline/options.py": "tests/e2e/test_cli.py, tests/unit/tools/test_pile_recipe.py (flags from the config)",
-    "pipeline/output.py": "tests/e2e/test_cli.py (what each command prints)",
+    "pipeline/output.py": "tests/e2e/test_observability.py (the run summary on stdout), test_cli.py",
     "pipeline/tools/environment.py": "tests/unit/tools/test_env_versions.py",
     "pipeline/tools/export_hf.py": "tests/e2e/test_export_formats.py (HF datasets opens the export)",
     "pipeline/tools/export_mds.py": "tests/e2e/test_export_formats.py (streaming opens the export)",
