@@ -4,23 +4,23 @@ tests/ - `test_<module>.py`, or `test_<package>_<module>.py` for a module of a s
 test_near_dedup_minhash.py). A new module without one fails here by path, unless ALLOWED says where it is tested
 instead.
 
-Scope: the folders of the shard job's stages (MIRRORED). The other rooms (pipeline/tools, pipeline/retrieval,
-pipeline/ops, transforms/tokenize, transforms/retrieval, model_contract, trainer) have modules tested under
-other names too; they join MIRRORED as their tests are moved.
+Scope: the folders of the shard job's stages, the top-level pipeline/ modules and the rooms the refactor split
+(MIRRORED). pipeline/ops and transforms/retrieval have modules tested under other names too; they join MIRRORED
+as their tests are moved.
 """
 from __future__ import annotations
 
 from tests.conftest import REPO
 
-MIRRORED = ("pipeline/shard", "pipeline/shard/near_dedup", "transforms/shard", "transforms/shard/near_dedup")
+MIRRORED = ("pipeline/shard", "pipeline/shard/near_dedup", "transforms/shard", "transforms/shard/near_dedup",
+            "pipeline", "pipeline/tools", "pipeline/retrieval", "model_contract", "trainer", "transforms/tokenize",
+            "transforms/io")
 
 # module -> where it is tested instead (a test file of another name, or a whole-job test), or why no test of
 # its own. Shrink this list: a module tested only through whole jobs (tests/e2e) is the first to get its own file.
 ALLOWED = {
     # Tested as part of another module's test file (a move would split one behaviour's tests):
     "pipeline/shard/cancel.py": "tests/unit/shard/test_stage_dofn.py (the stage DoFn owns cancellation)",
-    "pipeline/shard/markers.py": "tests/unit/shard/test_resume.py, test_backend_resume_key.py, "
-                                 "test_failed_backend_record.py (markers are what resume keeps)",
     "pipeline/shard/near_dedup/band_files.py": "tests/unit/shard/test_near_dedup_windows.py",
     "pipeline/shard/near_dedup/band_index_writer.py": "tests/unit/shard/test_near_dedup_band_index.py",
     "pipeline/shard/near_dedup/committed.py": "tests/unit/shard/test_near_dedup_band_index.py",
@@ -42,6 +42,52 @@ ALLOWED = {
     # Driver steps before the graph, tested through the command's refusals:
     "pipeline/shard/preflight.py": "tests/e2e/test_decontaminate_refusals.py and every exit-2 test of `shard`",
     "pipeline/shard/source_check.py": "tests/integration/tools/test_dry_run.py (unknown --source-weights sources)",
+    # The other rooms (issue 29's splits and what was there before them), where each is tested instead:
+    "pipeline/beam_glue.py": "tests/unit/io/test_filesystem_options.py, tests/e2e/test_local_runner.py",
+    "pipeline/job.py": "tests/integration/shard/test_plan.py, tests/e2e/test_job_runner.py",
+    "pipeline/options.py": "tests/e2e/test_cli.py, tests/unit/tools/test_pile_recipe.py (flags from the config)",
+    "pipeline/output.py": "tests/e2e/test_observability.py (the run summary on stdout), test_cli.py",
+    "pipeline/tools/environment.py": "tests/unit/tools/test_env_versions.py",
+    "pipeline/tools/export_hf.py": "tests/e2e/test_export_formats.py (HF datasets opens the export)",
+    "pipeline/tools/export_mds.py": "tests/e2e/test_export_formats.py (streaming opens the export)",
+    "pipeline/tools/export_megatron.py": "tests/e2e/test_export_formats.py, test_export_s3.py",
+    "pipeline/tools/export_verify.py": "tests/e2e/test_export_formats.py (verify of each export)",
+    "pipeline/tools/gc.py": "tests/unit/ops/test_generation_chain.py, test_generation_order.py",
+    "pipeline/tools/report_html.py": "tests/e2e/test_report.py (the page it renders)",
+    "pipeline/tools/verify_inputs.py": "tests/unit/tools/test_verify_round_trip.py, test_rv2_verify.py",
+    "pipeline/retrieval/build.py": "tests/e2e/test_retrieval_pipeline.py (Beam wiring of the build)",
+    "pipeline/retrieval/neighbours.py": "tests/e2e/test_retrieval_pipeline.py, test_retrieval_ranges_sidecar.py",
+    "pipeline/retrieval/neighbours_sharded.py": "tests/e2e/test_retrieval_ranges_sidecar.py (R=1 vs R=4)",
+    "pipeline/retrieval/show.py": "tests/e2e/test_trust_readers.py, tests/unit/ops/test_safe_text.py",
+    "pipeline/retrieval/sidecar_files.py": "tests/e2e/test_retrieval_ranges_sidecar.py, test_retrieval_pipeline.py",
+    "pipeline/retrieval/store.py": "tests/e2e/test_retrieval_pipeline.py, tests/unit/contract/test_manifest_check.py",
+    "pipeline/retrieval/store_job.py": "tests/e2e/test_retrieval_pipeline.py (the job runner's steps)",
+    "model_contract/checked_reader.py": "tests/unit/trainer/test_shard_files.py, "
+                                        "tests/integration/tools/test_export.py",
+    "model_contract/example_codec.py": "tests/unit/contract/test_contract.py, tests/unit/shard/test_packing.py",
+    "model_contract/refs.py": "tests/unit/ops/test_generations.py",
+    "model_contract/retrieval.py": "tests/unit/retrieval/test_retrieval_units.py (the sidecar codec), "
+                                   "tests/unit/contract/test_manifest.py",
+    "model_contract/schema.py": "tests/unit/contract/test_manifest_check.py",
+    "trainer/attention.py": "tests/unit/trainer/test_trainer_kernels.py, test_varlen_bound.py",
+    "trainer/batch.py": "tests/unit/trainer/test_plan.py, test_grad_sync.py (batches the trainer passes)",
+    "trainer/iterable_dataset.py": "tests/integration/tools/test_export.py",
+    "trainer/loss.py": "tests/unit/trainer/test_trainer_kernels.py, test_plan.py",
+    "trainer/metrics.py": "tests/unit/trainer/test_progress.py, test_trainer_kernels.py",
+    "trainer/parallel.py": "tests/e2e/test_trainer_layouts.py (each layout trains the same)",
+    "trainer/tensor_parallel.py": "tests/e2e/test_trainer_layouts.py (--tp)",
+    "trainer/train.py": "tests/e2e/test_trainer_launch.py, test_trainer_layouts.py",
+    "transforms/tokenize/fast_encoders.py": "tests/unit/tokenize/test_tokenizer_backends.py",
+    "transforms/tokenize/file_checks.py": "tests/unit/tokenize/test_tokenizer_file_checks.py",
+    "transforms/tokenize/lossy_settings.py": "tests/unit/tokenize/test_lossy_tokenizer_files.py",
+    "transforms/tokenize/native.py": "tests/unit/tokenize/test_panics.py",
+    "transforms/tokenize/references.py": "tests/unit/tokenize/test_formats.py",
+    "transforms/tokenize/spot_check.py": "tests/integration/tokenize/test_long_document_counts.py",
+    "transforms/tokenize/tiktoken_file.py": "tests/unit/tokenize/test_tokenizer_file_checks.py (crafted.py files)",
+    "transforms/tokenize/tokenizer.py": "tests/unit/tokenize/test_tokenizer_backends.py and most tokenize tests",
+    "transforms/tokenize/tokenizer_cache.py": "tests/unit/tokenize/test_tokenizer_cache_atomic.py",
+    "transforms/tokenize/tokenizer_errors.py": "one exception class, raised by every refusal in tests/unit/tokenize",
+    "transforms/io/read_parquet.py": "tests/unit/io/test_parquet.py",
 }
 
 

@@ -1,0 +1,32 @@
+"""pipeline/retrieval/build_read.py's pure steps: a document assembled from its pieces with one deterministic
+source, and the database shards no document fell into (its DoFns in a Beam build:
+tests/e2e/test_retrieval_pipeline.py)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipeline.retrieval import build_read
+
+
+def test_a_document_is_its_pieces_in_offset_order_under_its_smallest_source():
+    ((doc_id, source, tokens),) = build_read.assemble((7, {"pieces": [(2, [3, 4]), (0, [1, 2])],
+                                                           "sources": ["arXiv", "Pile-CC"]}))
+    assert doc_id == 7 and source == "Pile-CC"  # min of the two: the same pick on every run
+    assert np.array_equal(tokens, [1, 2, 3, 4])
+
+
+def test_a_document_without_pieces_is_dropped_and_one_without_a_source_keeps_the_unknown_one():
+    assert list(build_read.assemble((7, {"pieces": [], "sources": ["arXiv"]}))) == []
+    ((_, source, _),) = build_read.assemble((7, {"pieces": [(0, [1])], "sources": []}))
+    assert source == build_read.UNKNOWN_SOURCE
+
+
+def test_a_missing_piece_is_an_error_not_a_shorter_document():
+    with pytest.raises(ValueError, match="piece at offset 3, expected 2"):
+        list(build_read.assemble((7, {"pieces": [(0, [1, 2]), (3, [4])], "sources": []})))
+
+
+def test_empty_shards_are_the_shard_numbers_no_result_names():
+    assert build_read.empty_shards([{"shard": 1}, {"shard": 3}], 5) == [(0, []), (2, []), (4, [])]
+    assert build_read.empty_shards([], 2) == [(0, []), (1, [])]
