@@ -50,6 +50,7 @@ ALLOWED = {
     "pipeline/tools/environment.py": "tests/unit/tools/test_env_versions.py",
     "pipeline/tools/export_hf.py": "tests/e2e/test_export_formats.py (HF datasets opens the export)",
     "pipeline/tools/export_mds.py": "tests/e2e/test_export_formats.py (streaming opens the export)",
+    "pipeline/tools/export_after_shard.py": "tests/integration/tools/test_export.py (shard --format: the exports of the committed generation)",
     "pipeline/tools/export_megatron.py": "tests/e2e/test_export_formats.py, test_export_s3.py",
     "pipeline/tools/export_verify.py": "tests/e2e/test_export_formats.py (verify of each export)",
     "pipeline/tools/gc.py": "tests/unit/ops/test_generation_chain.py, test_generation_order.py",
