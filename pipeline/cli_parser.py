@@ -12,7 +12,7 @@ import argparse
 import re
 
 from pipeline import options
-from pipeline.config import PILEPREP_VERSION, RunOptions, ShardConfig
+from pipeline.config import PILEPREP_VERSION, RunOptions, ShardConfig, orphan_option_problems, refuse
 from pipeline.errors import UsageError
 from pipeline.ops import runners
 
@@ -49,6 +49,21 @@ class Parser(argparse.ArgumentParser):
             else:
                 message += hint
         raise UsageError(message)
+
+
+TYPED = "typed_options"  # the namespace attribute naming the options typed on the command line (dests)
+
+
+def _typed(action_class: type) -> type:
+    """`action_class` that also records its dest in `TYPED` when the option is on the command line: a value
+    typed there is the user's request even when it equals the default (pipeline/config.py orphan options),
+    unlike one from the defaults or a --config file (set_defaults, which no action sees)."""
+    class Typed(action_class):
+        def __call__(self, parser, namespace, values, option_string=None):
+            super().__call__(parser, namespace, values, option_string)
+            setattr(namespace, TYPED, getattr(namespace, TYPED, frozenset()) | {self.dest})
+
+    return Typed
 
 
 def count(text: str) -> int:
@@ -95,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     shard.add_argument("--config", metavar="FILE.toml", default=None,
                        help="read options from a TOML file (keys are the option names, e.g. seq-len = 2048; "
                             "beam-args = [...] for Beam options); options on the command line override it")
+    # the actions options.add_options makes (argparse's default store, store_true), recording what was typed
+    for name, action_class in ((None, argparse._StoreAction), ("store", argparse._StoreAction),  # noqa: SLF001
+                               ("store_true", argparse._StoreTrueAction)):  # noqa: SLF001
+        shard.register("action", name, _typed(action_class))
     options.add_options(shard, ShardConfig)
     options.add_options(shard, RunOptions)
     # Not a ShardConfig field: the serialized config and fingerprint stay those of a run without it (SAME BYTES).
@@ -211,4 +230,6 @@ def parse(argv: list, parser: argparse.ArgumentParser | None = None):
             flagged = [r for r in rest if r.startswith("-")]
             bad = (flagged or rest)[0].split("=", 1)[0]
             raise UsageError(f"{sub.prog}: unrecognized argument {bad}{options.did_you_mean(bad, own)}")
+    if args.command == "shard":  # what was typed is known only here; the values' own checks: ShardConfig.validate
+        refuse(orphan_option_problems(vars(args), getattr(args, TYPED, frozenset())))
     return args, rest

@@ -10,7 +10,7 @@ import hashlib
 import json
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Mapping, Optional
 
 from pipeline.errors import ConfigError
 from pipeline.shard.near_dedup.settings import DecontaminateConfig, NearDedupConfig
@@ -233,7 +233,7 @@ class ShardConfig:
                                 f"got {value!r}")
         if self.packing_window < 1:
             problems.append(f"--packing-window must be at least 1, got {self.packing_window}")
-        problems += orphan_option_problems(self)
+        problems += orphan_option_problems(vars(self))
         if self.keep_generations < 0:
             problems.append(f"--keep-generations must be 0 or more, got {self.keep_generations}")
         if self.eos_token == "":  # `--eos-token ''` (an unset shell variable) must not silently mean "pick one"
@@ -251,8 +251,7 @@ class ShardConfig:
         except ConfigError as e:
             problems.append(str(e))
         problems += near_dedup_problems(self)
-        if problems:
-            raise ConfigError("invalid shard configuration:\n  " + "\n  ".join(problems))
+        refuse(problems)
 
     @property
     def near_dedup_config(self) -> NearDedupConfig:
@@ -320,6 +319,12 @@ class ShardConfig:
         return d
 
 
+def refuse(problems: list) -> None:
+    """A ConfigError listing every problem (the CLI prints it in one line, exit 2), or nothing when none."""
+    if problems:
+        raise ConfigError("invalid shard configuration:\n  " + "\n  ".join(problems))
+
+
 def near_dedup_problems(c: "ShardConfig") -> list:
     near, decon = c.near_dedup_config, c.decontaminate_config
     counts = (("--near-dedup-bands", near.bands), ("--near-dedup-rows", near.rows),
@@ -331,22 +336,27 @@ def near_dedup_problems(c: "ShardConfig") -> list:
 
 
 # An option that only shapes a stage the run does not have does nothing, so giving it is a bad configuration
-# (`--near-dedup-shingles tokens` without `--near-dedup` ran and ignored it). Only a value other than the default
-# is refused: a default written out (a TOML file listing every key) is harmless. The fields stay out of the
-# manifest when their stage is off (to_manifest_dict), so no valid run's config or fingerprint changes.
-_ENABLERS = (("near_dedup_", "--near-dedup", lambda c: c.near_dedup),
-             ("decontaminate_", "--decontaminate GLOB", lambda c: bool(c.decontaminate)),
-             ("packing_window", "--packing best-fit", lambda c: c.packing == "best-fit"))
+# (`--near-dedup-shingles tokens` without `--near-dedup` ran and ignored it). Typed on the command line it is refused
+# whatever its value (`--decontaminate-field text` alone asked for something that does nothing; pipeline/
+# cli_parser.py knows what was typed). Otherwise (a --config TOML file, a ShardConfig built in code) only a value
+# other than the default is refused: a default written out (a TOML file listing every key) is harmless. The
+# fields stay out of the manifest when their stage is off (to_manifest_dict), so no valid run's config or
+# fingerprint changes.
+_ENABLERS = (("near_dedup_", "--near-dedup", lambda v: v["near_dedup"]),
+             ("decontaminate_", "--decontaminate GLOB", lambda v: bool(v["decontaminate"])),
+             ("packing_window", "--packing best-fit", lambda v: v["packing"] == "best-fit"))
 
 
-def orphan_option_problems(c: "ShardConfig") -> list:
+def orphan_option_problems(values: Mapping[str, Any], typed: frozenset = frozenset()) -> list:
+    """The orphan options among `values` (ShardConfig field -> value: a config's fields or the parsed command
+    line); `typed`: the fields given on the command line, refused even at their default."""
     problems = []
     for prefix, enabler, enabled in _ENABLERS:
-        if enabled(c):
+        if enabled(values):
             continue
-        for f in dataclasses.fields(c):
-            value = getattr(c, f.name)
-            if f.name.startswith(prefix) and value != f.default:
+        for f in [f for f in dataclasses.fields(ShardConfig) if f.name.startswith(prefix)]:
+            value = values[f.name]
+            if value != f.default or f.name in typed:
                 given = f"--{f.name.replace('_', '-')}" + ("" if isinstance(value, bool) else f" {value}")
                 problems.append(f"{given} needs {enabler}: without it the option does nothing")
     return problems
