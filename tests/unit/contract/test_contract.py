@@ -5,9 +5,10 @@ import json
 import numpy as np
 import pytest
 
-from model_contract import (ContractError, ContractMismatchError, DataContract, Expectation, Manifest, RetrievalSpec,
-                            ShardInfo, TFRecordCorruptError, TokenizerInfo, check_compatible, decode_example,
-                            encode_example, frame_record, iter_records, tf_feature_spec)
+from model_contract import (Manifest, ShardInfo, TFRecordCorruptError, decode_example, encode_example, frame_record,
+                            iter_records)
+from model_contract.contract import (ContractError, ContractMismatchError, DataContract, Expectation, RetrievalSpec,
+                                     TokenizerInfo, check_compatible, tf_feature_spec)
 from model_contract.example_codec import decode_varints, encode_varints
 from model_contract.tfrecord import masked_crc32c
 

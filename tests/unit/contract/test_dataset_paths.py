@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from model_contract import ContractError, resolve_shard_path
+from model_contract import ContractError
+from model_contract.dataset_paths import resolve_shard_path
 from tests.manifest_fixtures import GEN_A, make_shard
 
 

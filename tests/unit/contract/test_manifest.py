@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from model_contract import ContractError, Manifest
+from model_contract import ContractError
+from model_contract.manifest import Manifest
 from model_contract.manifest_rows import BandIndexRow, FileDigest, IdIndexRow, LedgerRow
 from model_contract.retrieval import AlignedShard, SidecarInfo
 from tests.manifest_fixtures import GEN_A, make_shard, valid_manifest_dict

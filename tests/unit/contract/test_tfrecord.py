@@ -6,7 +6,8 @@ import io
 import numpy as np
 import pytest
 
-from model_contract import TFRecordCorruptError, encode_example, frame_record, iter_records
+from model_contract import encode_example
+from model_contract.tfrecord import TFRecordCorruptError, frame_record, iter_records
 
 
 def _records(n=4):
