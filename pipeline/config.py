@@ -221,6 +221,9 @@ class ShardConfig:
             problems.append(f"--num-shards must be at least 1, got {self.num_shards}")
         if self.target_shard_mb <= 0:
             problems.append(f"--target-shard-mb must be positive, got {self.target_shard_mb}")
+        elif self.num_shards is not None and self.target_shard_mb != _FIELD_DEFAULTS["target_shard_mb"]:
+            # on the command line argparse refuses the pair; from a --config file the size was silently ignored
+            problems.append("--num-shards and --target-shard-mb: give one (the shard count or the shard size)")
         for name, value in (("--val-fraction", self.val_fraction), ("--test-fraction", self.test_fraction)):
             if not 0.0 <= value < 1.0:
                 problems.append(f"{name} must be in [0, 1), got {value}")
@@ -335,6 +338,8 @@ def near_dedup_problems(c: "ShardConfig") -> list:
     return problems
 
 
+_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ShardConfig)}
+
 # An option that only shapes a stage the run does not have does nothing, so giving it is a bad configuration
 # (`--near-dedup-shingles tokens` without `--near-dedup` ran and ignored it). Typed on the command line it is refused
 # whatever its value (`--decontaminate-field text` alone asked for something that does nothing; pipeline/
@@ -342,19 +347,24 @@ def near_dedup_problems(c: "ShardConfig") -> list:
 # other than the default is refused: a default written out (a TOML file listing every key) is harmless. The
 # fields stay out of the manifest when their stage is off (to_manifest_dict), so no valid run's config or
 # fingerprint changes.
-_ENABLERS = (("near_dedup_", "--near-dedup", lambda v: v["near_dedup"]),
-             ("decontaminate_", "--decontaminate GLOB", lambda v: bool(v["decontaminate"])),
-             ("packing_window", "--packing best-fit", lambda v: v["packing"] == "best-fit"))
+# (prefix of the options' fields, the enabling option, the field that enables them, its test)
+_ENABLERS = (("near_dedup_", "--near-dedup", "near_dedup", bool),
+             ("decontaminate_", "--decontaminate GLOB", "decontaminate", bool),
+             ("packing_window", "--packing best-fit", "packing", lambda v: v == "best-fit"),
+             ("allow_unknown_sources", "--source-weights SPEC", "source_weights", bool),
+             ("dry_run_workers", "--dry-run", "dry_run", bool))
 
 
 def orphan_option_problems(values: Mapping[str, Any], typed: frozenset = frozenset()) -> list:
-    """The orphan options among `values` (ShardConfig field -> value: a config's fields or the parsed command
-    line); `typed`: the fields given on the command line, refused even at their default."""
+    """The orphan options among `values` (ShardConfig/RunOptions field -> value: a config's fields or the parsed
+    command line; a pair whose enabling field is absent is not checked); `typed`: the fields given on the command
+    line, refused even at their default."""
     problems = []
-    for prefix, enabler, enabled in _ENABLERS:
-        if enabled(values):
+    fields = dataclasses.fields(ShardConfig) + dataclasses.fields(RunOptions)
+    for prefix, enabler, enabling_field, enabled in _ENABLERS:
+        if enabling_field not in values or enabled(values[enabling_field]):
             continue
-        for f in [f for f in dataclasses.fields(ShardConfig) if f.name.startswith(prefix)]:
+        for f in [f for f in fields if f.name.startswith(prefix) and f.name in values]:
             value = values[f.name]
             if value != f.default or f.name in typed:
                 given = f"--{f.name.replace('_', '-')}" + ("" if isinstance(value, bool) else f" {value}")
