@@ -9,7 +9,7 @@ import unittest.mock
 
 import pytest
 
-from pipeline.tools import export_formats
+from pipeline.tools import export_formats, export_summary
 from tests.export_fixtures import build_dataset
 from tests.ops_fixtures import s3_server  # noqa: F401 - the module's S3 server fixture
 
@@ -49,6 +49,9 @@ def _objects(client, prefix) -> dict:
 def _check_store(client, prefix, local) -> None:
     objects = _objects(client, prefix)
     summary = json.loads(objects.pop("export.json"))
+    # the generation's stamp (export_summary.py: what a later export may remove), named after the generation
+    assert objects.pop(f"{summary['generation']}/{export_summary.GENERATION_STAMP}") == (
+        summary["generation"] + "\n").encode()
     assert summary["files"] == local["files"] and summary["generation"] == local["generation"]
     for row in summary["files"]:
         data = objects.pop(row["path"])
@@ -109,10 +112,13 @@ def test_s3_megatron_export_resumes_and_keeps_the_previous_generation(dataset, s
     key = export_formats._split_key("megatron", export_megatron, shards)
     client.put_object(Bucket="exports", Key=f"resume/{gen}/.pileprep-export-train.done.json",
                       Body=json.dumps({"key": key, "files": rows}).encode())
-    for name in ("gen0", "gen1"):
+    for name in ("gen0", "gen1", "mine"):
         client.put_object(Bucket="exports", Key=f"resume/{name}/f", Body=name.encode())
+        if name != "mine":  # as an export made them; `mine` is a user's prefix a crafted `previous` names
+            client.put_object(Bucket="exports", Key=f"resume/{name}/{export_summary.GENERATION_STAMP}", Body=b"")
     client.put_object(Bucket="exports", Key="resume/export.json", Body=json.dumps(
-        {"kind": "export", "format": "megatron", "generation": "gen1", "previous": ["gen0"], "files": []}).encode())
+        {"kind": "export", "format": "megatron", "generation": "gen1", "previous": ["gen0", "mine"],
+         "files": []}).encode())
     uploads = []
     real_put = export_formats.SplitJob.put_many
 
@@ -125,7 +131,8 @@ def test_s3_megatron_export_resumes_and_keeps_the_previous_generation(dataset, s
     assert again["files"] == first["files"] and again["previous"] == ["gen1"]
     assert not any(n.startswith("train_") for n in uploads) and "val_text_document.bin" in uploads
     left = _check_store(client, "resume/", local)
-    assert set(left) == {"gen1/f"}, left  # gen0 removed; no done marker, no lock left
+    assert set(left) == {"gen1/f", f"gen1/{export_summary.GENERATION_STAMP}", "mine/f"}, left  # gen0 removed;
+    # `mine` kept (no stamp); no done marker, no lock left
 
 
 def _manifest(dataset):
