@@ -59,7 +59,8 @@ def cmd_shard(args, beam_args) -> int:
     print(summary_table(outcome.manifest))
     if len(formats) > 1:  # the other formats: exports of the committed generation (export_after_shard.py)
         _filesystem_args(beam_args)
-        for line in export_committed(config.output, formats, s3_options=_s3_options(beam_args)):
+        for line in export_committed(config.output, formats, s3_options=_s3_options(beam_args),
+                                     break_lock=config.break_lock):
             print(line, flush=True)
     return 0
 

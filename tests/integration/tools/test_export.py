@@ -450,3 +450,31 @@ def test_verify_of_a_parquet_export_finds_a_flipped_byte(dataset, tmp_path):
     (tmp_path / "pq" / "export.json").write_text(json.dumps(listed))
     report = verify(str(tmp_path / "pq"))
     assert not report.ok and f"{name}: export.json records no size and sha256" in " ".join(report.mismatches)
+
+
+@pytest.mark.formats
+def test_shard_format_break_lock_reaches_the_exports_locks(tiny_tokenizer, tmp_path, capsys):
+    """`shard --format megatron` whose OUTPUT/megatron is locked said "pass --break-lock", and shard accepts it, but
+    the exports after the job took their locks without it (export_after_shard.py): the same refusal again. The
+    shard's --break-lock is the exports' too (each export's output is inside OUTPUT)."""
+    from pipeline import cli
+    from pipeline.ops import lock
+    from tests.corpus_fixtures import write_good_corpus
+    from tests.export_fixtures import IN_MEMORY
+
+    write_good_corpus(tmp_path / "in", limit_bytes=40_000)
+    out = tmp_path / "out"
+
+    def shard(*extra):
+        return cli.main(["shard", "--input", str(tmp_path / "in" / "*"), "--output", str(out), "--tokenizer",
+                         tiny_tokenizer, "--seq-len", "128", "--num-shards", "1", "--val-fraction", "0.2",
+                         "--test-fraction", "0.1", "--progress-every", "0", "--format", "megatron", *extra,
+                         *IN_MEMORY])
+
+    assert shard() == 0, capsys.readouterr().err
+    with lock.OutputLock(str(out / "megatron")).held():  # a live holder (this process)
+        assert shard() == 2
+        err = capsys.readouterr().err
+        assert f"--output {out / 'megatron'}: output is locked by" in err and "pass --break-lock" in err, err
+        assert shard("--break-lock") == 0, capsys.readouterr().err
+    assert json.loads((out / "megatron" / "export.json").read_text())["format"] == "megatron"
