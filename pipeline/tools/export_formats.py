@@ -177,6 +177,7 @@ def _export(dataset: str, fmt: str, output: str, splits: Optional[tuple], by_sou
     from transforms.io import io_utils  # noqa: PLC0415
 
     # Every refusal before the ref and the first file: a refused export leaves the dataset and the output as they were.
+    previous = check_same_export(output, fmt, by_source)  # again under the lock: another export may have committed
     planned = committed_manifest(dataset)
     directory, sources = _plan(planned, output, manifest_file=commit.manifest_location(dataset), staging=staging,
                                by_source=by_source)
@@ -186,7 +187,6 @@ def _export(dataset: str, fmt: str, output: str, splits: Optional[tuple], by_sou
     manifest_file = commit.manifest_location(dataset)
     generation = manifest.generation or "current"
     writer = _writers()[fmt]
-    previous = check_same_export(output, fmt, by_source)
     local = staging is None
     marker = None
     if local and previous is None:
