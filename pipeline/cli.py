@@ -59,7 +59,8 @@ def cmd_shard(args, beam_args) -> int:
     print(summary_table(outcome.manifest))
     if len(formats) > 1:  # the other formats: exports of the committed generation (export_after_shard.py)
         _filesystem_args(beam_args)
-        for line in export_committed(config.output, formats, s3_options=_s3_options(beam_args)):
+        for line in export_committed(config.output, formats, s3_options=_s3_options(beam_args),
+                                     break_lock=config.break_lock):
             print(line, flush=True)
     return 0
 
@@ -119,7 +120,7 @@ def cmd_export(args, beam_args) -> int:
         from pipeline.tools.export_formats import export_format  # noqa: PLC0415
 
         summary = export_format(args.dataset, args.format, args.output, s3_options=_s3_options(beam_args),
-                                by_source=args.by_source)
+                                by_source=args.by_source, break_lock=args.break_lock)
         shown = {k: v for k, v in summary.items() if k != "files"} | {"files": len(summary["files"])}
         if args.by_source:  # Megatron-LM's arguments for the blend, prefixes absolute
             from pipeline.tools.export_megatron import blend_arguments  # noqa: PLC0415
@@ -128,8 +129,8 @@ def cmd_export(args, beam_args) -> int:
         print(json.dumps(shown, indent=1, sort_keys=True))
         return 0
     # The store's options for the output lock on an s3:// --output (pipeline/ops/lock.py), as `gc` passes them.
-    print(json.dumps(export_parquet(args.dataset, args.output, s3_options=_s3_options(beam_args)), indent=1,
-                     sort_keys=True))
+    print(json.dumps(export_parquet(args.dataset, args.output, s3_options=_s3_options(beam_args),
+                                    break_lock=args.break_lock), indent=1, sort_keys=True))
     return 0
 
 

@@ -172,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--by-source", action="store_true",
                         help="megatron: one <split>_<source>_text_document.bin/.idx per source and blend.json, the "
                         "blend by each source's share of tokens (reads the dataset's inputs again)")
+    export.add_argument("--break-lock", action="store_true", help="remove a gone run's lock on the export's output "
+                        "first (as shard's --break-lock does on its output)")
     gc = _subcommand(sub, "gc", "remove a dataset's generations that nobody keeps (dry run unless --yes; "
                      "docs/OPERATIONS.md)", epilog=s3_help)
     gc.add_argument("dataset", help="dataset directory (local or s3://)")

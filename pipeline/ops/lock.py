@@ -55,8 +55,9 @@ class OutputLock:
     """`with OutputLock(output).held(break_lock=False): ...` — the run's exclusive hold on `output`."""
 
     def __init__(self, output: str, s3_options: Optional[dict] = None, lease_s: float = LEASE_S,
-                 renew_s: float = RENEW_S):
+                 renew_s: float = RENEW_S, remedy: str = "pass --break-lock"):
         self.output = output
+        self.remedy = remedy  # what a user does when the holder is gone (the command's own option, by default)
         self.path = io_utils.join(output, LOCK_NAME)
         self.lease_s, self.renew_s = lease_s, renew_s
         self.s3_options = s3_options or {}
@@ -92,7 +93,7 @@ class OutputLock:
             elif not self._stale(holder, age):
                 raise OutputLockedError(
                     f"--output {self.output}: output is locked by {_describe(holder, age, self.lease_s)}; another "
-                    f"run is writing it. Wait for it, or if it is gone pass --break-lock (a crashed run's lock "
+                    f"run is writing it. Wait for it, or if it is gone {self.remedy} (a crashed run's lock "
                     f"also goes stale after {self.lease_s:.0f}s)")
             else:
                 LOG.warning("taking over the stale lock of %s on %s", _describe(holder, age, self.lease_s),

@@ -32,17 +32,14 @@ from model_contract import (INPUT_IDS, PIECE_DOC_IDS, PIECE_OFFSETS, POSITIONS, 
                             resolve_shard_path)
 from model_contract.checked_reader import iter_checked_records
 from pipeline.ops.output_names import check_unique, derived_path
+from model_contract.hashing import sha256_file
+from pipeline.tools.export_summary import (EXPORT_KIND, IN_PROGRESS_MARKER, SUMMARY_NAME, check_same_export,
+                                           write_marker)
 
 ROWS_PER_GROUP = 1024
 TOKEN_COLUMNS = (INPUT_IDS, SEGMENT_IDS, POSITIONS)
 PIECE_COLUMNS = (PIECE_DOC_IDS, PIECE_OFFSETS)
 FORMATS = ("parquet",)
-EXPORT_KIND = "export"  # export.json's `kind`, as a committed manifest's (pipeline/ops/commit.py KINDS)
-SUMMARY_NAME = "export.json"
-# Written before the first Parquet file of an export into an output that has no export.json yet, removed once
-# export.json is written: an export killed before its export.json leaves an output the next export recognises as
-# its own (check_export_output), not as "files pileprep did not create".
-IN_PROGRESS_MARKER = ".pileprep-export-in-progress"
 # The temporary form of a Parquet file being written: `.<name>.parquet.<12 hex>.tmp` beside its final name (unique
 # per writer, hidden, as transforms/io/io_utils.py `replace_atomically` names its own). An export killed mid-write
 # leaves one; the next export removes exactly these (and the fixed `<split>-NNNNN-of-NNNNN.parquet.tmp` that
@@ -73,11 +70,13 @@ def remove_abandoned_temporaries(output: str) -> list:
     return removed
 
 
-def check_export_output(output: str) -> None:
-    """ConfigError (exit 2) unless `output` is new, empty or an earlier export (it holds export.json): an export
-    written into a dataset, a retrieval store or a sidecar would put its files among theirs (and its export.json
-    beside their manifest), and one written into a directory of the user's files would replace any of the same
-    name. The rule of pipeline/ops/commit.py `check_output_kind`, for a command that writes no manifest."""
+def check_export_output(output: str, fmt: str = "parquet", by_source: bool = False) -> None:
+    """ConfigError (exit 2) unless `output` is new, empty or an earlier export of `fmt` (it holds an export.json
+    of that format, pipeline/tools/export_summary.py `check_same_export`): an export written into a dataset, a
+    retrieval store or a sidecar would put its files among theirs (and its export.json beside their manifest), one
+    written into a directory of the user's files would replace any of the same name, and one written over another
+    format's export would replace its record. The rule of pipeline/ops/commit.py `check_output_kind`, for a
+    command that writes no manifest."""
     from pipeline.errors import ConfigError  # noqa: PLC0415
     from pipeline.ops import commit  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
@@ -98,6 +97,7 @@ def check_export_output(output: str) -> None:
                               f"another --output")
     elif io_utils.is_local(output) and os.path.exists(output) and not os.path.isdir(output):
         raise ConfigError(f"--output {output}: it is a file, not a directory: choose another --output")
+    check_same_export(output, fmt, by_source)
 
 
 def parquet_schema():
@@ -149,9 +149,10 @@ def _export_shard(stream, out_stream, shard, rows_per_group: int) -> int:
 
 
 def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: int = ROWS_PER_GROUP,
-                   splits: Optional[tuple] = None, s3_options: Optional[dict] = None) -> dict:
+                   splits: Optional[tuple] = None, s3_options: Optional[dict] = None, break_lock: bool = False) -> dict:
     """Write every shard of DIR's committed manifest as Parquet under `output` (default DIR/parquet).
-    `s3_options`: Beam's s3_* options (pipeline/beam_glue.py `s3_options_of`) for the lock on an s3:// output."""
+    `s3_options`: Beam's s3_* options (pipeline/beam_glue.py `s3_options_of`) for the lock on an s3:// output.
+    `break_lock`: `--break-lock`, as shard's: remove a gone run's lock on the output first."""
     from pipeline.ops import lock  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
 
@@ -161,7 +162,8 @@ def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: i
     # One writer per output (pipeline/ops/lock.py), local or object store alike (the lock object is a conditional
     # PUT there, as the shard job's): two exports into one output wrote the same files, and export.json named one
     # run's files over the other's.
-    with lock.OutputLock(output, s3_options).held():
+    with lock.OutputLock(output, s3_options).held(break_lock):
+        check_same_export(output, "parquet")  # again under the lock: another export may have committed since
         if io_utils.is_local(output):
             remove_abandoned_temporaries(output)  # an interrupted export's, under the lock
         return _export(dataset, output, rows_per_group, splits)
@@ -171,24 +173,15 @@ def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tup
     from pipeline.ops import commit  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
 
+    _planned(output, committed_manifest(dataset), splits)  # refused before the ref: a refused export leaves nothing
     manifest = register_export(dataset, output)
     manifest_file = commit.manifest_location(dataset)
     files = []
-    chosen = [s for s in manifest.shards if not splits or s.split in splits]
-    names = [derived_path(s.path, suffix=".parquet") for s in chosen]
-    check_unique(zip((s.path for s in chosen), names))  # before writing anything
-    for name in names:  # an earlier export's directory replaced by a link: never write (replace) through it
-        links = io_utils.links_below(output, os.path.dirname(io_utils.join(output, name)))
-        if links:
-            from pipeline.errors import ConfigError  # noqa: PLC0415
-
-            raise ConfigError(f"--output {output}: {links[0]} is a symbolic link; an export never writes through a "
-                              f"link inside its output (it would replace files elsewhere): remove it or choose "
-                              f"another --output")
+    chosen, names = _planned(output, manifest, splits)
     summary_path = io_utils.join(output, SUMMARY_NAME)
     marker = os.path.join(output, IN_PROGRESS_MARKER) if io_utils.is_local(output) else None
     if marker is not None and not os.path.exists(summary_path):
-        io_utils.write_bytes(marker, b"")
+        write_marker(output, "parquet")
     for shard, name in zip(chosen, names):
         target = io_utils.join(output, name)
         local = io_utils.is_local(target)
@@ -203,9 +196,12 @@ def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tup
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
             raise
+        # Each file's size and sha256, as the other formats record theirs: `pileprep verify` hashes it again.
+        size, sha = sha256_file(tmp) if local else sha256_file(target, opener=io_utils.open_read)
         if local:
             os.replace(tmp, target)
-        files.append({"path": name, "split": shard.split, "rows": rows, "source_shard": shard.path})
+        files.append({"path": name, "split": shard.split, "rows": rows, "source_shard": shard.path, "bytes": size,
+                      "sha256": sha})
     summary = {"kind": EXPORT_KIND, "format": "parquet", "generation": manifest.generation, "files": files,
                "columns": [f.name for f in parquet_schema()]}
     # Published whole (an atomic replace locally, one PUT on object stores): a kill while writing it leaves the
@@ -215,6 +211,34 @@ def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tup
         with contextlib.suppress(FileNotFoundError):
             os.unlink(marker)
     return {"output": output, **summary}
+
+
+def _planned(output: str, manifest, splits: Optional[tuple]) -> tuple:
+    """(the shards to export, their Parquet names); ConfigError for names that collide or a link on the way."""
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    chosen = [s for s in manifest.shards if not splits or s.split in splits]
+    names = [derived_path(s.path, suffix=".parquet") for s in chosen]
+    check_unique(zip((s.path for s in chosen), names))  # before writing anything
+    for name in names:  # an earlier export's directory replaced by a link: never write (replace) through it
+        links = io_utils.links_below(output, os.path.dirname(io_utils.join(output, name)))
+        if links:
+            from pipeline.errors import ConfigError  # noqa: PLC0415
+
+            raise ConfigError(f"--output {output}: {links[0]} is a symbolic link; an export never writes through a "
+                              f"link inside its output (it would replace files elsewhere): remove it or choose "
+                              f"another --output")
+    return chosen, names
+
+
+def committed_manifest(dataset: str):
+    """The dataset's committed manifest (read before the export's ref, to refuse with nothing written)."""
+    from pipeline.ops import commit  # noqa: PLC0415
+
+    manifest = commit.read_committed(dataset)
+    if manifest is None:
+        raise _no_manifest(dataset)
+    return commit.require_dataset(manifest, dataset)
 
 
 def _no_manifest(dataset: str) -> FileNotFoundError:
@@ -245,18 +269,12 @@ def register_export(dataset: str, output: str):
     from pipeline.ops import commit, generations, lock  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
 
-    def committed():
-        manifest = commit.read_committed(dataset)
-        if manifest is None:
-            raise _no_manifest(dataset)
-        return commit.require_dataset(manifest, dataset)
-
     if not io_utils.exists(commit.manifest_location(dataset)):
-        return committed()  # before taking a lock, which would create the directory
+        return committed_manifest(dataset)  # before taking a lock, which would create the directory
     holder = os.path.abspath(output) if io_utils.is_local(output) else output
 
     def register():
-        manifest = committed()
+        manifest = committed_manifest(dataset)
         if manifest.generation:
             generations.write_ref(dataset, Ref(manifest.generation, "export", holder, round(time.time(), 3)))
         return manifest
@@ -269,10 +287,13 @@ def register_export(dataset: str, output: str):
             if commit.committed_generation_of(dataset) != manifest.generation:
                 manifest = register()
             return manifest
-        with lock.OutputLock(dataset).held():
+        # A shard or gc run holds the dataset's lock; export's --break-lock is its output's (as shard's and gc's
+        # are theirs), so the remedy named for a gone holder is gc's, which takes the dataset's lock and nothing else.
+        remedy = f"run `pileprep gc {dataset} --break-lock` (a dry run that removes the gone run's lock)"
+        with lock.OutputLock(dataset, remedy=remedy).held():
             return register()
     except PermissionError as e:
         logging.getLogger("pileprep.export").warning(
             "%s: cannot register this export's ref (%s): a later commit or gc may remove the generation it reads",
             dataset, type(e).__name__)
-        return committed()
+        return committed_manifest(dataset)

@@ -37,9 +37,11 @@ def parse_formats(values: Optional[list]) -> tuple:
     return tuple(f for f in FORMATS if f == "tfrecord" or f in named)
 
 
-def export_committed(output: str, formats: tuple, s3_options: Optional[dict] = None) -> list:
+def export_committed(output: str, formats: tuple, s3_options: Optional[dict] = None,
+                     break_lock: bool = False) -> list:
     """Export OUTPUT's committed generation in each of `formats` but tfrecord into OUTPUT/<format>/ (the default
-    output of `pileprep export`); one line per export for the user."""
+    output of `pileprep export`); one line per export for the user. `break_lock`: shard's --break-lock, which the
+    exports' lock message names, is theirs too."""
     from pipeline.tools.export import export_parquet  # noqa: PLC0415
     from pipeline.tools.export_formats import export_format  # noqa: PLC0415
 
@@ -48,9 +50,9 @@ def export_committed(output: str, formats: tuple, s3_options: Optional[dict] = N
         if fmt == "tfrecord":
             continue
         if fmt == "parquet":
-            summary = export_parquet(output, None, s3_options=s3_options)
+            summary = export_parquet(output, None, s3_options=s3_options, break_lock=break_lock)
         else:
-            summary = export_format(output, fmt, None, s3_options=s3_options)
+            summary = export_format(output, fmt, None, s3_options=s3_options, break_lock=break_lock)
         lines.append(f"pileprep: --format {fmt}: {len(summary['files'])} files of generation "
                      f"{summary['generation']} in {summary['output']} (export.json; pileprep verify checks them)")
     return lines

@@ -14,7 +14,8 @@ The protocol, shared by every format (pipeline/tools/export.py has the Parquet o
   hashes), so an export killed mid-way reuses the splits whose files still hash to their marker;
 - `export.json` (its own manifest: every file's size and sha256, the generation) is published last, whole: it is
   the commit point. The previous generation's directory is kept for readers that opened it; the one before that
-  is removed (only a directory an earlier export.json named: never another path);
+  is removed (only a directory an earlier export.json named and that holds the stamp the export wrote when it
+  created it, pipeline/tools/export_summary.py: never another path, never a link);
 - `pileprep verify OUTPUT` checks every file export.json lists (pipeline/tools/export_verify.py).
 An s3:// output (or any object store Beam reaches): each file is written in a local temporary directory first (the
 Megatron writer places a document's pieces by offset in its file, which needs a seekable file), hashed there and
@@ -28,19 +29,20 @@ import contextlib
 import hashlib
 import json
 import os
-import re
 import shutil
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from model_contract.hashing import sha256_file
 from model_contract.manifest_rows import ShardInfo
-from pipeline.tools.export import (EXPORT_KIND, IN_PROGRESS_MARKER, SUMMARY_NAME, check_export_dataset,
-                                   check_export_output, register_export, remove_abandoned_temporaries, temporary_name)
+from pipeline.tools.export import (check_export_dataset, check_export_output, committed_manifest, register_export,
+                                   remove_abandoned_temporaries, temporary_name)
+from pipeline.tools.export_summary import (EXPORT_KIND, GENERATION_NAME, GENERATION_STAMP, SUMMARY_NAME,
+                                           check_same_export, own_generation, read_text, safe_relative,
+                                           stamp_generation, write_marker)
 
 FORMATS = ("megatron", "hf", "mds")
-__all__ = ["FORMATS", "IN_PROGRESS_MARKER", "export_format", "read_summary", "safe_relative"]
-GENERATION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+__all__ = ["FORMATS", "export_format"]
 DONE_MARKER = ".pileprep-export-{split}.done.json"
 KEEP_PREVIOUS = 1
 
@@ -100,10 +102,11 @@ def _writers() -> dict:
 
 
 def export_format(dataset: str, fmt: str, output: Optional[str] = None, splits: Optional[tuple] = None,
-                  s3_options: Optional[dict] = None, by_source: bool = False) -> dict:
+                  s3_options: Optional[dict] = None, by_source: bool = False, break_lock: bool = False) -> dict:
     """Write DIR's committed generation in `fmt` under `output` (default DIR/<fmt>); returns export.json's
     content with `output`. `by_source` (Megatron only): one `.bin/.idx` per split and source, and the blend
-    (pipeline/tools/export_megatron.py `finish`)."""
+    (pipeline/tools/export_megatron.py `finish`). `break_lock`: `--break-lock`, as shard's: remove a gone run's
+    lock on the output first."""
     from pipeline.errors import ConfigError  # noqa: PLC0415
     from pipeline.ops import lock  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
@@ -114,8 +117,8 @@ def export_format(dataset: str, fmt: str, output: Optional[str] = None, splits: 
         raise ConfigError(f"--format {fmt!r}: must be one of parquet, {', '.join(FORMATS)}")
     output = output or io_utils.join(dataset, fmt)
     check_export_dataset(dataset)
-    check_export_output(output)
-    with lock.OutputLock(output, s3_options).held():
+    check_export_output(output, fmt, by_source)
+    with lock.OutputLock(output, s3_options).held(break_lock):
         if io_utils.is_local(output):
             remove_abandoned_temporaries(output)
             return _export(dataset, fmt, output, splits, by_source)
@@ -143,7 +146,7 @@ def _reusable(directory: str, split: str, key: str) -> Optional[list]:
     remote = not io_utils.is_local(directory)
     path = (io_utils.join if remote else os.path.join)(directory, DONE_MARKER.format(split=split))
     try:
-        marker = json.loads(_read_text(path))
+        marker = json.loads(read_text(path))
     except (OSError, ValueError):
         return None
     if not isinstance(marker, dict) or marker.get("key") != key or not isinstance(marker.get("files"), list):
@@ -167,78 +170,35 @@ def _reusable(directory: str, split: str, key: str) -> Optional[list]:
     return rows
 
 
-def _read_text(path: str) -> str:
-    """A local or object-store file's text; FileNotFoundError (an OSError) when it is not there."""
-    from transforms.io import io_utils  # noqa: PLC0415
-
-    if io_utils.is_local(path):
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    if not io_utils.exists(path):
-        raise FileNotFoundError(path)
-    return io_utils.read_bytes(path).decode("utf-8")
-
-
-def safe_relative(path: str) -> bool:
-    """A relative path inside its directory: no absolute path, no `..`, no empty or hidden-trick parts."""
-    parts = path.split("/")
-    return (bool(path) and not path.startswith("/") and "\\" not in path
-            and all(p not in ("", ".", "..") for p in parts))
-
-
-def read_summary(output: str) -> Optional[dict]:
-    from transforms.io import io_utils  # noqa: PLC0415
-
-    path = io_utils.join(output, SUMMARY_NAME) if not io_utils.is_local(output) else os.path.join(output, SUMMARY_NAME)
-    try:
-        summary = json.loads(_read_text(path))
-    except FileNotFoundError:
-        return None
-    return summary if isinstance(summary, dict) else None
-
-
 def _export(dataset: str, fmt: str, output: str, splits: Optional[tuple], by_source: bool = False,
             staging: Optional[str] = None) -> dict:
     """`staging`: a local temporary directory when `output` is remote (module doc)."""
-    from pipeline.errors import ConfigError  # noqa: PLC0415
     from pipeline.ops import commit  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
 
+    # Every refusal before the ref and the first file: a refused export leaves the dataset and the output as they were.
+    previous = check_same_export(output, fmt, by_source)  # again under the lock: another export may have committed
+    planned = committed_manifest(dataset)
+    directory, sources = _plan(planned, output, manifest_file=commit.manifest_location(dataset), staging=staging,
+                               by_source=by_source)
     manifest = register_export(dataset, output)
+    if manifest.generation != planned.generation:  # committed meanwhile: the plan is of the generation exported
+        directory, sources = _plan(manifest, output, commit.manifest_location(dataset), staging, by_source)
     manifest_file = commit.manifest_location(dataset)
     generation = manifest.generation or "current"
-    if not GENERATION_NAME.fullmatch(generation):
-        raise ConfigError(f"{manifest_file}: generation {generation[:40]!r} is not a name an export can use")
     writer = _writers()[fmt]
-    previous = read_summary(output)
-    if previous is not None and previous.get("format") != fmt:
-        raise ConfigError(f"--output {output}: it holds a {str(previous.get('format'))[:20]} export; a {fmt} export "
-                          f"goes to its own directory: choose another --output")
-    if previous is not None and bool(previous.get("by_source")) != by_source:
-        raise ConfigError(f"--output {output}: it holds an export {'with' if previous.get('by_source') else 'without'}"
-                          f" --by-source; one {'with' if by_source else 'without'} goes to its own directory: choose "
-                          f"another --output")
     local = staging is None
-    directory = os.path.join(output, generation) if local else io_utils.join(output, generation)
-    if local and (os.path.islink(directory) or (os.path.exists(directory) and not os.path.isdir(directory))):
-        raise ConfigError(f"{directory}: not a directory this export made (a link or a file): choose another --output")
-    marker = os.path.join(output, IN_PROGRESS_MARKER) if local else None
+    marker = None
     if local and previous is None:
         os.makedirs(output, exist_ok=True)
-        with open(marker, "wb"):
-            pass
-    if local:
-        os.makedirs(directory, exist_ok=True)
+        marker = write_marker(output, fmt)
+    if local and not os.path.isdir(directory):
+        os.makedirs(directory)
+        stamp_generation(directory)  # this export made it: a later export may remove it (export_summary.py)
+    elif not local and not io_utils.exists(io_utils.join(directory, GENERATION_STAMP)):
+        stamp_generation(directory)  # an object store's prefix named by the generation: the export's own
     files, info = [], {}
     chosen = [s for s in manifest.splits if not splits or s in splits]  # the manifest's split order
-    sources = None
-    if by_source:  # before any file: a changed or missing input is refused with nothing written
-        from pipeline.tools.export_sources import SourceError, document_sources  # noqa: PLC0415
-
-        try:
-            sources = document_sources(manifest)
-        except SourceError as e:
-            raise ConfigError(f"--by-source: {e}") from None
     for split in chosen:
         shards = [s for s in manifest.shards if s.split == split]
         key = _split_key(fmt, writer, shards, by_source)
@@ -273,6 +233,28 @@ def _export(dataset: str, fmt: str, output: str, splits: Optional[tuple], by_sou
     return {"output": output, **summary}
 
 
+def _plan(manifest, output: str, manifest_file: str, staging: Optional[str], by_source: bool) -> tuple:
+    """(the generation's directory, the documents' sources or None); ConfigError for what an export refuses."""
+    from pipeline.errors import ConfigError  # noqa: PLC0415
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    generation = manifest.generation or "current"
+    if not GENERATION_NAME.fullmatch(generation):
+        raise ConfigError(f"{manifest_file}: generation {generation[:40]!r} is not a name an export can use")
+    local = staging is None
+    directory = os.path.join(output, generation) if local else io_utils.join(output, generation)
+    if local and (os.path.islink(directory) or (os.path.exists(directory) and not os.path.isdir(directory))):
+        raise ConfigError(f"{directory}: not a directory this export made (a link or a file): choose another --output")
+    if not by_source:
+        return directory, None
+    from pipeline.tools.export_sources import SourceError, document_sources  # noqa: PLC0415
+
+    try:  # before any file: a changed or missing input is refused with nothing written
+        return directory, document_sources(manifest)
+    except SourceError as e:
+        raise ConfigError(f"--by-source: {e}") from None
+
+
 def _write_json(path: str, value) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(json.dumps(value, indent=1, sort_keys=True) + "\n")
@@ -287,15 +269,15 @@ def _publish(path: str, summary: dict) -> None:
 def _kept_generations(previous: Optional[dict], generation: str) -> list:
     """The generations kept beside this one: the one the earlier export.json committed (a reader may hold it)."""
     if not previous:
-        return []
+        return []  # names checked by export_summary.py read_summary
     names = [previous.get("generation")] + list(previous.get("previous") or [])
     names = [n for n in names if isinstance(n, str) and GENERATION_NAME.fullmatch(n) and n != generation]
     return names[:KEEP_PREVIOUS]
 
 
 def _remove_older(output: str, previous: Optional[dict], kept: list, generation: str) -> None:
-    """Remove the generation directories an earlier export.json named and that are no longer kept: only those
-    (created by an earlier export), never a link or another path."""
+    """Remove the generation directories an earlier export.json named and that are no longer kept: only those an
+    export created (its stamp inside, export_summary.py `own_generation`), never a link or another path."""
     if not previous:
         return
     from transforms.io import io_utils  # noqa: PLC0415
@@ -304,9 +286,14 @@ def _remove_older(output: str, previous: Optional[dict], kept: list, generation:
     for name in named:
         if not (isinstance(name, str) and GENERATION_NAME.fullmatch(name)) or name in kept or name == generation:
             continue
+        if not own_generation(output, name):  # export.json is read, not trusted: a user's directory stays
+            import logging  # noqa: PLC0415
+
+            logging.getLogger("pileprep.export").warning(
+                "%s: kept %s: export.json names it, but it is not a generation directory an export created (no %s)",
+                output, name, GENERATION_STAMP)
+            continue
         if not io_utils.is_local(output):
             io_utils.delete_tree(io_utils.join(output, name))
             continue
-        path = os.path.join(output, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path)
+        shutil.rmtree(os.path.join(output, name))  # never follows a link inside it

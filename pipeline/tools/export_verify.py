@@ -1,7 +1,7 @@
 """`pileprep verify OUTPUT` for an export (pipeline/tools/export_formats.py): every file its export.json lists is
 hashed and compared with the size and sha256 recorded there; a missing, truncated or changed file, a path that
 leaves the output or goes through a link, is a mismatch by name. A Parquet export's export.json (pipeline/tools/
-export.py) records no digests: its files are checked to exist.
+export.py) records them too; one made before it did is a mismatch per file (nothing to check it against).
 
 OUTPUT is local or an object store's prefix (s3://bucket/prefix, as `pileprep export` writes it): everything is read
 through transforms/io/io_utils.py, so an export on S3 is checked as a local one is, object by object (an object
@@ -15,8 +15,7 @@ import json
 import os
 
 from model_contract.hashing import sha256_file, sha256_stream
-from pipeline.tools.export import EXPORT_KIND, SUMMARY_NAME
-from pipeline.tools.export_formats import GENERATION_NAME, safe_relative
+from pipeline.tools.export_summary import EXPORT_KIND, GENERATION_NAME, SUMMARY_NAME, safe_relative
 from transforms.io import io_utils
 
 
@@ -141,7 +140,9 @@ def verify_export(output: str, report) -> None:
         if _missing(output, rel, listed, report):
             continue
         report.files_checked += 1
-        if "sha256" not in row:  # a Parquet export's row
+        if "sha256" not in row:  # a Parquet export made before its files' digests were recorded (export.py)
+            report.mismatches.append(f"{rel}: export.json records no size and sha256 to check it against (an export "
+                                     f"made before they were recorded): export it again")
             continue
         path = join(output, rel)
         if listed is not None and listed[rel] != row.get("bytes"):  # a truncated object: no download to say so

@@ -18,7 +18,7 @@ import pytest
 from model_contract import decode_example, read_records
 from pipeline.config import ShardConfig, fingerprint
 from pipeline.shard import shard_pipeline
-from pipeline.tools import export_formats
+from pipeline.tools import export_formats, export_summary
 from pipeline.tools.verify import verify
 from tests.corpus_fixtures import write_good_corpus
 
@@ -209,7 +209,7 @@ def test_export_is_deterministic_resumable_and_verified(datasets, tmp_path):
     assert not report.ok and any("val_text_document.bin" in m for m in report.mismatches)
     # killed after the train split: its done marker is reused while its files still hash to it; val is redone
     (b / "export.json").unlink()
-    (b / export_formats.IN_PROGRESS_MARKER).write_bytes(b"")  # what a first export killed mid-way leaves
+    (b / export_summary.IN_PROGRESS_MARKER).write_bytes(b"")  # what a first export killed mid-way leaves
     shards = [export_formats_shard(s) for s in manifest["shards"]]
     for split, damaged in (("train", False), ("val", True)):
         key = export_formats._split_key("megatron", export_megatron, [s for s in shards if s.split == split])
@@ -233,20 +233,58 @@ def export_formats_shard(row):
 
 
 def test_previous_generation_kept_older_removed(datasets, tmp_path):
+    """The generation before the previous one is removed, and only a directory an export created: export.json's
+    `previous` was trusted, so a crafted one made the export rmtree a user's directory in the output (issue 32's
+    hostile review). A name with `/` or `..` is refused whole; a user's directory is kept (export_summary.py
+    `own_generation`; a link inside an output is refused before, pipeline/ops/guards.py)."""
     path, _ = datasets["concat"]
     out = tmp_path / "keep"
     gen = export_formats.export_format(str(path), "megatron", str(out))["generation"]
-    for name in ("gen0", "gen1", "mine"):
+    assert (out / gen / export_summary.GENERATION_STAMP).is_file()  # the export made it
+    for name in ("gen0", "gen1", "mine", "theirs"):
         (out / name).mkdir()
         (out / name / "f").write_text(name)
+        if name.startswith("gen"):
+            export_summary.stamp_generation(str(out / name))  # as an earlier export made them
     (out / "export.json").write_text(json.dumps({"kind": "export", "format": "megatron", "generation": "gen1",
-                                                 "previous": ["gen0"], "files": []}))
+                                                 "previous": ["gen0", "mine"], "files": []}))
     summary = export_formats.export_format(str(path), "megatron", str(out))
     assert summary["generation"] == gen and summary["previous"] == ["gen1"]
     assert (out / "gen1" / "f").exists() and not (out / "gen0").exists()  # kept for readers / removed
-    assert (out / "mine" / "f").exists()  # never named by an export.json: never touched
+    assert (out / "mine" / "f").read_text() == "mine"  # named by a crafted export.json, not an export's: kept
+    assert (out / "theirs" / "f").exists()  # never named by an export.json: never touched
     with pytest.raises(Exception, match="holds a megatron export"):
         export_formats.export_format(str(path), "hf", str(out))
+    for crafted in (["../../victim"], ["gen1/.."], "gen1"):
+        (out / "export.json").write_text(json.dumps({"kind": "export", "format": "megatron", "generation": gen,
+                                                     "previous": crafted, "files": []}))
+        with pytest.raises(Exception, match="export.json: previous .* is not a list of generation names"):
+            export_formats.export_format(str(path), "megatron", str(out))
+        assert (out / "gen1" / "f").exists()
+
+
+def test_a_refused_by_source_export_leaves_output_and_dataset_as_they_were(datasets, corpus, tmp_path, capsys):
+    """--by-source refused (an input of the ledger gone) after the export had registered its ref in the dataset,
+    written its in-progress marker and made the generation's directory (issue 32's hostile review): every check
+    now runs before the first write, so a refused export leaves both exactly as it found them."""
+    from pipeline import cli
+    from tests.ops_fixtures import dataset_files
+
+    path, _ = datasets["concat"]
+    new, empty = tmp_path / "new", tmp_path / "empty"
+    empty.mkdir()
+    before = dataset_files(path)
+    gone = sorted(corpus.iterdir())[0]
+    away = tmp_path / gone.name
+    shutil.move(gone, away)
+    try:
+        for out in (new, empty):
+            rc = cli.main(["export", str(path), "--format", "megatron", "--by-source", "--output", str(out)])
+            err = capsys.readouterr().err
+            assert rc == 2 and len(err.strip().splitlines()) == 1 and f"input {gone} is gone" in err, (rc, err)
+    finally:
+        shutil.move(away, gone)
+    assert not new.exists() and list(empty.iterdir()) == [] and dataset_files(path) == before
 
 
 def corpus_sources(corpus) -> dict:

@@ -9,7 +9,7 @@ import unittest.mock
 
 import pytest
 
-from pipeline.tools import export_formats
+from pipeline.tools import export_formats, export_summary
 from tests.export_fixtures import build_dataset
 from tests.ops_fixtures import s3_server  # noqa: F401 - the module's S3 server fixture
 
@@ -49,6 +49,9 @@ def _objects(client, prefix) -> dict:
 def _check_store(client, prefix, local) -> None:
     objects = _objects(client, prefix)
     summary = json.loads(objects.pop("export.json"))
+    # the generation's stamp (export_summary.py: what a later export may remove), named after the generation
+    assert objects.pop(f"{summary['generation']}/{export_summary.GENERATION_STAMP}") == (
+        summary["generation"] + "\n").encode()
     assert summary["files"] == local["files"] and summary["generation"] == local["generation"]
     for row in summary["files"]:
         data = objects.pop(row["path"])
@@ -109,10 +112,13 @@ def test_s3_megatron_export_resumes_and_keeps_the_previous_generation(dataset, s
     key = export_formats._split_key("megatron", export_megatron, shards)
     client.put_object(Bucket="exports", Key=f"resume/{gen}/.pileprep-export-train.done.json",
                       Body=json.dumps({"key": key, "files": rows}).encode())
-    for name in ("gen0", "gen1"):
+    for name in ("gen0", "gen1", "mine"):
         client.put_object(Bucket="exports", Key=f"resume/{name}/f", Body=name.encode())
+        if name != "mine":  # as an export made them; `mine` is a user's prefix a crafted `previous` names
+            client.put_object(Bucket="exports", Key=f"resume/{name}/{export_summary.GENERATION_STAMP}", Body=b"")
     client.put_object(Bucket="exports", Key="resume/export.json", Body=json.dumps(
-        {"kind": "export", "format": "megatron", "generation": "gen1", "previous": ["gen0"], "files": []}).encode())
+        {"kind": "export", "format": "megatron", "generation": "gen1", "previous": ["gen0", "mine"],
+         "files": []}).encode())
     uploads = []
     real_put = export_formats.SplitJob.put_many
 
@@ -125,10 +131,56 @@ def test_s3_megatron_export_resumes_and_keeps_the_previous_generation(dataset, s
     assert again["files"] == first["files"] and again["previous"] == ["gen1"]
     assert not any(n.startswith("train_") for n in uploads) and "val_text_document.bin" in uploads
     left = _check_store(client, "resume/", local)
-    assert set(left) == {"gen1/f"}, left  # gen0 removed; no done marker, no lock left
+    assert set(left) == {"gen1/f", f"gen1/{export_summary.GENERATION_STAMP}", "mine/f"}, left  # gen0 removed;
+    # `mine` kept (no stamp); no done marker, no lock left
 
 
 def _manifest(dataset):
     from pipeline.ops import commit
 
     return commit.read_committed(str(dataset))
+
+
+def test_shard_format_megatron_to_an_s3_output(store, tiny_tokenizer, tmp_path, capsys):
+    """`pileprep shard --format tfrecord,megatron,parquet --output s3://...`: the shard job commits on the store,
+    then the exports of that generation go to OUTPUT/megatron/ and OUTPUT/parquet/ through the store: the files of
+    the same command with a local output, byte for byte (sizes and sha256 in export.json, Parquet's hashed back
+    from the store), and `pileprep verify s3://.../F` passes, and finds a flipped byte in a Parquet object."""
+    from pipeline import cli
+    from tests.corpus_fixtures import write_good_corpus
+    from tests.export_fixtures import IN_MEMORY
+
+    client, options = store
+    write_good_corpus(tmp_path / "in", limit_bytes=60_000)
+    beam_args = [f"--{k}={v}" for k, v in sorted(options.items())]
+
+    def shard(out):
+        return cli.main(["shard", "--input", str(tmp_path / "in" / "*"), "--output", out, "--tokenizer",
+                         tiny_tokenizer, "--seq-len", "128", "--num-shards", "1", "--val-fraction", "0.2",
+                         "--test-fraction", "0.1", "--progress-every", "0", "--format", "tfrecord,megatron,parquet",
+                         *IN_MEMORY, *beam_args])
+
+    assert shard(str(tmp_path / "local")) == 0, capsys.readouterr().err
+    local = json.loads((tmp_path / "local" / "megatron" / "export.json").read_text())
+    local_parquet = json.loads((tmp_path / "local" / "parquet" / "export.json").read_text())
+    capsys.readouterr()
+    assert shard("s3://exports/sharded") == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "--format megatron:" in printed and "s3://exports/sharded/megatron" in printed, printed
+    left = _check_store(client, "sharded/megatron/", local)
+    assert not left, left  # no temporary, no done marker, no lock, nothing unlisted
+    manifest = json.loads(client.get_object(Bucket="exports", Key="sharded/manifest.json")["Body"].read())
+    assert manifest["generation"] == local["generation"]
+    parquet = _objects(client, "sharded/parquet/")
+    assert json.loads(parquet.pop("export.json"))["files"] == local_parquet["files"]
+    assert sorted(parquet) == sorted(f["path"] for f in local_parquet["files"])
+    for fmt in ("megatron", "parquet", ""):
+        url = f"s3://exports/sharded/{fmt}".rstrip("/")
+        assert cli.main(["verify", url, *beam_args]) == 0, (url, capsys.readouterr())
+    key = "sharded/parquet/" + local_parquet["files"][0]["path"]
+    data = bytearray(client.get_object(Bucket="exports", Key=key)["Body"].read())
+    data[len(data) // 2] ^= 0x01
+    client.put_object(Bucket="exports", Key=key, Body=bytes(data))
+    capsys.readouterr()
+    assert cli.main(["verify", "s3://exports/sharded/parquet", *beam_args]) == 1
+    assert f"{local_parquet['files'][0]['path']}: sha256" in capsys.readouterr().out

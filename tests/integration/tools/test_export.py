@@ -360,3 +360,121 @@ def test_shard_format_writes_the_exports_of_the_committed_generation(tiny_tokeni
     assert shard("bad", "--format", "megatron,tfrecords") == 2
     err = capsys.readouterr().err
     assert "--format 'tfrecords'" in err and len(err.strip().splitlines()) == 1, err
+
+
+# ------------------------------------------------------------------ issue 32's hostile review (export.py)
+def _refused_in_one_line(cli, capsys, args) -> str:
+    assert cli.main(args) == 2, args
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_export_takes_break_lock_as_its_lock_message_says(dataset, tmp_path, capsys):
+    """The output-locked message tells the user to pass --break-lock; `pileprep export` did not accept it (an
+    argparse error). It does now, with shard's meaning (the output's lock); the dataset's lock, which an export
+    takes only to register its ref, names gc's --break-lock, the command that takes that lock."""
+    from pipeline import cli
+    from pipeline.ops import lock
+
+    out, _manifest = dataset
+    held = tmp_path / "held"
+    with lock.OutputLock(str(held)).held():  # a live holder (this process): never stale
+        err = _refused_in_one_line(cli, capsys, ["export", str(out), "--output", str(held)])
+        assert "pass --break-lock" in err, err
+        assert cli.main(["export", str(out), "--output", str(held), "--break-lock"]) == 0, capsys.readouterr().err
+    assert json.loads((held / "export.json").read_text())["format"] == "parquet"
+    with lock.OutputLock(str(out)).held():
+        err = _refused_in_one_line(cli, capsys, ["export", str(out), "--output", str(tmp_path / "x"), "--break-lock"])
+    assert f"`pileprep gc {out} --break-lock`" in err and not (tmp_path / "x").exists(), err
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "megatron"])
+def test_a_malformed_or_foreign_export_json_is_refused_and_kept(dataset, tmp_path, capsys, fmt):
+    """A malformed export.json was a traceback (exit 1); a user's own export.json was replaced by a Parquet
+    export. Both: exit 2, one line naming the file and the problem, the file as it was, nothing written."""
+    from pipeline import cli
+
+    out, _manifest = dataset
+    for content, problem in ((b'{"kind": "export", "format": ', "not readable JSON"),
+                             (b'{"kind": "export", "format": "megatron", "generation": "g", "files": [], '
+                              b'"previous": 7}', "previous 7 is not a list"),
+                             (b'{"title": "my notes"}', 'not an export\'s record (no "kind": "export")')):
+        target = tmp_path / f"{fmt}-{len(content)}"
+        target.mkdir()
+        (target / "export.json").write_bytes(content)
+        err = _refused_in_one_line(cli, capsys, ["export", str(out), "--format", fmt, "--output", str(target)])
+        assert f"{target / 'export.json'}: {problem}" in err, err
+        assert sorted(p.name for p in target.iterdir()) == ["export.json"]
+        assert (target / "export.json").read_bytes() == content
+
+
+def test_an_export_of_another_format_is_refused_and_the_first_kept(dataset, tmp_path, capsys):
+    """A Parquet export into a Megatron export's directory replaced its export.json (and the reverse was refused
+    only after the ref was written): one output holds one export, each format goes to its own directory."""
+    from pipeline import cli
+    from pipeline.tools.verify import verify
+    from tests.ops_fixtures import dataset_files
+
+    out, _manifest = dataset
+    target, pq_out = tmp_path / "megatron", tmp_path / "parquet"
+    assert cli.main(["export", str(out), "--format", "megatron", "--output", str(target)]) == 0
+    assert cli.main(["export", str(out), "--output", str(pq_out)]) == 0
+    before = {path: dataset_files(path) for path in (target, pq_out, out)}  # out: the refs
+    err = _refused_in_one_line(cli, capsys, ["export", str(out), "--format", "parquet", "--output", str(target)])
+    assert "holds a megatron export; a parquet export goes to its own directory" in err, err
+    err = _refused_in_one_line(cli, capsys, ["export", str(out), "--format", "hf", "--output", str(pq_out)])
+    assert "holds a parquet export; a hf export goes to its own directory" in err, err
+    assert {path: dataset_files(path) for path in before} == before and verify(str(target)).ok
+
+
+def test_verify_of_a_parquet_export_finds_a_flipped_byte(dataset, tmp_path):
+    """Parquet's export.json recorded no digests, so `pileprep verify` passed a changed file: every file's size
+    and sha256 are recorded now, and hashed again."""
+    from pipeline.tools.verify import verify
+
+    out, _manifest = dataset
+    summary = export_parquet(str(out), str(tmp_path / "pq"))
+    assert all(isinstance(f["bytes"], int) and len(f["sha256"]) == 64 for f in summary["files"])
+    assert verify(str(tmp_path / "pq")).ok
+    name = summary["files"][0]["path"]
+    target = tmp_path / "pq" / name
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 1
+    target.write_bytes(bytes(data))
+    report = verify(str(tmp_path / "pq"))
+    assert not report.ok and [m for m in report.mismatches if m.startswith(f"{name}: sha256")], report.mismatches
+    listed = json.loads((tmp_path / "pq" / "export.json").read_text())
+    for row in listed["files"]:  # an export from before the digests: nothing to check against, said by name
+        del row["bytes"], row["sha256"]
+    (tmp_path / "pq" / "export.json").write_text(json.dumps(listed))
+    report = verify(str(tmp_path / "pq"))
+    assert not report.ok and f"{name}: export.json records no size and sha256" in " ".join(report.mismatches)
+
+
+@pytest.mark.formats
+def test_shard_format_break_lock_reaches_the_exports_locks(tiny_tokenizer, tmp_path, capsys):
+    """`shard --format megatron` whose OUTPUT/megatron is locked said "pass --break-lock", and shard accepts it, but
+    the exports after the job took their locks without it (export_after_shard.py): the same refusal again. The
+    shard's --break-lock is the exports' too (each export's output is inside OUTPUT)."""
+    from pipeline import cli
+    from pipeline.ops import lock
+    from tests.corpus_fixtures import write_good_corpus
+    from tests.export_fixtures import IN_MEMORY
+
+    write_good_corpus(tmp_path / "in", limit_bytes=40_000)
+    out = tmp_path / "out"
+
+    def shard(*extra):
+        return cli.main(["shard", "--input", str(tmp_path / "in" / "*"), "--output", str(out), "--tokenizer",
+                         tiny_tokenizer, "--seq-len", "128", "--num-shards", "1", "--val-fraction", "0.2",
+                         "--test-fraction", "0.1", "--progress-every", "0", "--format", "megatron", *extra,
+                         *IN_MEMORY])
+
+    assert shard() == 0, capsys.readouterr().err
+    with lock.OutputLock(str(out / "megatron")).held():  # a live holder (this process)
+        assert shard() == 2
+        err = capsys.readouterr().err
+        assert f"--output {out / 'megatron'}: output is locked by" in err and "pass --break-lock" in err, err
+        assert shard("--break-lock") == 0, capsys.readouterr().err
+    assert json.loads((out / "megatron" / "export.json").read_text())["format"] == "megatron"
