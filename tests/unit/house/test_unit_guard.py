@@ -79,3 +79,73 @@ def test_a_test_pipeline_over_the_cpu_budget_is_refused(monkeypatch):
     monkeypatch.setattr(guard, "TEST_PIPELINE_CPU_S", 0.0)
     what = _refused(lambda p: assert_that(p | beam.Create([1]), equal_to([1])), "s of CPU")
     assert "more than 0" in what, what
+
+
+def test_a_whole_shard_job_under_another_first_label_is_refused(tmp_path, tiny_tokenizer):
+    """review29: BuildShards' body with its first step relabelled ran the whole shard job (cut, tokenize, pack,
+    commit) in a TestPipeline on 60 KB in 0.4 s of CPU: neither the class, the label nor the CPU budget saw it."""
+    from pipeline.config import ShardConfig
+    from pipeline.shard import graph, shard_pipeline, unit_plan
+    from tests.corpus_fixtures import good_documents, pile_line, write_zst
+
+    write_zst(tmp_path / "in.jsonl.zst", [pile_line(t, s) for t, s in good_documents(60_000, doc_chars=1500)])
+    plan = shard_pipeline.prepare(ShardConfig(inputs=(str(tmp_path / "in.jsonl.zst"),), output=str(tmp_path / "out"),
+                                              tokenizer=tiny_tokenizer, seq_len=64, unit_mb=0.04))
+
+    def whole_job(p):
+        chunk_bytes = unit_plan.chunk_bytes_for(plan.ledger, plan.config.unit_bytes)
+        files = p | "Inputs" >> beam.Create([(i, e.path, chunk_bytes) for i, e in enumerate(plan.ledger)])
+        cuts, units = files | "Units" >> graph.CutAndTokenize(plan, True)
+        shards = units | "Pack" >> graph.PackShards(plan, "files")
+        _ = ((cuts, units, shards) | beam.Flatten() | graph.GatherAll()
+             | "Finish" >> beam.Map(graph.commit_generation, plan))
+
+    what = _refused(whole_job, "whole job")
+    assert "Finish" in what, what
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("manifest.json"))
+
+
+def test_a_pipeline_run_straight_through_its_runner_is_refused():
+    """review29: `runner.run_pipeline(p, options)` skipped Pipeline.run and so the guard."""
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    p = beam.Pipeline(runner=FnApiRunner())
+    _ = p | beam.Create([1, 2]) | beam.Map(lambda x: x)
+    with pytest.raises(FullPipelineInUnitTest, match="run_pipeline"):
+        FnApiRunner().run_pipeline(p, p.options).wait_until_finish()
+    OFFENDERS.pop()
+
+
+def test_a_test_pipeline_reading_files_from_elements_is_refused(tmp_path):
+    """review29: ReadAllFromText (filebasedsource.ReadAllFiles) and ReadMatches on a Create of file names read
+    files through Beam without iobase.Read or fileio.MatchAll."""
+    from apache_beam.io import fileio
+    from apache_beam.io.filesystem import FileMetadata
+
+    (tmp_path / "in.txt").write_text("a\nb\n")
+    path = str(tmp_path / "in.txt")
+    _refused(lambda p: p | beam.Create([path]) | beam.io.ReadAllFromText(), "file read")
+    _refused(lambda p: p | beam.Create([FileMetadata(path, 4)]) | fileio.ReadMatches(), "file read")
+
+
+@pytest.mark.parametrize("args", [
+    ["sh", "-c", "pileprep shard --input x --output y"],
+    ["bash", "-lc", f"cd /tmp && {sys.executable} -m pipeline.cli shard --input x"],
+    [sys.executable, "-c", "import pipeline.cli as c; c.main(['shard', '--input', 'x'])"],
+    [sys.executable, "-c", "from pipeline import cli; cli.main(sys.argv[1:])", "-v", "shard"],
+    ["pileprep", "retrieval", "build", "--dataset", "d"],  # the retrieval job's whole Beam pipeline
+    [sys.executable, "-m", "pipeline.cli", "-q", "retrieval", "build"],
+], ids=["sh-c", "bash-lc", "python-c-code", "python-c-argv", "retrieval-build", "retrieval-build-m"])
+def test_a_whole_job_child_hidden_in_a_shell_or_code_string_is_refused(args):
+    """review29: `sh -c "pileprep shard"`, a `python -c` that calls the CLI with `shard` in its code, and the
+    retrieval build (a whole Beam job too) were all let through."""
+    assert is_shard_command(args)
+
+
+def test_os_system_of_a_shard_command_is_refused():
+    """review29: os.system bypassed the Popen guard."""
+    import os
+
+    with pytest.raises(FullPipelineInUnitTest, match="shard"):
+        os.system("pileprep shard --input /nonexistent --output /nonexistent >/dev/null 2>&1")
+    OFFENDERS.pop()
