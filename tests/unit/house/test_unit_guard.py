@@ -149,3 +149,30 @@ def test_os_system_of_a_shard_command_is_refused():
     with pytest.raises(FullPipelineInUnitTest, match="shard"):
         os.system("pileprep shard --input /nonexistent --output /nonexistent >/dev/null 2>&1")
     OFFENDERS.pop()
+
+
+MODULE_LEVEL_RUN = '''
+import apache_beam as beam
+
+with beam.Pipeline(argv=["--runner=FnApiRunner"]) as p:  # at import: collection, before any test's setup
+    _ = p | beam.Create([1])
+
+
+def test_nothing():
+    pass
+'''
+
+
+def test_a_pipeline_run_while_a_test_module_is_collected_is_refused(tmp_path):
+    """review29: the guard wrapped setup, call and teardown only, so a pipeline run at a test module's import (or
+    in a parametrize list built there) ran unguarded."""
+    import shutil
+
+    from tests.conftest import REPO
+
+    shutil.copy(REPO / "tests" / "unit" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_module_level.py").write_text(MODULE_LEVEL_RUN)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                        str(tmp_path)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode != 0 and "Pipeline.run" in r.stdout, r.stdout[-3000:]
