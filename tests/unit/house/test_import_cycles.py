@@ -142,3 +142,25 @@ def test_the_cycle_finder_finds_lazy_imports_and_prints_the_cycle(tmp_path):
 def test_no_module_level_import_cycle_lazy_imports_included():
     found = cycles(import_graph(pathlib.Path(REPO)))
     assert not found, "import cycles (lazy imports counted):\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def _tree(root: pathlib.Path, files: dict) -> pathlib.Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_a_cycle_through_importlib_with_a_constant_name_is_found(tmp_path):
+    """review29: `importlib.import_module("pipeline.a")` is an import statement in all but syntax; missed."""
+    _tree(tmp_path, {"pipeline/__init__.py": "", "pipeline/a.py": "from pipeline import b\n",
+                     "pipeline/b.py": "import importlib\ndef f():\n    return importlib.import_module('pipeline.a')\n"})
+    assert cycles(import_graph(tmp_path)) == [["pipeline.a", "pipeline.b", "pipeline.a"]]
+
+
+def test_a_cycle_through_a_package_init_is_found(tmp_path):
+    """review29: importing pipeline.sub.b runs pipeline/sub/__init__.py first; when that imports pipeline.a, which
+    imports pipeline.sub.b, the modules form a cycle at import time, but only the arrow to b itself was drawn."""
+    _tree(tmp_path, {"pipeline/__init__.py": "", "pipeline/sub/__init__.py": "from pipeline import a\n",
+                     "pipeline/sub/b.py": "X = 1\n", "pipeline/a.py": "from pipeline.sub.b import X\n"})
+    assert cycles(import_graph(tmp_path)) == [["pipeline.a", "pipeline.sub", "pipeline.a"]]
