@@ -1,0 +1,48 @@
+"""review29 (issue 29's orphan options, pipeline/config.py): options the enabling-flag check misses. Each does
+nothing without another option, yet the run goes on and ignores it; the refusal must be exit 2 in one line like
+tests/unit/shard/test_config_enabling_flags.py's. pipeline/config.py belongs to another helper: these fail
+until it is fixed there."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline.cli import main as cli_main
+from pipeline.config import ShardConfig
+from pipeline.errors import ConfigError
+from tests.ops_fixtures import tokenizer_path
+
+BASE = dict(inputs=("x.jsonl",), output="out", tokenizer="t.model")
+
+
+def _shard(tmp_path, *extra) -> list:
+    (tmp_path / "in.jsonl").write_text('{"text": "hello world"}\n')
+    return ["shard", "--input", str(tmp_path / "in.jsonl"), "--output", str(tmp_path / "out"),
+            "--tokenizer", tokenizer_path(), *extra]
+
+
+def _exit_2_in_one_line(code, capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("pileprep: error: "), (code, err)
+    return err[0]
+
+
+def test_allow_unknown_sources_without_source_weights_is_refused():
+    """Nothing to allow without --source-weights: the run went on and ignored it."""
+    with pytest.raises(ConfigError, match="--allow-unknown-sources.*needs --source-weights"):
+        ShardConfig(**BASE, allow_unknown_sources=True).validate()
+
+
+def test_dry_run_workers_without_dry_run_is_refused(tmp_path, capsys):
+    """`shard --dry-run-workers 4` without --dry-run ran the real job and ignored the option (here the unit
+    guard stops that job: exit 1)."""
+    line = _exit_2_in_one_line(cli_main(_shard(tmp_path, "--dry-run-workers", "4")), capsys)
+    assert "--dry-run-workers" in line and "--dry-run" in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_num_shards_and_target_shard_mb_together_are_refused_in_a_toml_file(tmp_path, capsys):
+    """On the command line argparse refuses the pair (exit 2, one line); in a --config file both were taken and
+    --target-shard-mb silently ignored."""
+    (tmp_path / "c.toml").write_text("num_shards = 2\ntarget_shard_mb = 5.0\n")
+    line = _exit_2_in_one_line(cli_main(_shard(tmp_path, "--config", str(tmp_path / "c.toml"))), capsys)
+    assert "--num-shards" in line and "--target-shard-mb" in line, line
