@@ -187,3 +187,17 @@ def test_a_citation_of_a_missing_section_is_caught(tmp_path):
     assert broken_citations(code, tmp_path) == ["m.py:1: DESIGN.md has no heading #3-the-commit",
                                                 'm.py:2: docs/DESIGN.md has no section "Rooms"',
                                                 "m.py:2: docs/GONE.md does not exist"]
+
+
+def test_a_citation_of_a_missing_numbered_section_is_caught(tmp_path):
+    """review29: `DESIGN §9` (pipeline/ops/engines/submit.py, pipeline/retrieval/build_index.py,
+    docs/OPERATIONS.md) cites a numbered section docs/DESIGN.md does not have; the `§` form was not checked.
+    A `§` after a name that is no doc of this repository (RFC 8878 §3) is someone else's."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "DESIGN.md").write_text("# T\n## Rooms\n", encoding="utf-8")
+    (tmp_path / "docs" / "OPERATIONS.md").write_text("# O\n## 3. The commit\n## 3a. Generations\n", encoding="utf-8")
+    code = tmp_path / "m.py"
+    code.write_text("# DESIGN §9 \"Engines\"; docs/OPERATIONS.md §3; OPERATIONS §3a; OPERATIONS.md §4\n"
+                    "# RFC 8878 §3\n", encoding="utf-8")
+    assert broken_citations(code, tmp_path) == ["m.py:1: DESIGN.md has no section §9",
+                                                "m.py:1: OPERATIONS.md has no section §4"]
