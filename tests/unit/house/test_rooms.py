@@ -90,18 +90,18 @@ def test_a_forbidden_arrow_is_caught():
 
 def test_relative_importlib_and_top_level_module_arrows_are_seen(tmp_path):
     """review29: `from ..shard import records` in transforms/retrieval/ (relative),
-    `importlib.import_module("pipeline.config")` and an import of a module at a package's top (transforms/util.py:
+    `importlib.import_module("pipeline.config")` and an import of a module at a package's top (transforms/x.py:
     room `transforms`, in no row of the table) were not arrows, so rooms could import what the table forbids
     unseen."""
-    files = {"transforms/__init__.py": "", "transforms/util.py": "X = 1\n",
+    files = {"transforms/__init__.py": "", "transforms/x.py": "X = 1\n",
              "transforms/shard/__init__.py": "", "pipeline/__init__.py": "", "pipeline/config.py": "Y = 2\n",
              "transforms/retrieval/__init__.py": "", "transforms/shard/records.py": "Z = 3\n",
-             "transforms/retrieval/rel.py": "from ..shard import records\n",
-             "transforms/shard/dyn.py": "import importlib\nconfig = importlib.import_module('pipeline.config')\n",
-             "trainer/__init__.py": "", "trainer/uses.py": "from transforms.util import X\n",
+             "transforms/retrieval/x.py": "from ..shard import records\n",
+             "transforms/shard/y.py": "import importlib\nconfig = importlib.import_module('pipeline.config')\n",
+             "trainer/__init__.py": "", "trainer/y.py": "from transforms.x import X\n",
              "model_contract/__init__.py": ""}
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     bad = {a[0] for a in forbidden(arrows(tmp_path))}
-    assert bad == {"transforms/retrieval/rel.py", "transforms/shard/dyn.py", "trainer/uses.py"}, bad
+    assert bad == {"transforms/retrieval/x.py", "transforms/shard/y.py", "trainer/y.py"}, bad
