@@ -1,4 +1,4 @@
-"""tests/unit/conftest.py refuses a whole Beam pipeline or a `shard` child process inside a unit test."""
+"""tests/unit/conftest.py refuses a whole Beam pipeline or a whole-job child process inside a unit test."""
 from __future__ import annotations
 
 import subprocess
@@ -9,7 +9,7 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from tests.unit.conftest import OFFENDERS, FullPipelineInUnitTest, is_shard_command
+from tests.unit.conftest import OFFENDERS, FullPipelineInUnitTest, is_whole_job_command
 
 
 def test_a_pipeline_run_is_refused_and_a_test_pipeline_is_not():
@@ -37,8 +37,8 @@ def test_a_shard_child_process_is_refused_before_it_starts():
     (["pileprep", "verify", "out"], False),
     (["echo", "shard"], False),
 ])
-def test_is_shard_command(args, refused):
-    assert is_shard_command(args) is refused
+def test_is_whole_job_command(args, refused):
+    assert is_whole_job_command(args) is refused
 
 
 def _refused(build, match: str):
@@ -81,9 +81,11 @@ def test_a_test_pipeline_over_the_cpu_budget_is_refused(monkeypatch):
     assert "more than 0" in what, what
 
 
-def test_a_whole_shard_job_under_another_first_label_is_refused(tmp_path, tiny_tokenizer):
+@pytest.mark.parametrize("commit", [True, False], ids=["to-the-commit", "cut-to-pack"])
+def test_a_whole_shard_job_under_another_first_label_is_refused(tmp_path, tiny_tokenizer, commit):
     """review29: BuildShards' body with its first step relabelled ran the whole shard job (cut, tokenize, pack,
-    commit) in a TestPipeline on 60 KB in 0.4 s of CPU: neither the class, the label nor the CPU budget saw it."""
+    commit) in a TestPipeline on 60 KB in 0.4 s of CPU: neither the class, the label nor the CPU budget saw it.
+    Refused by its commit step, and without one by holding the job's first and last stages."""
     from pipeline.config import ShardConfig
     from pipeline.shard import graph, shard_pipeline, unit_plan
     from tests.corpus_fixtures import good_documents, pile_line, write_zst
@@ -97,11 +99,12 @@ def test_a_whole_shard_job_under_another_first_label_is_refused(tmp_path, tiny_t
         files = p | "Inputs" >> beam.Create([(i, e.path, chunk_bytes) for i, e in enumerate(plan.ledger)])
         cuts, units = files | "Units" >> graph.CutAndTokenize(plan, True)
         shards = units | "Pack" >> graph.PackShards(plan, "files")
-        _ = ((cuts, units, shards) | beam.Flatten() | graph.GatherAll()
-             | "Finish" >> beam.Map(graph.commit_generation, plan))
+        if commit:
+            _ = ((cuts, units, shards) | beam.Flatten() | graph.GatherAll()
+                 | "Finish" >> beam.Map(graph.commit_generation, plan))
 
     what = _refused(whole_job, "whole job")
-    assert "Finish" in what, what
+    assert ("Finish" if commit else "first stage") in what, what
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("manifest.json"))
 
 
@@ -139,7 +142,7 @@ def test_a_test_pipeline_reading_files_from_elements_is_refused(tmp_path):
 def test_a_whole_job_child_hidden_in_a_shell_or_code_string_is_refused(args):
     """review29: `sh -c "pileprep shard"`, a `python -c` that calls the CLI with `shard` in its code, and the
     retrieval build (a whole Beam job too) were all let through."""
-    assert is_shard_command(args)
+    assert is_whole_job_command(args)
 
 
 def test_os_system_of_a_shard_command_is_refused():
