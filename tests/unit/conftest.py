@@ -47,7 +47,7 @@ OFFENDERS: list = []  # (nodeid, what) of every refused run, listed again in the
 
 
 class FullPipelineInUnitTest(AssertionError):
-    """A whole Beam pipeline or `pileprep shard` run inside tests/unit (move the test to tests/integration/)."""
+    """A whole Beam pipeline or a whole-job child process inside tests/unit (move the test to tests/integration/)."""
 
 
 def command_words(args) -> list:
@@ -89,7 +89,6 @@ def is_whole_job_command(args) -> bool:
     return _names_whole_job([w for w in words[launcher + 1:] if not w.startswith("-")])
 
 
-
 def _refuse(nodeid: str, what: str):
     OFFENDERS.append((nodeid, what))
     raise FullPipelineInUnitTest(f"{what} inside a unit test ({nodeid}): tests/unit holds fast unit tests only; "
@@ -102,7 +101,7 @@ def full_pipeline_parts(pipeline) -> list:
     from apache_beam.pipeline import PipelineVisitor
 
     from pipeline.shard.graph import BuildShards
-    from pipeline.shard.stage_dofn import CutInputFile, PackStage, TokenizeChunk
+    from pipeline.shard.stage_dofn import CutAndTokenizeFile, CutInputFile, PackStage
 
     found, stages = [], {}
     file_reads = (iobase.Read, fileio.MatchAll, fileio.ReadMatches, filebasedsource.ReadAllFiles)
@@ -120,7 +119,7 @@ def full_pipeline_parts(pipeline) -> list:
                 found.append((label, "a whole job"))
             elif _calls_a_commit(fn):
                 found.append((label, "a whole job (its commit step)"))
-            elif isinstance(fn, (CutInputFile, TokenizeChunk)) and not isinstance(fn, PackStage):
+            elif isinstance(fn, (CutInputFile, CutAndTokenizeFile)):  # the first stage, alone or fused
                 stages.setdefault("cut", label)
             elif isinstance(fn, PackStage):
                 stages.setdefault("pack", label)
