@@ -53,3 +53,28 @@ def test_a_count_that_drifts_is_caught():
                          "job overrides all 15, the retrieval jobs (`z.py`) 10; each")
     assert said == {"methods": 15, "abstract": 7, "defaults": 8, "shard": 15, "retrieval": 10}
     assert said != job_counts()
+
+
+def functions_taking(parameter: str) -> set:
+    """`module.function` of every function in transforms/ with a parameter of that name."""
+    import ast
+
+    found = set()
+    for path in sorted((REPO / "transforms").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                names = [a.arg for a in node.args.args + node.args.kwonlyargs]
+                if parameter in names:
+                    found.add(f"{path.stem}.{node.name}")
+    return found
+
+
+def test_design_names_every_stage_function_cancellation_reaches():
+    """review29: DESIGN.md said cancellation reaches the stage functions "only as a callback the cutter calls
+    before each chunk"; tokenize_unit.py's functions take the same callback and call it between batches
+    (pipeline/shard/stage_dofn.py hands them cancel.check)."""
+    design = " ".join((REPO / "docs" / "DESIGN.md").read_text(encoding="utf-8").split())
+    takers = {name.split(".")[0] for name in functions_taking("check_cancelled")}
+    assert "tokenize_unit" in takers and "cut" in takers, takers
+    if "only as a callback the cutter calls" in design:
+        assert takers == {"cut"}, f"DESIGN.md says only the cutter checks cancellation; these take it: {takers}"
