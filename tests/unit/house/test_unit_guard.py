@@ -202,3 +202,16 @@ def test_cpu_a_test_pipeline_spends_in_worker_processes_counts(monkeypatch):
         with BeamTestPipeline(options=options) as p:
             _ = p | beam.Create([1]) | beam.Map(_burn)
     OFFENDERS.pop()
+
+
+def test_the_cpu_budget_is_per_test_not_per_test_pipeline(monkeypatch):
+    """review29: the budget was checked per TestPipeline run, so one test running several pipelines each under
+    it (here three of 0.5 CPU-s of work against a budget of 1.2) used any CPU it liked."""
+    import tests.unit.conftest as guard
+
+    monkeypatch.setattr(guard, "TEST_PIPELINE_CPU_S", 1.2)
+    with pytest.raises(FullPipelineInUnitTest, match="s of CPU"):
+        for _ in range(3):
+            with BeamTestPipeline() as p:
+                assert_that(p | beam.Create([1]) | beam.Map(_burn, 0.5), equal_to([1]))
+    OFFENDERS.pop()
