@@ -4,10 +4,10 @@ Counters come from Beam metrics (namespace "pileprep": input_files, input_bytes,
 records, raw_bytes, examples). Runners that serve metrics while the job runs (Dataflow, Flink/Spark job
 servers) are polled directly. FnApiRunner and Beam's local job service only hand metrics over at the end, so
 the same counters are also written by the workers as tiny per-unit progress markers in the staging directory
-(`<staging>/progress/*.json`, one per input file split and per tokenized chunk); the driver sums whichever
+(`<staging>/progress/*.json`, one per cut input file and per tokenized chunk); the driver sums whichever
 source is further along. Markers work on every runner and filesystem (local, EFS, S3) because staging does.
 
-ETA: the input size is known up front (compressed bytes); the text volume is not. Once files have been split
+ETA: the input size is known up front (compressed bytes); the text volume is not. Once files have been cut
 the compression ratio seen so far scales the input size into an estimate of the raw text still to tokenize.
 """
 from __future__ import annotations
@@ -132,7 +132,7 @@ class Progress:
 
     @property
     def eta_s(self) -> Optional[float]:
-        """Seconds left, when the input size is known and some text has been both split and tokenized."""
+        """Seconds left, when the input size is known and some text has been both cut and tokenized."""
         c = self.counters
         done_raw, split_in, split_raw = c.get("raw_bytes", 0), c.get("input_bytes", 0), c.get("split_raw_bytes", 0)
         if not self.total_input_bytes or not done_raw or not split_in or self.elapsed_s <= 0:

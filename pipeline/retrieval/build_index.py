@@ -64,7 +64,7 @@ def write_embeddings(element, plan: BuildPlan):
     k, rows = element
     rows = sorted(rows, key=lambda r: r[0])
     # fp16 on disk (issue 33): what re-ranking reads by row (retrieval_rerank.FileRows) and what the index is
-    # trained and filled from, half the bytes of float32; compared by recall, not bytes (DESIGN §9)
+    # trained and filled from, half the bytes of float32; compared by recall, not bytes (docs/RETRIEVAL.md, `--fp16-db`)
     vecs = np.stack([v for _, v in rows]).astype(np.float16) if rows else \
         np.zeros((0, retrieval_encoders.MINILM_DIM), np.float16)
     rel = f"{plan.generation}/" + store.shard_name("embeddings", k, plan.config.num_db_shards, "npy")

@@ -58,6 +58,7 @@ class Estimate:
     output_bytes: int
     core_hours: float
     nothing_to_do: bool = False
+    decision: str = ""  # the line the real run would print instead of building (pipeline/shard/plan.py decide)
     notes: list[str] = field(default_factory=list)
     workers: int = 1
     wall_s: float = 0.0  # driver planning + core-hours / workers (perfect scaling: a lower bound)
@@ -85,6 +86,8 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
     CLI passes its own CPU so far, interpreter and imports: a real run's driver spends the same); added to the
     start-up with the calibration's one-record run."""
     from pipeline.beam_glue import pipeline_options  # noqa: PLC0415
+    from pipeline.job import NothingToDo  # noqa: PLC0415
+    from pipeline.shard import plan as shard_plan  # noqa: PLC0415
     from pipeline.shard import shard_pipeline  # noqa: PLC0415
     from pipeline.shard.manifest_builder import shard_write_tasks  # noqa: PLC0415
     from transforms.io.filesystem_options import set_filesystem_options  # noqa: PLC0415
@@ -103,8 +106,10 @@ def estimate(config: ShardConfig, beam_args=None, incremental_run: bool = False,
     planning_cpu_s = process_cpu_s() - cpu_0  # a real run's driver plans the same way (imports, tokenizer, listing)
     rows = list(plan.input_rows)
     total_in = sum(r["bytes"] for r in rows)
-    if plan.nothing_to_do or not rows:
-        return Estimate(0, 0, 0, 0, 0, 0, 0, 0, 0, {}, 0, 0, {}, 0, 0.0, nothing_to_do=True)
+    decision = shard_plan.decide(plan)  # the real run's one exit before any work: the dry run takes it too
+    if isinstance(decision, NothingToDo) or not rows:
+        return Estimate(0, 0, 0, 0, 0, 0, 0, 0, 0, {}, 0, 0, {}, 0, 0.0, nothing_to_do=True,
+                        decision=getattr(decision, "message", "") or "nothing to do: no input files")
     sp = tokenizer.load_processor(plan.model_bytes, config.tokenizer, tokenizer.options_of(config))
     if plan.tokenizer_backend is not None:  # the encoder the job's workers would run, so its rate is theirs
         from transforms.tokenize import tokenizer_backends  # noqa: PLC0415
@@ -223,7 +228,7 @@ def _model_core_s(config: ShardConfig, beam_args, sample_files: int) -> float:
 
 def format_estimate(e: Estimate) -> str:
     if e.nothing_to_do:
-        return "dry run: nothing to do (the dataset already holds every input file); nothing was written"
+        return f"dry run: {e.decision}; nothing was written"
     rows = [
         ("input files", f"{e.files:,}", f"{e.sampled_files} sampled"),
         ("input bytes", f"{e.input_bytes:,}", f"{e.sampled_input_bytes:,} read"),

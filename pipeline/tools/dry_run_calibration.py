@@ -18,7 +18,7 @@ from pipeline.config import ShardConfig
 from transforms.io.read_records import compression_of
 
 # Raw JSON lines (in all) the job itself runs on to calibrate the stage model. The job's marginal CPU per byte is
-# the difference of two runs (the slice and its half) that each carry ~0.5 CPU-s of fixed cost, so the slice must
+# the difference of two runs (the slice and its half) that each carry the job's fixed cost, so the slice must
 # be large beside that, and the measured ratio is noisy under load (docs/BENCHMARKS.md, "Dry run calibration"):
 # the estimate adds the difference rather than multiplying by the ratio (`Calibration.extra_cpu_per_byte`).
 CALIBRATION_BYTES = 16 << 20

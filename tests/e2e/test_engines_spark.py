@@ -4,7 +4,7 @@ FnApiRunner's, and the S3 secrets among its options nowhere in Spark's event log
 
 The cluster is started once per session (tests/engines_clusters.py) by the code behind `make spark-cluster`, and
 the job gets exactly the BEAM_ARGS that target prints. Fails, never skips, without Java or `make spark`. The
-killed-worker and Ctrl-C cases run on Flink (tests/e2e/test_engines_flink.py; DESIGN §9 "Test budget": one
+killed-worker and Ctrl-C cases run on Flink (tests/e2e/test_engines_flink.py; the suite has one
 killed-worker case; Spark's was measured by hand: docs/OPERATIONS.md).
 """
 from __future__ import annotations

@@ -1,18 +1,27 @@
 """tests/unit holds fast unit tests only (issue 29: `make test-fast` runs no full Beam pipeline): inside every test
-under tests/unit, `apache_beam.Pipeline.run` and a child process running `pileprep shard` fail the test. Whole
-commands belong in tests/e2e/ or tests/integration/<room>/.
+under tests/unit, `apache_beam.Pipeline.run` (or a runner's `run_pipeline` called directly) and a child process
+running a whole job (`pileprep shard`, `pileprep retrieval build`; through Popen, os.system or os.posix_spawn,
+also inside an `sh -c` string or a `python -c` program) fail the test. Whole commands belong in tests/e2e/ or
+tests/integration/<room>/.
 
 The guard wraps each test's setup, call and teardown (pytest calls these hooks only for items under this folder),
-so a fixture of any scope that runs a pipeline while a unit test sets it up is caught too.
+so a fixture of any scope that runs a pipeline while a unit test sets it up is caught too, and the collection of
+each test module (a pipeline run at import, or while a parametrize list is built, fails that module's collection).
 
 A TestPipeline (one composite transform run on a few elements with `assert_that`, the shape issue 29 asks for)
 is allowed while it stays small, by one rule checked on its graph before it runs and on its cost after:
-  - it reads no files through Beam (`iobase.Read`, which ReadFromText/Parquet/Avro/TFRecord expand to, or
-    fileio's MatchAll): the elements come from the test's own `beam.Create`;
-  - it holds no whole job: no `graph.BuildShards` (pipeline/shard/graph.py) and no step labelled `ListInputs`,
-    the first step of both jobs' graphs (pipeline/shard/graph.py, pipeline/retrieval/build.py);
-  - it uses at most TEST_PIPELINE_CPU_S of this process's CPU (the in-memory runner works in this process; a
-    composite on a few elements uses ~0.4 s, a small whole shard job several seconds). CPU, not wall time: the
+  - it reads no files through Beam (`iobase.Read`, which ReadFromText/Parquet/Avro/TFRecord expand to,
+    `filebasedsource.ReadAllFiles`, which their ReadAllFrom* forms expand to, or fileio's MatchAll and
+    ReadMatches): the elements come from the test's own `beam.Create`;
+  - it holds no whole job: no `graph.BuildShards` (pipeline/shard/graph.py), no step labelled `ListInputs`,
+    the first step of both jobs' graphs (pipeline/shard/graph.py, pipeline/retrieval/build.py), no commit step
+    (WHOLE_JOB_COMMITS: only a whole job reaches one), and not both the first and the last stage of the shard
+    job (a cut DoFn and a pack DoFn of pipeline/shard/stage_dofn.py): review29 ran the whole shard job under
+    another first label in 0.4 s of CPU, which neither the label nor the CPU budget caught;
+  - with the test's other TestPipeline runs (review29: the budget was per run, so a loop of runs passed), it
+    uses at most TEST_PIPELINE_CPU_S of CPU, this process's and that of the worker processes it started
+    (the in-memory runner works in this process; `--direct_running_mode=multi_processing` in children, which
+    review29 found uncounted; a composite on a few elements uses ~0.4 s). CPU, not wall time: the
     machines running the tests are shared, and a wall limit would fail tests that waited for a core.
 A transform count was tried and rejected: the whole default shard graph has 25 primitive steps, fewer than
 near-dedup's label propagation alone (30-46 with its assert_that).
@@ -21,18 +30,26 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
+import resource
+import shlex
 import subprocess
 import time
 
 import pytest
 
-TEST_PIPELINE_CPU_S = 3.0  # the most CPU seconds one TestPipeline run may use in tests/unit (docstring)
+TEST_PIPELINE_CPU_S = 3.0  # the most CPU seconds one unit test's TestPipeline runs may use in all (docstring)
 WHOLE_JOB_STEPS = ("ListInputs",)  # labels of a whole job's first step (docstring)
+# the commit steps of the two jobs, by module and name: a graph calling one is a whole job (docstring)
+WHOLE_JOB_COMMITS = {("pipeline.shard.graph", "commit_generation"), ("pipeline.retrieval.build_manifest", "commit_db")}
+# (command words after the launcher) of the commands that run a whole Beam job
+WHOLE_JOB_COMMANDS = (("shard",), ("retrieval", "build"))
 OFFENDERS: list = []  # (nodeid, what) of every refused run, listed again in the terminal summary
+SPENT: dict = {}  # nodeid -> [CPU seconds its TestPipeline runs used so far]
 
 
 class FullPipelineInUnitTest(AssertionError):
-    """A whole Beam pipeline or `pileprep shard` run inside tests/unit (move the test to tests/integration/)."""
+    """A whole Beam pipeline or a whole-job child process inside tests/unit (move the test to tests/integration/)."""
 
 
 def command_words(args) -> list:
@@ -41,16 +58,37 @@ def command_words(args) -> list:
     return [os.fsdecode(a) for a in args]
 
 
-def is_shard_command(args) -> bool:
-    """True for `python -m pipeline.cli shard ...`, `pileprep shard ...` and a `python -c` child that imports
-    pipeline.cli and is handed `shard` (tests/measured_cli.py's CHILD_CODE)."""
+def _split(word: str) -> list:
+    try:
+        return shlex.split(word)
+    except ValueError:  # an unbalanced quote: a program's text, not a command line
+        return word.split()
+
+
+def _is_launcher(word: str) -> bool:
+    return "pipeline.cli" in word or os.path.basename(word) == "pileprep" or \
+        re.search(r"\bfrom\s+pipeline\s+import\s+(?:\w+\s*,\s*)*cli\b", word) is not None
+
+
+def _names_whole_job(words: list) -> bool:
+    return any(tuple(words[:len(command)]) == command for command in WHOLE_JOB_COMMANDS)
+
+
+def is_whole_job_command(args) -> bool:
+    """True for a child that runs a whole Beam job: `python -m pipeline.cli shard ...`, `pileprep -q retrieval
+    build ...`, a `python -c` child that imports pipeline.cli and is handed `shard` (tests/measured_cli.py's
+    CHILD_CODE) or names it in its code, and any of these inside a word of its own (`sh -c "pileprep shard"`)."""
     words = command_words(args)
-    launcher = next((i for i, w in enumerate(words) if "pipeline.cli" in w or os.path.basename(w) == "pileprep"),
-                    None)
+    if any(len(w.split()) > 1 and is_whole_job_command(_split(w)) for w in words):
+        return True
+    launcher = next((i for i, w in enumerate(words) if _is_launcher(w)), None)
     if launcher is None:
         return False
-    command = next((w for w in words[launcher + 1:] if not w.startswith("-")), None)
-    return command == "shard"
+    code = words[launcher]
+    quoted = re.findall(r"""['"]([\w-]+)['"]""", code)  # the command given in a program's text: main(['shard'])
+    if _names_whole_job([q for q in quoted if not q.startswith("-")]):
+        return True
+    return _names_whole_job([w for w in words[launcher + 1:] if not w.startswith("-")])
 
 
 def _refuse(nodeid: str, what: str):
@@ -61,12 +99,14 @@ def _refuse(nodeid: str, what: str):
 
 def full_pipeline_parts(pipeline) -> list:
     """What makes `pipeline` more than one small composite: (label, why) of each file read and whole job."""
-    from apache_beam.io import fileio, iobase
+    from apache_beam.io import fileio, filebasedsource, iobase
     from apache_beam.pipeline import PipelineVisitor
 
     from pipeline.shard.graph import BuildShards
+    from pipeline.shard.stage_dofn import CutAndTokenizeFile, CutInputFile, PackStage
 
-    found = []
+    found, stages = [], {}
+    file_reads = (iobase.Read, fileio.MatchAll, fileio.ReadMatches, filebasedsource.ReadAllFiles)
 
     class Visitor(PipelineVisitor):
         def enter_composite_transform(self, node):
@@ -74,23 +114,71 @@ def full_pipeline_parts(pipeline) -> list:
 
         def visit_transform(self, node):
             transform, label = node.transform, node.full_label
-            if isinstance(transform, (iobase.Read, fileio.MatchAll)):
+            fn = getattr(transform, "fn", None)
+            if isinstance(transform, file_reads):
                 found.append((label, f"a file read ({type(transform).__name__})"))
             elif isinstance(transform, BuildShards) or label.rsplit("/", 1)[-1] in WHOLE_JOB_STEPS:
                 found.append((label, "a whole job"))
+            elif _calls_a_commit(fn):
+                found.append((label, "a whole job (its commit step)"))
+            elif isinstance(fn, (CutInputFile, CutAndTokenizeFile)):  # the first stage, alone or fused
+                stages.setdefault("cut", label)
+            elif isinstance(fn, PackStage):
+                stages.setdefault("pack", label)
 
     pipeline.visit(Visitor())
+    if len(stages) == 2:
+        found.append((stages["pack"], f"a whole job (the shard job's first stage at {stages['cut']!r} and its last)"))
     return found
 
 
+def _calls_a_commit(fn) -> bool:
+    """Whether a DoFn wraps one of WHOLE_JOB_COMMITS (beam.Map keeps the callable in its wrapper's closure)."""
+    inner = getattr(fn, "_fn", None)
+    if inner is None:
+        return False
+    callables = [inner] + [c.cell_contents for c in (getattr(inner, "__closure__", None) or ())
+                           if callable(getattr(c, "cell_contents", None))]
+    return any((getattr(c, "__module__", None), getattr(c, "__qualname__", None)) in WHOLE_JOB_COMMITS
+               for c in callables)
+
+
+def _cpu_s() -> float:
+    """This process's CPU seconds and those of its children that ended (a multi_processing runner's workers)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
+def _runner_classes() -> list:
+    """Every PipelineRunner class loaded, the usual ones imported first: each may be called straight."""
+    import importlib
+
+    from apache_beam.runners.runner import PipelineRunner
+
+    for module in ("apache_beam.runners.portability.fn_api_runner", "apache_beam.runners.direct.direct_runner",
+                   "apache_beam.runners.portability.portable_runner"):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(module)
+    found, todo = [], [PipelineRunner]
+    while todo:
+        cls = todo.pop()
+        found.append(cls)
+        todo += cls.__subclasses__()
+    return [c for c in found if "run_pipeline" in vars(c)]
+
+
 @contextlib.contextmanager
-def no_full_pipeline(nodeid: str):
+def guarded(nodeid: str):
+    """Refusals recorded in OFFENDERS (and raised where they happen) while the body runs."""
     import apache_beam
     from apache_beam.testing.test_pipeline import TestPipeline
 
-    real_run, real_popen_init = apache_beam.Pipeline.run, subprocess.Popen.__init__
+    real_run, real_popen_init, real_system = apache_beam.Pipeline.run, subprocess.Popen.__init__, os.system
+    real_spawns = {name: getattr(os, name) for name in ("posix_spawn", "posix_spawnp") if hasattr(os, name)}
+    runners = {cls: vars(cls)["run_pipeline"] for cls in _runner_classes()}
 
     allowed = []  # Pipeline.run runs a copy made from the runner API proto: a TestPipeline's copy is allowed too
+    spent = SPENT.setdefault(nodeid, [0.0])  # shared by the test's setup, call and teardown
 
     def guarded_run(self, *args, **kwargs):
         if allowed:
@@ -100,29 +188,76 @@ def no_full_pipeline(nodeid: str):
         for label, why in full_pipeline_parts(self):
             _refuse(nodeid, f"a TestPipeline with {why} at {label!r}")
         allowed.append(self)
-        cpu = time.process_time()
+        cpu = _cpu_s()
         try:
             result = real_run(self, *args, **kwargs)
         finally:
             allowed.pop()
-        used = time.process_time() - cpu
-        if used > TEST_PIPELINE_CPU_S:
-            _refuse(nodeid, f"a TestPipeline that used {used:.1f} s of CPU (more than {TEST_PIPELINE_CPU_S:g})")
+        spent[0] += _cpu_s() - cpu
+        if spent[0] > TEST_PIPELINE_CPU_S:
+            _refuse(nodeid, f"TestPipelines that used {spent[0]:.1f} s of CPU in one test (more than "
+                            f"{TEST_PIPELINE_CPU_S:g})")
         return result
 
+    def guarded_runner(real):
+        def run_pipeline(self, *args, **kwargs):
+            if not allowed:  # not under a TestPipeline's checked run: a runner called straight
+                _refuse(nodeid, f"{type(self).__name__}.run_pipeline")
+            return real(self, *args, **kwargs)
+        return run_pipeline
+
+    def check_child(args):
+        if is_whole_job_command(args):
+            _refuse(nodeid, f"a whole-job child process ({' '.join(command_words(args))[:120]})")
+
     def guarded_popen_init(self, args, *rest, **kwargs):
-        if is_shard_command(args):
-            _refuse(nodeid, f"a `shard` child process ({' '.join(command_words(args))[:120]})")
+        check_child(args)
         return real_popen_init(self, args, *rest, **kwargs)
 
-    apache_beam.Pipeline.run, subprocess.Popen.__init__ = guarded_run, guarded_popen_init
-    refused_before = len(OFFENDERS)
+    def guarded_system(command):
+        check_child(command)
+        return real_system(command)
+
+    def guarded_spawn(name):
+        def spawn(path, argv, *rest, **kwargs):
+            check_child(argv)
+            return real_spawns[name](path, argv, *rest, **kwargs)
+        return spawn
+
+    apache_beam.Pipeline.run, subprocess.Popen.__init__, os.system = guarded_run, guarded_popen_init, guarded_system
+    for name in real_spawns:
+        setattr(os, name, guarded_spawn(name))
+    for cls, real in runners.items():
+        cls.run_pipeline = guarded_runner(real)
     try:
+        yield
+    finally:
+        apache_beam.Pipeline.run, subprocess.Popen.__init__, os.system = real_run, real_popen_init, real_system
+        for name, real in real_spawns.items():
+            setattr(os, name, real)
+        for cls, real in runners.items():
+            cls.run_pipeline = real
+
+
+@contextlib.contextmanager
+def no_full_pipeline(nodeid: str):
+    refused_before = len(OFFENDERS)
+    with guarded(nodeid):
         yield
         if len(OFFENDERS) > refused_before:  # the test caught the refusal (a CLI turns errors into exit codes)
             raise FullPipelineInUnitTest(f"{nodeid}: {OFFENDERS[-1][1]} was refused (tests/unit/conftest.py)")
-    finally:
-        apache_beam.Pipeline.run, subprocess.Popen.__init__ = real_run, real_popen_init
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_make_collect_report(collector):
+    """A test module's import and its parametrize lists run here, before any test's setup."""
+    refused_before = len(OFFENDERS)
+    with guarded(collector.nodeid):
+        report = yield
+    if len(OFFENDERS) > refused_before and report.outcome != "failed":  # refused, and the refusal caught
+        report.outcome = "failed"
+        report.longrepr = f"{collector.nodeid}: {OFFENDERS[-1][1]} was refused (tests/unit/conftest.py)"
+    return report
 
 
 @pytest.hookimpl(wrapper=True)

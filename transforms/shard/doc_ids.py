@@ -169,7 +169,7 @@ class IdIndex:
 
 
 def read_index_ids(path: str) -> Iterable[np.ndarray]:
-    """Every id of an index, in sorted batches (verify and tests)."""
+    """Every id of an index, in sorted batches (for tests: tests/integration/shard/test_splits_dedup.py)."""
     index = IdIndex(path)
     with io_utils.open_read(path) as f:
         f.seek(index._ids_at)  # noqa: SLF001

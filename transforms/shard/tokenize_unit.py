@@ -96,7 +96,7 @@ def tokenize_records(chunk: ChunkRef, records, sp, token_dtype: np.dtype, settin
         nonlocal batch, batch_chars
         if not batch:
             return
-        check_cancelled()  # between batches (~0.1 s of tokenizing each): see pipeline/shard/cancel.py
+        check_cancelled()  # between batches (TOKENIZE_BATCH_DOCS documents or ~1 MiB): pipeline/shard/cancel.py
         encoded = tokenizer.encode_batch(sp, [doc.text for _, doc in batch], settings.long_documents)
         if sig_file is not None:  # the documents that get an index row, signed together
             kept = [(line, doc.text) for (line, doc), ids in zip(batch, encoded)

@@ -150,7 +150,8 @@ def gigatoken_tokenizer_json(model_bytes: bytes, kind: str) -> str:
 
 # The tokenizer.json given to gigatoken is kept between processes (transforms/tokenize/tokenizer_cache.py): a
 # `.model`'s conversion (`sentencepiece_to_tokenizer_json`) and the JSON round trip of `gigatoken_tokenizer_json`
-# cost ~0.4 CPU-s of a 32k model in every process that builds the encoder (docs/BENCHMARKS.md). "off" disables it.
+# are paid again by every process that builds the encoder without it (docs/BENCHMARKS.md, "The converted
+# tokenizer.json, cached between processes"). "off" disables it.
 TOKENIZER_CACHE_ENV = tokenizer_cache.TOKENIZER_CACHE_ENV
 # Bumped when gigatoken_tokenizer_json's output changes for the same input (the key holds gigatoken's version too).
 _TOKENIZER_JSON_FORMAT = 2

@@ -184,8 +184,8 @@ def check_special_ids(special: dict, what: str = "--special-tokens") -> None:
 
 
 # Code points per probe text of `probe_texts`' sweep: every code point is probed, in texts short enough that
-# tiktoken's BPE of one long pre-token stays cheap (the sweep costs ~0.3 s with `regex`, ~0.5 s with tiktoken,
-# paid by custom patterns only: the named ones are tiktoken's own)
+# tiktoken's BPE of one long pre-token stays cheap (the sweep is paid by custom patterns only: the named ones are
+# tiktoken's own; its cost: docs/BENCHMARKS.md, "Tokenizer file checks")
 SWEEP_CHUNK = 4096
 # Characters outside the Basic Multilingual Plane and at its edges that a pattern written for the BMP misses
 # ('[\x00-\uffff]+' drops an emoji): probed first, alone and in context, so a refusal names a short text

@@ -33,7 +33,7 @@ from pipeline.ops.engines import fetch
 READY_TIMEOUT_S = 120.0
 JOB_SERVER_HEAP = "-Xmx768m"
 # Python SDK workers are processes; without a cache the runner closes a stage's workers when the stage ends and the
-# next stage waits for new ones to import Beam and pileprep (~5 s per stage on 2 cores, measured on Spark).
+# next stage waits for new ones to import Beam and pileprep (measured: docs/OPERATIONS.md, "Spark and Flink").
 PROCESS_ARGS = ["--environment_type=PROCESS", "--environment_cache_millis=60000"]
 
 

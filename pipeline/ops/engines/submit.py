@@ -1,4 +1,4 @@
-"""What a job sends to Spark and Flink, and how the driver waits for it (DESIGN §9 "Engines and jars").
+"""What a job sends to Spark and Flink, and how the driver waits for it (docs/OPERATIONS.md "Spark and Flink").
 
 - `for_submission(options)`: the options a job service receives. A portable runner sends every pipeline option
   to the job server (apache_beam/runners/portability/portable_runner.py, `encode_pipeline_options`), which hands

@@ -51,6 +51,17 @@ def test_estimates_are_within_20_percent_of_the_real_run(real_run, tmp_path, bud
     assert not (tmp_path / "never").exists()
 
 
+def test_a_dry_run_over_the_generation_the_output_holds_says_nothing_to_do(real_run):
+    """review29: the real command prints "nothing to do: OUT already holds generation G"; its dry run estimated
+    a whole build instead (core-hours and all). The dry run now says what the real run would do."""
+    cfg, manifest = real_run
+    est = dry_run.estimate(cfg, FAST_LOCAL, calibrated=False)
+    line = dry_run.format_estimate(est)
+    assert est.nothing_to_do, line
+    assert line == (f"dry run: nothing to do: {cfg.output} already holds generation {manifest['generation']}; "
+                    f"nothing was written"), line
+
+
 def test_cli_dry_run_prints_the_estimate_and_writes_nothing(tmp_path):
     corpus = real_corpus(tmp_path / "corpus", names=("pile/00.jsonl.zst", "pile/val.jsonl.zst"))
     out = tmp_path / "out"

@@ -92,6 +92,8 @@ def missing_names(doc: pathlib.Path, root: pathlib.Path) -> list:
 # `docs/DESIGN.md#rooms`, `[x](DESIGN.md#rooms)`, `docs/OPERATIONS.md "Resume"`, `docs/DESIGN.md, "Rooms"`
 CITATION = re.compile(r'((?:[\w.-]+/)*[A-Z][A-Z_]*\.md)(?:#([\w-]+)|,? "([^"\n]+)")')
 HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*$", re.M)
+# `DESIGN §9`, `docs/OPERATIONS.md §3a`: a numbered section ("## 3a. Generations") of one of this repo's docs
+NUMBERED = re.compile(r"((?:[\w.-]+/)*[A-Z][A-Z_]*)(?:\.md)?\s+§\s?(\d+[a-z]?)\b")
 RUN_IN = re.compile(r"^\s*(?:[-*]\s+|\d+\.\s+)?\*\*([^*\n]+)\*\*", re.M)  # a bold paragraph title
 
 
@@ -118,8 +120,9 @@ def citing_files(root: pathlib.Path) -> list:
 
 def broken_citations(path: pathlib.Path, root: pathlib.Path) -> list:
     """Every citation of a doc's section in `path` whose doc, anchor or title is not there."""
-    text, bad = path.read_text(encoding="utf-8", errors="replace"), []
-    for match in CITATION.finditer(URL.sub(" ", text)):
+    # positions are counted in the text with its links blanked out (a link is one space there, never a line)
+    text, bad = URL.sub(" ", path.read_text(encoding="utf-8", errors="replace")), []
+    for match in CITATION.finditer(text):
         name, anchor, title = match.groups()
         candidates = [root / name, root / "docs" / name, path.parent / name]
         doc = next((c for c in candidates if c.is_file()), None)
@@ -132,6 +135,14 @@ def broken_citations(path: pathlib.Path, root: pathlib.Path) -> list:
             bad.append(f"{where}: {name} has no heading #{anchor}")
         if title and not any(t.casefold().startswith(title.rstrip(".").casefold()) for t in titles(cited)):
             bad.append(f'{where}: {name} has no section "{title}"')
+    for match in NUMBERED.finditer(text):
+        name, number = match.group(1) + ".md", match.group(2)
+        doc = next((c for c in (root / name, root / "docs" / name, path.parent / name) if c.is_file()), None)
+        if doc is None:
+            continue  # RFC 8878 §3, a paper's §2.4: not a doc of this repository
+        if not any(re.match(rf"{number}\.\s", h) for h in HEADING.findall(doc.read_text(encoding="utf-8"))):
+            where = f"{path.relative_to(root)}:{text.count(chr(10), 0, match.start()) + 1}"
+            bad.append(f"{where}: {doc.name} has no section §{number}")
     return bad
 
 
@@ -187,3 +198,17 @@ def test_a_citation_of_a_missing_section_is_caught(tmp_path):
     assert broken_citations(code, tmp_path) == ["m.py:1: DESIGN.md has no heading #3-the-commit",
                                                 'm.py:2: docs/DESIGN.md has no section "Rooms"',
                                                 "m.py:2: docs/GONE.md does not exist"]
+
+
+def test_a_citation_of_a_missing_numbered_section_is_caught(tmp_path):
+    """review29: `DESIGN §9` (pipeline/ops/engines/submit.py, pipeline/retrieval/build_index.py,
+    docs/OPERATIONS.md) cites a numbered section docs/DESIGN.md does not have; the `§` form was not checked.
+    A `§` after a name that is no doc of this repository (RFC 8878 §3) is someone else's."""
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "DESIGN.md").write_text("# T\n## Rooms\n", encoding="utf-8")
+    (tmp_path / "docs" / "OPERATIONS.md").write_text("# O\n## 3. The commit\n## 3a. Generations\n", encoding="utf-8")
+    code = tmp_path / "m.py"
+    code.write_text("# DESIGN §9 \"Engines\"; docs/OPERATIONS.md §3; OPERATIONS §3a; OPERATIONS.md §4\n"
+                    "# RFC 8878 §3\n", encoding="utf-8")
+    assert broken_citations(code, tmp_path) == ["m.py:1: DESIGN.md has no section §9",
+                                                "m.py:1: OPERATIONS.md has no section §4"]

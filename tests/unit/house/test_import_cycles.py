@@ -2,8 +2,10 @@
 
 Every product module (model_contract/, transforms/, pipeline/, trainer/) is parsed with `ast`; every import
 statement in it - at the top, inside a function, under `if TYPE_CHECKING` alike - is an arrow to the product
-module it names. A lazy import only postpones a cycle to run time (the module must still be importable from
-both ends), so it counts. A cycle found is printed module by module.
+module it names, and so is `importlib.import_module("constant.name")`. Importing a module runs the `__init__.py`
+of every package above it first, so that is an arrow too (review29: a cycle through a package's `__init__` was
+missed). A lazy import only postpones a cycle to run time (the module must still be importable from both ends),
+so it counts. A cycle found is printed module by module.
 """
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ def imported_modules(module: str, path: pathlib.Path, modules: dict, root: pathl
     """The product modules every import statement of `module` names: `from a.b import c` names a.b.c when c is
     a module, else a.b; relative imports are resolved against the module's package."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    names = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    names, tree = [], ast.parse(path.read_text(encoding="utf-8"), str(path))
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names += [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -50,8 +52,34 @@ def imported_modules(module: str, path: pathlib.Path, modules: dict, root: pathl
                 base = ".".join(anchor + ([base] if base else []))
             names += [f"{base}.{a.name}" if f"{base}.{a.name}" in modules or _native(root, f"{base}.{a.name}")
                       else base for a in node.names]
+    names += constant_dynamic_imports(tree)
     found = {_resolve(n, modules) for n in names if n.split(".")[0] in PACKAGES and not _native(root, n)}
+    # Importing a.b.c runs a/__init__.py and a/b/__init__.py first: an arrow to each package above the module
+    # imported, except the importer's own packages (already running when it runs).
+    own = {".".join(module.split(".")[:i]) for i in range(1, module.count(".") + 2)}
+    found |= {parent for m in found - {None} for parent in _packages_above(m) if parent in modules} - own
     return found - {None, module}
+
+
+def _packages_above(module: str) -> list:
+    """`pipeline.shard.plan` -> [pipeline, pipeline.shard]."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def constant_dynamic_imports(tree: ast.AST) -> list:
+    """Module names given as a constant to `importlib.import_module(...)` or `__import__(...)`: an import statement
+    in all but syntax (review29)."""
+    out = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or not node.args:
+            continue
+        func, first = node.func, node.args[0]
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        if name in ("import_module", "__import__") and isinstance(first, ast.Constant) \
+                and isinstance(first.value, str) and not first.value.startswith("."):
+            out.append(first.value)
+    return out
 
 
 def _native(root: pathlib.Path, name: str) -> bool:
@@ -142,3 +170,25 @@ def test_the_cycle_finder_finds_lazy_imports_and_prints_the_cycle(tmp_path):
 def test_no_module_level_import_cycle_lazy_imports_included():
     found = cycles(import_graph(pathlib.Path(REPO)))
     assert not found, "import cycles (lazy imports counted):\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def _tree(root: pathlib.Path, files: dict) -> pathlib.Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root
+
+
+def test_a_cycle_through_importlib_with_a_constant_name_is_found(tmp_path):
+    """review29: `importlib.import_module("pipeline.a")` is an import statement in all but syntax; missed."""
+    _tree(tmp_path, {"pipeline/__init__.py": "", "pipeline/x.py": "from pipeline import y\n",
+                     "pipeline/y.py": "import importlib\ndef f():\n    return importlib.import_module('pipeline.x')\n"})
+    assert cycles(import_graph(tmp_path)) == [["pipeline.x", "pipeline.y", "pipeline.x"]]
+
+
+def test_a_cycle_through_a_package_init_is_found(tmp_path):
+    """review29: importing pipeline.shard.y runs the package's __init__.py first; when that imports pipeline.x,
+    which imports pipeline.shard.y, the modules form a cycle at import time, but only the arrow to y was drawn."""
+    _tree(tmp_path, {"pipeline/__init__.py": "", "pipeline/shard/__init__.py": "from pipeline import x\n",
+                     "pipeline/shard/y.py": "Y = 1\n", "pipeline/x.py": "from pipeline.shard.y import Y\n"})
+    assert cycles(import_graph(tmp_path)) == [["pipeline.shard", "pipeline.x", "pipeline.shard"]]

@@ -7,6 +7,7 @@ import ast
 import pathlib
 
 from tests.conftest import REPO
+from tests.unit.house.test_import_cycles import constant_dynamic_imports
 
 PACKAGES = ("model_contract", "transforms", "pipeline", "trainer")
 TRANSFORMS = {"transforms/io", "transforms/tokenize", "transforms/shard", "transforms/retrieval"}
@@ -39,15 +40,22 @@ def room_of(module: str, root: pathlib.Path) -> str:
     return parts[0]
 
 
-def imports_of(path: pathlib.Path) -> list:
+def imports_of(path: pathlib.Path, root: pathlib.Path = REPO) -> list:
     """Every product module or package an import statement in `path` names (`from a.b import c` names a.b
-    and a.b.c: c may be a module)."""
-    out = []
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+    and a.b.c: c may be a module); relative imports resolved against the file's package, and the constant names
+    given to `importlib.import_module` (review29: both were missed)."""
+    rel = path.relative_to(root).with_suffix("").parts
+    package = list(rel[:-1])  # a module's package; a package's __init__ is in its own folder, the same list
+    tree, out = ast.parse(path.read_text(encoding="utf-8"), str(path)), []
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             out += [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out += [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - (node.level - 1)] + ([base] if base else []))
+            out += [base] + [f"{base}.{a.name}" for a in node.names]
+    out += constant_dynamic_imports(tree)
     return [n for n in out if n.split(".")[0] in PACKAGES]
 
 
@@ -59,9 +67,11 @@ def arrows(root: pathlib.Path) -> list:
             rel = path.relative_to(root)
             src = room_of(".".join(rel.with_suffix("").parts), root) if rel.name != "__init__.py" \
                 else room_of(".".join(rel.parent.parts) + ".x", root)
-            for name in imports_of(path):
+            for name in imports_of(path, root):
                 dst = room_of(name, root)
-                if dst != src and dst in ALLOWED:
+                # a room in no row of the table is refused too (a module at a package's top, transforms/x.py),
+                # but not a package named on its way to a room (`from transforms import shard`)
+                if dst != src and (dst in ALLOWED or not root.joinpath(*name.split(".")).is_dir()):
                     out.append((str(rel), src, name, dst))
     return out
 
@@ -86,3 +96,22 @@ def test_a_forbidden_arrow_is_caught():
              ("pipeline/ops/x.py", "pipeline/ops", "pipeline.shard.plan", "pipeline/shard"),
              ("pipeline/ops/y.py", "pipeline/ops", "pipeline.shard.integrity", "pipeline/shard")]
     assert [a[0] for a in forbidden(found)] == ["transforms/shard/x.py", "trainer/x.py", "pipeline/ops/x.py"]
+
+
+def test_relative_importlib_and_top_level_module_arrows_are_seen(tmp_path):
+    """review29: `from ..shard import records` in transforms/retrieval/ (relative),
+    `importlib.import_module("pipeline.config")` and an import of a module at a package's top (transforms/x.py:
+    room `transforms`, in no row of the table) were not arrows, so rooms could import what the table forbids
+    unseen."""
+    files = {"transforms/__init__.py": "", "transforms/x.py": "X = 1\n",
+             "transforms/shard/__init__.py": "", "pipeline/__init__.py": "", "pipeline/config.py": "Y = 2\n",
+             "transforms/retrieval/__init__.py": "", "transforms/shard/records.py": "Z = 3\n",
+             "transforms/retrieval/x.py": "from ..shard import records\n",
+             "transforms/shard/y.py": "import importlib\nconfig = importlib.import_module('pipeline.config')\n",
+             "trainer/__init__.py": "", "trainer/y.py": "from transforms.x import X\n",
+             "model_contract/__init__.py": ""}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    bad = {a[0] for a in forbidden(arrows(tmp_path))}
+    assert bad == {"transforms/retrieval/x.py", "transforms/shard/y.py", "trainer/y.py"}, bad

@@ -1,15 +1,16 @@
-"""tests/unit/conftest.py refuses a whole Beam pipeline or a `shard` child process inside a unit test."""
+"""tests/unit/conftest.py refuses a whole Beam pipeline or a whole-job child process inside a unit test."""
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import apache_beam as beam
 import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from tests.unit.conftest import OFFENDERS, FullPipelineInUnitTest, is_shard_command
+from tests.unit.conftest import OFFENDERS, FullPipelineInUnitTest, is_whole_job_command
 
 
 def test_a_pipeline_run_is_refused_and_a_test_pipeline_is_not():
@@ -37,8 +38,8 @@ def test_a_shard_child_process_is_refused_before_it_starts():
     (["pileprep", "verify", "out"], False),
     (["echo", "shard"], False),
 ])
-def test_is_shard_command(args, refused):
-    assert is_shard_command(args) is refused
+def test_is_whole_job_command(args, refused):
+    assert is_whole_job_command(args) is refused
 
 
 def _refused(build, match: str):
@@ -79,3 +80,138 @@ def test_a_test_pipeline_over_the_cpu_budget_is_refused(monkeypatch):
     monkeypatch.setattr(guard, "TEST_PIPELINE_CPU_S", 0.0)
     what = _refused(lambda p: assert_that(p | beam.Create([1]), equal_to([1])), "s of CPU")
     assert "more than 0" in what, what
+
+
+@pytest.mark.parametrize("commit", [True, False], ids=["to-the-commit", "cut-to-pack"])
+def test_a_whole_shard_job_under_another_first_label_is_refused(tmp_path, tiny_tokenizer, commit):
+    """review29: BuildShards' body with its first step relabelled ran the whole shard job (cut, tokenize, pack,
+    commit) in a TestPipeline on 60 KB in 0.4 s of CPU: neither the class, the label nor the CPU budget saw it.
+    Refused by its commit step, and without one by holding the job's first and last stages."""
+    from pipeline.config import ShardConfig
+    from pipeline.shard import graph, shard_pipeline, unit_plan
+    from tests.corpus_fixtures import good_documents, pile_line, write_zst
+
+    write_zst(tmp_path / "in.jsonl.zst", [pile_line(t, s) for t, s in good_documents(60_000, doc_chars=1500)])
+    plan = shard_pipeline.prepare(ShardConfig(inputs=(str(tmp_path / "in.jsonl.zst"),), output=str(tmp_path / "out"),
+                                              tokenizer=tiny_tokenizer, seq_len=64, unit_mb=0.04))
+
+    def whole_job(p):
+        chunk_bytes = unit_plan.chunk_bytes_for(plan.ledger, plan.config.unit_bytes)
+        files = p | "Inputs" >> beam.Create([(i, e.path, chunk_bytes) for i, e in enumerate(plan.ledger)])
+        cuts, units = files | "Units" >> graph.CutAndTokenize(plan, True)
+        shards = units | "Pack" >> graph.PackShards(plan, "files")
+        if commit:
+            _ = ((cuts, units, shards) | beam.Flatten() | graph.GatherAll()
+                 | "Finish" >> beam.Map(graph.commit_generation, plan))
+
+    what = _refused(whole_job, "whole job")
+    assert ("Finish" if commit else "first stage") in what, what
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").rglob("manifest.json"))
+
+
+def test_a_pipeline_run_straight_through_its_runner_is_refused():
+    """review29: `runner.run_pipeline(p, options)` skipped Pipeline.run and so the guard."""
+    from apache_beam.runners.portability.fn_api_runner import FnApiRunner
+
+    p = beam.Pipeline(runner=FnApiRunner())
+    _ = p | beam.Create([1, 2]) | beam.Map(lambda x: x)
+    with pytest.raises(FullPipelineInUnitTest, match="run_pipeline"):
+        FnApiRunner().run_pipeline(p, p.options).wait_until_finish()
+    OFFENDERS.pop()
+
+
+def test_a_test_pipeline_reading_files_from_elements_is_refused(tmp_path):
+    """review29: ReadAllFromText (filebasedsource.ReadAllFiles) and ReadMatches on a Create of file names read
+    files through Beam without iobase.Read or fileio.MatchAll."""
+    from apache_beam.io import fileio
+    from apache_beam.io.filesystem import FileMetadata
+
+    (tmp_path / "in.txt").write_text("a\nb\n")
+    path = str(tmp_path / "in.txt")
+    _refused(lambda p: p | beam.Create([path]) | beam.io.ReadAllFromText(), "file read")
+    _refused(lambda p: p | beam.Create([FileMetadata(path, 4)]) | fileio.ReadMatches(), "file read")
+
+
+@pytest.mark.parametrize("args", [
+    ["sh", "-c", "pileprep shard --input x --output y"],
+    ["bash", "-lc", f"cd /tmp && {sys.executable} -m pipeline.cli shard --input x"],
+    [sys.executable, "-c", "import pipeline.cli as c; c.main(['shard', '--input', 'x'])"],
+    [sys.executable, "-c", "from pipeline import cli; cli.main(sys.argv[1:])", "-v", "shard"],
+    ["pileprep", "retrieval", "build", "--dataset", "d"],  # the retrieval job's whole Beam pipeline
+    [sys.executable, "-m", "pipeline.cli", "-q", "retrieval", "build"],
+], ids=["sh-c", "bash-lc", "python-c-code", "python-c-argv", "retrieval-build", "retrieval-build-m"])
+def test_a_whole_job_child_hidden_in_a_shell_or_code_string_is_refused(args):
+    """review29: `sh -c "pileprep shard"`, a `python -c` that calls the CLI with `shard` in its code, and the
+    retrieval build (a whole Beam job too) were all let through."""
+    assert is_whole_job_command(args)
+
+
+def test_os_system_of_a_shard_command_is_refused():
+    """review29: os.system bypassed the Popen guard."""
+    import os
+
+    with pytest.raises(FullPipelineInUnitTest, match="shard"):
+        os.system("pileprep shard --input /nonexistent --output /nonexistent >/dev/null 2>&1")
+    OFFENDERS.pop()
+
+
+MODULE_LEVEL_RUN = '''
+import apache_beam as beam
+
+with beam.Pipeline(argv=["--runner=FnApiRunner"]) as p:  # at import: collection, before any test's setup
+    _ = p | beam.Create([1])
+
+
+def test_nothing():
+    pass
+'''
+
+
+def test_a_pipeline_run_while_a_test_module_is_collected_is_refused(tmp_path):
+    """review29: the guard wrapped setup, call and teardown only, so a pipeline run at a test module's import (or
+    in a parametrize list built there) ran unguarded."""
+    import shutil
+
+    from tests.conftest import REPO
+
+    shutil.copy(REPO / "tests" / "unit" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_module_level.py").write_text(MODULE_LEVEL_RUN)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path),
+                        str(tmp_path)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode != 0 and "Pipeline.run" in r.stdout, r.stdout[-3000:]
+
+
+def _burn(x, seconds: float = 1.5):
+    start = time.process_time()
+    while time.process_time() - start < seconds:
+        pass
+    return x
+
+
+def test_cpu_a_test_pipeline_spends_in_worker_processes_counts(monkeypatch):
+    """review29: with `--direct_running_mode=multi_processing` the work runs in child processes, which
+    time.process_time does not see: 3.7 CPU-s in two workers measured as 0.24 s."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    import tests.unit.conftest as guard
+
+    monkeypatch.setattr(guard, "TEST_PIPELINE_CPU_S", 1.5)
+    options = PipelineOptions(["--direct_running_mode=multi_processing", "--direct_num_workers=1"])
+    with pytest.raises(FullPipelineInUnitTest, match="s of CPU"):
+        with BeamTestPipeline(options=options) as p:
+            _ = p | beam.Create([1]) | beam.Map(_burn)
+    OFFENDERS.pop()
+
+
+def test_the_cpu_budget_is_per_test_not_per_test_pipeline(monkeypatch):
+    """review29: the budget was checked per TestPipeline run, so one test running several pipelines each under
+    it (here three of 0.5 CPU-s of work against a budget of 1.2) used any CPU it liked."""
+    import tests.unit.conftest as guard
+
+    monkeypatch.setattr(guard, "TEST_PIPELINE_CPU_S", 1.2)
+    with pytest.raises(FullPipelineInUnitTest, match="s of CPU"):
+        for _ in range(3):
+            with BeamTestPipeline() as p:
+                assert_that(p | beam.Create([1]) | beam.Map(_burn, 0.5), equal_to([1]))
+    OFFENDERS.pop()

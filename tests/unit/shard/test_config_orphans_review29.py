@@ -46,3 +46,12 @@ def test_num_shards_and_target_shard_mb_together_are_refused_in_a_toml_file(tmp_
     (tmp_path / "c.toml").write_text("num_shards = 2\ntarget_shard_mb = 5.0\n")
     line = _exit_2_in_one_line(cli_main(_shard(tmp_path, "--config", str(tmp_path / "c.toml"))), capsys)
     assert "--num-shards" in line and "--target-shard-mb" in line, line
+
+
+@pytest.mark.parametrize("flags", [["--run-log", "RUN_LOG"], ["--progress-every", "5"]], ids=["run-log", "progress"])
+def test_a_real_run_option_with_dry_run_is_refused(tmp_path, capsys, flags):
+    """`shard --dry-run --run-log FILE` printed its estimate and wrote no run log, silently; --progress-every
+    has no progress to report in a dry run either."""
+    flags = [str(tmp_path / "run.jsonl") if f == "RUN_LOG" else f for f in flags]
+    line = _exit_2_in_one_line(cli_main(_shard(tmp_path, "--dry-run", *flags)), capsys)
+    assert flags[0] in line and "--dry-run" in line, line
