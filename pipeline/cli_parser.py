@@ -9,10 +9,12 @@ runner named by `--runner`; anything else, and any abbreviation, is exit 2 with 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import re
 
 from pipeline import options
-from pipeline.config import PILEPREP_VERSION, RunOptions, ShardConfig, orphan_option_problems, refuse
+from pipeline.config import PILEPREP_VERSION, RunOptions, ShardConfig, refuse
+from pipeline.enabling_flags import orphan_option_problems
 from pipeline.errors import UsageError
 from pipeline.ops import runners
 
@@ -233,5 +235,6 @@ def parse(argv: list, parser: argparse.ArgumentParser | None = None):
             bad = (flagged or rest)[0].split("=", 1)[0]
             raise UsageError(f"{sub.prog}: unrecognized argument {bad}{options.did_you_mean(bad, own)}")
     if args.command == "shard":  # what was typed is known only here; the values' own checks: ShardConfig.validate
-        refuse(orphan_option_problems(vars(args), getattr(args, TYPED, frozenset())))
+        refuse(orphan_option_problems(vars(args), dataclasses.fields(ShardConfig) + dataclasses.fields(RunOptions),
+                                     getattr(args, TYPED, frozenset())))
     return args, rest

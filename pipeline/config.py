@@ -10,8 +10,9 @@ import hashlib
 import json
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Optional
+from typing import Any, Literal, Optional
 
+from pipeline.enabling_flags import orphan_option_problems
 from pipeline.errors import ConfigError
 from pipeline.shard.near_dedup.settings import DecontaminateConfig, NearDedupConfig
 from transforms.shard import best_fit
@@ -221,7 +222,7 @@ class ShardConfig:
             problems.append(f"--num-shards must be at least 1, got {self.num_shards}")
         if self.target_shard_mb <= 0:
             problems.append(f"--target-shard-mb must be positive, got {self.target_shard_mb}")
-        elif self.num_shards is not None and self.target_shard_mb != _FIELD_DEFAULTS["target_shard_mb"]:
+        elif self.num_shards is not None and self.target_shard_mb != type(self).__dataclass_fields__["target_shard_mb"].default:
             # on the command line argparse refuses the pair; from a --config file the size was silently ignored
             problems.append("--num-shards and --target-shard-mb: give one (the shard count or the shard size)")
         for name, value in (("--val-fraction", self.val_fraction), ("--test-fraction", self.test_fraction)):
@@ -236,7 +237,7 @@ class ShardConfig:
                                 f"got {value!r}")
         if self.packing_window < 1:
             problems.append(f"--packing-window must be at least 1, got {self.packing_window}")
-        problems += orphan_option_problems(vars(self))
+        problems += orphan_option_problems(vars(self), dataclasses.fields(self))
         if self.keep_generations < 0:
             problems.append(f"--keep-generations must be 0 or more, got {self.keep_generations}")
         if self.eos_token == "":  # `--eos-token ''` (an unset shell variable) must not silently mean "pick one"
@@ -335,40 +336,6 @@ def near_dedup_problems(c: "ShardConfig") -> list:
     problems = [f"{flag} must be at least 1, got {value}" for flag, value in counts if value < 1]
     if not 0.0 < near.threshold <= 1.0:
         problems.append(f"--near-dedup-threshold must be in (0, 1], got {near.threshold}")
-    return problems
-
-
-_FIELD_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ShardConfig)}
-
-# An option that only shapes a stage the run does not have does nothing, so giving it is a bad configuration
-# (`--near-dedup-shingles tokens` without `--near-dedup` ran and ignored it). Typed on the command line it is refused
-# whatever its value (`--decontaminate-field text` alone asked for something that does nothing; pipeline/
-# cli_parser.py knows what was typed). Otherwise (a --config TOML file, a ShardConfig built in code) only a value
-# other than the default is refused: a default written out (a TOML file listing every key) is harmless. The
-# fields stay out of the manifest when their stage is off (to_manifest_dict), so no valid run's config or
-# fingerprint changes.
-# (prefix of the options' fields, the enabling option, the field that enables them, its test)
-_ENABLERS = (("near_dedup_", "--near-dedup", "near_dedup", bool),
-             ("decontaminate_", "--decontaminate GLOB", "decontaminate", bool),
-             ("packing_window", "--packing best-fit", "packing", lambda v: v == "best-fit"),
-             ("allow_unknown_sources", "--source-weights SPEC", "source_weights", bool),
-             ("dry_run_workers", "--dry-run", "dry_run", bool))
-
-
-def orphan_option_problems(values: Mapping[str, Any], typed: frozenset = frozenset()) -> list:
-    """The orphan options among `values` (ShardConfig/RunOptions field -> value: a config's fields or the parsed
-    command line; a pair whose enabling field is absent is not checked); `typed`: the fields given on the command
-    line, refused even at their default."""
-    problems = []
-    fields = dataclasses.fields(ShardConfig) + dataclasses.fields(RunOptions)
-    for prefix, enabler, enabling_field, enabled in _ENABLERS:
-        if enabling_field not in values or enabled(values[enabling_field]):
-            continue
-        for f in [f for f in fields if f.name.startswith(prefix) and f.name in values]:
-            value = values[f.name]
-            if value != f.default or f.name in typed:
-                given = f"--{f.name.replace('_', '-')}" + ("" if isinstance(value, bool) else f" {value}")
-                problems.append(f"{given} needs {enabler}: without it the option does nothing")
     return problems
 
 

@@ -105,10 +105,13 @@ def calibrate(config: ShardConfig, slices: list, model_core_s: Callable) -> Opti
         os.mkdir(os.path.join(root, "one"))
         paths = write_slices(slices, os.path.join(root, "in"))
         write_slices([(slices[0][0], slices[0][1][:1])], os.path.join(root, "one"))
-        base = dict(val_inputs=(), test_inputs=(), staging_dir=None, allow_unknown_sources=True,
-                    num_shards=config.num_shards or 1)
-        one = dataclasses.replace(config, inputs=(os.path.join(root, "one", "*"),),
-                                  output=os.path.join(root, "one-out"), **{**base, "source_weights": ""})
+        # a fixed shard count (so the size option goes back to its default: giving both is refused) and no
+        # unknown-source refusal on a slice (allowed only with weights: pipeline/enabling_flags.py)
+        base = dict(val_inputs=(), test_inputs=(), staging_dir=None, num_shards=config.num_shards or 1,
+                    allow_unknown_sources=bool(config.source_weights),
+                    target_shard_mb=type(config).__dataclass_fields__["target_shard_mb"].default)
+        one = dataclasses.replace(config, inputs=(os.path.join(root, "one", "*"),), output=os.path.join(
+            root, "one-out"), **{**base, "source_weights": "", "allow_unknown_sources": False})
         full = dataclasses.replace(config, inputs=(os.path.join(root, "in", "*"),), output=os.path.join(root, "out"),
                                    **base)
         half = dataclasses.replace(full, inputs=(os.path.join(root, "half", "*"),),

@@ -1,13 +1,15 @@
-"""review29 (issue 29's orphan options, pipeline/config.py): options the enabling-flag check misses. Each does
-nothing without another option, yet the run goes on and ignores it; the refusal must be exit 2 in one line like
-tests/unit/shard/test_config_enabling_flags.py's. pipeline/config.py belongs to another helper: these fail
-until it is fixed there."""
+"""pipeline/enabling_flags.py: options that do nothing in the run they are given to (review29 found these the
+enabling-flag check missed; each ran and ignored the option). The refusal is exit 2 in one line like
+tests/unit/shard/test_config_enabling_flags.py's."""
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 
 from pipeline.cli import main as cli_main
 from pipeline.config import ShardConfig
+from pipeline.enabling_flags import orphan_option_problems
 from pipeline.errors import ConfigError
 from tests.ops_fixtures import tokenizer_path
 
@@ -55,3 +57,16 @@ def test_a_real_run_option_with_dry_run_is_refused(tmp_path, capsys, flags):
     flags = [str(tmp_path / "run.jsonl") if f == "RUN_LOG" else f for f in flags]
     line = _exit_2_in_one_line(cli_main(_shard(tmp_path, "--dry-run", *flags)), capsys)
     assert flags[0] in line and "--dry-run" in line, line
+
+
+def test_a_disabling_option_is_checked_only_when_given_and_typed_or_changed():
+    """The dry-run pair at the function: the default of --run-log (None) with --dry-run is fine from a config,
+    refused once typed; without --dry-run both are fine; values that lack the deciding field are not checked."""
+    from pipeline.config import RunOptions
+    fields = dataclasses.fields(RunOptions)
+    values = {f.name: f.default for f in fields}
+    assert orphan_option_problems({**values, "dry_run": True}, fields) == []
+    (line,) = orphan_option_problems({**values, "dry_run": True}, fields, frozenset({"run_log"}))
+    assert line.startswith("--run-log") and "--dry-run" in line
+    assert orphan_option_problems({**values, "run_log": "x.jsonl"}, fields) == []
+    assert orphan_option_problems({"run_log": "x.jsonl"}, fields) == []
