@@ -478,3 +478,43 @@ def test_shard_format_break_lock_reaches_the_exports_locks(tiny_tokenizer, tmp_p
         assert f"--output {out / 'megatron'}: output is locked by" in err and "pass --break-lock" in err, err
         assert shard("--break-lock") == 0, capsys.readouterr().err
     assert json.loads((out / "megatron" / "export.json").read_text())["format"] == "megatron"
+
+
+# ------------------------------------------------------------------ issue 32's second hostile review (review32b)
+def _killed_in_the_second_split(fmt_module):
+    """A patch of SplitJob.put_many that raises as a kill would once the first split's files are in place."""
+    real_put = fmt_module.SplitJob.put_many
+    splits: list = []
+
+    def put_many(self, names, fill):
+        if self.split and self.split not in splits:
+            splits.append(self.split)
+        if len(splits) > 1:
+            raise KeyboardInterrupt
+        return real_put(self, names, fill)
+    return put_many
+
+
+@pytest.mark.parametrize("first_by_source", [False, True])
+def test_a_killed_export_is_not_taken_over_by_one_with_the_other_by_source(dataset, tmp_path, capsys,
+                                                                           first_by_source):
+    """A Megatron export killed before its export.json left a marker naming only its format: an export with the
+    other --by-source then wrote into that output (exit 0), beside the killed one's `.bin/.idx` files, though a
+    committed export with the other --by-source is refused (README "One output, one export")."""
+    from pipeline import cli
+    from pipeline.tools import export_formats
+
+    out, _manifest = dataset
+    target = tmp_path / "m"
+    with unittest.mock.patch.object(export_formats.SplitJob, "put_many", _killed_in_the_second_split(export_formats)):
+        with pytest.raises(KeyboardInterrupt):
+            export_formats.export_format(str(out), "megatron", str(target), by_source=first_by_source)
+    before = sorted(str(p.relative_to(target)) for p in target.rglob("*"))
+    other = [] if first_by_source else ["--by-source"]
+    err = _refused_in_one_line(cli, capsys, ["export", str(out), "--format", "megatron", "--output", str(target),
+                                             *other])
+    assert "killed megatron export" in err and "--by-source" in err, err
+    assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == before
+    same = ["--by-source"] if first_by_source else []  # the same export resumes
+    assert cli.main(["export", str(out), "--format", "megatron", "--output", str(target), *same]) == 0
+    assert json.loads((target / "export.json").read_text()).get("by_source", False) == first_by_source
