@@ -518,3 +518,27 @@ def test_a_killed_export_is_not_taken_over_by_one_with_the_other_by_source(datas
     same = ["--by-source"] if first_by_source else []  # the same export resumes
     assert cli.main(["export", str(out), "--format", "megatron", "--output", str(target), *same]) == 0
     assert json.loads((target / "export.json").read_text()).get("by_source", False) == first_by_source
+
+
+@pytest.mark.parametrize("fmt", ["hf", "parquet", "megatron"])
+def test_verify_of_an_export_finds_a_file_export_json_does_not_list(dataset, tmp_path, fmt):
+    """`pileprep verify` hashed the files export.json lists and nothing else: a file added beside them passed (OK),
+    though readers take it (the HF card's `data/train-*`, a Parquet glob, a Megatron prefix). A file in a directory
+    of the export that export.json does not list is a mismatch by name; the generation stamp is the export's own."""
+    from pipeline.tools import export_formats
+    from pipeline.tools.verify import verify
+
+    out, _manifest = dataset
+    target = tmp_path / fmt
+    if fmt == "parquet":
+        summary = export_parquet(str(out), str(target))
+    else:
+        summary = export_formats.export_format(str(out), fmt, str(target))
+    assert verify(str(target)).ok
+    first = target / summary["files"][0]["path"]
+    extra = first.parent / ("train-00009-of-00009" + first.suffix)  # a name the readers' patterns take
+    extra.write_bytes(first.read_bytes())
+    report = verify(str(target))
+    rel = str(extra.relative_to(target))
+    assert not report.ok and [m for m in report.mismatches if m.startswith(f"{rel}: ")
+                              and "not listed in export.json" in m], report.mismatches
