@@ -542,3 +542,45 @@ def test_verify_of_an_export_finds_a_file_export_json_does_not_list(dataset, tmp
     rel = str(extra.relative_to(target))
     assert not report.ok and [m for m in report.mismatches if m.startswith(f"{rel}: ")
                               and "not listed in export.json" in m], report.mismatches
+
+
+def _new_generation(dataset_dir, seq_len: int) -> str:
+    """Commit another configuration over `dataset_dir` (--overwrite): a new generation; its name."""
+    from pipeline.config import ShardConfig
+    from pipeline.shard import shard_pipeline
+    from tests.export_fixtures import IN_MEMORY
+
+    config = json.loads((dataset_dir / "manifest.json").read_text())["config"]
+    new = ShardConfig(inputs=tuple(config["inputs"]), output=str(dataset_dir), tokenizer=config["tokenizer"],
+                      seq_len=seq_len, num_shards=3, val_fraction=0.05, test_fraction=0.05, overwrite=True)
+    return shard_pipeline.run(new, IN_MEMORY, progress_every_s=0)["generation"]
+
+
+def test_a_parquet_export_of_a_new_generation_keeps_the_previous_and_removes_older(dataset, tmp_path):
+    """A Parquet export again after the dataset committed a new generation (non-incremental) left every earlier
+    generation's Parquet files in the output for good: export.json named only the newest, nothing was ever removed
+    (three generations after two re-exports). As the other formats: the previous one kept for readers (named in
+    `previous`), the one before it removed (only a directory the export created and stamped)."""
+    import shutil
+
+    from pipeline.tools.export_summary import GENERATION_STAMP
+    from pipeline.tools.verify import verify
+
+    out, manifest = dataset
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    target = tmp_path / "pq"
+    first = export_parquet(str(copy), str(target))["generation"]
+    mine = target / "gen-0123456789abcdef"  # a directory of the user's in the output: never removed
+    mine.mkdir()
+    (mine / "train-00000-of-00001.parquet").write_bytes(b"mine")
+    second = _new_generation(copy, 64)
+    summary = export_parquet(str(copy), str(target))
+    assert summary["generation"] == second and summary["previous"] == [first]
+    assert (target / first).is_dir() and verify(str(target)).ok  # a reader of the first may still read it
+    third = _new_generation(copy, 96)
+    summary = export_parquet(str(copy), str(target))
+    assert summary["generation"] == third and summary["previous"] == [second]
+    assert not (target / first).exists() and (target / second / GENERATION_STAMP).is_file()
+    assert (mine / "train-00000-of-00001.parquet").read_bytes() == b"mine"
+    assert sorted(p.name for p in target.iterdir()) == sorted(["export.json", second, third, mine.name])
