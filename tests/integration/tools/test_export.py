@@ -584,3 +584,57 @@ def test_a_parquet_export_of_a_new_generation_keeps_the_previous_and_removes_old
     assert not (target / first).exists() and (target / second / GENERATION_STAMP).is_file()
     assert (mine / "train-00000-of-00001.parquet").read_bytes() == b"mine"
     assert sorted(p.name for p in target.iterdir()) == sorted(["export.json", second, third, mine.name])
+
+
+def test_exports_of_one_dataset_at_once_wait_for_each_others_ref(dataset, tmp_path, capsys):
+    """Three exports of one dataset started together (each to its own output): one or two exited 2 "output is
+    locked ... another run is writing it", because another held the dataset's lock for the milliseconds its ref
+    takes. An export waits a bounded while for the dataset's lock; a holder that keeps it (a shard run) is still
+    refused in one line."""
+    import threading
+
+    from pipeline import cli
+    from pipeline.ops import lock
+    from pipeline.tools import export
+
+    out, _manifest = dataset
+    released = threading.Event()
+
+    def hold_briefly():
+        with lock.OutputLock(str(out)).held():  # as another export registering its ref
+            taken.set()
+            released.wait(timeout=0.5)
+    taken = threading.Event()
+    holder = threading.Thread(target=hold_briefly)
+    holder.start()
+    taken.wait(timeout=10)
+    try:
+        assert cli.main(["export", str(out), "--format", "megatron", "--output", str(tmp_path / "m")]) == 0, (
+            capsys.readouterr().err)
+    finally:
+        released.set()
+        holder.join()
+    with lock.OutputLock(str(out)).held(), unittest.mock.patch.object(export, "DATASET_LOCK_WAIT_S", 0.3):
+        err = _refused_in_one_line(cli, capsys, ["export", str(out), "--output", str(tmp_path / "p")])
+    assert "output is locked by" in err and not (tmp_path / "p").exists(), err
+
+
+@pytest.mark.parametrize("place", ["{gen}/megatron", "generations/megatron", ".refs/megatron", "_staging/megatron"])
+def test_an_export_into_the_datasets_own_directories_is_refused(dataset, tmp_path, capsys, place):
+    """`--output DATASET/<generation>/x` (or generations/, _staging/) was accepted: the export's files sat among
+    the dataset's, and once a re-export moved its ref to a newer generation, `pileprep gc` removed the older
+    generation directory and the whole export with it. An export inside the dataset goes to a directory of its
+    own beside them (DATASET/<format>, the default); these are refused, nothing written."""
+    import shutil
+
+    from pipeline import cli
+    from tests.ops_fixtures import dataset_files
+
+    out, manifest = dataset
+    out = shutil.copytree(out, tmp_path / "ds")  # a copy: an export written into it must not reach other tests
+    before = dataset_files(out)
+    target = out / place.format(gen=manifest["generation"])
+    existed = target.exists()
+    err = _refused_in_one_line(cli, capsys, ["export", str(out), "--format", "megatron", "--output", str(target)])
+    assert f"--output {target}: " in err and "inside the dataset's" in err, err
+    assert dataset_files(out) == before and target.exists() == existed
