@@ -638,3 +638,32 @@ def test_an_export_into_the_datasets_own_directories_is_refused(dataset, tmp_pat
     err = _refused_in_one_line(cli, capsys, ["export", str(out), "--format", "megatron", "--output", str(target)])
     assert f"--output {target}: " in err and "inside the dataset's" in err, err
     assert dataset_files(out) == before and target.exists() == existed
+
+
+def test_verify_of_an_export_never_reads_export_json_through_a_link(dataset, tmp_path):
+    """A link in place of export.json (to another output's record) was followed: verify checked that record and
+    said OK. Every other path inside the output is refused through a link (export_verify.py `_inside`); export.json
+    too, and a link among the export's files that export.json does not list."""
+    import shutil
+
+    from pipeline.tools import export_formats
+    from pipeline.tools.verify import verify
+
+    out, _manifest = dataset
+    first = tmp_path / "a"
+    summary = export_formats.export_format(str(out), "mds", str(first))
+    second = tmp_path / "b"
+    shutil.copytree(first, second)
+    (second / "export.json").unlink()
+    (second / "export.json").symlink_to(first / "export.json")
+    report = verify(str(second))
+    assert not report.ok and [m for m in report.mismatches if "export.json" in m and "symbolic link" in m], (
+        report.mismatches)
+    third = tmp_path / "c"
+    shutil.copytree(first, third)
+    listed = third / summary["files"][0]["path"]
+    (listed.parent / "extra.mds").symlink_to(tmp_path / "elsewhere")  # dangling: never read
+    report = verify(str(third))
+    rel = str((listed.parent / "extra.mds").relative_to(third))
+    assert not report.ok and [m for m in report.mismatches if m.startswith(f"{rel}: ") and "symbolic link" in m], (
+        report.mismatches)
