@@ -191,7 +191,7 @@ def _export(dataset: str, fmt: str, output: str, splits: Optional[tuple], by_sou
     marker = None
     if local and previous is None:
         os.makedirs(output, exist_ok=True)
-        marker = write_marker(output, fmt)
+        marker = write_marker(output, fmt, by_source)
     if local and not os.path.isdir(directory):
         os.makedirs(directory)
         stamp_generation(directory)  # this export made it: a later export may remove it (export_summary.py)

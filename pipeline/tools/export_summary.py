@@ -25,8 +25,9 @@ EXPORT_KIND = "export"  # export.json's `kind`, as a committed manifest's (pipel
 EXPORT_FORMATS = ("parquet", "megatron", "hf", "mds")
 # Written before the first file of an export into an output that has no export.json yet, removed once export.json
 # is written: an export killed before its export.json leaves an output the next export recognises as its own
-# (export.py check_export_output), not as "files pileprep did not create". It holds the export's format, so a
-# killed export of one format is not taken over by another.
+# (export.py check_export_output), not as "files pileprep did not create". It holds the export's format (and
+# `--by-source` after it when given), so a killed export of one format is not taken over by another, nor a killed
+# export with --by-source by one without it (or the reverse).
 IN_PROGRESS_MARKER = ".pileprep-export-in-progress"
 # Written into each generation directory an export creates (export_formats.py): the proof that a directory a
 # later export.json names under `previous` is the export's own, before that directory is removed.
@@ -128,18 +129,26 @@ def check_same_export(output: str, fmt: str, by_source: bool = False) -> Optiona
     marker = os.path.join(output, IN_PROGRESS_MARKER)
     if summary is None and io_utils.is_local(output) and os.path.isfile(marker) and not os.path.islink(marker):
         with open(marker, encoding="utf-8", errors="replace") as f:
-            killed = f.read(40).strip()
+            killed, _, option = f.read(40).strip().partition(" ")
         if killed and killed != fmt:  # empty: written by an export before the marker named its format
             raise _config_error(f"--output {output}: it holds a killed {killed[:20]} export ({IN_PROGRESS_MARKER}); a "
                                 f"{fmt} export goes to its own directory: choose another --output")
+        if killed and (option == BY_SOURCE) != by_source:  # as a committed export's by_source, above
+            had = "with" if option == BY_SOURCE else "without"
+            raise _config_error(f"--output {output}: it holds a killed {fmt} export {had} --by-source "
+                                f"({IN_PROGRESS_MARKER}); one {'with' if by_source else 'without'} goes to its own "
+                                f"directory: choose another --output")
     return summary
 
 
-def write_marker(output: str, fmt: str) -> str:
-    """The in-progress marker of a local output (its path), naming the export's format."""
+BY_SOURCE = "--by-source"  # after the format in the marker: a killed export with --by-source is not one without
+
+
+def write_marker(output: str, fmt: str, by_source: bool = False) -> str:
+    """The in-progress marker of a local output (its path), naming the export's format (and --by-source)."""
     marker = os.path.join(output, IN_PROGRESS_MARKER)
     with open(marker, "w", encoding="utf-8") as f:
-        f.write(fmt + "\n")
+        f.write(fmt + (f" {BY_SOURCE}" if by_source else "") + "\n")
     return marker
 
 
