@@ -70,7 +70,8 @@ def remove_abandoned_temporaries(output: str) -> list:
     return removed
 
 
-def check_export_output(output: str, fmt: str = "parquet", by_source: bool = False) -> None:
+def check_export_output(output: str, fmt: str = "parquet", by_source: bool = False,
+                        dataset: Optional[str] = None) -> None:
     """ConfigError (exit 2) unless `output` is new, empty or an earlier export of `fmt` (it holds an export.json
     of that format, pipeline/tools/export_summary.py `check_same_export`): an export written into a dataset, a
     retrieval store or a sidecar would put its files among theirs (and its export.json beside their manifest), one
@@ -81,6 +82,8 @@ def check_export_output(output: str, fmt: str = "parquet", by_source: bool = Fal
     from pipeline.ops import commit  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
 
+    if dataset is not None:
+        check_output_beside_dataset(dataset, output)
     found = commit.committed_kind(output)
     if found is not None:
         raise ConfigError(f"--output {output}: it holds a {found} (manifest.json); an export is never written into "
@@ -98,6 +101,28 @@ def check_export_output(output: str, fmt: str = "parquet", by_source: bool = Fal
     elif io_utils.is_local(output) and os.path.exists(output) and not os.path.isdir(output):
         raise ConfigError(f"--output {output}: it is a file, not a directory: choose another --output")
     check_same_export(output, fmt, by_source)
+
+
+def check_output_beside_dataset(dataset: str, output: str) -> None:
+    """ConfigError (exit 2) when `output` lies inside one of DATASET's own directories (a generation directory,
+    generations/, .refs/, _staging/): the export's files would sit among the dataset's, and gc removes a generation
+    directory, with an export inside it, once no ref names that generation (a re-export moves the export's ref to
+    the newer one). Inside the dataset an export has a directory of its own (DATASET/<format>, the default); the
+    names are pipeline/ops/commit.py `check_staging_dir`'s, refused there for --staging-dir for the same reason."""
+    from model_contract import MANIFEST_NAME  # noqa: PLC0415
+    from model_contract import refs  # noqa: PLC0415
+    from pipeline.errors import ConfigError  # noqa: PLC0415
+    from pipeline.ops import guards  # noqa: PLC0415
+
+    root, out = guards.normal_path(dataset).rstrip("/"), guards.normal_path(output)
+    if not out.startswith(root + "/"):
+        return
+    head = out[len(root) + 1:].split("/", 1)[0]
+    if head.startswith("gen-") or head in (MANIFEST_NAME, refs.GENERATIONS_DIR, refs.REFS_DIR,
+                                           guards.DEFAULT_STAGING_NAME):
+        raise ConfigError(f"--output {output}: it lies inside the dataset's {head} (the dataset's own files; gc "
+                          f"removes a generation with what is inside it): choose another --output (by default "
+                          f"DATASET/<format>, beside them)")
 
 
 def parquet_schema():
@@ -158,7 +183,7 @@ def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: i
 
     check_export_dataset(dataset)
     output = output or io_utils.join(dataset, "parquet")
-    check_export_output(output)  # before the ref: a refused export leaves nothing in the dataset either
+    check_export_output(output, dataset=dataset)  # before the ref: a refused export leaves nothing in the dataset
     # One writer per output (pipeline/ops/lock.py), local or object store alike (the lock object is a conditional
     # PUT there, as the shard job's): two exports into one output wrote the same files, and export.json named one
     # run's files over the other's.
@@ -258,6 +283,9 @@ def check_export_dataset(dataset: str) -> None:
         raise _no_manifest(dataset)
 
 
+DATASET_LOCK_WAIT_S = 10.0  # register_export: how long an export waits for the dataset's lock before it is refused
+
+
 def register_export(dataset: str, output: str):
     """Under the dataset's lock (local datasets): the live manifest, and `output`'s ref to its generation
     (replacing an earlier export's ref to the same output). A dataset this user cannot write still exports,
@@ -290,8 +318,17 @@ def register_export(dataset: str, output: str):
         # A shard or gc run holds the dataset's lock; export's --break-lock is its output's (as shard's and gc's
         # are theirs), so the remedy named for a gone holder is gc's, which takes the dataset's lock and nothing else.
         remedy = f"run `pileprep gc {dataset} --break-lock` (a dry run that removes the gone run's lock)"
-        with lock.OutputLock(dataset, remedy=remedy).held():
-            return register()
+        # Another export holds it for the milliseconds its own ref takes (exports of one dataset started together
+        # refused each other): wait a bounded while; a holder that keeps it (a shard or gc run) is still refused.
+        deadline = time.monotonic() + DATASET_LOCK_WAIT_S
+        while True:
+            try:
+                with lock.OutputLock(dataset, remedy=remedy).held():
+                    return register()
+            except lock.OutputLockedError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
     except PermissionError as e:
         logging.getLogger("pileprep.export").warning(
             "%s: cannot register this export's ref (%s): a later commit or gc may remove the generation it reads",

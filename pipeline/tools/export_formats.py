@@ -117,7 +117,7 @@ def export_format(dataset: str, fmt: str, output: Optional[str] = None, splits: 
         raise ConfigError(f"--format {fmt!r}: must be one of parquet, {', '.join(FORMATS)}")
     output = output or io_utils.join(dataset, fmt)
     check_export_dataset(dataset)
-    check_export_output(output, fmt, by_source)
+    check_export_output(output, fmt, by_source, dataset)
     with lock.OutputLock(output, s3_options).held(break_lock):
         if io_utils.is_local(output):
             remove_abandoned_temporaries(output)
