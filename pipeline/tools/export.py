@@ -33,7 +33,8 @@ from model_contract import (INPUT_IDS, PIECE_DOC_IDS, PIECE_OFFSETS, POSITIONS, 
 from model_contract.checked_reader import iter_checked_records
 from pipeline.ops.output_names import check_unique, derived_path
 from model_contract.hashing import sha256_file
-from pipeline.tools.export_summary import (EXPORT_KIND, IN_PROGRESS_MARKER, SUMMARY_NAME, check_same_export,
+from pipeline.tools.export_summary import (EXPORT_KIND, GENERATION_NAME, GENERATION_STAMP, IN_PROGRESS_MARKER,
+                                           SUMMARY_NAME, check_same_export, remove_generations, stamp_generation,
                                            write_marker)
 
 ROWS_PER_GROUP = 1024
@@ -188,13 +189,14 @@ def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: i
     # PUT there, as the shard job's): two exports into one output wrote the same files, and export.json named one
     # run's files over the other's.
     with lock.OutputLock(output, s3_options).held(break_lock):
-        check_same_export(output, "parquet")  # again under the lock: another export may have committed since
+        previous = check_same_export(output, "parquet")  # again under the lock: another may have committed since
         if io_utils.is_local(output):
             remove_abandoned_temporaries(output)  # an interrupted export's, under the lock
-        return _export(dataset, output, rows_per_group, splits)
+        return _export(dataset, output, rows_per_group, splits, previous)
 
 
-def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tuple]) -> dict:
+def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tuple],
+            previous: Optional[dict] = None) -> dict:
     from pipeline.ops import commit  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
 
@@ -207,6 +209,7 @@ def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tup
     marker = os.path.join(output, IN_PROGRESS_MARKER) if io_utils.is_local(output) else None
     if marker is not None and not os.path.exists(summary_path):
         write_marker(output, "parquet")
+    tops = _stamp_directories(output, names)
     for shard, name in zip(chosen, names):
         target = io_utils.join(output, name)
         local = io_utils.is_local(target)
@@ -227,15 +230,39 @@ def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tup
             os.replace(tmp, target)
         files.append({"path": name, "split": shard.split, "rows": rows, "source_shard": shard.path, "bytes": size,
                       "sha256": sha})
+    # The directories of the export before this one that this one does not use: kept for its readers, named in
+    # `previous`; the ones that export kept are removed once this export.json is published (as the other formats'
+    # generations, export_formats.py; only directories an export created and stamped).
+    earlier = sorted({f["path"].split("/", 1)[0] for f in (previous or {}).get("files", []) if "/" in f["path"]})
+    kept = [d for d in earlier if d not in tops and GENERATION_NAME.fullmatch(d)]
     summary = {"kind": EXPORT_KIND, "format": "parquet", "generation": manifest.generation, "files": files,
-               "columns": [f.name for f in parquet_schema()]}
+               "columns": [f.name for f in parquet_schema()], "previous": kept}
     # Published whole (an atomic replace locally, one PUT on object stores): a kill while writing it leaves the
     # earlier export.json or none, never a part.
     io_utils.publish_bytes(summary_path, (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+    if previous:
+        remove_generations(output, list(previous.get("previous") or []), [*kept, *tops])
     if marker is not None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(marker)
     return {"output": output, **summary}
+
+
+def _stamp_directories(output: str, names: list) -> list:
+    """The top directories of the export's files (the shards' generation directories), each stamped as the
+    export's own when this export creates it (export_summary.py `stamp_generation`): only such a directory is
+    ever removed by a later export."""
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    tops = sorted({name.split("/", 1)[0] for name in names if "/" in name})
+    for top in tops:
+        directory = io_utils.join(output, top)
+        if io_utils.is_local(directory) and not os.path.isdir(directory):
+            os.makedirs(directory)
+            stamp_generation(directory)
+        elif not io_utils.is_local(directory) and not io_utils.exists(io_utils.join(directory, GENERATION_STAMP)):
+            stamp_generation(directory)  # an object store's prefix: the export's own
+    return tops
 
 
 def _planned(output: str, manifest, splits: Optional[tuple]) -> tuple:

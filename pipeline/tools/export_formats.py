@@ -38,7 +38,7 @@ from model_contract.manifest_rows import ShardInfo
 from pipeline.tools.export import (check_export_dataset, check_export_output, committed_manifest, register_export,
                                    remove_abandoned_temporaries, temporary_name)
 from pipeline.tools.export_summary import (EXPORT_KIND, GENERATION_NAME, GENERATION_STAMP, SUMMARY_NAME,
-                                           check_same_export, own_generation, read_text, safe_relative,
+                                           check_same_export, read_text, remove_generations, safe_relative,
                                            stamp_generation, write_marker)
 
 FORMATS = ("megatron", "hf", "mds")
@@ -276,24 +276,8 @@ def _kept_generations(previous: Optional[dict], generation: str) -> list:
 
 
 def _remove_older(output: str, previous: Optional[dict], kept: list, generation: str) -> None:
-    """Remove the generation directories an earlier export.json named and that are no longer kept: only those an
-    export created (its stamp inside, export_summary.py `own_generation`), never a link or another path."""
-    if not previous:
-        return
-    from transforms.io import io_utils  # noqa: PLC0415
-
-    named = [previous.get("generation")] + list(previous.get("previous") or [])
-    for name in named:
-        if not (isinstance(name, str) and GENERATION_NAME.fullmatch(name)) or name in kept or name == generation:
-            continue
-        if not own_generation(output, name):  # export.json is read, not trusted: a user's directory stays
-            import logging  # noqa: PLC0415
-
-            logging.getLogger("pileprep.export").warning(
-                "%s: kept %s: export.json names it, but it is not a generation directory an export created (no %s)",
-                output, name, GENERATION_STAMP)
-            continue
-        if not io_utils.is_local(output):
-            io_utils.delete_tree(io_utils.join(output, name))
-            continue
-        shutil.rmtree(os.path.join(output, name))  # never follows a link inside it
+    """Remove the generation directories an earlier export.json named and that are no longer kept
+    (export_summary.py `remove_generations`: only those an export created, never a link or another path)."""
+    if previous:
+        remove_generations(output, [previous.get("generation")] + list(previous.get("previous") or []),
+                           [*kept, generation])

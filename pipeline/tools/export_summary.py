@@ -172,3 +172,26 @@ def own_generation(output: str, name: str) -> bool:
     stamp = os.path.join(path, GENERATION_STAMP)
     return (not os.path.islink(path) and os.path.isdir(path) and not os.path.islink(stamp)
             and os.path.isfile(stamp))
+
+
+def remove_generations(output: str, names: list, keep: list) -> None:
+    """Remove the generation directories `names` (those an earlier export.json named) that are not in `keep`:
+    only those an export created (`own_generation`: its stamp inside), never a link or another path; a name that is
+    not one, or a directory of the user's, is kept with a warning."""
+    import logging  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    for name in dict.fromkeys(names):
+        if not (isinstance(name, str) and GENERATION_NAME.fullmatch(name)) or name in keep:
+            continue
+        if not own_generation(output, name):  # export.json is read, not trusted: a user's directory stays
+            logging.getLogger("pileprep.export").warning(
+                "%s: kept %s: export.json names it, but it is not a generation directory an export created (no %s)",
+                output, name, GENERATION_STAMP)
+            continue
+        if not io_utils.is_local(output):
+            io_utils.delete_tree(io_utils.join(output, name))
+            continue
+        shutil.rmtree(os.path.join(output, name))  # never follows a link inside it

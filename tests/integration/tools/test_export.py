@@ -295,7 +295,8 @@ def test_a_killed_exports_temporaries_are_removed_by_the_next_export_and_nothing
     listed = json.loads((pq_out / "export.json").read_text())["files"]
     assert [f["rows"] for f in listed] == [s["examples"] for s in manifest["shards"]]
     left = sorted(str(p.relative_to(pq_out)) for p in pq_out.rglob("*") if p.is_file())
-    assert left == sorted([f["path"] for f in listed] + ["export.json"]
+    stamps = sorted({f"{f['path'].split('/')[0]}/.pileprep-generation" for f in listed})  # the export's own dirs
+    assert left == sorted([f["path"] for f in listed] + ["export.json"] + stamps
                           + [str(p.relative_to(pq_out)) for p in others])  # no lock, no in-progress marker
 
 
