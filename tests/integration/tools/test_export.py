@@ -668,3 +668,21 @@ def test_verify_of_an_export_never_reads_export_json_through_a_link(dataset, tmp
     rel = str((listed.parent / "extra.mds").relative_to(third))
     assert not report.ok and [m for m in report.mismatches if m.startswith(f"{rel}: ") and "symbolic link" in m], (
         report.mismatches)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "megatron"])
+def test_a_directory_in_place_of_the_in_progress_marker_is_refused_before_the_ref(dataset, tmp_path, capsys, fmt):
+    """A directory named `.pileprep-export-in-progress` made the output pass as an export's own; the export then
+    wrote its ref into the dataset and failed writing the marker ("[Errno 21] Is a directory"): a refused export
+    that changed the dataset. It is refused as a malformed export.json is: one line naming it, nothing written."""
+    from pipeline import cli
+    from pipeline.tools.export_summary import IN_PROGRESS_MARKER
+    from tests.ops_fixtures import dataset_files
+
+    out, _manifest = dataset
+    before = dataset_files(out)
+    target = tmp_path / "o"
+    (target / IN_PROGRESS_MARKER).mkdir(parents=True)
+    err = _refused_in_one_line(cli, capsys, ["export", str(out), "--format", fmt, "--output", str(target)])
+    assert f"{target / IN_PROGRESS_MARKER}: " in err and "Errno" not in err, err
+    assert dataset_files(out) == before and [p.name for p in target.iterdir()] == [IN_PROGRESS_MARKER]
