@@ -127,7 +127,13 @@ def check_same_export(output: str, fmt: str, by_source: bool = False) -> Optiona
                             f" --by-source; one {'with' if by_source else 'without'} goes to its own directory: choose "
                             f"another --output")
     marker = os.path.join(output, IN_PROGRESS_MARKER)
-    if summary is None and io_utils.is_local(output) and os.path.isfile(marker) and not os.path.islink(marker):
+    local = io_utils.is_local(output)
+    if local and os.path.lexists(marker) and (os.path.islink(marker) or not os.path.isfile(marker)):
+        # a directory (or a link, a fifo) there made the output pass as an export's own, and the export failed
+        # writing its marker only after its ref was in the dataset: refused before anything, as a bad export.json
+        raise _config_error(f"{marker}: not a marker an export wrote (not a regular file); an export never replaces "
+                            f"what it did not write: move it away or choose another --output")
+    if summary is None and local and os.path.isfile(marker):
         with open(marker, encoding="utf-8", errors="replace") as f:
             killed, _, option = f.read(40).strip().partition(" ")
         if killed and killed != fmt:  # empty: written by an export before the marker named its format
