@@ -686,3 +686,24 @@ def test_a_directory_in_place_of_the_in_progress_marker_is_refused_before_the_re
     err = _refused_in_one_line(cli, capsys, ["export", str(out), "--format", fmt, "--output", str(target)])
     assert f"{target / IN_PROGRESS_MARKER}: " in err and "Errno" not in err, err
     assert dataset_files(out) == before and [p.name for p in target.iterdir()] == [IN_PROGRESS_MARKER]
+
+
+def test_a_parquet_re_export_refuses_a_file_in_place_of_its_generation_directory(dataset, tmp_path, capsys):
+    """A file where a Parquet export's generation directory was: the export again failed with a raw "[Errno 17]
+    File exists" once its ref was written; the other formats refuse it in one line naming it (export_formats.py
+    `_plan`). Now Parquet too, before the ref, nothing written."""
+    from pipeline import cli
+    from tests.ops_fixtures import dataset_files
+
+    out, manifest = dataset
+    target = tmp_path / "pq"
+    export_parquet(str(out), str(target))
+    gen = target / manifest["generation"]
+    import shutil
+
+    shutil.rmtree(gen)
+    gen.write_text("mine")
+    before = {path: dataset_files(path) for path in (out, target)}
+    err = _refused_in_one_line(cli, capsys, ["export", str(out), "--output", str(target)])
+    assert f"{gen}: " in err and "Errno" not in err, err
+    assert {path: dataset_files(path) for path in before} == before
