@@ -272,14 +272,19 @@ def _planned(output: str, manifest, splits: Optional[tuple]) -> tuple:
     chosen = [s for s in manifest.shards if not splits or s.split in splits]
     names = [derived_path(s.path, suffix=".parquet") for s in chosen]
     check_unique(zip((s.path for s in chosen), names))  # before writing anything
+    from pipeline.errors import ConfigError  # noqa: PLC0415
+
     for name in names:  # an earlier export's directory replaced by a link: never write (replace) through it
         links = io_utils.links_below(output, os.path.dirname(io_utils.join(output, name)))
         if links:
-            from pipeline.errors import ConfigError  # noqa: PLC0415
-
             raise ConfigError(f"--output {output}: {links[0]} is a symbolic link; an export never writes through a "
                               f"link inside its output (it would replace files elsewhere): remove it or choose "
                               f"another --output")
+        parent = os.path.dirname(io_utils.join(output, name))
+        while io_utils.is_local(parent) and parent.rstrip("/") != output.rstrip("/") and len(parent) > len(output):
+            if os.path.lexists(parent) and not os.path.isdir(parent):  # as export_formats.py `_plan` refuses it
+                raise ConfigError(f"{parent}: not a directory this export made (a file): choose another --output")
+            parent = os.path.dirname(parent)
     return chosen, names
 
 
