@@ -707,3 +707,31 @@ def test_a_parquet_re_export_refuses_a_file_in_place_of_its_generation_directory
     err = _refused_in_one_line(cli, capsys, ["export", str(out), "--output", str(target)])
     assert f"{gen}: " in err and "Errno" not in err, err
     assert {path: dataset_files(path) for path in before} == before
+
+
+def test_a_killed_exports_generation_is_removed_once_a_later_one_commits(dataset, tmp_path):
+    """An export killed while writing a new generation left that generation's directory; once the dataset moved on
+    and the export ran again, export.json never named it (neither `generation` nor `previous`), so no later export
+    removed it: one stale directory per killed export, for good. A directory the export created (its stamp inside)
+    that the committed export.json does not keep is removed with the older generations; a user's stays."""
+    import shutil
+
+    from pipeline.tools import export_formats
+
+    out, _manifest = dataset
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    target = tmp_path / "m"
+    first = export_formats.export_format(str(copy), "megatron", str(target))["generation"]
+    killed = _new_generation(copy, 64)
+    with unittest.mock.patch.object(export_formats.SplitJob, "put_many", _killed_in_the_second_split(export_formats)):
+        with pytest.raises(KeyboardInterrupt):
+            export_formats.export_format(str(copy), "megatron", str(target))
+    assert (target / killed).is_dir()
+    mine = target / "gen-0123456789abcdef"  # the user's, unstamped
+    mine.mkdir()
+    third = _new_generation(copy, 96)
+    summary = export_formats.export_format(str(copy), "megatron", str(target))
+    assert summary["generation"] == third and summary["previous"] == [first]
+    assert not (target / killed).exists() and mine.is_dir()
+    assert sorted(p.name for p in target.iterdir()) == sorted(["export.json", first, third, mine.name])
