@@ -35,7 +35,7 @@ from pipeline.ops.output_names import check_unique, derived_path
 from model_contract.hashing import sha256_file
 from pipeline.tools.export_summary import (EXPORT_KIND, GENERATION_NAME, GENERATION_STAMP, IN_PROGRESS_MARKER,
                                            SUMMARY_NAME, check_same_export, remove_generations, stamp_generation,
-                                           write_marker)
+                                           stamped_generations, write_marker)
 
 ROWS_PER_GROUP = 1024
 TOKEN_COLUMNS = (INPUT_IDS, SEGMENT_IDS, POSITIONS)
@@ -240,8 +240,8 @@ def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tup
     # Published whole (an atomic replace locally, one PUT on object stores): a kill while writing it leaves the
     # earlier export.json or none, never a part.
     io_utils.publish_bytes(summary_path, (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode("utf-8"))
-    if previous:
-        remove_generations(output, list(previous.get("previous") or []), [*kept, *tops])
+    named = list((previous or {}).get("previous") or [])
+    remove_generations(output, named + stamped_generations(output), [*kept, *tops])
     if marker is not None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(marker)

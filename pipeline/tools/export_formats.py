@@ -39,7 +39,7 @@ from pipeline.tools.export import (check_export_dataset, check_export_output, co
                                    remove_abandoned_temporaries, temporary_name)
 from pipeline.tools.export_summary import (EXPORT_KIND, GENERATION_NAME, GENERATION_STAMP, SUMMARY_NAME,
                                            check_same_export, read_text, remove_generations, safe_relative,
-                                           stamp_generation, write_marker)
+                                           stamp_generation, stamped_generations, write_marker)
 
 FORMATS = ("megatron", "hf", "mds")
 __all__ = ["FORMATS", "export_format"]
@@ -277,7 +277,7 @@ def _kept_generations(previous: Optional[dict], generation: str) -> list:
 
 def _remove_older(output: str, previous: Optional[dict], kept: list, generation: str) -> None:
     """Remove the generation directories an earlier export.json named and that are no longer kept
-    (export_summary.py `remove_generations`: only those an export created, never a link or another path)."""
-    if previous:
-        remove_generations(output, [previous.get("generation")] + list(previous.get("previous") or []),
-                           [*kept, generation])
+    (export_summary.py `remove_generations`: only those an export created, never a link or another path), and
+    those a killed export created that no export.json ever named (`stamped_generations`)."""
+    named = [previous.get("generation")] + list(previous.get("previous") or []) if previous else []
+    remove_generations(output, named + stamped_generations(output), [*kept, generation])

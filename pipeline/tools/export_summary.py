@@ -201,3 +201,14 @@ def remove_generations(output: str, names: list, keep: list) -> None:
             io_utils.delete_tree(io_utils.join(output, name))
             continue
         shutil.rmtree(os.path.join(output, name))  # never follows a link inside it
+
+
+def stamped_generations(output: str) -> list:
+    """The generation directories an export created in a local OUTPUT (`own_generation`), by name. A killed export's
+    new generation is among them though no export.json ever named it (never committed: no reader holds it), so the
+    next committed export removes it with the older ones. An object store's are not listed (only those named)."""
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    if not io_utils.is_local(output) or not os.path.isdir(output):
+        return []
+    return [name for name in sorted(os.listdir(output)) if own_generation(output, name)]
