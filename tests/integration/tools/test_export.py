@@ -735,3 +735,21 @@ def test_a_killed_exports_generation_is_removed_once_a_later_one_commits(dataset
     assert summary["generation"] == third and summary["previous"] == [first]
     assert not (target / killed).exists() and mine.is_dir()
     assert sorted(p.name for p in target.iterdir()) == sorted(["export.json", first, third, mine.name])
+
+
+def test_an_export_into_another_exports_generation_directory_is_refused(dataset, tmp_path, capsys):
+    """`--output A/<generation>/hf` inside export A's generation directory was accepted: A's next export after a new
+    dataset generation removes that directory (its own, stamped) with the other export inside. Refused in one
+    line, nothing written."""
+    from pipeline import cli
+    from pipeline.tools import export_formats
+    from tests.ops_fixtures import dataset_files
+
+    out, manifest = dataset
+    first = tmp_path / "a"
+    export_formats.export_format(str(out), "megatron", str(first))
+    before = {path: dataset_files(path) for path in (out, first)}
+    target = first / manifest["generation"] / "hf"
+    err = _refused_in_one_line(cli, capsys, ["export", str(out), "--format", "hf", "--output", str(target)])
+    assert f"--output {target}: " in err and "generation directory of another export" in err, err
+    assert {path: dataset_files(path) for path in before} == before and not target.exists()
