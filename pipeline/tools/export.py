@@ -85,6 +85,16 @@ def check_export_output(output: str, fmt: str = "parquet", by_source: bool = Fal
 
     if dataset is not None:
         check_output_beside_dataset(dataset, output)
+    if io_utils.is_local(output):
+        parent = os.path.dirname(os.path.abspath(output))
+        while True:
+            if os.path.isfile(os.path.join(parent, GENERATION_STAMP)):  # that export removes it when it moves on
+                raise ConfigError(f"--output {output}: it lies inside {parent}, a generation directory of another "
+                                  f"export (removed with what is inside it once that export moves on): choose "
+                                  f"another --output")
+            if parent == os.path.dirname(parent):
+                break
+            parent = os.path.dirname(parent)
     found = commit.committed_kind(output)
     if found is not None:
         raise ConfigError(f"--output {output}: it holds a {found} (manifest.json); an export is never written into "
