@@ -737,7 +737,8 @@ def test_a_killed_exports_generation_is_removed_once_a_later_one_commits(dataset
     assert sorted(p.name for p in target.iterdir()) == sorted(["export.json", first, third, mine.name])
 
 
-def test_an_export_into_another_exports_generation_directory_is_refused(dataset, tmp_path, capsys):
+@pytest.mark.parametrize("through_link", [False, True])
+def test_an_export_into_another_exports_generation_directory_is_refused(dataset, tmp_path, capsys, through_link):
     """`--output A/<generation>/hf` inside export A's generation directory was accepted: A's next export after a new
     dataset generation removes that directory (its own, stamped) with the other export inside. Refused in one
     line, nothing written."""
@@ -750,6 +751,13 @@ def test_an_export_into_another_exports_generation_directory_is_refused(dataset,
     export_formats.export_format(str(out), "megatron", str(first))
     before = {path: dataset_files(path) for path in (out, first)}
     target = first / manifest["generation"] / "hf"
-    err = _refused_in_one_line(cli, capsys, ["export", str(out), "--format", "hf", "--output", str(target)])
-    assert f"--output {target}: " in err and "generation directory of another export" in err, err
-    assert {path: dataset_files(path) for path in before} == before and not target.exists()
+    named = target
+    if through_link:  # --output a link (the operator's own name for it) to a directory inside A's generation
+        (first / manifest["generation"] / "sub").mkdir()
+        target = first / manifest["generation"] / "sub"
+        named = tmp_path / "link"
+        named.symlink_to(target)
+        before[first] = dataset_files(first)
+    err = _refused_in_one_line(cli, capsys, ["export", str(out), "--format", "hf", "--output", str(named)])
+    assert f"--output {named}: " in err and "generation directory of another export" in err, err
+    assert {path: dataset_files(path) for path in before} == before and not list(target.glob("*"))
