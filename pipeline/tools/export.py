@@ -86,7 +86,7 @@ def check_export_output(output: str, fmt: str = "parquet", by_source: bool = Fal
     if dataset is not None:
         check_output_beside_dataset(dataset, output)
     if io_utils.is_local(output):
-        parent = os.path.dirname(os.path.abspath(output))
+        parent = os.path.dirname(os.path.realpath(output))  # the directory written, a link as --output too
         while True:
             if os.path.isfile(os.path.join(parent, GENERATION_STAMP)):  # that export removes it when it moves on
                 raise ConfigError(f"--output {output}: it lies inside {parent}, a generation directory of another "
