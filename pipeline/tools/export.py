@@ -33,8 +33,9 @@ from model_contract import (INPUT_IDS, PIECE_DOC_IDS, PIECE_OFFSETS, POSITIONS, 
 from model_contract.checked_reader import iter_checked_records
 from pipeline.ops.output_names import check_unique, derived_path
 from model_contract.hashing import sha256_file
-from pipeline.tools.export_summary import (EXPORT_KIND, IN_PROGRESS_MARKER, SUMMARY_NAME, check_same_export,
-                                           write_marker)
+from pipeline.tools.export_summary import (EXPORT_KIND, GENERATION_NAME, GENERATION_STAMP, IN_PROGRESS_MARKER,
+                                           SUMMARY_NAME, check_same_export, remove_generations, stamp_generation,
+                                           stamped_generations, write_marker)
 
 ROWS_PER_GROUP = 1024
 TOKEN_COLUMNS = (INPUT_IDS, SEGMENT_IDS, POSITIONS)
@@ -70,7 +71,8 @@ def remove_abandoned_temporaries(output: str) -> list:
     return removed
 
 
-def check_export_output(output: str, fmt: str = "parquet", by_source: bool = False) -> None:
+def check_export_output(output: str, fmt: str = "parquet", by_source: bool = False,
+                        dataset: Optional[str] = None) -> None:
     """ConfigError (exit 2) unless `output` is new, empty or an earlier export of `fmt` (it holds an export.json
     of that format, pipeline/tools/export_summary.py `check_same_export`): an export written into a dataset, a
     retrieval store or a sidecar would put its files among theirs (and its export.json beside their manifest), one
@@ -81,6 +83,18 @@ def check_export_output(output: str, fmt: str = "parquet", by_source: bool = Fal
     from pipeline.ops import commit  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
 
+    if dataset is not None:
+        check_output_beside_dataset(dataset, output)
+    if io_utils.is_local(output):
+        parent = os.path.dirname(os.path.realpath(output))  # the directory written, a link as --output too
+        while True:
+            if os.path.isfile(os.path.join(parent, GENERATION_STAMP)):  # that export removes it when it moves on
+                raise ConfigError(f"--output {output}: it lies inside {parent}, a generation directory of another "
+                                  f"export (removed with what is inside it once that export moves on): choose "
+                                  f"another --output")
+            if parent == os.path.dirname(parent):
+                break
+            parent = os.path.dirname(parent)
     found = commit.committed_kind(output)
     if found is not None:
         raise ConfigError(f"--output {output}: it holds a {found} (manifest.json); an export is never written into "
@@ -98,6 +112,28 @@ def check_export_output(output: str, fmt: str = "parquet", by_source: bool = Fal
     elif io_utils.is_local(output) and os.path.exists(output) and not os.path.isdir(output):
         raise ConfigError(f"--output {output}: it is a file, not a directory: choose another --output")
     check_same_export(output, fmt, by_source)
+
+
+def check_output_beside_dataset(dataset: str, output: str) -> None:
+    """ConfigError (exit 2) when `output` lies inside one of DATASET's own directories (a generation directory,
+    generations/, .refs/, _staging/): the export's files would sit among the dataset's, and gc removes a generation
+    directory, with an export inside it, once no ref names that generation (a re-export moves the export's ref to
+    the newer one). Inside the dataset an export has a directory of its own (DATASET/<format>, the default); the
+    names are pipeline/ops/commit.py `check_staging_dir`'s, refused there for --staging-dir for the same reason."""
+    from model_contract import MANIFEST_NAME  # noqa: PLC0415
+    from model_contract import refs  # noqa: PLC0415
+    from pipeline.errors import ConfigError  # noqa: PLC0415
+    from pipeline.ops import guards  # noqa: PLC0415
+
+    root, out = guards.normal_path(dataset).rstrip("/"), guards.normal_path(output)
+    if not out.startswith(root + "/"):
+        return
+    head = out[len(root) + 1:].split("/", 1)[0]
+    if head.startswith("gen-") or head in (MANIFEST_NAME, refs.GENERATIONS_DIR, refs.REFS_DIR,
+                                           guards.DEFAULT_STAGING_NAME):
+        raise ConfigError(f"--output {output}: it lies inside the dataset's {head} (the dataset's own files; gc "
+                          f"removes a generation with what is inside it): choose another --output (by default "
+                          f"DATASET/<format>, beside them)")
 
 
 def parquet_schema():
@@ -158,18 +194,19 @@ def export_parquet(dataset: str, output: Optional[str] = None, rows_per_group: i
 
     check_export_dataset(dataset)
     output = output or io_utils.join(dataset, "parquet")
-    check_export_output(output)  # before the ref: a refused export leaves nothing in the dataset either
+    check_export_output(output, dataset=dataset)  # before the ref: a refused export leaves nothing in the dataset
     # One writer per output (pipeline/ops/lock.py), local or object store alike (the lock object is a conditional
     # PUT there, as the shard job's): two exports into one output wrote the same files, and export.json named one
     # run's files over the other's.
     with lock.OutputLock(output, s3_options).held(break_lock):
-        check_same_export(output, "parquet")  # again under the lock: another export may have committed since
+        previous = check_same_export(output, "parquet")  # again under the lock: another may have committed since
         if io_utils.is_local(output):
             remove_abandoned_temporaries(output)  # an interrupted export's, under the lock
-        return _export(dataset, output, rows_per_group, splits)
+        return _export(dataset, output, rows_per_group, splits, previous)
 
 
-def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tuple]) -> dict:
+def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tuple],
+            previous: Optional[dict] = None) -> dict:
     from pipeline.ops import commit  # noqa: PLC0415
     from transforms.io import io_utils  # noqa: PLC0415
 
@@ -182,6 +219,7 @@ def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tup
     marker = os.path.join(output, IN_PROGRESS_MARKER) if io_utils.is_local(output) else None
     if marker is not None and not os.path.exists(summary_path):
         write_marker(output, "parquet")
+    tops = _stamp_directories(output, names)
     for shard, name in zip(chosen, names):
         target = io_utils.join(output, name)
         local = io_utils.is_local(target)
@@ -202,15 +240,39 @@ def _export(dataset: str, output: str, rows_per_group: int, splits: Optional[tup
             os.replace(tmp, target)
         files.append({"path": name, "split": shard.split, "rows": rows, "source_shard": shard.path, "bytes": size,
                       "sha256": sha})
+    # The directories of the export before this one that this one does not use: kept for its readers, named in
+    # `previous`; the ones that export kept are removed once this export.json is published (as the other formats'
+    # generations, export_formats.py; only directories an export created and stamped).
+    earlier = sorted({f["path"].split("/", 1)[0] for f in (previous or {}).get("files", []) if "/" in f["path"]})
+    kept = [d for d in earlier if d not in tops and GENERATION_NAME.fullmatch(d)]
     summary = {"kind": EXPORT_KIND, "format": "parquet", "generation": manifest.generation, "files": files,
-               "columns": [f.name for f in parquet_schema()]}
+               "columns": [f.name for f in parquet_schema()], "previous": kept}
     # Published whole (an atomic replace locally, one PUT on object stores): a kill while writing it leaves the
     # earlier export.json or none, never a part.
     io_utils.publish_bytes(summary_path, (json.dumps(summary, indent=1, sort_keys=True) + "\n").encode("utf-8"))
+    named = list((previous or {}).get("previous") or [])
+    remove_generations(output, named + stamped_generations(output), [*kept, *tops])
     if marker is not None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(marker)
     return {"output": output, **summary}
+
+
+def _stamp_directories(output: str, names: list) -> list:
+    """The top directories of the export's files (the shards' generation directories), each stamped as the
+    export's own when this export creates it (export_summary.py `stamp_generation`): only such a directory is
+    ever removed by a later export."""
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    tops = sorted({name.split("/", 1)[0] for name in names if "/" in name})
+    for top in tops:
+        directory = io_utils.join(output, top)
+        if io_utils.is_local(directory) and not os.path.isdir(directory):
+            os.makedirs(directory)
+            stamp_generation(directory)
+        elif not io_utils.is_local(directory) and not io_utils.exists(io_utils.join(directory, GENERATION_STAMP)):
+            stamp_generation(directory)  # an object store's prefix: the export's own
+    return tops
 
 
 def _planned(output: str, manifest, splits: Optional[tuple]) -> tuple:
@@ -220,14 +282,19 @@ def _planned(output: str, manifest, splits: Optional[tuple]) -> tuple:
     chosen = [s for s in manifest.shards if not splits or s.split in splits]
     names = [derived_path(s.path, suffix=".parquet") for s in chosen]
     check_unique(zip((s.path for s in chosen), names))  # before writing anything
+    from pipeline.errors import ConfigError  # noqa: PLC0415
+
     for name in names:  # an earlier export's directory replaced by a link: never write (replace) through it
         links = io_utils.links_below(output, os.path.dirname(io_utils.join(output, name)))
         if links:
-            from pipeline.errors import ConfigError  # noqa: PLC0415
-
             raise ConfigError(f"--output {output}: {links[0]} is a symbolic link; an export never writes through a "
                               f"link inside its output (it would replace files elsewhere): remove it or choose "
                               f"another --output")
+        parent = os.path.dirname(io_utils.join(output, name))
+        while io_utils.is_local(parent) and parent.rstrip("/") != output.rstrip("/") and len(parent) > len(output):
+            if os.path.lexists(parent) and not os.path.isdir(parent):  # as export_formats.py `_plan` refuses it
+                raise ConfigError(f"{parent}: not a directory this export made (a file): choose another --output")
+            parent = os.path.dirname(parent)
     return chosen, names
 
 
@@ -256,6 +323,9 @@ def check_export_dataset(dataset: str) -> None:
 
     if not io_utils.exists(commit.manifest_location(dataset)):
         raise _no_manifest(dataset)
+
+
+DATASET_LOCK_WAIT_S = 10.0  # register_export: how long an export waits for the dataset's lock before it is refused
 
 
 def register_export(dataset: str, output: str):
@@ -290,8 +360,17 @@ def register_export(dataset: str, output: str):
         # A shard or gc run holds the dataset's lock; export's --break-lock is its output's (as shard's and gc's
         # are theirs), so the remedy named for a gone holder is gc's, which takes the dataset's lock and nothing else.
         remedy = f"run `pileprep gc {dataset} --break-lock` (a dry run that removes the gone run's lock)"
-        with lock.OutputLock(dataset, remedy=remedy).held():
-            return register()
+        # Another export holds it for the milliseconds its own ref takes (exports of one dataset started together
+        # refused each other): wait a bounded while; a holder that keeps it (a shard or gc run) is still refused.
+        deadline = time.monotonic() + DATASET_LOCK_WAIT_S
+        while True:
+            try:
+                with lock.OutputLock(dataset, remedy=remedy).held():
+                    return register()
+            except lock.OutputLockedError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.05)
     except PermissionError as e:
         logging.getLogger("pileprep.export").warning(
             "%s: cannot register this export's ref (%s): a later commit or gc may remove the generation it reads",

@@ -38,8 +38,8 @@ from model_contract.manifest_rows import ShardInfo
 from pipeline.tools.export import (check_export_dataset, check_export_output, committed_manifest, register_export,
                                    remove_abandoned_temporaries, temporary_name)
 from pipeline.tools.export_summary import (EXPORT_KIND, GENERATION_NAME, GENERATION_STAMP, SUMMARY_NAME,
-                                           check_same_export, own_generation, read_text, safe_relative,
-                                           stamp_generation, write_marker)
+                                           check_same_export, read_text, remove_generations, safe_relative,
+                                           stamp_generation, stamped_generations, write_marker)
 
 FORMATS = ("megatron", "hf", "mds")
 __all__ = ["FORMATS", "export_format"]
@@ -117,7 +117,7 @@ def export_format(dataset: str, fmt: str, output: Optional[str] = None, splits: 
         raise ConfigError(f"--format {fmt!r}: must be one of parquet, {', '.join(FORMATS)}")
     output = output or io_utils.join(dataset, fmt)
     check_export_dataset(dataset)
-    check_export_output(output, fmt, by_source)
+    check_export_output(output, fmt, by_source, dataset)
     with lock.OutputLock(output, s3_options).held(break_lock):
         if io_utils.is_local(output):
             remove_abandoned_temporaries(output)
@@ -191,7 +191,7 @@ def _export(dataset: str, fmt: str, output: str, splits: Optional[tuple], by_sou
     marker = None
     if local and previous is None:
         os.makedirs(output, exist_ok=True)
-        marker = write_marker(output, fmt)
+        marker = write_marker(output, fmt, by_source)
     if local and not os.path.isdir(directory):
         os.makedirs(directory)
         stamp_generation(directory)  # this export made it: a later export may remove it (export_summary.py)
@@ -276,24 +276,8 @@ def _kept_generations(previous: Optional[dict], generation: str) -> list:
 
 
 def _remove_older(output: str, previous: Optional[dict], kept: list, generation: str) -> None:
-    """Remove the generation directories an earlier export.json named and that are no longer kept: only those an
-    export created (its stamp inside, export_summary.py `own_generation`), never a link or another path."""
-    if not previous:
-        return
-    from transforms.io import io_utils  # noqa: PLC0415
-
-    named = [previous.get("generation")] + list(previous.get("previous") or [])
-    for name in named:
-        if not (isinstance(name, str) and GENERATION_NAME.fullmatch(name)) or name in kept or name == generation:
-            continue
-        if not own_generation(output, name):  # export.json is read, not trusted: a user's directory stays
-            import logging  # noqa: PLC0415
-
-            logging.getLogger("pileprep.export").warning(
-                "%s: kept %s: export.json names it, but it is not a generation directory an export created (no %s)",
-                output, name, GENERATION_STAMP)
-            continue
-        if not io_utils.is_local(output):
-            io_utils.delete_tree(io_utils.join(output, name))
-            continue
-        shutil.rmtree(os.path.join(output, name))  # never follows a link inside it
+    """Remove the generation directories an earlier export.json named and that are no longer kept
+    (export_summary.py `remove_generations`: only those an export created, never a link or another path), and
+    those a killed export created that no export.json ever named (`stamped_generations`)."""
+    named = [previous.get("generation")] + list(previous.get("previous") or []) if previous else []
+    remove_generations(output, named + stamped_generations(output), [*kept, generation])

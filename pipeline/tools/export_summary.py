@@ -25,8 +25,9 @@ EXPORT_KIND = "export"  # export.json's `kind`, as a committed manifest's (pipel
 EXPORT_FORMATS = ("parquet", "megatron", "hf", "mds")
 # Written before the first file of an export into an output that has no export.json yet, removed once export.json
 # is written: an export killed before its export.json leaves an output the next export recognises as its own
-# (export.py check_export_output), not as "files pileprep did not create". It holds the export's format, so a
-# killed export of one format is not taken over by another.
+# (export.py check_export_output), not as "files pileprep did not create". It holds the export's format (and
+# `--by-source` after it when given), so a killed export of one format is not taken over by another, nor a killed
+# export with --by-source by one without it (or the reverse).
 IN_PROGRESS_MARKER = ".pileprep-export-in-progress"
 # Written into each generation directory an export creates (export_formats.py): the proof that a directory a
 # later export.json names under `previous` is the export's own, before that directory is removed.
@@ -126,20 +127,34 @@ def check_same_export(output: str, fmt: str, by_source: bool = False) -> Optiona
                             f" --by-source; one {'with' if by_source else 'without'} goes to its own directory: choose "
                             f"another --output")
     marker = os.path.join(output, IN_PROGRESS_MARKER)
-    if summary is None and io_utils.is_local(output) and os.path.isfile(marker) and not os.path.islink(marker):
+    local = io_utils.is_local(output)
+    if local and os.path.lexists(marker) and (os.path.islink(marker) or not os.path.isfile(marker)):
+        # a directory (or a link, a fifo) there made the output pass as an export's own, and the export failed
+        # writing its marker only after its ref was in the dataset: refused before anything, as a bad export.json
+        raise _config_error(f"{marker}: not a marker an export wrote (not a regular file); an export never replaces "
+                            f"what it did not write: move it away or choose another --output")
+    if summary is None and local and os.path.isfile(marker):
         with open(marker, encoding="utf-8", errors="replace") as f:
-            killed = f.read(40).strip()
+            killed, _, option = f.read(40).strip().partition(" ")
         if killed and killed != fmt:  # empty: written by an export before the marker named its format
             raise _config_error(f"--output {output}: it holds a killed {killed[:20]} export ({IN_PROGRESS_MARKER}); a "
                                 f"{fmt} export goes to its own directory: choose another --output")
+        if killed and (option == BY_SOURCE) != by_source:  # as a committed export's by_source, above
+            had = "with" if option == BY_SOURCE else "without"
+            raise _config_error(f"--output {output}: it holds a killed {fmt} export {had} --by-source "
+                                f"({IN_PROGRESS_MARKER}); one {'with' if by_source else 'without'} goes to its own "
+                                f"directory: choose another --output")
     return summary
 
 
-def write_marker(output: str, fmt: str) -> str:
-    """The in-progress marker of a local output (its path), naming the export's format."""
+BY_SOURCE = "--by-source"  # after the format in the marker: a killed export with --by-source is not one without
+
+
+def write_marker(output: str, fmt: str, by_source: bool = False) -> str:
+    """The in-progress marker of a local output (its path), naming the export's format (and --by-source)."""
     marker = os.path.join(output, IN_PROGRESS_MARKER)
     with open(marker, "w", encoding="utf-8") as f:
-        f.write(fmt + "\n")
+        f.write(fmt + (f" {BY_SOURCE}" if by_source else "") + "\n")
     return marker
 
 
@@ -163,3 +178,37 @@ def own_generation(output: str, name: str) -> bool:
     stamp = os.path.join(path, GENERATION_STAMP)
     return (not os.path.islink(path) and os.path.isdir(path) and not os.path.islink(stamp)
             and os.path.isfile(stamp))
+
+
+def remove_generations(output: str, names: list, keep: list) -> None:
+    """Remove the generation directories `names` (those an earlier export.json named) that are not in `keep`:
+    only those an export created (`own_generation`: its stamp inside), never a link or another path; a name that is
+    not one, or a directory of the user's, is kept with a warning."""
+    import logging  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    for name in dict.fromkeys(names):
+        if not (isinstance(name, str) and GENERATION_NAME.fullmatch(name)) or name in keep:
+            continue
+        if not own_generation(output, name):  # export.json is read, not trusted: a user's directory stays
+            logging.getLogger("pileprep.export").warning(
+                "%s: kept %s: export.json names it, but it is not a generation directory an export created (no %s)",
+                output, name, GENERATION_STAMP)
+            continue
+        if not io_utils.is_local(output):
+            io_utils.delete_tree(io_utils.join(output, name))
+            continue
+        shutil.rmtree(os.path.join(output, name))  # never follows a link inside it
+
+
+def stamped_generations(output: str) -> list:
+    """The generation directories an export created in a local OUTPUT (`own_generation`), by name. A killed export's
+    new generation is among them though no export.json ever named it (never committed: no reader holds it), so the
+    next committed export removes it with the older ones. An object store's are not listed (only those named)."""
+    from transforms.io import io_utils  # noqa: PLC0415
+
+    if not io_utils.is_local(output) or not os.path.isdir(output):
+        return []
+    return [name for name in sorted(os.listdir(output)) if own_generation(output, name)]

@@ -2,6 +2,11 @@
 hashed and compared with the size and sha256 recorded there; a missing, truncated or changed file, a path that
 leaves the output or goes through a link, is a mismatch by name. A Parquet export's export.json (pipeline/tools/
 export.py) records them too; one made before it did is a mismatch per file (nothing to check it against).
+A file export.json does not list, in a directory that holds files it lists (a generation directory), is a mismatch
+by name too: readers take more than the listed names (the HF card's `data/train-*`, a Parquet glob, a Megatron
+prefix), so an added or left-over file there changes what they read. Only the export's own bookkeeping there is
+not (its generation stamp, a split's done marker, a temporary), nor other directories (the previous generation kept
+for readers, a user's own). export.json itself is never read through a link (a link there is a mismatch).
 
 OUTPUT is local or an object store's prefix (s3://bucket/prefix, as `pileprep export` writes it): everything is read
 through transforms/io/io_utils.py, so an export on S3 is checked as a local one is, object by object (an object
@@ -15,7 +20,7 @@ import json
 import os
 
 from model_contract.hashing import sha256_file, sha256_stream
-from pipeline.tools.export_summary import EXPORT_KIND, GENERATION_NAME, SUMMARY_NAME, safe_relative
+from pipeline.tools.export_summary import EXPORT_KIND, GENERATION_NAME, GENERATION_STAMP, SUMMARY_NAME, safe_relative
 from transforms.io import io_utils
 
 
@@ -119,6 +124,10 @@ def verify_export(output: str, report) -> None:
     local = io_utils.is_local(output)
     join = os.path.join if local else io_utils.join
     summary_path = join(output, SUMMARY_NAME)
+    if local and os.path.islink(summary_path):
+        report.mismatches.append(f"{summary_path}: a symbolic link; verify never reads an export's record through a "
+                                 f"link inside its output (it would check another output's)")
+        return
     summary = _read_summary(summary_path, report)
     if summary is None:
         return
@@ -132,6 +141,7 @@ def verify_export(output: str, report) -> None:
         return
     report.notes.append(f"{summary.get('format')} export of generation {generation}")
     listed = None if local else _listed(output)
+    _unlisted(output, summary["files"], listed, report)
     for row in summary["files"]:
         rel = row.get("path") if isinstance(row, dict) else None
         if not (isinstance(rel, str) and safe_relative(rel)):
@@ -159,3 +169,36 @@ def verify_export(output: str, report) -> None:
             report.mismatches.append(f"{rel}: {size} bytes, export.json says {row.get('bytes')}")
         elif sha != row.get("sha256"):
             report.mismatches.append(f"{rel}: sha256 {sha[:12]} is not export.json's {str(row.get('sha256'))[:12]}")
+
+
+def _own_bookkeeping(name: str) -> bool:
+    """A file an export keeps beside its files that no reader takes: its stamp, a done marker, a temporary."""
+    from pipeline.tools.export import _TEMP_PARQUET  # noqa: PLC0415
+    from pipeline.tools.export_formats import DONE_MARKER  # noqa: PLC0415
+
+    head, _, tail = DONE_MARKER.partition("{split}")
+    return (name == GENERATION_STAMP or name.startswith(head) and name.endswith(tail)
+            or bool(_TEMP_PARQUET.fullmatch(name)))
+
+
+def _unlisted(output: str, rows: list, listed, report) -> None:
+    """Mismatches for the files (and links) in a directory holding listed files that export.json does not list."""
+    rels = {row.get("path") for row in rows if isinstance(row, dict) and isinstance(row.get("path"), str)}
+    tops = sorted({rel.split("/", 1)[0] for rel in rels if "/" in rel and safe_relative(rel)})
+    found = []  # (path relative to OUTPUT, is a link)
+    if listed is not None:  # an object store: its one listing (no links there)
+        found = [(rel, False) for rel in sorted(listed) if rel.split("/", 1)[0] in tops and "/" in rel]
+    for top in tops if listed is None else ():
+        root = os.path.join(output, top)
+        if os.path.islink(root) or not os.path.isdir(root):
+            continue  # the listed files' own mismatches say so
+        for directory, dirs, names in os.walk(root):  # never enters a linked directory (it is listed in dirs)
+            dirs.sort()
+            rel_dir = os.path.relpath(directory, output).replace(os.sep, "/")
+            found += [(f"{rel_dir}/{d}", True) for d in dirs if os.path.islink(os.path.join(directory, d))]
+            found += [(f"{rel_dir}/{n}", os.path.islink(os.path.join(directory, n))) for n in sorted(names)]
+    for rel, link in found:
+        if rel in rels or not link and _own_bookkeeping(rel.rsplit("/", 1)[-1]):
+            continue
+        report.mismatches.append(f"{rel}: " + ("a symbolic link in the export's directory, not listed in export.json"
+                                               if link else "not listed in export.json (readers may take it)"))

@@ -173,6 +173,8 @@ def test_shard_format_megatron_to_an_s3_output(store, tiny_tokenizer, tmp_path, 
     assert manifest["generation"] == local["generation"]
     parquet = _objects(client, "sharded/parquet/")
     assert json.loads(parquet.pop("export.json"))["files"] == local_parquet["files"]
+    stamps = {f"{f['path'].split('/')[0]}/{export_summary.GENERATION_STAMP}" for f in local_parquet["files"]}
+    assert {k: parquet.pop(k) for k in sorted(stamps)} == {k: f"{k.split('/')[0]}\n".encode() for k in stamps}
     assert sorted(parquet) == sorted(f["path"] for f in local_parquet["files"])
     for fmt in ("megatron", "parquet", ""):
         url = f"s3://exports/sharded/{fmt}".rstrip("/")

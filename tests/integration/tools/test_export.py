@@ -295,7 +295,8 @@ def test_a_killed_exports_temporaries_are_removed_by_the_next_export_and_nothing
     listed = json.loads((pq_out / "export.json").read_text())["files"]
     assert [f["rows"] for f in listed] == [s["examples"] for s in manifest["shards"]]
     left = sorted(str(p.relative_to(pq_out)) for p in pq_out.rglob("*") if p.is_file())
-    assert left == sorted([f["path"] for f in listed] + ["export.json"]
+    stamps = sorted({f"{f['path'].split('/')[0]}/.pileprep-generation" for f in listed})  # the export's own dirs
+    assert left == sorted([f["path"] for f in listed] + ["export.json"] + stamps
                           + [str(p.relative_to(pq_out)) for p in others])  # no lock, no in-progress marker
 
 
@@ -478,3 +479,285 @@ def test_shard_format_break_lock_reaches_the_exports_locks(tiny_tokenizer, tmp_p
         assert f"--output {out / 'megatron'}: output is locked by" in err and "pass --break-lock" in err, err
         assert shard("--break-lock") == 0, capsys.readouterr().err
     assert json.loads((out / "megatron" / "export.json").read_text())["format"] == "megatron"
+
+
+# ------------------------------------------------------------------ issue 32's second hostile review (review32b)
+def _killed_in_the_second_split(fmt_module):
+    """A patch of SplitJob.put_many that raises as a kill would once the first split's files are in place."""
+    real_put = fmt_module.SplitJob.put_many
+    splits: list = []
+
+    def put_many(self, names, fill):
+        if self.split and self.split not in splits:
+            splits.append(self.split)
+        if len(splits) > 1:
+            raise KeyboardInterrupt
+        return real_put(self, names, fill)
+    return put_many
+
+
+@pytest.mark.parametrize("first_by_source", [False, True])
+def test_a_killed_export_is_not_taken_over_by_one_with_the_other_by_source(dataset, tmp_path, capsys,
+                                                                           first_by_source):
+    """A Megatron export killed before its export.json left a marker naming only its format: an export with the
+    other --by-source then wrote into that output (exit 0), beside the killed one's `.bin/.idx` files, though a
+    committed export with the other --by-source is refused (README "One output, one export")."""
+    from pipeline import cli
+    from pipeline.tools import export_formats
+
+    out, _manifest = dataset
+    target = tmp_path / "m"
+    with unittest.mock.patch.object(export_formats.SplitJob, "put_many", _killed_in_the_second_split(export_formats)):
+        with pytest.raises(KeyboardInterrupt):
+            export_formats.export_format(str(out), "megatron", str(target), by_source=first_by_source)
+    before = sorted(str(p.relative_to(target)) for p in target.rglob("*"))
+    other = [] if first_by_source else ["--by-source"]
+    err = _refused_in_one_line(cli, capsys, ["export", str(out), "--format", "megatron", "--output", str(target),
+                                             *other])
+    assert "killed megatron export" in err and "--by-source" in err, err
+    assert sorted(str(p.relative_to(target)) for p in target.rglob("*")) == before
+    same = ["--by-source"] if first_by_source else []  # the same export resumes
+    assert cli.main(["export", str(out), "--format", "megatron", "--output", str(target), *same]) == 0
+    assert json.loads((target / "export.json").read_text()).get("by_source", False) == first_by_source
+
+
+@pytest.mark.parametrize("fmt", ["hf", "parquet", "megatron"])
+def test_verify_of_an_export_finds_a_file_export_json_does_not_list(dataset, tmp_path, fmt):
+    """`pileprep verify` hashed the files export.json lists and nothing else: a file added beside them passed (OK),
+    though readers take it (the HF card's `data/train-*`, a Parquet glob, a Megatron prefix). A file in a directory
+    of the export that export.json does not list is a mismatch by name; the generation stamp is the export's own."""
+    from pipeline.tools import export_formats
+    from pipeline.tools.verify import verify
+
+    out, _manifest = dataset
+    target = tmp_path / fmt
+    if fmt == "parquet":
+        summary = export_parquet(str(out), str(target))
+    else:
+        summary = export_formats.export_format(str(out), fmt, str(target))
+    assert verify(str(target)).ok
+    first = target / summary["files"][0]["path"]
+    extra = first.parent / ("train-00009-of-00009" + first.suffix)  # a name the readers' patterns take
+    extra.write_bytes(first.read_bytes())
+    report = verify(str(target))
+    rel = str(extra.relative_to(target))
+    assert not report.ok and [m for m in report.mismatches if m.startswith(f"{rel}: ")
+                              and "not listed in export.json" in m], report.mismatches
+
+
+def _new_generation(dataset_dir, seq_len: int) -> str:
+    """Commit another configuration over `dataset_dir` (--overwrite): a new generation; its name."""
+    from pipeline.config import ShardConfig
+    from pipeline.shard import shard_pipeline
+    from tests.export_fixtures import IN_MEMORY
+
+    config = json.loads((dataset_dir / "manifest.json").read_text())["config"]
+    new = ShardConfig(inputs=tuple(config["inputs"]), output=str(dataset_dir), tokenizer=config["tokenizer"],
+                      seq_len=seq_len, num_shards=3, val_fraction=0.05, test_fraction=0.05, overwrite=True)
+    return shard_pipeline.run(new, IN_MEMORY, progress_every_s=0)["generation"]
+
+
+def test_a_parquet_export_of_a_new_generation_keeps_the_previous_and_removes_older(dataset, tmp_path):
+    """A Parquet export again after the dataset committed a new generation (non-incremental) left every earlier
+    generation's Parquet files in the output for good: export.json named only the newest, nothing was ever removed
+    (three generations after two re-exports). As the other formats: the previous one kept for readers (named in
+    `previous`), the one before it removed (only a directory the export created and stamped)."""
+    import shutil
+
+    from pipeline.tools.export_summary import GENERATION_STAMP
+    from pipeline.tools.verify import verify
+
+    out, manifest = dataset
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    target = tmp_path / "pq"
+    first = export_parquet(str(copy), str(target))["generation"]
+    mine = target / "gen-0123456789abcdef"  # a directory of the user's in the output: never removed
+    mine.mkdir()
+    (mine / "train-00000-of-00001.parquet").write_bytes(b"mine")
+    second = _new_generation(copy, 64)
+    summary = export_parquet(str(copy), str(target))
+    assert summary["generation"] == second and summary["previous"] == [first]
+    assert (target / first).is_dir() and verify(str(target)).ok  # a reader of the first may still read it
+    third = _new_generation(copy, 96)
+    summary = export_parquet(str(copy), str(target))
+    assert summary["generation"] == third and summary["previous"] == [second]
+    assert not (target / first).exists() and (target / second / GENERATION_STAMP).is_file()
+    assert (mine / "train-00000-of-00001.parquet").read_bytes() == b"mine"
+    assert sorted(p.name for p in target.iterdir()) == sorted(["export.json", second, third, mine.name])
+
+
+def test_exports_of_one_dataset_at_once_wait_for_each_others_ref(dataset, tmp_path, capsys):
+    """Three exports of one dataset started together (each to its own output): one or two exited 2 "output is
+    locked ... another run is writing it", because another held the dataset's lock for the milliseconds its ref
+    takes. An export waits a bounded while for the dataset's lock; a holder that keeps it (a shard run) is still
+    refused in one line."""
+    import threading
+
+    from pipeline import cli
+    from pipeline.ops import lock
+    from pipeline.tools import export
+
+    out, _manifest = dataset
+    released = threading.Event()
+
+    def hold_briefly():
+        with lock.OutputLock(str(out)).held():  # as another export registering its ref
+            taken.set()
+            released.wait(timeout=0.5)
+    taken = threading.Event()
+    holder = threading.Thread(target=hold_briefly)
+    holder.start()
+    taken.wait(timeout=10)
+    try:
+        assert cli.main(["export", str(out), "--format", "megatron", "--output", str(tmp_path / "m")]) == 0, (
+            capsys.readouterr().err)
+    finally:
+        released.set()
+        holder.join()
+    with lock.OutputLock(str(out)).held(), unittest.mock.patch.object(export, "DATASET_LOCK_WAIT_S", 0.3):
+        err = _refused_in_one_line(cli, capsys, ["export", str(out), "--output", str(tmp_path / "p")])
+    assert "output is locked by" in err and not (tmp_path / "p").exists(), err
+
+
+@pytest.mark.parametrize("place", ["{gen}/megatron", "generations/megatron", ".refs/megatron", "_staging/megatron"])
+def test_an_export_into_the_datasets_own_directories_is_refused(dataset, tmp_path, capsys, place):
+    """`--output DATASET/<generation>/x` (or generations/, _staging/) was accepted: the export's files sat among
+    the dataset's, and once a re-export moved its ref to a newer generation, `pileprep gc` removed the older
+    generation directory and the whole export with it. An export inside the dataset goes to a directory of its
+    own beside them (DATASET/<format>, the default); these are refused, nothing written."""
+    import shutil
+
+    from pipeline import cli
+    from tests.ops_fixtures import dataset_files
+
+    out, manifest = dataset
+    out = shutil.copytree(out, tmp_path / "ds")  # a copy: an export written into it must not reach other tests
+    before = dataset_files(out)
+    target = out / place.format(gen=manifest["generation"])
+    existed = target.exists()
+    err = _refused_in_one_line(cli, capsys, ["export", str(out), "--format", "megatron", "--output", str(target)])
+    assert f"--output {target}: " in err and "inside the dataset's" in err, err
+    assert dataset_files(out) == before and target.exists() == existed
+
+
+def test_verify_of_an_export_never_reads_export_json_through_a_link(dataset, tmp_path):
+    """A link in place of export.json (to another output's record) was followed: verify checked that record and
+    said OK. Every other path inside the output is refused through a link (export_verify.py `_inside`); export.json
+    too, and a link among the export's files that export.json does not list."""
+    import shutil
+
+    from pipeline.tools import export_formats
+    from pipeline.tools.verify import verify
+
+    out, _manifest = dataset
+    first = tmp_path / "a"
+    summary = export_formats.export_format(str(out), "mds", str(first))
+    second = tmp_path / "b"
+    shutil.copytree(first, second)
+    (second / "export.json").unlink()
+    (second / "export.json").symlink_to(first / "export.json")
+    report = verify(str(second))
+    assert not report.ok and [m for m in report.mismatches if "export.json" in m and "symbolic link" in m], (
+        report.mismatches)
+    third = tmp_path / "c"
+    shutil.copytree(first, third)
+    listed = third / summary["files"][0]["path"]
+    (listed.parent / "extra.mds").symlink_to(tmp_path / "elsewhere")  # dangling: never read
+    report = verify(str(third))
+    rel = str((listed.parent / "extra.mds").relative_to(third))
+    assert not report.ok and [m for m in report.mismatches if m.startswith(f"{rel}: ") and "symbolic link" in m], (
+        report.mismatches)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "megatron"])
+def test_a_directory_in_place_of_the_in_progress_marker_is_refused_before_the_ref(dataset, tmp_path, capsys, fmt):
+    """A directory named `.pileprep-export-in-progress` made the output pass as an export's own; the export then
+    wrote its ref into the dataset and failed writing the marker ("[Errno 21] Is a directory"): a refused export
+    that changed the dataset. It is refused as a malformed export.json is: one line naming it, nothing written."""
+    from pipeline import cli
+    from pipeline.tools.export_summary import IN_PROGRESS_MARKER
+    from tests.ops_fixtures import dataset_files
+
+    out, _manifest = dataset
+    before = dataset_files(out)
+    target = tmp_path / "o"
+    (target / IN_PROGRESS_MARKER).mkdir(parents=True)
+    err = _refused_in_one_line(cli, capsys, ["export", str(out), "--format", fmt, "--output", str(target)])
+    assert f"{target / IN_PROGRESS_MARKER}: " in err and "Errno" not in err, err
+    assert dataset_files(out) == before and [p.name for p in target.iterdir()] == [IN_PROGRESS_MARKER]
+
+
+def test_a_parquet_re_export_refuses_a_file_in_place_of_its_generation_directory(dataset, tmp_path, capsys):
+    """A file where a Parquet export's generation directory was: the export again failed with a raw "[Errno 17]
+    File exists" once its ref was written; the other formats refuse it in one line naming it (export_formats.py
+    `_plan`). Now Parquet too, before the ref, nothing written."""
+    from pipeline import cli
+    from tests.ops_fixtures import dataset_files
+
+    out, manifest = dataset
+    target = tmp_path / "pq"
+    export_parquet(str(out), str(target))
+    gen = target / manifest["generation"]
+    import shutil
+
+    shutil.rmtree(gen)
+    gen.write_text("mine")
+    before = {path: dataset_files(path) for path in (out, target)}
+    err = _refused_in_one_line(cli, capsys, ["export", str(out), "--output", str(target)])
+    assert f"{gen}: " in err and "Errno" not in err, err
+    assert {path: dataset_files(path) for path in before} == before
+
+
+def test_a_killed_exports_generation_is_removed_once_a_later_one_commits(dataset, tmp_path):
+    """An export killed while writing a new generation left that generation's directory; once the dataset moved on
+    and the export ran again, export.json never named it (neither `generation` nor `previous`), so no later export
+    removed it: one stale directory per killed export, for good. A directory the export created (its stamp inside)
+    that the committed export.json does not keep is removed with the older generations; a user's stays."""
+    import shutil
+
+    from pipeline.tools import export_formats
+
+    out, _manifest = dataset
+    copy = tmp_path / "ds"
+    shutil.copytree(out, copy)
+    target = tmp_path / "m"
+    first = export_formats.export_format(str(copy), "megatron", str(target))["generation"]
+    killed = _new_generation(copy, 64)
+    with unittest.mock.patch.object(export_formats.SplitJob, "put_many", _killed_in_the_second_split(export_formats)):
+        with pytest.raises(KeyboardInterrupt):
+            export_formats.export_format(str(copy), "megatron", str(target))
+    assert (target / killed).is_dir()
+    mine = target / "gen-0123456789abcdef"  # the user's, unstamped
+    mine.mkdir()
+    third = _new_generation(copy, 96)
+    summary = export_formats.export_format(str(copy), "megatron", str(target))
+    assert summary["generation"] == third and summary["previous"] == [first]
+    assert not (target / killed).exists() and mine.is_dir()
+    assert sorted(p.name for p in target.iterdir()) == sorted(["export.json", first, third, mine.name])
+
+
+@pytest.mark.parametrize("through_link", [False, True])
+def test_an_export_into_another_exports_generation_directory_is_refused(dataset, tmp_path, capsys, through_link):
+    """`--output A/<generation>/hf` inside export A's generation directory was accepted: A's next export after a new
+    dataset generation removes that directory (its own, stamped) with the other export inside. Refused in one
+    line, nothing written."""
+    from pipeline import cli
+    from pipeline.tools import export_formats
+    from tests.ops_fixtures import dataset_files
+
+    out, manifest = dataset
+    first = tmp_path / "a"
+    export_formats.export_format(str(out), "megatron", str(first))
+    before = {path: dataset_files(path) for path in (out, first)}
+    target = first / manifest["generation"] / "hf"
+    named = target
+    if through_link:  # --output a link (the operator's own name for it) to a directory inside A's generation
+        (first / manifest["generation"] / "sub").mkdir()
+        target = first / manifest["generation"] / "sub"
+        named = tmp_path / "link"
+        named.symlink_to(target)
+        before[first] = dataset_files(first)
+    err = _refused_in_one_line(cli, capsys, ["export", str(out), "--format", "hf", "--output", str(named)])
+    assert f"--output {named}: " in err and "generation directory of another export" in err, err
+    assert {path: dataset_files(path) for path in before} == before and not list(target.glob("*"))
