@@ -15,6 +15,18 @@ and cut into ranges by another process, so its ru_maxrss is the search's own pea
 (pipeline/retrieval/db_rows.py `exclusions`, 2,000 query chunks) and a sidecar writer's rows (`NeededRows`,
 4,000 rows and their continuations) by row group, another loads the database whole (store.ChunkDatabase,
 what those workers did before).
+
+    nice -n 10 python bench/retrieval_memory_bench.py --build [--build-mb 4]
+
+`retrieval build` (BM25): a shard dataset of seeded random-word documents (--build-mb MB of text, the
+unigram-1k-test tokenizer) and one of 4x the text, with 4x the dataset shards and database shards at 4x
+(so one shard stays the same size). The build runs on FnApiRunner with one SDK worker in its own process
+(`--direct_running_mode=multi_processing`): that worker's peak RSS (ru_maxrss of the reaped children) is the
+largest worker's; the runner's own process, which also holds the shuffles between stages (a shuffle service's
+job on a cluster), is reported apart. A third process per scale builds the BM25 postings alone from the written
+database (what build_index.build_bm25 does in one worker). `--dense` runs the dense path instead (embeddings,
+trained IVF64,SQ8 on 20,000 vectors, one filled part per database shard) with a hash of each chunk text standing
+in for MiniLM, which would take hours on CPU.
 """
 from __future__ import annotations
 
@@ -161,6 +173,126 @@ def db_main(args) -> int:
     return 0
 
 
+# the shared test tokenizer, where tests/conftest.py finds shared data
+TOKENIZER = os.path.join(os.environ.get("PILEPREP_SHARED_DATA") or os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "shared", "data"),
+    "tokenizers", "unigram-1k-test.model")
+
+
+def write_dataset(mb: float, shards: int, out: str) -> dict:
+    """`mb` MB of the good corpus sharded at 128 tokens into `shards` train shards (the e2e tests' dataset)."""
+    import pathlib  # noqa: PLC0415
+
+    from pipeline.config import ShardConfig  # noqa: PLC0415
+    from pipeline.shard import shard_pipeline  # noqa: PLC0415
+    from tests.corpus_fixtures import pile_line, write_zst  # noqa: PLC0415
+
+    t = time.perf_counter()
+    corpus = pathlib.Path(out) / "corpus"
+    corpus.mkdir(parents=True, exist_ok=True)
+    # seeded random-word documents of 2-6 KB (the test corpus's stdlib text runs out below 16 MB); this measures
+    # memory only
+    rng = np.random.default_rng(0)
+    words = ["".join(chr(97 + c) for c in rng.integers(0, 26, rng.integers(2, 9))) for _ in range(20_000)]
+    for f in range(shards):
+        lines, size = [], 0
+        while size < mb * 1e6 / shards:
+            text = " ".join(words[i] for i in rng.zipf(1.2, rng.integers(400, 1200)) % len(words))
+            lines.append(pile_line(text, f"src{len(lines) % 3}"))
+            size += len(text)
+        write_zst(corpus / f"{f:02d}.jsonl.zst", lines)
+    tok = os.environ.get("PILEPREP_BENCH_TOKENIZER", TOKENIZER)
+    if not os.path.exists(tok):
+        raise SystemExit(f"no tokenizer at {tok}: set PILEPREP_BENCH_TOKENIZER")
+    shard_pipeline.run(ShardConfig(inputs=(str(corpus / "*"),), output=os.path.join(out, "ds"), tokenizer=tok,
+                                   seq_len=128, num_shards=shards, val_fraction=0.0, test_fraction=0.0,
+                                   unit_mb=0.5), ["--runner=FnApiRunner", "--direct_num_workers=1",
+                                                  "--direct_running_mode=in_memory"])
+    return {"dataset_s": round(time.perf_counter() - t, 1)}
+
+
+def hash_handler():
+    """A stand-in for MiniLMHandler (pipeline/retrieval/build_index.py): seeded unit vectors of MiniLM's width from
+    a hash of each chunk text, so the dense build's other steps (embeddings, train, fill) run at CPU speed. Memory
+    only: these vectors mean nothing."""
+    import hashlib  # noqa: PLC0415
+
+    from apache_beam.ml.inference.base import ModelHandler, PredictionResult  # noqa: PLC0415
+
+    from transforms.retrieval import retrieval_encoders  # noqa: PLC0415
+
+    class HashHandler(ModelHandler):
+        def load_model(self):
+            return None
+
+        def run_inference(self, batch, model, inference_args=None):
+            out = []
+            for x in batch:
+                seed = int.from_bytes(hashlib.sha256(x.encode()).digest()[:8], "little")
+                v = np.random.default_rng(seed).standard_normal(retrieval_encoders.MINILM_DIM).astype(np.float32)
+                out.append(PredictionResult(x, v / np.linalg.norm(v)))
+            return out
+
+        def batch_elements_kwargs(self):
+            return {"min_batch_size": 1, "max_batch_size": 64}
+
+    return HashHandler
+
+
+def build_db(out: str, db_shards: int, dense: bool) -> dict:
+    """`retrieval build` (BM25, or dense with hash vectors and IVF64,SQ8 trained on 20,000 vectors) with one SDK
+    worker process; the largest worker's and the runner's peak RSS."""
+    from pipeline.retrieval import build as retrieval_build  # noqa: PLC0415
+    from pipeline.retrieval.config import BuildConfig  # noqa: PLC0415
+
+    t = time.perf_counter()
+    extra = {}
+    if dense:
+        handler = hash_handler()
+        retrieval_build.MiniLMHandler = lambda *a: handler()
+        extra = {"encoder": "minilm", "index": "IVF64,SQ8", "train_size": 20_000}
+    config = BuildConfig(dataset=os.path.join(out, "ds"), output=os.path.join(out, "db"), num_db_shards=db_shards,
+                         **extra)
+    m = retrieval_build.run(config, ["--runner=FnApiRunner", "--direct_num_workers=1",
+                                     "--direct_running_mode=multi_processing"])
+    return {"build_s": round(time.perf_counter() - t, 1), "chunks": int(m["counts"]["chunks"]),
+            "worker_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
+            "runner_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+def bm25_only(out: str) -> dict:
+    """The build's BM25 step alone (build_index.build_bm25: every database shard's tokens, then the postings)."""
+    import glob  # noqa: PLC0415
+
+    from pipeline.retrieval import store  # noqa: PLC0415
+    from transforms.retrieval import retrieval_encoders  # noqa: PLC0415
+
+    t = time.perf_counter()
+    tokens = []
+    for path in sorted(glob.glob(os.path.join(out, "db", "gen-*", "chunks-*.parquet"))):
+        tokens += store.read_parquet(path, ["tokens"])["tokens"]
+    retrieval_encoders.BM25Scorer.build(tokens).arrays()
+    return {"bm25_s": round(time.perf_counter() - t, 1),
+            "bm25_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+
+
+def build_main(args) -> int:
+    rows = []
+    for scale in (1, 4):
+        d = os.path.join(args.dir, f"build-x{scale}")
+        w = child(["--mode", "dswrite", "--n", str(2 * scale), "--build-mb", str(scale * args.build_mb), "--dir", d])
+        b = child(["--mode", "dbbuild", "--n", str(2 * scale), "--dir", d, *(["--dense"] if args.dense else [])])
+        m = {} if args.dense else child(["--mode", "bm25only", "--dir", d])
+        rows.append({"scale": scale, "text_mb": scale * args.build_mb, "shards": 2 * scale, **w, **b, **m})
+        print(json.dumps(rows[-1]), flush=True)
+    print(f"retrieval build largest worker 4x/1x peak RSS: "
+          f"{rows[1]['worker_peak_rss_mb'] / rows[0]['worker_peak_rss_mb']:.2f}; "
+          f"runner process 4x/1x: {rows[1]['runner_peak_rss_mb'] / rows[0]['runner_peak_rss_mb']:.2f}")
+    if not args.dense:
+        print(f"BM25 step alone (one process) 4x/1x: {rows[1]['bm25_peak_rss_mb'] / rows[0]['bm25_peak_rss_mb']:.2f}")
+    return 0
+
+
 def child(argv) -> dict:
     out = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], check=True, capture_output=True,
                          text=True).stdout
@@ -174,10 +306,14 @@ def main(argv=None) -> int:
     p.add_argument("--queries", type=int, default=2000)
     p.add_argument("--nlist", type=int, default=1024)
     p.add_argument("--dir", default="out/bench/memory")
-    p.add_argument("--mode", choices=["main", "build", "search", "whole", "dbwrite", "dbrows", "dbwhole"],
+    p.add_argument("--mode", choices=["main", "build", "search", "whole", "dbwrite", "dbrows", "dbwhole",
+                                         "dswrite", "dbbuild", "bm25only"],
                    default="main")
     p.add_argument("--db-rows", action="store_true", help="measure the query and sidecar-writer workers instead")
     p.add_argument("--db-base", type=int, default=500_000)
+    p.add_argument("--build", action="store_true", help="measure `retrieval build` (BM25) instead")
+    p.add_argument("--build-mb", type=float, default=4.0)
+    p.add_argument("--dense", action="store_true", help="--build: the dense path with hash vectors, not BM25")
     p.add_argument("--n", type=int, default=0)
     p.add_argument("--ranges", type=int, default=1)
     args = p.parse_args(argv)
@@ -187,6 +323,17 @@ def main(argv=None) -> int:
     if args.mode in ("dbrows", "dbwhole"):
         print(json.dumps(db_workers(args.dir, args.mode == "dbwhole")))
         return 0
+    if args.mode == "dswrite":
+        print(json.dumps(write_dataset(args.build_mb, args.n, args.dir)))
+        return 0
+    if args.mode == "dbbuild":
+        print(json.dumps(build_db(args.dir, args.n, args.dense)))
+        return 0
+    if args.mode == "bm25only":
+        print(json.dumps(bm25_only(args.dir)))
+        return 0
+    if args.build:
+        return build_main(args)
     if args.db_rows:
         return db_main(args)
     if args.mode == "build":

@@ -1,8 +1,10 @@
 """`retrieval neighbours --ranges R` end to end: a MiniLM database with a compressed IVF index, the sidecar
 written through the range search (pipeline/retrieval/neighbours_sharded.py) is byte-identical for R = 1 and
-R = 4 and for one worker and two, and never names a chunk of the query's own documents.
+R = 4, for one worker and two, and for R = 4 on Dask (a local cluster of two worker processes), and never names a
+chunk of the query's own documents.
 
-Small on purpose (~120 chunks: MiniLM on CPU encodes every query chunk once per run)."""
+Small on purpose (~120 chunks: MiniLM on CPU encodes every query chunk once per run); the R = 1 sidecar is made
+once per module and is the reference of both byte-identity tests."""
 from __future__ import annotations
 
 import pathlib
@@ -12,6 +14,7 @@ import pytest
 from model_contract import decode_example, load_manifest, read_records
 from model_contract.retrieval import check_sidecar, decode_sidecar
 from pipeline.errors import ConfigError
+from pipeline.ops import runners
 from pipeline.retrieval import build, neighbours
 from pipeline.retrieval.config import BuildConfig, NeighboursConfig
 from tests.retrieval_fixtures import IN_MEMORY, same_tree, small_dataset
@@ -45,8 +48,30 @@ def sidecar(dataset, db, out: pathlib.Path, ranges: int, args) -> pathlib.Path:
     return out
 
 
-def test_sidecar_is_byte_identical_for_1_and_4_ranges_and_1_or_2_workers(dataset, dense_db, tmp_path):
-    r1 = sidecar(dataset, dense_db, tmp_path / "r1", 1, IN_MEMORY)
+@pytest.fixture(scope="module")
+def r1(dataset, dense_db, tmp_path_factory):
+    return sidecar(dataset, dense_db, tmp_path_factory.mktemp("rr1") / "r1", 1, IN_MEMORY)
+
+
+@pytest.fixture(scope="module")
+def dask_address():
+    """Two worker processes of one thread each on 127.0.0.1, closed at teardown (Beam's DaskRunner would
+    otherwise start its own local cluster and never close it). Workers are spawned, so they import pileprep
+    from this checkout through the parent's sys.path, as a cluster's workers import it from their image."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster:
+        yield cluster.scheduler_address
+        # DaskRunner's own Client (the default one) outlives the pipeline; closed before the cluster, or it
+        # retries the closed scheduler at exit
+        while True:
+            try:
+                distributed.default_client().close()
+            except ValueError:  # no default client left
+                break
+
+
+def test_sidecar_is_byte_identical_for_1_and_4_ranges_and_1_or_2_workers(dataset, dense_db, r1, tmp_path):
     r4 = sidecar(dataset, dense_db, tmp_path / "r4", 4, IN_MEMORY)
     r4w2 = sidecar(dataset, dense_db, tmp_path / "r4w2", 4, TWO_WORKERS)
     same_tree(r1, r4)
@@ -65,6 +90,13 @@ def test_sidecar_is_byte_identical_for_1_and_4_ranges_and_1_or_2_workers(dataset
                 assert not set(ids) & set(q.doc_ids)  # same-document exclusion inside the range search
                 seen += len(ids)
     assert seen > 100
+
+
+def test_sidecar_on_dask_with_4_ranges_is_byte_identical_to_fnapi_with_1(dataset, dense_db, r1, dask_address,
+                                                                          tmp_path):
+    r4 = sidecar(dataset, dense_db, tmp_path / "dask-r4", 4,
+                 [f"--runner={runners.DASK_RUNNER}", f"--dask_client_address={dask_address}"])
+    same_tree(r1, r4)
 
 
 def test_ranges_need_an_ivf_index(dataset, tmp_path):
