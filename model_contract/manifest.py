@@ -73,6 +73,9 @@ class Manifest:
         return [s for s in self.shards if s.split == split]
 
     def generation_rows(self) -> list:
+        """The `generations` rows as checked `GenerationRow`s, in commit order: public API for a consumer of a
+        dataset (a trainer or notebook importing model_contract, not pileprep) asking which generations it holds
+        and each one's totals; pileprep's own commands keep the JSON rows (`generations`)."""
         return [GenerationRow.from_dict(g, f"generations[{i}]") for i, g in enumerate(self.generations)]
 
     def to_dict(self) -> dict:

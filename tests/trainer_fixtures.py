@@ -8,7 +8,7 @@ import os
 import numpy as np
 
 from model_contract import DataContract, Manifest, ShardInfo, TokenizerInfo, encode_example, frame_record
-from transforms.shard.packing import pack_documents
+from transforms.shard.packing import pack_blocks
 
 EOS = 1
 PAD = 0
@@ -33,7 +33,7 @@ def write_dataset(out_dir: str, *, seq_len: int = 32, vocab: int = 64, n_docs: i
     shards = []
     for i, group in enumerate(shard_docs):
         rel = f"{generation}/train-{i:05d}-of-{n_shards:05d}.tfrecord"
-        examples = list(pack_documents(group, seq_len, PAD))
+        examples = [b.example(e) for b in pack_blocks(group, seq_len, PAD) for e in range(b.examples)]
         data = b"".join(frame_record(encode_example(e.features())) for e in examples)
         with open(os.path.join(out_dir, rel), "wb") as f:
             f.write(data)
@@ -62,6 +62,15 @@ def loader_of(dataset: str, dp_rank: int = 0, dp: int = 1, seed: int = 0, stream
     manifest, mfile = open_dataset(DataConfig(path=dataset), cfg)
     return ShardLoader(manifest, mfile, DataConfig(path=dataset, seed=seed, streams=streams, shuffle_buffer=buf),
                        32, gb, dp_rank, dp)
+
+
+def merge_states(states: list) -> dict:
+    """Loader states of several ranks (identical by construction: trainer/streams.py) as one run-wide state, the
+    ranks checked to agree first (the trainer saves one rank's: trainer/train.py)."""
+    for st in states[1:]:
+        if (st["epoch"], st["step_in_epoch"]) != (states[0]["epoch"], states[0]["step_in_epoch"]):
+            raise RuntimeError("data-parallel ranks disagree on the loader position")
+    return states[0]
 
 
 def batch_ids(batch) -> list:

@@ -28,17 +28,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainer.attention import DocumentMask, VarlenBound, attend, build_mask, dense_mask, resolve_impl
+from trainer.attention import DocumentMask, VarlenBound, attend, build_mask, resolve_impl
 from trainer.config import ModelConfig
 from trainer.loss import IGNORE_INDEX, chunked_loss_sum, plain_loss_sum
 
 if TYPE_CHECKING:
     from trainer.retro import RetroSpec
-
-
-def attention_mask(segment_ids: torch.Tensor) -> torch.Tensor:
-    """Boolean [B, 1, T, T] mask: causal and same segment (the dense SDPA path)."""
-    return dense_mask(segment_ids)
 
 
 class CausalSelfAttention(nn.Module):

@@ -102,11 +102,3 @@ class Stream:
     def snapshot(self) -> tuple:
         s = self.state
         return (s.taken, s.buffer.copy(), s.emitted)
-
-
-def merge_states(states: list) -> dict:
-    """Loader states of several ranks (identical by construction) as one run-wide state."""
-    for st in states[1:]:
-        if (st["epoch"], st["step_in_epoch"]) != (states[0]["epoch"], states[0]["step_in_epoch"]):
-            raise RuntimeError("data-parallel ranks disagree on the loader position")
-    return states[0]

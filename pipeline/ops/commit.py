@@ -90,11 +90,6 @@ class ConcurrentCommitError(RuntimeError):
     """Another run committed to the same output while this one was running; nothing was published."""
 
 
-def committed_generation(output_dir: str) -> Optional[str]:
-    m = read_committed(output_dir)
-    return None if m is None else m.generation
-
-
 # ------------------------------------------------------------------------------------ path containment
 def _inside(path: str, root: str) -> bool:
     """`path` equals `root` or lies under it (both normalised)."""

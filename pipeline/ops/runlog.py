@@ -53,6 +53,9 @@ class RunLog:
 
 
 def read_run_log(path: str) -> list:
+    """The events of a `--run-log` file (local or s3://), in order: public API for an operator's script that reads
+    how a run went (its `committed` or `error` event, `summary` counters; docs/OPERATIONS.md "Run log"), e.g. an
+    Airflow task after the shard task of pipeline/ops/schedule/airflow_dag.py. pileprep itself only writes it."""
     return [json.loads(line) for line in io_utils.read_bytes(path).decode("utf-8").splitlines() if line.strip()]
 
 

@@ -103,12 +103,6 @@ def plan_documents(job) -> tuple:
             np.array(lengths, dtype=np.int64), np.array(ids, dtype=np.int64))
 
 
-def write_bin(job, path: str, dtype: np.dtype, eos_id: int) -> np.ndarray:
-    """Pass 2 for one file: every document's tokens at its place in `path`; returns the documents' lengths."""
-    plan = plan_documents(job)
-    return write_bins(job, plan, np.zeros(plan[2].size, dtype=np.int64), [path], dtype, eos_id)[0]
-
-
 def write_bins(job, plan: tuple, doc_file: np.ndarray, paths: list, dtype: np.dtype, eos_id: int) -> list:
     """Pass 2: every document's tokens at its place in `paths[doc_file[document]]` (documents keep their order
     inside each file); returns each file's document lengths."""

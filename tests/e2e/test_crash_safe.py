@@ -23,6 +23,12 @@ from tests.ops_fixtures import FAST_LOCAL, dataset_files, kill_group, real_corpu
 pytestmark = pytest.mark.timeout(240)
 
 
+def _committed_generation(output_dir: str):
+    """The live manifest's generation (None: nothing committed), read as every command reads it."""
+    m = commit.read_committed(output_dir)
+    return None if m is None else m.generation
+
+
 def _start(args):
     return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, env=subprocess_env(PYTHONPATH=str(REPO)), cwd=str(REPO),
@@ -160,15 +166,15 @@ def test_commit_refuses_when_another_run_committed_meanwhile_and_gc_keeps_refere
     # A run that started before gen-a was committed must not overwrite it.
     with pytest.raises(commit.ConcurrentCommitError, match=GEN_A):
         commit.commit_dataset(str(out), m_b, None, str(out / "_staging" / GEN_B))
-    assert commit.committed_generation(str(out)) == GEN_A
+    assert _committed_generation(str(out)) == GEN_A
     # A full rebuild replacing gen-a, keeping no previous generation: gen-a is collected after the commit,
     # gen-c (never committed: maybe a concurrent run's, in flight) is left alone.
     commit.commit_dataset(str(out), m_b, GEN_A, str(out / "_staging" / GEN_B), previous=m_a, keep_generations=0)
-    assert commit.committed_generation(str(out)) == GEN_B
+    assert _committed_generation(str(out)) == GEN_B
     assert not (out / GEN_A).exists() and (out / GEN_B).exists() and (out / GEN_C).exists()
     # Beam retrying the commit bundle: publishing the same manifest again is a no-op.
     commit.commit_dataset(str(out), m_b, GEN_A, str(out / "_staging" / GEN_B), previous=m_a)
-    assert commit.committed_generation(str(out)) == GEN_B
+    assert _committed_generation(str(out)) == GEN_B
 
 
 def test_manifest_replace_is_atomic_a_crash_before_rename_leaves_old_manifest(seed_manifest, tmp_path, monkeypatch):

@@ -383,7 +383,9 @@ def test_megatron_refuses_pieces_that_do_not_make_whole_documents(monkeypatch, t
 
     def run(examples):
         monkeypatch.setattr(em, "_examples", lambda _job: (("s", r, ex) for r, ex in enumerate(examples)))
-        return em.write_bin(job, str(tmp_path / "x.bin"), np.dtype(np.uint16), eos_id=2)
+        plan = em.plan_documents(job)  # both passes into one file: every document in file 0
+        return em.write_bins(job, plan, np.zeros(plan[2].size, dtype=np.int64), [str(tmp_path / "x.bin")],
+                             np.dtype(np.uint16), eos_id=2)[0]
 
     lengths = run([_piece_example([(5, 0, [7, 8, 9, 1, 1, 1, 1, 1])]), _piece_example([(5, 8, [4, 2]), (6, 0, [2])])])
     assert lengths.tolist() == [10, 1]

@@ -25,6 +25,15 @@ is allowed while it stays small, by one rule checked on its graph before it runs
     machines running the tests are shared, and a wall limit would fail tests that waited for a core.
 A transform count was tried and rejected: the whole default shard graph has 25 primitive steps, fewer than
 near-dedup's label propagation alone (30-46 with its assert_that).
+
+Every unit test, Beam or not, is also held to UNIT_TEST_CPU_S of CPU for its call (review of issue 29: a slow test
+without Beam was not timed), this process's threads and the children it waited for (RUSAGE_CHILDREN, so a
+`multiprocessing` child, spawned or forked, counts once joined). What would escape that count fails the test
+instead: a thread or a child process the call started that is still there when the test's teardown ends (its
+work, a pipeline included, would run on unguarded and untimed). The setup is not timed: a fixture of wider scope
+is set up in the first test that needs it and shared, and the guard cannot tell the scopes' CPU apart; threads
+and children started by fixtures are not checked for the same reason (a module fixture's server outlives the test
+by design).
 """
 from __future__ import annotations
 
@@ -34,10 +43,12 @@ import re
 import resource
 import shlex
 import subprocess
+import threading
 import time
 
 import pytest
 
+UNIT_TEST_CPU_S = 7.0  # the most CPU seconds one unit test's call may use, children included (docstring)
 TEST_PIPELINE_CPU_S = 3.0  # the most CPU seconds one unit test's TestPipeline runs may use in all (docstring)
 WHOLE_JOB_STEPS = ("ListInputs",)  # labels of a whole job's first step (docstring)
 # the commit steps of the two jobs, by module and name: a graph calling one is a whole job (docstring)
@@ -46,10 +57,15 @@ WHOLE_JOB_COMMITS = {("pipeline.shard.graph", "commit_generation"), ("pipeline.r
 WHOLE_JOB_COMMANDS = (("shard",), ("retrieval", "build"))
 OFFENDERS: list = []  # (nodeid, what) of every refused run, listed again in the terminal summary
 SPENT: dict = {}  # nodeid -> [CPU seconds its TestPipeline runs used so far]
+STARTED: dict = {}  # nodeid -> (threads, child pids) its call started, checked when its teardown ends
 
 
 class FullPipelineInUnitTest(AssertionError):
     """A whole Beam pipeline or a whole-job child process inside tests/unit (move the test to tests/integration/)."""
+
+
+class SlowUnitTest(AssertionError):
+    """A unit test over UNIT_TEST_CPU_S, or one that left a thread or child process running (docstring)."""
 
 
 def command_words(args) -> list:
@@ -239,6 +255,77 @@ def guarded(nodeid: str):
             cls.run_pipeline = real
 
 
+def _children() -> set:
+    """Pids of this process's children, running or exited but not yet waited for (Linux: /proc), less the helpers
+    `multiprocessing` starts once and keeps for the whole session (its resource tracker, started by the first spawn
+    child, and its fork server), which do no test's work."""
+    import multiprocessing.forkserver
+    import multiprocessing.resource_tracker
+
+    pids = set()
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            with open(f"/proc/self/task/{task}/children", encoding="ascii") as f:
+                pids.update(int(pid) for pid in f.read().split())
+    helpers = (getattr(multiprocessing.resource_tracker._resource_tracker, "_pid", None),  # noqa: SLF001
+               getattr(multiprocessing.forkserver._forkserver, "_forkserver_pid", None))  # noqa: SLF001
+    return pids - set(helpers)
+
+
+def _describe_child(pid: int) -> str:
+    with contextlib.suppress(OSError):
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            command = " ".join(os.fsdecode(word) for word in f.read().split(b"\0"))
+        return f"child {pid} ({command.strip()[:120]})"
+    return f"child {pid}"
+
+
+def _idle_helper(thread) -> bool:
+    """A thread a library keeps for the whole session, doing no test's work while parked: an idle worker of Beam's
+    shared pool (apache_beam.utils.thread_pool_executor, reused by the next run; the multi_processing runner leaves
+    four) and tqdm's monitor (one per process, started by the first progress bar)."""
+    cls = type(thread)
+    if (cls.__module__, cls.__name__) == ("apache_beam.utils.thread_pool_executor", "_Worker"):
+        return getattr(thread, "_work_item", None) is None
+    return (cls.__module__, cls.__name__) == ("tqdm._monitor", "TMonitor")
+
+
+@contextlib.contextmanager
+def cpu_budget(nodeid: str, limit_s: float = None):
+    """Refuses a body that used more than `limit_s` (UNIT_TEST_CPU_S) of CPU, children waited for included;
+    records what threads and children it started for `check_left_running`."""
+    limit_s = UNIT_TEST_CPU_S if limit_s is None else limit_s
+    threads, children, cpu = set(threading.enumerate()), _children(), _cpu_s()
+    try:
+        yield
+    finally:
+        used = _cpu_s() - cpu
+        STARTED[nodeid] = (set(threading.enumerate()) - threads, _children() - children)
+    if used > limit_s:
+        OFFENDERS.append((nodeid, f"{used:.1f} s of CPU"))
+        raise SlowUnitTest(f"{nodeid} used {used:.1f} s of CPU, children included (more than {limit_s:g}): "
+                           f"tests/unit holds fast unit tests only; make it faster or move it to "
+                           f"tests/integration/<room>/ (tests/unit/conftest.py)")
+
+
+def check_left_running(nodeid: str, grace_s: float = 2.0) -> None:
+    """Refuses the threads and child processes the test's call started that are still there (after up to
+    `grace_s` for those already on their way out)."""
+    threads, children = STARTED.pop(nodeid, (set(), set()))
+    threads = {t for t in threads if not _idle_helper(t)}
+    deadline = time.monotonic() + grace_s
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    while children & _children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left = [f"thread {t.name!r}" for t in threads if t.is_alive() and not _idle_helper(t)] + \
+        [_describe_child(pid) for pid in sorted(children & _children())]
+    if left:
+        OFFENDERS.append((nodeid, f"left running: {', '.join(left)}"))
+        raise SlowUnitTest(f"{nodeid} left running after its teardown: {', '.join(left)[:300]} (its work would go on "
+                           f"unguarded and untimed: join it, or wait for it; tests/unit/conftest.py)")
+
+
 @contextlib.contextmanager
 def no_full_pipeline(nodeid: str):
     refused_before = len(OFFENDERS)
@@ -268,16 +355,18 @@ def pytest_runtest_setup(item):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
-    with no_full_pipeline(item.nodeid):
+    with cpu_budget(item.nodeid), no_full_pipeline(item.nodeid):
         return (yield)
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item, nextitem):
     with no_full_pipeline(item.nodeid):
-        return (yield)
+        result = yield
+    check_left_running(item.nodeid)
+    return result
 
 
 def pytest_terminal_summary(terminalreporter):
     for nodeid, what in OFFENDERS:
-        terminalreporter.write_line(f"full pipeline in tests/unit: {nodeid}: {what}", red=True)
+        terminalreporter.write_line(f"not a fast unit test in tests/unit: {nodeid}: {what}", red=True)

@@ -166,18 +166,3 @@ class IdIndex:
                 sel = order[a:b]
                 hit[sel] = member_of_sorted(query[sel], np.frombuffer(data, dtype=ID_DTYPE))
         return hit
-
-
-def read_index_ids(path: str) -> Iterable[np.ndarray]:
-    """Every id of an index, in sorted batches (for tests: tests/integration/shard/test_splits_dedup.py)."""
-    index = IdIndex(path)
-    with io_utils.open_read(path) as f:
-        f.seek(index._ids_at)  # noqa: SLF001
-        left = index.n
-        while left:
-            data = f.read(min(left, MERGE_BLOCK) * ID_DTYPE.itemsize)
-            if not data:
-                raise IOError(f"{path}: document id index cut short")
-            batch = np.frombuffer(data, dtype=ID_DTYPE)
-            left -= batch.size
-            yield batch

@@ -134,10 +134,3 @@ def pack_blocks(documents: Iterable, seq_len: int, pad_id: int,
                 pieces, room = [], block_tokens
     if pieces:
         yield _build_block(pieces, seq_len, pad_id)
-
-
-def pack_documents(documents: Iterable, seq_len: int, pad_id: int) -> Iterator[PackedExample]:
-    """Pack (doc_id, tokens-including-EOS) pairs, in the given order, into examples of exactly seq_len."""
-    for block in pack_blocks(documents, seq_len, pad_id):
-        for e in range(block.examples):
-            yield block.example(e)

@@ -100,13 +100,6 @@ def window_cuts(counts: np.ndarray, cap: int) -> list:
     return cuts
 
 
-def range_rows(plan, r: int, unit_names) -> list:
-    """[(unit name, staged band rows of key range r)] of every unit, in name order (the whole range at once:
-    for tests; the tasks read it window by window, windows.py RangeWindows)."""
-    return [(name, np.frombuffer(io_utils.read_bytes(paths.band_rows(plan.staging_dir, name, r)), dtype=BAND_ROW))
-            for name in sorted(unit_names)]
-
-
 def unit_sigs(plan, name: str) -> np.ndarray:
     num_perm = plan.config.near_dedup_config.params.num_perm
     return np.frombuffer(io_utils.read_bytes(paths.band_signatures(plan.staging_dir, name)),

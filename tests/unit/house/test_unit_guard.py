@@ -10,7 +10,8 @@ import pytest
 from apache_beam.testing.test_pipeline import TestPipeline as BeamTestPipeline
 from apache_beam.testing.util import assert_that, equal_to
 
-from tests.unit.conftest import OFFENDERS, FullPipelineInUnitTest, is_whole_job_command
+from tests.unit.conftest import (OFFENDERS, FullPipelineInUnitTest, SlowUnitTest, check_left_running, cpu_budget,
+                                 is_whole_job_command)
 
 
 def test_a_pipeline_run_is_refused_and_a_test_pipeline_is_not():
@@ -215,3 +216,103 @@ def test_the_cpu_budget_is_per_test_not_per_test_pipeline(monkeypatch):
             with BeamTestPipeline() as p:
                 assert_that(p | beam.Create([1]) | beam.Map(_burn, 0.5), equal_to([1]))
     OFFENDERS.pop()
+
+
+def test_a_unit_test_over_the_cpu_budget_fails_beam_or_not():
+    """Issue 29's review: a slow unit test that used no Beam was not timed. Every call is (cpu_budget)."""
+    with pytest.raises(SlowUnitTest, match=r"s of CPU, children included \(more than 0.2\)"):
+        with cpu_budget("burns", 0.2):
+            _burn(None, 0.4)
+    assert OFFENDERS.pop()[0] == "burns"
+    with cpu_budget("idles", 0.2):
+        _burn(None, 0.05)
+
+
+def test_cpu_of_a_spawned_child_counts_once_joined():
+    """A `multiprocessing` spawn child (its own interpreter: none of the guard's patches, not in process_time)
+    counts through RUSAGE_CHILDREN when joined: this process spends almost nothing here, the child ~0.5 s."""
+    import multiprocessing
+
+    own = time.process_time()
+    with pytest.raises(SlowUnitTest, match="s of CPU"):
+        with cpu_budget("child", 0.25):
+            child = multiprocessing.get_context("spawn").Process(target=sum, args=(range(40_000_000),))
+            child.start()
+            child.join()
+            assert child.exitcode == 0 and time.process_time() - own < 0.25
+    OFFENDERS.pop()
+
+
+def test_a_thread_or_child_left_running_fails_the_test():
+    """What a call leaves running would go on past the test, unguarded and untimed (a thread running a pipeline,
+    a spawn child not joined): refused when the test's teardown ends (check_left_running)."""
+    import multiprocessing
+    import threading
+
+    release = threading.Event()
+    with cpu_budget("thread"):
+        thread = threading.Thread(target=release.wait, name="left-behind", daemon=True)
+        thread.start()
+    with pytest.raises(SlowUnitTest, match="left running.*thread 'left-behind'"):
+        check_left_running("thread", grace_s=0.1)
+    OFFENDERS.pop()
+    release.set()
+    thread.join()
+    with cpu_budget("child"):
+        child = multiprocessing.get_context("spawn").Process(target=time.sleep, args=(60,))
+        child.start()
+    try:
+        with pytest.raises(SlowUnitTest, match=f"left running.*child {child.pid}"):
+            check_left_running("child", grace_s=0.1)
+        OFFENDERS.pop()
+    finally:
+        child.kill()
+        child.join()
+    with cpu_budget("joined"):  # joined before the end: nothing left
+        thread = threading.Thread(target=sum, args=(range(10),))
+        thread.start()
+        thread.join()
+    check_left_running("joined", grace_s=0.1)
+
+
+HOOKED = '''
+import threading
+import time
+
+import conftest  # the guard under test (tests/unit/conftest.py copied beside this file)
+
+conftest.UNIT_TEST_CPU_S = 0.3
+
+
+def test_burns():
+    start = time.process_time()
+    while time.process_time() - start < 0.6:
+        pass
+
+
+def test_leaves_a_thread():
+    threading.Thread(target=threading.Event().wait, name="still-here", daemon=True).start()
+
+
+def test_fast():
+    pass
+'''
+
+
+def test_the_hooks_hold_every_unit_test_to_the_budget(tmp_path):
+    """The guard's hooks, not only its functions: in a pytest run under the guard, a test without Beam over the
+    budget fails its call and a thread left running fails its teardown; a fast test passes."""
+    import shutil
+
+    from tests.conftest import REPO
+
+    shutil.copy(REPO / "tests" / "unit" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_hooked.py").write_text(HOOKED)
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "--rootdir",
+                        str(tmp_path), str(tmp_path)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                       env={**__import__("os").environ, "PYTHONPATH": str(REPO)})
+    out = r.stdout
+    assert r.returncode == 1 and "1 failed, 2 passed, 1 error" in out, out[-3000:]
+    assert "FAILED test_hooked.py::test_burns" in out and "more than 0.3" in out, out[-3000:]
+    assert "ERROR test_hooked.py::test_leaves_a_thread" in out and "'still-here'" in out, out[-3000:]
+    assert "PASSED test_hooked.py::test_fast" in out, out[-3000:]

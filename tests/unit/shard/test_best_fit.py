@@ -10,7 +10,7 @@ from model_contract import decode_example, frame_examples
 from model_contract.tfrecord import iter_records
 from transforms.shard import best_fit, packing_stats
 from transforms.shard.best_fit import pack_best_fit, plan_window
-from transforms.shard.packing import pack_documents
+from transforms.shard.packing import pack_blocks
 
 pytestmark = pytest.mark.formats
 PAD = 0
@@ -136,7 +136,7 @@ def test_splits_fewer_documents_than_concat():
         pieces = rebuild(examples, seq_len)
         return sum(1 for d, t in docs if t.size <= seq_len and len(pieces[d]) > 1)
 
-    concat = fitting_split(list(pack_documents(docs, seq_len, PAD)))
+    concat = fitting_split(examples_of(pack_blocks(docs, seq_len, PAD)))
     assert concat > 10 and fitting_split(examples_of(pack_best_fit(docs, seq_len, PAD))) == 0
 
 
@@ -144,7 +144,7 @@ def test_splits_fewer_documents_than_concat():
 def test_packing_stats_count_the_pieces_the_packer_made(packing):
     seq_len = 32
     docs = docs_of(random_lengths(13, n=150, seq_len=seq_len))
-    examples = (list(pack_documents(docs, seq_len, PAD)) if packing == "concat"
+    examples = (examples_of(pack_blocks(docs, seq_len, PAD)) if packing == "concat"
                 else examples_of(pack_best_fit(docs, seq_len, PAD)))
     pieces = rebuild(examples, seq_len)
     stats, position = {}, 0

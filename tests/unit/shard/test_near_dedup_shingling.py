@@ -58,6 +58,11 @@ def test_shingles_of_a_batch_equal_each_text_alone():
                 assert np.array_equal(got, shingling.shingles(text, n)), text
 
 
+def token_shingles(ids, n: int = shingling.SHINGLE_TOKENS) -> np.ndarray:
+    """One document's shingles: a batch of one (the stage signs whole batches: pipeline/shard/near_dedup/sign.py)."""
+    return shingling.token_shingles_batch([ids], n)[0]
+
+
 def _naive_token_shingles(ids, n):
     """The reference: each window's ids hashed one by one in Python (start at n, then per id h = h * golden +
     mix(id ^ salt), 64-bit wrapping, mix at the end), sorted unique; fewer than n ids: one window of all."""
@@ -101,7 +106,7 @@ def test_token_shingles_of_a_batch_equal_a_naive_reference_per_document():
             assert np.array_equal(np.unique(l), ref)
         params = minhash.MinHashParams()
         assert np.array_equal(minhash.signatures(got, params), minhash.signatures(loose, params))
-    assert np.array_equal(shingling.token_shingles(docs[5]), shingling.token_shingles_batch(docs, 5)[5])
+    assert np.array_equal(token_shingles(docs[5]), shingling.token_shingles_batch(docs, 5)[5])
     # order matters: a swap changes windows
-    assert not np.array_equal(shingling.token_shingles([1, 2, 3, 4, 5]), shingling.token_shingles([2, 1, 3, 4, 5]))
+    assert not np.array_equal(token_shingles([1, 2, 3, 4, 5]), token_shingles([2, 1, 3, 4, 5]))
     assert shingling.token_shingles_batch([], 5) == []

@@ -15,6 +15,7 @@ from pipeline.shard.near_dedup import band_files, band_index_writer, windows
 from pipeline.shard.near_dedup import edges as near_edges
 from pipeline.shard.near_dedup.elements import CommittedBandFile, DocRef, IndexTask, RangeTask
 from pipeline.shard.near_dedup.settings import NearDedupConfig
+from transforms.io import io_utils
 from transforms.shard import doc_ids
 from transforms.shard.near_dedup import band_index, minhash, paths
 
@@ -53,9 +54,17 @@ def stage_units(plan, n_units: int = 3, n_docs: int = 120) -> list:
     return names
 
 
+def range_rows(plan, r: int, unit_names) -> list:
+    """[(unit name, staged band rows of key range r)] of every unit, in name order: the whole range at once, the
+    reference the tasks' windows (windows.py RangeWindows) are checked against."""
+    return [(name, np.frombuffer(io_utils.read_bytes(paths.band_rows(plan.staging_dir, name, r)),
+                                 dtype=band_files.BAND_ROW))
+            for name in sorted(unit_names)]
+
+
 def one_window_index(plan, r: int, names, indexes) -> bytes:
     """The band index of range r as the task wrote it before windows: every unit's rows at once."""
-    parts = [(name, a) for name, a in band_files.range_rows(plan, r, names) if a.size]
+    parts = [(name, a) for name, a in range_rows(plan, r, names) if a.size]
     rows = np.concatenate([a for _n, a in parts])
     tables = [band_files.unit_sigs(plan, name) for name, _a in parts]
     offsets = np.cumsum([0] + [t.shape[0] for t in tables[:-1]]).tolist()
@@ -93,7 +102,7 @@ def test_a_task_holds_at_most_window_rows_and_writes_the_bytes_of_the_whole_rang
     monkeypatch.setattr(band_files, "WINDOW_ROWS", CAP)
     rows_of_range = []
     for r in range(band_index.BAND_RANGES):
-        total = sum(a.size for _n, a in band_files.range_rows(plan, r, names))
+        total = sum(a.size for _n, a in range_rows(plan, r, names))
         rows_of_range.append(total)
         counted.clear()
         edges = list(near_edges.range_edges(RangeTask(r, tuple(names)), plan))
@@ -134,7 +143,7 @@ def test_committed_band_index_files_are_read_by_window_and_checked_whole(tmp_pat
     monkeypatch.setattr(band_files, "WINDOW_ROWS", CAP)
     edges = list(near_edges.range_edges(RangeTask(r, tuple(names[1:])), plan, (entry,)))
     assert len(counted) > 3 and sum(n for n, _f in counted) == len(data) // band_index.row_dtype(
-        PARAMS.num_perm).itemsize + sum(a.size for _n, a in band_files.range_rows(plan, r, names[1:]))
+        PARAMS.num_perm).itemsize + sum(a.size for _n, a in range_rows(plan, r, names[1:]))
     monkeypatch.setattr(band_files, "WINDOW_ROWS", 1 << 40)
     whole = list(near_edges.range_edges(RangeTask(r, tuple(names[1:])), plan, (entry,)))
     assert any(a.committed for a, _b, _j in edges)

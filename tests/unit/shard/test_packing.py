@@ -5,7 +5,14 @@ import numpy as np
 import pytest
 
 from model_contract.example_codec import PieceColumn
-from transforms.shard.packing import pack_documents
+from transforms.shard.packing import pack_blocks
+
+
+def pack_documents(documents, seq_len: int, pad_id: int):
+    """Examples one at a time, as the trainer reads them: every example of every block of `pack_blocks`."""
+    for block in pack_blocks(documents, seq_len, pad_id):
+        for e in range(block.examples):
+            yield block.example(e)
 
 
 def docs_of(lengths, eos=3):

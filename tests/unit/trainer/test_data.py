@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from model_contract import TFRecordCorruptError
-from tests.trainer_fixtures import loader_of as _loader, write_dataset
+from tests.trainer_fixtures import loader_of as _loader, merge_states, write_dataset
 from trainer.data import make_labels
 from trainer.model import IGNORE_INDEX
-from trainer.streams import merge_states
 
 torch.set_num_threads(1)
 

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import torch
 
+from trainer.attention import dense_mask
 from trainer.config import model_config
-from trainer.model import GPTStage, attention_mask, build_gpt
+from trainer.model import GPTStage, build_gpt
 
 torch.set_num_threads(1)
 
@@ -23,7 +24,7 @@ def test_attention_never_crosses_documents():
     out2 = model(ids2, pos, seg)
     torch.testing.assert_close(out[0, 10:], out2[0, 10:])  # documents 2, 3 and padding unaffected
     assert not torch.allclose(out[0, :10], out2[0, :10])
-    m = attention_mask(seg)[0, 0]
+    m = dense_mask(seg)[0, 0]
     assert m[12, 11] and not m[12, 9] and not m[11, 12]
 
 

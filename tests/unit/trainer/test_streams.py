@@ -7,15 +7,40 @@ import os
 import pytest
 import torch
 
-from tests.trainer_fixtures import batch_ids as _ids, loader_of as _loader
+from tests.trainer_fixtures import batch_ids as _ids, loader_of, merge_states
 from trainer.config import DataConfig, model_config
 from trainer.dataset import open_dataset
-from trainer.streams import merge_states
+from trainer.streams import Stream, StreamState
 
 torch.set_num_threads(1)
 
 
 CFG = model_config("tiny", seq_len=32, vocab_size=64, n_layers=3, d_model=32, n_heads=2)
+OPEN: list = []  # the loaders a test made, closed after it: their prefetch threads stop (tests/unit/conftest.py)
+
+
+def _loader(*args, **kwargs):
+    OPEN.append(loader_of(*args, **kwargs))
+    return OPEN[-1]
+
+
+@pytest.fixture(autouse=True)
+def close_loaders():
+    yield
+    while OPEN:
+        OPEN.pop().close()
+
+
+def test_a_stream_emits_its_records_once_and_resumes_from_its_state():
+    """Stream s of S takes records s, s+S, ... once each per epoch, shuffled through its buffer; a stream rebuilt
+    from a copy of the state mid-way emits the same rest."""
+    full = Stream(100, 8, 4, seed=3, state=StreamState(stream=5, epoch=0))
+    order = [full.next() for _ in range(12)]
+    assert full.next() is None and sorted(order) == list(range(5, 100, 8)) and order != sorted(order)
+    first = Stream(100, 8, 4, seed=3, state=StreamState(stream=5, epoch=0))
+    head = [first.next() for _ in range(6)]
+    resumed = Stream(100, 8, 4, seed=3, state=StreamState.from_dict(first.state.to_dict()))
+    assert head + [resumed.next() for _ in range(6)] == order
 
 
 def test_data_order_is_deterministic_and_seeded(shared_dataset):

@@ -234,9 +234,3 @@ def token_shingles_batch(arrays: list, n: int = SHINGLE_TOKENS, unique: bool = T
         else:
             out[k] = finish(_window_hashes(w[lo:hi], n, mix_each=False))
     return out
-
-
-def token_shingles(ids, n: int = SHINGLE_TOKENS) -> np.ndarray:
-    """Sorted unique token n-gram shingle hashes of one document's token ids (`token_shingles_batch`)."""
-    return token_shingles_batch([ids], n)[0]
-
