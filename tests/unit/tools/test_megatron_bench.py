@@ -101,3 +101,27 @@ def test_marginal_ratios_and_targets(capsys, bench):
     rows[1][3][fast.FAST]["cpu_s"] = 20  # less CPU at the larger size (noise): no ratio, no verdict
     fast.print_fast_tables(rows, ["p"], lambda tool, r: tool)
     assert "marginal CPU per token ÷ fast n/a (target <= 1.00): not measured" in capsys.readouterr().out
+
+
+def test_a_negative_marginal_of_pileprep_is_no_verdict(capsys, bench):
+    """review30: pileprep's CPU lower at the larger size (noise, a slow stretch under the small size's runs) made
+    its marginal cost negative, and a negative ratio passed `<= 1.0` as "met"."""
+    fast = bench("megatron_fast")
+    rows = [("384 MB", 10, None, {fast.FAST: _run(20, 25, 100e6, 2000), "p": _run(18, 30, 100e6, 500)}),
+            ("1536 MB", 40, None, {fast.FAST: _run(50, 65, 500e6, 7000), "p": _run(38, 20, 500e6, 520)})]
+    fast.print_fast_tables(rows, ["p"], lambda tool, r: tool)
+    out = capsys.readouterr().out
+    assert "marginal CPU per token ÷ fast n/a (target <= 1.00): not measured" in out
+    assert ": met" not in out.split("marginal CPU per token")[1].splitlines()[0]
+
+
+def test_two_sizes_with_the_same_tokens_print_their_tables(capsys, bench):
+    """review30: `--sizes 96 1x96` (or a size given twice) gives two rows with the same tokens; the marginal
+    divided by zero and the bench died in its last step, every run's figures lost."""
+    fast = bench("megatron_fast")
+    rows = [(label, 10, None, {fast.FAST: _run(20, 25, 100e6, 2000), "p": _run(18, 30, 100e6, 500)})
+            for label in ("96 MB", "96 MB (1×96)")]
+    fast.print_fast_tables(rows, ["p"], lambda tool, r: tool)
+    out = capsys.readouterr().out
+    assert "marginal CPU per token ÷ fast n/a (target <= 1.00): not measured" in out
+    assert "wall ÷ fast 0.90 (target <= 0.80): MISSED" in out
