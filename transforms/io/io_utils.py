@@ -29,8 +29,9 @@ def is_local(path: str) -> bool:
 def open_read(path: str):
     # Uncompressed: the compression formats are our business (we detect damage that Beam's readers hide). A local
     # path opens as Beam's LocalFileSystem would (apache_beam/io/localfilesystem.py `_path_open`: `io.open(path,
-    # "rb")` when uncompressed) without FileSystems' per-call scan of its filesystem plugins, ~35 µs a call: the
-    # pack stage opens every unit's files once per shard (docs/BENCHMARKS.md "Issue 29: local reads").
+    # "rb")` when uncompressed) without FileSystems' scan of its filesystem plugins on every call: the pack stage
+    # opens every unit's files once per shard (the profile is in commit a11191f's message). Same bytes, same
+    # errors: tests/unit/io/test_io_utils.py.
     if is_local(path):
         return open(path, "rb")
     return FileSystems.open(path, compression_type="uncompressed")
