@@ -77,10 +77,13 @@ def test_copies_are_distinct_documents(tmp_path, bench):
     assert records[4]["text"] == "a b" + corpus.MARKER.format(j=2)
 
 
-@pytest.mark.parametrize("size", ["16y96", "x96", "16x", "1.5"])
-def test_a_size_is_n_or_k_copies_of_n(size, bench):
+@pytest.mark.parametrize("size", ["16y96", "x96", "16x", "1.5", "0", "0x96", "16x0"])
+def test_a_size_is_n_or_k_copies_of_n(size, bench, tmp_path):
+    """review30 added 0, 0x96, 16x0: an empty corpus was built and run, each tool's first run failing or dividing
+    by zero tokens, after the corpora before it had been timed. The cache is tmp_path: a size let through builds
+    its corpus there."""
     with pytest.raises(SystemExit, match="--sizes"):
-        bench("megatron_side_by_side").corpus_for("/nonexistent", size, "")
+        bench("megatron_side_by_side").corpus_for(str(tmp_path), size, "")
 
 
 def _run(wall, cpu, tokens, rss):
