@@ -90,8 +90,8 @@ def corpus_for(cache_dir: str, size: str, fingerprint: str) -> tuple:
     rate is measured on the N MB base (the same documents but for one marker line: two single-thread passes
     over 1.5 GB would take ~15 minutes)."""
     copies, sep, base = size.lower().rpartition("x")
-    if not base.isdigit() or (sep and not copies.isdigit()):
-        raise SystemExit(f"--sizes {size}: give N (MB) or KxN (K copies of the N MB sample)")
+    if not base.isdigit() or (sep and not copies.isdigit()) or int(base) == 0 or (sep and int(copies) == 0):
+        raise SystemExit(f"--sizes {size}: give N (MB) or KxN (K copies of the N MB sample), K and N at least 1")
     if not copies:
         root = build_corpus(cache_dir, int(base), fingerprint, rebuild=False)["output_dir"]
         return f"{base} MB", root, root
