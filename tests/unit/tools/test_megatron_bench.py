@@ -128,3 +128,17 @@ def test_two_sizes_with_the_same_tokens_print_their_tables(capsys, bench):
     out = capsys.readouterr().out
     assert "marginal CPU per token ÷ fast n/a (target <= 1.00): not measured" in out
     assert "wall ÷ fast 0.90 (target <= 0.80): MISSED" in out
+
+
+def test_a_bad_size_is_refused_before_any_size_runs(tmp_path, monkeypatch, bench):
+    """review30: `--sizes 384 16y96` timed the whole 384 MB part (minutes) before refusing the typo."""
+    for name in ("MEGATRON_DIR", "MEGATRON_FAST_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    side = bench("megatron_side_by_side")
+    built = []
+    monkeypatch.setattr(side, "corpus_for", lambda *a: built.append(a) or (_ for _ in ()).throw(RuntimeError))
+    tokenizer = tmp_path / "t.model"
+    tokenizer.write_bytes(b"")
+    with pytest.raises(SystemExit, match="--sizes 16y96"):
+        side.main(["--sizes", "384", "16y96", "--tokenizer", str(tokenizer), "--cache-dir", str(tmp_path)])
+    assert built == []
