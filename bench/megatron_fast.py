@@ -91,8 +91,9 @@ def run_megatron_fast(fast_dir: str, jsonl: str, hf_dir: str, out_dir: str) -> d
     return dict(result, label="Megatron fast (gigatoken)")
 
 
-def _per_m(seconds: float, tokens: int) -> float:
-    return seconds / tokens * 1e6
+def _per_m(seconds: float, tokens: int) -> float | None:
+    """Seconds per million tokens; None for no tokens between two sizes (a size given twice, or `96 1x96`)."""
+    return seconds / tokens * 1e6 if tokens else None
 
 
 def marginal(ra: dict, rb: dict) -> dict:
@@ -102,13 +103,14 @@ def marginal(ra: dict, rb: dict) -> dict:
             "rss": rb["largest_mb"] / ra["largest_mb"]}
 
 
-def _over(x: float, y: float) -> float | None:
-    """x ÷ y, or None when y is not positive (a marginal cost lost in the noise of tiny sizes)."""
-    return x / y if y > 0 else None
+def _over(x: float | None, y: float | None) -> float | None:
+    """x ÷ y, or None when either is not measured or not positive (a marginal cost lost in the noise of tiny
+    sizes: a negative ratio would pass any target)."""
+    return x / y if x is not None and y is not None and x >= 0 and y > 0 else None
 
 
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.2f}"
+def _fmt(x: float | None, digits: int = 2) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
 
 
 def print_fast_tables(rows: list, others: list, label) -> None:
@@ -144,7 +146,7 @@ def print_fast_tables(rows: list, others: list, label) -> None:
                 if tool not in a or tool not in b:
                     continue
                 m = marginal(a[tool], b[tool])
-                print(f"| {sa} → {sb} | {label(tool, b[tool])} | {m['cpu']:.3f} | {m['wall']:.3f} "
+                print(f"| {sa} → {sb} | {label(tool, b[tool])} | {_fmt(m['cpu'], 3)} | {_fmt(m['wall'], 3)} "
                       f"| {_fmt(_over(m['cpu'], fast['cpu']))} | {_fmt(_over(m['wall'], fast['wall']))} "
                       f"| {m['rss']:.2f} |")
     _print_targets(rows, others, label)

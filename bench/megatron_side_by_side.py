@@ -84,14 +84,21 @@ def _commit(checkout: str) -> str:
     return head + ("+dirty" if git("status", "--short", "--untracked-files=no").strip() else "")
 
 
+def size_parts(size: str) -> tuple:
+    """("K", "N") of a --sizes entry ("" for K when it is a plain N), or exit naming it: checked for every entry
+    before the first corpus is built, so a typo in the last one does not cost the runs of the others."""
+    copies, sep, base = size.lower().rpartition("x")
+    if not base.isdigit() or (sep and not copies.isdigit()) or int(base) == 0 or (sep and int(copies) == 0):
+        raise SystemExit(f"--sizes {size}: give N (MB) or KxN (K copies of the N MB sample), K and N at least 1")
+    return copies, base
+
+
 def corpus_for(cache_dir: str, size: str, fingerprint: str) -> tuple:
     """(label, corpus root, root the raw reference reads) of one --sizes entry: "N" is `pileprep sample
     --size-mb N`; "KxN" is K distinct copies of that sample (bench/megatron_corpus.py), whose raw SentencePiece
     rate is measured on the N MB base (the same documents but for one marker line: two single-thread passes
     over 1.5 GB would take ~15 minutes)."""
-    copies, sep, base = size.lower().rpartition("x")
-    if not base.isdigit() or (sep and not copies.isdigit()):
-        raise SystemExit(f"--sizes {size}: give N (MB) or KxN (K copies of the N MB sample)")
+    copies, base = size_parts(size)
     if not copies:
         root = build_corpus(cache_dir, int(base), fingerprint, rebuild=False)["output_dir"]
         return f"{base} MB", root, root
@@ -130,6 +137,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=1, help="runs of every tool per size, alternating; the table "
                                                          "holds each tool's median run by wall")
     args = p.parse_args(argv)
+    for size in args.sizes:
+        size_parts(size)
     script = args.megatron_dir and os.path.join(args.megatron_dir, "tools", "preprocess_data.py")
     if script and not os.path.exists(script):
         raise SystemExit(f"{script} not found: --megatron-dir must be a Megatron-LM checkout")

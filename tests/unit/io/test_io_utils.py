@@ -129,3 +129,27 @@ def test_start_writeback_is_accepted_by_the_kernel(tmp_path):
         assert io_utils.start_writeback(fd) is True
     finally:
         os.close(fd)
+
+
+def test_open_read_of_a_local_path_is_beams_open(tmp_path, monkeypatch):
+    """review30 (held): open_read opens a local path with io.open (a11191f); the same bytes and the same errors
+    as FileSystems.open, for a relative path, a link, a missing file and a directory."""
+    from apache_beam.io.filesystems import FileSystems  # noqa: PLC0415
+
+    (tmp_path / "f").write_bytes(b"bytes")
+    os.symlink(tmp_path / "f", tmp_path / "link")
+    monkeypatch.chdir(tmp_path)
+
+    def outcome(opener, path):
+        try:
+            with opener(path) as f:
+                return f.read()
+        except OSError as e:
+            return type(e), e.errno
+
+    beam = lambda p: FileSystems.open(p, compression_type="uncompressed")  # noqa: E731
+    for path in ("f", "link", str(tmp_path / "f"), str(tmp_path / "missing"), str(tmp_path)):
+        assert outcome(io_utils.open_read, path) == outcome(beam, path), path
+    assert outcome(io_utils.open_read, "link") == b"bytes"
+    assert outcome(io_utils.open_read, "missing")[0] is FileNotFoundError
+    assert outcome(io_utils.open_read, str(tmp_path))[0] is IsADirectoryError

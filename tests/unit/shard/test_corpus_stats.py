@@ -38,3 +38,11 @@ def test_stats_count_byte_tokens_with_and_without_the_range():
     corpus_stats.add_tokenized(without, "web", "héllo", ids, mask)
     assert with_range == without
     assert with_range["web"]["byte_fallback_tokens"] == 3 and with_range["web"]["bytes"] == 6
+
+
+@pytest.mark.parametrize("text", ["abc", "\x00\x7f", "é", "\x85", "日本語", "🤖", "a\u2003b"])
+def test_bytes_are_the_texts_utf8_length_ascii_or_not(text):
+    """review30 (held): an ASCII text's bytes are counted by len, any other by its UTF-8 encoding."""
+    stats = {}
+    corpus_stats.add_tokenized(stats, "s", text, np.array([], dtype=np.int32), _mask(10, []))
+    assert stats["s"]["bytes"] == len(text.encode("utf-8")) and stats["s"]["chars"] == len(text)

@@ -54,3 +54,25 @@ def test_shard_key_ranges_partition_each_split():
     doc = document_id("x")
     key = sort_key(doc, 1, seed=5)
     assert key >> 62 == 1 and key != sort_key(doc, 1, seed=6)
+
+
+@pytest.mark.parametrize("line", [
+    b'{"text": "\\ud83e\\udd16 robot"}',            # a non-BMP character as an escaped surrogate pair
+    '{"text": "🤖 robot"}'.encode(),                # the same, raw UTF-8
+    b'{"text": "a\\u0000b"}',                       # NUL
+    b'{"text": "\\u00a0x\\u2003\\u0085"}',          # non-ASCII whitespace around a character
+    b'{"text": "x\\ud800\\udc00"}',                 # the first non-BMP code point
+    '{"text": "caf\\u00e9 café"}'.encode(),
+    b'{"text": " x\\n"}',                            # ASCII whitespace around it, kept in the id
+])
+def test_the_id_parse_record_hashes_is_document_id_of_the_text(line):
+    """review30 (held): parse_record hashes the UTF-8 bytes it made for its surrogate check
+    (document_id_of_utf8): the same id as document_id of the decoded text, as before 9522347."""
+    import json  # noqa: PLC0415
+
+    from transforms.shard.documents import document_id_of_utf8  # noqa: PLC0415
+
+    doc = parse_record(line)
+    text = json.loads(line)["text"]
+    assert isinstance(doc, Document) and doc.text == text
+    assert doc.doc_id == document_id(text) == document_id_of_utf8(text.encode("utf-8"))

@@ -77,10 +77,13 @@ def test_copies_are_distinct_documents(tmp_path, bench):
     assert records[4]["text"] == "a b" + corpus.MARKER.format(j=2)
 
 
-@pytest.mark.parametrize("size", ["16y96", "x96", "16x", "1.5"])
-def test_a_size_is_n_or_k_copies_of_n(size, bench):
+@pytest.mark.parametrize("size", ["16y96", "x96", "16x", "1.5", "0", "0x96", "16x0"])
+def test_a_size_is_n_or_k_copies_of_n(size, bench, tmp_path):
+    """review30 added 0, 0x96, 16x0: an empty corpus was built and run, each tool's first run failing or dividing
+    by zero tokens, after the corpora before it had been timed. The cache is tmp_path: a size let through builds
+    its corpus there."""
     with pytest.raises(SystemExit, match="--sizes"):
-        bench("megatron_side_by_side").corpus_for("/nonexistent", size, "")
+        bench("megatron_side_by_side").corpus_for(str(tmp_path), size, "")
 
 
 def _run(wall, cpu, tokens, rss):
@@ -101,3 +104,41 @@ def test_marginal_ratios_and_targets(capsys, bench):
     rows[1][3][fast.FAST]["cpu_s"] = 20  # less CPU at the larger size (noise): no ratio, no verdict
     fast.print_fast_tables(rows, ["p"], lambda tool, r: tool)
     assert "marginal CPU per token ÷ fast n/a (target <= 1.00): not measured" in capsys.readouterr().out
+
+
+def test_a_negative_marginal_of_pileprep_is_no_verdict(capsys, bench):
+    """review30: pileprep's CPU lower at the larger size (noise, a slow stretch under the small size's runs) made
+    its marginal cost negative, and a negative ratio passed `<= 1.0` as "met"."""
+    fast = bench("megatron_fast")
+    rows = [("384 MB", 10, None, {fast.FAST: _run(20, 25, 100e6, 2000), "p": _run(18, 30, 100e6, 500)}),
+            ("1536 MB", 40, None, {fast.FAST: _run(50, 65, 500e6, 7000), "p": _run(38, 20, 500e6, 520)})]
+    fast.print_fast_tables(rows, ["p"], lambda tool, r: tool)
+    out = capsys.readouterr().out
+    assert "marginal CPU per token ÷ fast n/a (target <= 1.00): not measured" in out
+    assert ": met" not in out.split("marginal CPU per token")[1].splitlines()[0]
+
+
+def test_two_sizes_with_the_same_tokens_print_their_tables(capsys, bench):
+    """review30: `--sizes 96 1x96` (or a size given twice) gives two rows with the same tokens; the marginal
+    divided by zero and the bench died in its last step, every run's figures lost."""
+    fast = bench("megatron_fast")
+    rows = [(label, 10, None, {fast.FAST: _run(20, 25, 100e6, 2000), "p": _run(18, 30, 100e6, 500)})
+            for label in ("96 MB", "96 MB (1×96)")]
+    fast.print_fast_tables(rows, ["p"], lambda tool, r: tool)
+    out = capsys.readouterr().out
+    assert "marginal CPU per token ÷ fast n/a (target <= 1.00): not measured" in out
+    assert "wall ÷ fast 0.90 (target <= 0.80): MISSED" in out
+
+
+def test_a_bad_size_is_refused_before_any_size_runs(tmp_path, monkeypatch, bench):
+    """review30: `--sizes 384 16y96` timed the whole 384 MB part (minutes) before refusing the typo."""
+    for name in ("MEGATRON_DIR", "MEGATRON_FAST_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    side = bench("megatron_side_by_side")
+    built = []
+    monkeypatch.setattr(side, "corpus_for", lambda *a: built.append(a) or (_ for _ in ()).throw(RuntimeError))
+    tokenizer = tmp_path / "t.model"
+    tokenizer.write_bytes(b"")
+    with pytest.raises(SystemExit, match="--sizes 16y96"):
+        side.main(["--sizes", "384", "16y96", "--tokenizer", str(tokenizer), "--cache-dir", str(tmp_path)])
+    assert built == []
