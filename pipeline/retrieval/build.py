@@ -19,7 +19,8 @@ from pipeline.retrieval.build_index import (ChunkTexts, MiniLMHandler, build_bm2
                                             write_embeddings)
 from pipeline.retrieval.build_manifest import commit_db
 from pipeline.retrieval.build_plan import BuildPlan, prepare
-from pipeline.retrieval.build_read import READ_TOTALS, ReadPieces, ReadSources, WriteDbShard, assemble, empty_shards
+from pipeline.retrieval.build_read import (PIECE, READ_TOTALS, ReadPieces, ReadSources, WriteDbShard, assemble,
+                                          empty_shards, of_kind)
 from pipeline.retrieval.config import BuildConfig
 from transforms.retrieval import retrieval_chunks, retrieval_encoders
 
@@ -27,9 +28,10 @@ from transforms.retrieval import retrieval_chunks, retrieval_encoders
 def build_pipeline(p: beam.Pipeline, plan: BuildPlan):
     cfg = plan.config
     read = (p | "ListShards" >> beam.Create(list(plan.shard_paths)) | "SpreadShards" >> beam.Reshuffle()
-            | "ReadPieces" >> beam.ParDo(ReadPieces(plan)).with_outputs(READ_TOTALS, main="pieces"))
-    pieces = read.pieces
-    read_totals = beam.pvalue.AsList(read[READ_TOTALS])
+            | "ReadPieces" >> beam.ParDo(ReadPieces(plan)))
+    # one output split in two, not `with_outputs`: DaskRunner mixes tagged outputs (build_read.py, PIECE)
+    pieces = read | "Pieces" >> beam.FlatMap(of_kind, PIECE)
+    read_totals = beam.pvalue.AsList(read | "ReadTotals" >> beam.FlatMap(of_kind, READ_TOTALS))
     sources = (p | "ListInputs" >> beam.Create(list(plan.input_paths)) | "SpreadInputs" >> beam.Reshuffle()
                | "ReadSources" >> beam.ParDo(ReadSources(plan)))
     documents = ({"pieces": pieces, "sources": sources} | "JoinByDocument" >> beam.CoGroupByKey()
