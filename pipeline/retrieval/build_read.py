@@ -108,9 +108,3 @@ class WriteDbShard(PlanDoFn):
         yield {"shard": k, "path": rel, "chunks": len(rows["doc_id"]), "documents": len(set(rows["doc_id"])),
                "tokens": int(sum(len(t) for t in rows["tokens"])), "bytes": nbytes, "sha256": sha,
                "sources": sources}
-
-
-def empty_shards(results: list, num: int) -> list:
-    """Shard numbers no document fell into (they still get an empty file: the layout is fixed)."""
-    have = {r["shard"] for r in results}
-    return [(k, []) for k in range(num) if k not in have]
