@@ -61,9 +61,9 @@ class EncodeShard(ChunkTexts):
     """A written database shard → its embeddings file, encoded and written in the worker that reads the shard:
     (shard, {"path", "bytes", "sha256", "rows"}). Batches of `batch_size` chunks in row order, so the bytes do not
     depend on the runner's bundles. Before, every vector went through a GroupByKey by shard (RunInference, then
-    `GroupVectors`): FnApiRunner hands a stage all of a grouping's keys as one encoded blob
-    (apache_beam/runners/portability/fn_api_runner/execution.py GroupingBuffer.partition), so the worker's peak
-    grew with the number of database shards (1.70x at 4x the dataset, docs/RETRIEVAL.md)."""
+    `GroupVectors`) and the worker's peak grew with the number of database shards (docs/RETRIEVAL.md "Not done /
+    limits"; likely FnApiRunner encoding all of a grouping's keys for one worker into one stream,
+    apache_beam/runners/portability/fn_api_runner/execution.py GroupingBuffer.partition)."""
 
     def __init__(self, plan: BuildPlan, handler: ModelHandler):
         super().__init__(plan)
