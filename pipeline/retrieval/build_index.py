@@ -1,5 +1,5 @@
-"""`pileprep retrieval build`, its index stages: chunk texts → MiniLM vectors (a RunInference model handler) →
-embedding files → a trained Faiss index and one filled part per database shard; or, for the BM25 encoder, the
+"""`pileprep retrieval build`, its index stages: each database shard's chunk texts → MiniLM vectors (a model
+handler, called per batch in the worker that reads the shard) → its embedding file → a trained Faiss index and one filled part per database shard; or, for the BM25 encoder, the
 postings as .npy files. The encoders are transforms/retrieval/retrieval_encoders.py, the index
 transforms/retrieval/retrieval_index.py.
 """
@@ -45,7 +45,7 @@ class MiniLMHandler(ModelHandler):
 
 
 class ChunkTexts(PlanDoFn):
-    """A written database shard → ((shard, row), decoded chunk text) for the encoder."""
+    """A written database shard's chunks, decoded to text with the dataset's own tokenizer (for the encoder)."""
 
     def setup(self):
         super().setup()
@@ -53,23 +53,40 @@ class ChunkTexts(PlanDoFn):
         info = TokenizerInfo.from_dict(self.plan.dataset_manifest["contract"]["tokenizer"])
         self.sp = tokenizer.load_for_info(self.plan.model_bytes, info)
 
+    def texts(self, rows) -> list:
+        return [self.sp.decode([int(t) for t in toks]) for toks in rows]
+
+
+class EncodeShard(ChunkTexts):
+    """A written database shard → its embeddings file, encoded and written in the worker that reads the shard:
+    (shard, {"path", "bytes", "sha256", "rows"}). Batches of `batch_size` chunks in row order, so the bytes do not
+    depend on the runner's bundles. Before, every vector went through a GroupByKey by shard (RunInference, then
+    `GroupVectors`) and the worker's peak grew with the number of database shards (docs/RETRIEVAL.md "Not done /
+    limits"; likely FnApiRunner encoding all of a grouping's keys for one worker into one stream,
+    apache_beam/runners/portability/fn_api_runner/execution.py GroupingBuffer.partition)."""
+
+    def __init__(self, plan: BuildPlan, handler: ModelHandler):
+        super().__init__(plan)
+        self.handler = handler
+
+    def setup(self):
+        super().setup()
+        self.model = self.handler.load_model()
+
     def process(self, result):
-        rows = store.read_parquet(io_utils.join(self.plan.config.output, result["path"]), ["tokens"])
-        for r, toks in enumerate(rows["tokens"]):
-            yield (result["shard"], r), self.sp.decode([int(t) for t in toks])
-
-
-def write_embeddings(element, plan: BuildPlan):
-    plan.setup_worker()
-    k, rows = element
-    rows = sorted(rows, key=lambda r: r[0])
-    # fp16 on disk (issue 33): what re-ranking reads by row (retrieval_rerank.FileRows) and what the index is
-    # trained and filled from, half the bytes of float32; compared by recall, not bytes (docs/RETRIEVAL.md, `--fp16-db`)
-    vecs = np.stack([v for _, v in rows]).astype(np.float16) if rows else \
-        np.zeros((0, retrieval_encoders.MINILM_DIM), np.float16)
-    rel = f"{plan.generation}/" + store.shard_name("embeddings", k, plan.config.num_db_shards, "npy")
-    nbytes, sha = store.write_npy(io_utils.join(plan.config.output, rel), vecs)
-    return k, {"path": rel, "bytes": nbytes, "sha256": sha, "rows": len(vecs)}
+        cfg = self.plan.config
+        k = result["shard"]
+        rows = store.read_parquet(io_utils.join(cfg.output, result["path"]), ["tokens"])["tokens"]
+        # fp16 on disk (issue 33): what re-ranking reads by row (retrieval_rerank.FileRows) and what the index is
+        # trained and filled from, half the bytes of float32; compared by recall, not bytes (docs/RETRIEVAL.md,
+        # `--fp16-db`). Assigning float32 into it rounds as astype(np.float16) does.
+        vecs = np.zeros((len(rows), retrieval_encoders.MINILM_DIM), np.float16)
+        for lo in range(0, len(rows), cfg.batch_size):
+            found = self.handler.run_inference(self.texts(rows[lo:lo + cfg.batch_size]), self.model)
+            vecs[lo:lo + len(found)] = np.stack([r.inference for r in found])
+        rel = f"{self.plan.generation}/" + store.shard_name("embeddings", k, cfg.num_db_shards, "npy")
+        nbytes, sha = store.write_npy(io_utils.join(cfg.output, rel), vecs)
+        yield k, {"path": rel, "bytes": nbytes, "sha256": sha, "rows": len(vecs)}
 
 
 BM25_ARRAYS = ("vocab", "data", "indices", "indptr", "num_chunks")

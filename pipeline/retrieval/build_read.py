@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 
-import apache_beam as beam
 import numpy as np
 
 from model_contract import decode_example
@@ -23,12 +22,17 @@ from transforms.shard.documents import DEAD_LETTER, FILTERED, parse_record
 LOG = logging.getLogger("pileprep.retrieval")
 UNKNOWN_SOURCE = ""
 
+# ReadPieces' one output carries two kinds, split by `of_kind` (pipeline/retrieval/build.py), not a tagged
+# second output: Beam's DaskRunner (2.77, runners/dask/transform_evaluator.py) keeps one bag per ParDo with every
+# tagged output in it, so a `with_outputs` consumer there read the totals dicts as pieces (JoinByDocument failed:
+# "add_tag.<locals>.<lambda>() takes 2 positional arguments but 4 were given", a dict of 4 keys unpacked).
+PIECE = "piece"
 READ_TOTALS = "read_totals"
 
 
 class ReadPieces(PlanDoFn):
-    """One shard file → (doc_id, (offset, tokens)) for every document piece in it, and on the READ_TOTALS
-    output one {"path", "pieces", "tokens", "documents"} for the file: what the database must account for
+    """One shard file → (PIECE, (doc_id, (offset, tokens))) for every document piece in it, and one
+    (READ_TOTALS, {"path", "pieces", "tokens", "documents"}) for the file: what the database must account for
     (reconcile). A document's piece at offset 0 counts it once."""
 
     def process(self, path):
@@ -44,9 +48,14 @@ class ReadPieces(PlanDoFn):
                     pieces += 1
                     tokens += len(piece.tokens)
                     documents += int(piece.offset == 0)
-                    yield piece.doc_id, (piece.offset, piece.tokens.astype(np.int32))
-        yield beam.pvalue.TaggedOutput(READ_TOTALS, {"path": path, "pieces": pieces, "tokens": tokens,
-                                                     "documents": documents})
+                    yield PIECE, (piece.doc_id, (piece.offset, piece.tokens.astype(np.int32)))
+        yield READ_TOTALS, {"path": path, "pieces": pieces, "tokens": tokens, "documents": documents}
+
+
+def of_kind(element, kind: str):
+    """ReadPieces' elements of one kind (PIECE or READ_TOTALS), unwrapped."""
+    if element[0] == kind:
+        yield element[1]
 
 
 class ReadSources(PlanDoFn):
@@ -99,9 +108,3 @@ class WriteDbShard(PlanDoFn):
         yield {"shard": k, "path": rel, "chunks": len(rows["doc_id"]), "documents": len(set(rows["doc_id"])),
                "tokens": int(sum(len(t) for t in rows["tokens"])), "bytes": nbytes, "sha256": sha,
                "sources": sources}
-
-
-def empty_shards(results: list, num: int) -> list:
-    """Shard numbers no document fell into (they still get an empty file: the layout is fixed)."""
-    have = {r["shard"] for r in results}
-    return [(k, []) for k in range(num) if k not in have]

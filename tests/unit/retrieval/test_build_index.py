@@ -1,11 +1,15 @@
 """pipeline/retrieval/build_index.py: the MiniLM encoder through RunInference (MiniLMHandler), in one tiny
-TestPipeline (ChunkTexts' decoding: tests/unit/tokenize/test_retrieval_decoding.py, which needs that room's
-tokenizer fixture; the whole build: tests/e2e/test_retrieval_pipeline.py)."""
+TestPipeline; EncodeShard's batches and embeddings file with a stand-in handler (ChunkTexts' decoding:
+tests/unit/tokenize/test_retrieval_decoding.py, which needs that room's tokenizer fixture; the whole build:
+tests/e2e/test_retrieval_pipeline.py)."""
 from __future__ import annotations
+
+import types
 
 import numpy as np
 import pytest
 
+from pipeline.retrieval import store
 from transforms.retrieval import retrieval_encoders
 
 
@@ -40,3 +44,38 @@ def test_minilm_runinference_batches_and_loads_once(tmp_path):
     assert len(info.weights_sha256) == 64 and info.dim == 384
     with pytest.raises(retrieval_encoders.EncoderMismatchError):
         retrieval_encoders.check_encoder(info, retrieval_encoders.bm25_info())
+
+
+def test_encode_shard_writes_the_shards_vectors_in_row_order_as_fp16_in_batches(tmp_path):
+    from apache_beam.ml.inference.base import PredictionResult
+
+    from pipeline.retrieval.build_index import EncodeShard
+
+    dim = retrieval_encoders.MINILM_DIM
+    batches = []
+
+    class Handler:  # one vector per text: its row number (the text) in every coordinate, a third added
+        def load_model(self):
+            return "model"
+
+        def run_inference(self, batch, model):
+            assert model == "model"
+            batches.append(len(batch))
+            return [PredictionResult(t, np.full(dim, int(t) + 1 / 3, np.float32)) for t in batch]
+
+    n = 5
+    store.write_parquet(str(tmp_path / "chunks.parquet"), {
+        "doc_id": list(range(n)), "chunk_index": [0] * n, "source": [""] * n,
+        "tokens": [[r] for r in range(n)], "token_hash": [0] * n})
+    cfg = types.SimpleNamespace(output=str(tmp_path), batch_size=2, num_db_shards=3)
+    plan = types.SimpleNamespace(config=cfg, generation="gen-x", setup_worker=lambda: None)
+    fn = EncodeShard(plan, Handler())
+    fn.sp = types.SimpleNamespace(decode=lambda ids: str(ids[0]))  # ChunkTexts.setup's tokenizer, stood in
+    fn.model = fn.handler.load_model()
+    ((k, entry),) = fn.process({"shard": 1, "path": "chunks.parquet"})
+    assert k == 1 and batches == [2, 2, 1] and entry["rows"] == n
+    assert entry["path"] == "gen-x/" + store.shard_name("embeddings", 1, 3, "npy")
+    got = store.read_npy(str(tmp_path / entry["path"]))
+    want = np.stack([np.full(dim, r + 1 / 3, np.float32) for r in range(n)]).astype(np.float16)
+    assert got.dtype == np.float16 and got.tobytes() == want.tobytes()
+    assert entry["sha256"] == store.sha256_of((tmp_path / entry["path"]).read_bytes())

@@ -1,6 +1,6 @@
 """pipeline/retrieval/build_read.py's pure steps: a document assembled from its pieces with one deterministic
-source, and the database shards no document fell into (its DoFns in a Beam build:
-tests/e2e/test_retrieval_pipeline.py)."""
+source, and ReadPieces' one output split by kind (its DoFns in a Beam build: tests/e2e/test_retrieval_pipeline.py,
+on Dask tests/e2e/test_retrieval_dask.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -27,6 +27,11 @@ def test_a_missing_piece_is_an_error_not_a_shorter_document():
         list(build_read.assemble((7, {"pieces": [(0, [1, 2]), (3, [4])], "sources": []})))
 
 
-def test_empty_shards_are_the_shard_numbers_no_result_names():
-    assert build_read.empty_shards([{"shard": 1}, {"shard": 3}], 5) == [(0, []), (2, []), (4, [])]
-    assert build_read.empty_shards([], 2) == [(0, []), (1, [])]
+def test_read_pieces_one_output_splits_into_pieces_and_totals_without_mixing():
+    # one output of two kinds, not a tagged second output (DaskRunner mixes tagged outputs into the main one)
+    toks = np.array([5, 6], np.int32)
+    out = [(build_read.PIECE, (7, (0, toks))), (build_read.READ_TOTALS, {"path": "a", "pieces": 1, "tokens": 2,
+                                                                          "documents": 1})]
+    assert [e for x in out for e in build_read.of_kind(x, build_read.PIECE)] == [(7, (0, toks))]
+    assert [e for x in out for e in build_read.of_kind(x, build_read.READ_TOTALS)] == \
+        [{"path": "a", "pieces": 1, "tokens": 2, "documents": 1}]
