@@ -1,0 +1,26 @@
+"""pipeline/retrieval/config.py: a retrieval job's --output never overlaps its inputs (review33: a sidecar with
+--output <dataset>/<generation>/side was committed into the dataset's committed generation directory)."""
+from __future__ import annotations
+
+import pytest
+
+from pipeline.errors import ConfigError
+from pipeline.retrieval.config import BuildConfig, NeighboursConfig
+
+
+@pytest.mark.parametrize("rel", ["ds/gen-abc/side", "ds", "db/side", "."])
+def test_neighbours_output_inside_or_around_an_input_is_refused(tmp_path, rel):
+    cfg = NeighboursConfig(dataset=str(tmp_path / "ds"), db=str(tmp_path / "db"), output=str(tmp_path / rel))
+    with pytest.raises(ConfigError, match="overlaps --(dataset|db)"):
+        cfg.validate()
+
+
+@pytest.mark.parametrize("rel", ["ds/db", "ds"])
+def test_build_output_inside_the_dataset_is_refused(tmp_path, rel):
+    with pytest.raises(ConfigError, match="overlaps --dataset"):
+        BuildConfig(dataset=str(tmp_path / "ds"), output=str(tmp_path / rel)).validate()
+
+
+def test_outputs_beside_the_inputs_pass(tmp_path):
+    NeighboursConfig(dataset=str(tmp_path / "ds"), db=str(tmp_path / "db"), output=str(tmp_path / "ds-side")).validate()
+    BuildConfig(dataset=str(tmp_path / "ds"), output=str(tmp_path / "ds2")).validate()
