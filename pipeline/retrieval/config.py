@@ -5,8 +5,21 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pipeline.errors import ConfigError
+from pipeline.ops.guards import normal_path
 from transforms.retrieval.retrieval_encoders import ENCODERS
 from transforms.retrieval.retrieval_index import validate_spec
+
+
+def output_overlap(output: str, **inputs: str) -> list:
+    """Problems for an --output that is, contains or lies inside an input (--dataset, --db): a sidecar written
+    into a dataset's generation directory changes a committed dataset (review33)."""
+    out = normal_path(output)
+    problems = []
+    for flag, path in inputs.items():
+        src = normal_path(path)
+        if out == src or out.startswith(src.rstrip("/") + "/") or src.startswith(out.rstrip("/") + "/"):
+            problems.append(f"--output {output} overlaps --{flag} {path}: write the output outside every input")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,7 @@ class BuildConfig:
             problems.append(f"--doc-fraction must be in (0, 1], got {self.doc_fraction}")
         if self.batch_size < 1 or self.nprobe < 1:
             problems.append("--batch-size and --nprobe must be positive")
+        problems += output_overlap(self.output, dataset=self.dataset)
         bad = [s for s in self.splits if s not in ("train", "val", "test")]
         if bad:
             problems.append(f"--splits: unknown split(s) {bad}")
@@ -78,6 +92,7 @@ class NeighboursConfig:
         if chunk_len is not None and self.neighbour_len < chunk_len:
             problems.append(f"--neighbour-len {self.neighbour_len} is shorter than the database's chunk_len "
                             f"{chunk_len} (RETRO uses chunk + continuation = 2 x chunk_len)")
+        problems += output_overlap(self.output, dataset=self.dataset, db=self.db)
         if self.ranges < 0:
             problems.append(f"--ranges must be 0 (no range search) or positive, got {self.ranges}")
         if problems:
