@@ -24,3 +24,21 @@ def test_build_output_inside_the_dataset_is_refused(tmp_path, rel):
 def test_outputs_beside_the_inputs_pass(tmp_path):
     NeighboursConfig(dataset=str(tmp_path / "ds"), db=str(tmp_path / "db"), output=str(tmp_path / "ds-side")).validate()
     BuildConfig(dataset=str(tmp_path / "ds"), output=str(tmp_path / "ds2")).validate()
+
+
+def test_rerank_is_an_option_of_the_build_and_part_of_its_identity_only_when_set(tmp_path):
+    """review33: `retrieval build --rerank K` (issue 33: "16-64 per query, an option")."""
+    import argparse
+
+    from pipeline.retrieval.cli import add_parsers
+
+    root = argparse.ArgumentParser()
+    sub = root.add_subparsers(dest="retrieval_command")
+    add_parsers(lambda name, help: sub.add_parser(name, help=help))
+    args = root.parse_args(["build", "--dataset", "d", "--output", "o", "--index", "IVF64,PQ48np", "--rerank", "32"])
+    assert args.rerank == 32
+    base = BuildConfig(dataset=str(tmp_path / "ds"), output=str(tmp_path / "db"))
+    assert "rerank" not in base.identity()  # databases built before the option keep their fingerprints
+    assert BuildConfig(dataset=base.dataset, output=base.output, rerank=32).identity()["rerank"] == 32
+    with pytest.raises(ConfigError, match="--rerank"):
+        BuildConfig(dataset=base.dataset, output=base.output, rerank=-1).validate()
