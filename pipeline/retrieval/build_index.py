@@ -126,7 +126,7 @@ def train_index(shard_results: list, embedding_results: list, plan: BuildPlan) -
     cfg = plan.config
     emb = dict(embedding_results)
     total = sum(r["chunks"] for r in shard_results)
-    icfg = retrieval_index.IndexConfig(cfg.index, cfg.nprobe, cfg.train_size, cfg.seed).resolve(total)
+    icfg = retrieval_index.IndexConfig(cfg.index, cfg.nprobe, cfg.train_size, cfg.seed, cfg.rerank).resolve(total)
     sample_ids = retrieval_index.training_sample(total, icfg.train_size, icfg.seed)
     first = 0
     sample = []

@@ -38,6 +38,7 @@ class BuildConfig:
     device: str = "cpu"  # dense encoder device (cuda on GPU workers)
     batch_size: int = 64  # dense encoder batch
     sources: bool = True  # join each document's source from the dataset's input files
+    rerank: int = 0  # candidates re-ranked exactly from the fp16 embeddings (0: the index's default, see resolve)
 
     def validate(self) -> None:
         problems = []
@@ -52,6 +53,8 @@ class BuildConfig:
             problems.append(f"--num-db-shards must be at least 1, got {self.num_db_shards}")
         if not 0.0 < self.doc_fraction <= 1.0:
             problems.append(f"--doc-fraction must be in (0, 1], got {self.doc_fraction}")
+        if self.rerank < 0:
+            problems.append(f"--rerank must be 0 (the index's default) or positive, got {self.rerank}")
         if self.batch_size < 1 or self.nprobe < 1:
             problems.append("--batch-size and --nprobe must be positive")
         problems += output_overlap(self.output, dataset=self.dataset)
@@ -65,7 +68,8 @@ class BuildConfig:
         """What shapes the database (not where or how it ran)."""
         return {"chunk_len": self.chunk_len, "splits": list(self.splits), "encoder": self.encoder,
                 "index": self.index, "nprobe": self.nprobe, "train_size": self.train_size, "seed": self.seed,
-                "num_db_shards": self.num_db_shards, "doc_fraction": self.doc_fraction, "sources": self.sources}
+                "num_db_shards": self.num_db_shards, "doc_fraction": self.doc_fraction, "sources": self.sources,
+                **({"rerank": self.rerank} if self.rerank else {})}  # absent when 0: older fingerprints hold
 
 
 @dataclass(frozen=True)

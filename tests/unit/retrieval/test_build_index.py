@@ -102,7 +102,7 @@ def test_an_index_with_more_clusters_than_vectors_is_a_config_error(tmp_path, sp
 
     vecs = np.random.RandomState(0).randn(10, retrieval_encoders.MINILM_DIM).astype(np.float16)
     store.write_npy(str(tmp_path / "e.npy"), vecs)
-    cfg = types.SimpleNamespace(output=str(tmp_path), index=spec, nprobe=4, train_size=100, seed=0)
+    cfg = types.SimpleNamespace(output=str(tmp_path), index=spec, nprobe=4, train_size=100, seed=0, rerank=0)
     plan = types.SimpleNamespace(config=cfg, generation="gen-x", setup_worker=lambda: None)
     with pytest.raises(ConfigError, match=rf"--index {spec}: .*10 .*vectors"):
         train_index([{"shard": 0, "chunks": 10}], [(0, {"path": "e.npy"})], plan)
