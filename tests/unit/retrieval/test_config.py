@@ -42,3 +42,25 @@ def test_rerank_is_an_option_of_the_build_and_part_of_its_identity_only_when_set
     assert BuildConfig(dataset=base.dataset, output=base.output, rerank=32).identity()["rerank"] == 32
     with pytest.raises(ConfigError, match="--rerank"):
         BuildConfig(dataset=base.dataset, output=base.output, rerank=-1).validate()
+
+
+def test_a_dense_encoders_batch_and_device_are_part_of_the_build_identity(tmp_path):
+    """review33: MiniLM's vectors depend on the batch they are encoded in (padding to the batch's longest text:
+    a 68-chunk database built with --batch-size 1 and 32 differed in every embeddings file and index part) yet
+    both were committed as the same generation, and a build resumed with another --batch-size (or --device)
+    would keep the finished shards' vectors and encode the rest differently under one fingerprint."""
+    kw = dict(dataset=str(tmp_path / "ds"), output=str(tmp_path / "db"), encoder="minilm")
+    ids = {BuildConfig(**kw, batch_size=b, device=d).identity()["encode"] != BuildConfig(**kw).identity()["encode"]
+           for b, d in ((1, "cpu"), (64, "cuda"))}
+    assert ids == {True}
+    bm25 = dict(dataset=kw["dataset"], output=kw["output"])  # BM25 encodes nothing: its batch changes no byte
+    assert BuildConfig(**bm25, batch_size=1).identity() == BuildConfig(**bm25).identity()
+    assert "encode" not in BuildConfig(**bm25).identity()
+
+
+def test_the_query_encoders_batch_and_device_are_part_of_the_sidecar_identity(tmp_path):
+    """review33: the same for `retrieval neighbours`' query vectors (QueryVectors / Searcher encode in
+    --batch-size batches): its fingerprint left them out."""
+    kw = dict(dataset=str(tmp_path / "ds"), db=str(tmp_path / "db"), output=str(tmp_path / "nb"))
+    assert NeighboursConfig(**kw, batch_size=1).encode_identity() != NeighboursConfig(**kw).encode_identity()
+    assert NeighboursConfig(**kw, device="cuda").encode_identity() != NeighboursConfig(**kw).encode_identity()
