@@ -69,7 +69,10 @@ class BuildConfig:
         return {"chunk_len": self.chunk_len, "splits": list(self.splits), "encoder": self.encoder,
                 "index": self.index, "nprobe": self.nprobe, "train_size": self.train_size, "seed": self.seed,
                 "num_db_shards": self.num_db_shards, "doc_fraction": self.doc_fraction, "sources": self.sources,
-                **({"rerank": self.rerank} if self.rerank else {})}  # absent when 0: older fingerprints hold
+                **({"rerank": self.rerank} if self.rerank else {}),  # absent when 0: older fingerprints hold
+                # a dense encoder's vectors depend on its batch (padding) and device (kernels): not BM25's
+                **({"encode": {"batch_size": self.batch_size, "device": self.device}}
+                   if self.encoder != "bm25" else {})}
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,10 @@ class NeighboursConfig:
     # (pipeline/retrieval/neighbours_sharded.py); the sidecar does not depend on the number. 0: one worker per
     # dataset shard holds the whole index (pipeline/retrieval/neighbours.py)
     ranges: int = 0
+
+    def encode_identity(self) -> dict:
+        """What shapes the query vectors besides the model: the batch they are padded in and the device."""
+        return {"batch_size": self.batch_size, "device": self.device}
 
     def validate(self, chunk_len: Optional[int] = None) -> None:
         problems = []

@@ -94,6 +94,8 @@ def prepare(config: NeighboursConfig) -> NeighboursPlan:
     identity = {"dataset": dataset_identity(dataset.to_dict()), "db": db.fingerprint,
                 "k": config.num_neighbours, "neighbour_len": config.neighbour_len, "nprobe": config.nprobe,
                 "version": PILEPREP_VERSION}
+    if db.encoder["name"] != retrieval_encoders.BM25:  # dense query vectors depend on batch and device
+        identity["encode"] = config.encode_identity()
     if config.ranges:  # the range search's rules (not R: the sidecar must not depend on it)
         check_rangeable(db.index, config.ranges)
         identity["search"] = "ranges"
