@@ -5,11 +5,14 @@ transforms/retrieval/retrieval_index.py.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 from apache_beam.ml.inference.base import ModelHandler
 
 from model_contract.contract import TokenizerInfo
 from pipeline.beam_glue import PlanDoFn
+from pipeline.errors import ConfigError
 from pipeline.retrieval import store
 from pipeline.retrieval.build_plan import BuildPlan
 from transforms.io import io_utils
@@ -99,6 +102,9 @@ def build_bm25(shard_results: list, plan: BuildPlan) -> dict:
     tokens = []
     for r in sorted(shard_results, key=lambda r: r["shard"]):
         tokens += store.read_parquet(io_utils.join(plan.config.output, r["path"]), ["tokens"])["tokens"]
+    if not tokens:  # bm25s fails on an empty corpus with `max() arg is an empty sequence`
+        raise ConfigError("retrieval build: the database holds no chunks (no document of --splits kept by "
+                          "--doc-fraction); widen either")
     arrays = retrieval_encoders.BM25Scorer.build(tokens).arrays()
     files = {}
     for name in BM25_ARRAYS:
@@ -120,7 +126,7 @@ def train_index(shard_results: list, embedding_results: list, plan: BuildPlan) -
     cfg = plan.config
     emb = dict(embedding_results)
     total = sum(r["chunks"] for r in shard_results)
-    icfg = retrieval_index.IndexConfig(cfg.index, cfg.nprobe, cfg.train_size, cfg.seed).resolve(total)
+    icfg = retrieval_index.IndexConfig(cfg.index, cfg.nprobe, cfg.train_size, cfg.seed, cfg.rerank).resolve(total)
     sample_ids = retrieval_index.training_sample(total, icfg.train_size, icfg.seed)
     first = 0
     sample = []
@@ -132,7 +138,15 @@ def train_index(shard_results: list, embedding_results: list, plan: BuildPlan) -
         first += r["chunks"]
     dim = retrieval_encoders.MINILM_DIM
     sample_arr = np.concatenate(sample) if sample else np.zeros((0, dim), np.float32)
-    index = retrieval_index.train_index(dim, icfg, sample_arr)
+    try:
+        index = retrieval_index.train_index(dim, icfg, sample_arr)
+    except RuntimeError as e:  # Faiss's k-means: fewer points than clusters (IVF lists, or 2^bits PQ codes)
+        found = re.search(r"Number of training points \((\d+)\).*clusters \((\d+)\)", str(e))
+        if not found:
+            raise
+        raise ConfigError(f"--index {icfg.spec}: its k-means needs at least {found.group(2)} training vectors, "
+                          f"got {found.group(1)} vectors (the database's, at most --train-size); use fewer lists "
+                          "or PQ bits, a larger --train-size, or --index auto") from None
     data = retrieval_index.serialize(index)
     rel = f"{plan.generation}/index/trained.faiss"
     io_utils.write_bytes(io_utils.join(cfg.output, rel), data)

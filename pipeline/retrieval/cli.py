@@ -18,6 +18,9 @@ def add_parsers(subcommand) -> None:
     b.add_argument("--index", default="auto", help="Faiss spec for minilm: auto, Flat, IVF<n>,Flat, IVF<n>,SQ8, "
                                                    "IVF<n>,PQ<m>np")
     b.add_argument("--nprobe", type=int, default=64)
+    b.add_argument("--rerank", type=int, default=0,
+                   help="candidates per query re-ranked exactly from the fp16 embeddings, e.g. 32 with IVF<n>,PQ48np "
+                        "(0: none, except auto's compressed index and OPQ, 64)")
     b.add_argument("--train-size", type=int, default=100_000, help="vectors in the seeded IVF training sample")
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--num-db-shards", type=int, default=4)
@@ -57,7 +60,7 @@ def command_output(args, beam_args) -> str:
                           splits=tuple(args.splits), encoder=args.encoder, index=args.index, nprobe=args.nprobe,
                           train_size=args.train_size, seed=args.seed, num_db_shards=args.num_db_shards,
                           doc_fraction=args.doc_fraction, device=args.device, batch_size=args.batch_size,
-                          sources=args.sources)
+                          sources=args.sources, rerank=args.rerank)
         m = build.run_outcome(cfg, beam_args).manifest
         return json.dumps({"generation": m["generation"], "counts": m["counts"], "encoder": m["encoder"]["name"],
                            "index": m["index"].get("config", {"kind": m["index"]["kind"]}),

@@ -5,8 +5,21 @@ from dataclasses import dataclass
 from typing import Optional
 
 from pipeline.errors import ConfigError
+from pipeline.ops.guards import normal_path
 from transforms.retrieval.retrieval_encoders import ENCODERS
 from transforms.retrieval.retrieval_index import validate_spec
+
+
+def output_overlap(output: str, **inputs: str) -> list:
+    """Problems for an --output that is, contains or lies inside an input (--dataset, --db): a sidecar written
+    into a dataset's generation directory changes a committed dataset (review33)."""
+    out = normal_path(output)
+    problems = []
+    for flag, path in inputs.items():
+        src = normal_path(path)
+        if out == src or out.startswith(src.rstrip("/") + "/") or src.startswith(out.rstrip("/") + "/"):
+            problems.append(f"--output {output} overlaps --{flag} {path}: write the output outside every input")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -25,6 +38,7 @@ class BuildConfig:
     device: str = "cpu"  # dense encoder device (cuda on GPU workers)
     batch_size: int = 64  # dense encoder batch
     sources: bool = True  # join each document's source from the dataset's input files
+    rerank: int = 0  # candidates re-ranked exactly from the fp16 embeddings (0: the index's default, see resolve)
 
     def validate(self) -> None:
         problems = []
@@ -39,8 +53,11 @@ class BuildConfig:
             problems.append(f"--num-db-shards must be at least 1, got {self.num_db_shards}")
         if not 0.0 < self.doc_fraction <= 1.0:
             problems.append(f"--doc-fraction must be in (0, 1], got {self.doc_fraction}")
+        if self.rerank < 0:
+            problems.append(f"--rerank must be 0 (the index's default) or positive, got {self.rerank}")
         if self.batch_size < 1 or self.nprobe < 1:
             problems.append("--batch-size and --nprobe must be positive")
+        problems += output_overlap(self.output, dataset=self.dataset)
         bad = [s for s in self.splits if s not in ("train", "val", "test")]
         if bad:
             problems.append(f"--splits: unknown split(s) {bad}")
@@ -51,7 +68,11 @@ class BuildConfig:
         """What shapes the database (not where or how it ran)."""
         return {"chunk_len": self.chunk_len, "splits": list(self.splits), "encoder": self.encoder,
                 "index": self.index, "nprobe": self.nprobe, "train_size": self.train_size, "seed": self.seed,
-                "num_db_shards": self.num_db_shards, "doc_fraction": self.doc_fraction, "sources": self.sources}
+                "num_db_shards": self.num_db_shards, "doc_fraction": self.doc_fraction, "sources": self.sources,
+                **({"rerank": self.rerank} if self.rerank else {}),  # absent when 0: older fingerprints hold
+                # a dense encoder's vectors depend on its batch (padding) and device (kernels): not BM25's
+                **({"encode": {"batch_size": self.batch_size, "device": self.device}}
+                   if self.encoder != "bm25" else {})}
 
 
 @dataclass(frozen=True)
@@ -69,6 +90,10 @@ class NeighboursConfig:
     # dataset shard holds the whole index (pipeline/retrieval/neighbours.py)
     ranges: int = 0
 
+    def encode_identity(self) -> dict:
+        """What shapes the query vectors besides the model: the batch they are padded in and the device."""
+        return {"batch_size": self.batch_size, "device": self.device}
+
     def validate(self, chunk_len: Optional[int] = None) -> None:
         problems = []
         if self.num_neighbours < 1:
@@ -78,6 +103,7 @@ class NeighboursConfig:
         if chunk_len is not None and self.neighbour_len < chunk_len:
             problems.append(f"--neighbour-len {self.neighbour_len} is shorter than the database's chunk_len "
                             f"{chunk_len} (RETRO uses chunk + continuation = 2 x chunk_len)")
+        problems += output_overlap(self.output, dataset=self.dataset, db=self.db)
         if self.ranges < 0:
             problems.append(f"--ranges must be 0 (no range search) or positive, got {self.ranges}")
         if problems:

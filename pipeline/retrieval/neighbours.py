@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import re
 from typing import Optional
 
 import apache_beam as beam
@@ -93,8 +94,10 @@ def prepare(config: NeighboursConfig) -> NeighboursPlan:
     identity = {"dataset": dataset_identity(dataset.to_dict()), "db": db.fingerprint,
                 "k": config.num_neighbours, "neighbour_len": config.neighbour_len, "nprobe": config.nprobe,
                 "version": PILEPREP_VERSION}
+    if db.encoder["name"] != retrieval_encoders.BM25:  # dense query vectors depend on batch and device
+        identity["encode"] = config.encode_identity()
     if config.ranges:  # the range search's rules (not R: the sidecar must not depend on it)
-        check_rangeable(db.index)
+        check_rangeable(db.index, config.ranges)
         identity["search"] = "ranges"
     fp = store.fingerprint(identity)
     spec = RetrievalSpec(db.chunk_len, config.num_neighbours, config.neighbour_len, fingerprint=fp,
@@ -105,13 +108,18 @@ def prepare(config: NeighboursConfig) -> NeighboursPlan:
     return NeighboursPlan(config, dataset.to_json(), db, spec, "gen-" + fp, model_bytes)
 
 
-def check_rangeable(db_index: dict) -> None:
-    """Only an IVF index has inverted lists to cut into ranges (--ranges)."""
+def check_rangeable(db_index: dict, ranges: int) -> None:
+    """Only an IVF index has inverted lists to cut into ranges (--ranges), at most one range per list (each
+    range file is a copy of the trained index: more ranges than lists are empty files, R of them)."""
     spec = db_index.get("config", {}).get("spec", "") if db_index.get("kind") == "faiss" else ""
-    if "IVF" not in spec:
+    nlist = re.search(r"IVF(\d+)", spec)
+    if nlist is None:
         what = "BM25 postings" if db_index.get("kind") == "bm25" else f"index {spec!r}"
         raise ConfigError(f"--ranges: the database's {what} has no inverted lists to cut into ranges "
                           "(build it with --index IVF<n>,... or leave --ranges at 0)")
+    if ranges > int(nlist.group(1)):
+        raise ConfigError(f"--ranges {ranges}: the database's index {spec!r} has {nlist.group(1)} inverted lists "
+                          "to cut; use at most that many ranges")
 
 
 # ------------------------------------------------------------------------------------------ the searcher

@@ -71,8 +71,6 @@ ALLOWED = {
     "pipeline/tools/verify_inputs.py": "tests/unit/tools/test_verify_round_trip.py, test_rv2_verify.py",
     "pipeline/retrieval/build.py": "tests/e2e/test_retrieval_pipeline.py (Beam wiring of the build)",
     "pipeline/retrieval/cli.py": "tests/e2e/test_job_runner.py, test_trust_readers.py (`pileprep retrieval ...`)",
-    "pipeline/retrieval/config.py": "tests/unit/retrieval/test_build_plan.py",
-    "pipeline/retrieval/neighbours.py": "tests/e2e/test_retrieval_pipeline.py, test_retrieval_ranges_sidecar.py",
     "pipeline/retrieval/neighbours_sharded.py": "tests/e2e/test_retrieval_ranges_sidecar.py (R=1 vs R=4)",
     "pipeline/retrieval/show.py": "tests/e2e/test_trust_readers.py, tests/unit/ops/test_safe_text.py",
     "pipeline/retrieval/sidecar_files.py": "tests/e2e/test_retrieval_ranges_sidecar.py, test_retrieval_pipeline.py",

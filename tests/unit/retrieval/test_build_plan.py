@@ -27,4 +27,4 @@ def test_the_identity_is_generation_tokenizer_seq_len_and_each_shards_hash():
 
 def test_a_dataset_without_a_manifest_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="no manifest.json"):
-        build_plan.prepare(BuildConfig(dataset=str(tmp_path), output=str(tmp_path / "db")))
+        build_plan.prepare(BuildConfig(dataset=str(tmp_path / "ds"), output=str(tmp_path / "db")))

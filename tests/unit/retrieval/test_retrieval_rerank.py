@@ -111,3 +111,26 @@ def test_file_rows_reads_the_asked_rows_and_refuses_out_of_range(tmp_path):
     assert np.array_equal(rows(ids), x.astype(np.float16)[ids])
     with pytest.raises(IndexError):
         rows(np.array([50]))
+
+
+@pytest.mark.xfail(strict=True, raises=retrieval_ranges.TieOverflowError,
+                   reason="review33 finding, not fixed: range_candidates must fetch every row tied at its K-th score")
+@pytest.mark.parametrize("num_ranges", [1, 4])
+def test_duplicate_database_chunks_tied_at_the_top_are_decided_by_row_not_refused(num_ranges):
+    """review33: a database holding 12 copies of one chunk (boilerplate: a licence header in 12 files) gives
+    every query near it 12 candidates of equal score; the range search fetched K + TIE_SLACK per range and `cut`
+    raised TieOverflowError, failing the whole `retrieval neighbours --ranges` run. The stated rule (score desc,
+    then row) decides them: the two lowest rows of the copies, for every R."""
+    x = unit(400, 16, 3)
+    dup_rows = np.arange(100, 400, 25)  # 12 rows, spread over the lists' ranges by row only
+    x[dup_rows] = x[0]
+    cfg = IndexConfig("IVF4,Flat", 4, 400, 0)
+    trained = retrieval_index.serialize(retrieval_index.train_index(16, cfg, x))
+    whole = retrieval_index.merge_parts(trained, [retrieval_index.serialize(retrieval_index.fill_part(trained, x, 0))])
+    data = retrieval_index.serialize(whole)
+    q, excl = x[:1], [Exclusion(((0, 1),))]  # the query is row 0's chunk, its own row excluded
+    cands = [c for r in range(num_ranges)
+             for c in retrieval_ranges.range_candidates(retrieval_ranges.range_index(data, r, num_ranges), q, excl,
+                                                        2, 4)[0]]
+    rows = retrieval_ranges.merge(q[0], cands, 2, 2, lambda ids: x[ids])
+    assert rows.tolist() == dup_rows[:2].tolist()
