@@ -9,9 +9,10 @@ top K contains the full search's top K.
 
 Order is fixed by a stated rule, never by Faiss's heap or the runner's arrival order: candidates are ranked by
 (approximate score desc, row asc) and cut at K (`cut`), then re-ranked by (exact score from the stored vectors
-desc, row asc) (`merge`). Each range asks Faiss for K + TIE_SLACK candidates, so rows tied with the K-th score
-are decided by row number too; `cut` reports when more than TIE_SLACK rows tie across the cut (then the answer
-could depend on Faiss's internal order, and the caller fails rather than write such a sidecar).
+desc, row asc) (`merge`). Each range returns every row that scores at least its own K-th score, ties included
+(`range_candidates` fetches K + TIE_SLACK and fetches again, doubling, while the tie runs past the end), so the
+rows tied with the overall K-th score are all there and decided by row number, never by Faiss's order: the
+overall K-th score is at least every range's K-th (a range with K rows above it would put them in the top K).
 """
 from __future__ import annotations
 
@@ -22,10 +23,6 @@ import numpy as np
 from transforms.retrieval import retrieval_index
 
 TIE_SLACK = 8
-
-
-class TieOverflowError(RuntimeError):
-    """More rows tie at the candidate cut than a range fetched: the order would not be decided by row."""
 
 
 def list_range(list_no: np.ndarray, nlist: int, num_ranges: int) -> np.ndarray:
@@ -68,12 +65,23 @@ def range_index(index_bytes: bytes, r: int, num_ranges: int):
 
 
 def range_candidates(index, queries: np.ndarray, exclusions: Sequence, num_candidates: int, nprobe: int) -> list:
-    """Per query, [(score, row)] of this range's best candidates under the exclusion, ranked by `cut`'s rule."""
-    scores, ids = retrieval_index.dense_search(index, queries, exclusions, num_candidates + TIE_SLACK, nprobe)
-    out = []
-    for s, i in zip(scores, ids):
-        live = i >= 0
-        out.append([(float(a), int(b)) for a, b in zip(s[live], i[live])])
+    """Per query, [(score, row)] of this range's best candidates under the exclusion, ranked by `cut`'s rule: every
+    row scoring at least the range's K-th score, ties at it included. Faiss returns tied rows in its own order, so a
+    query whose last fetched score still equals its K-th is fetched again with twice the count, until the last is
+    lower or the range has no more rows (copies of one chunk, e.g. a licence header, tie at any count)."""
+    fetch = num_candidates + TIE_SLACK
+    out: list = [None] * len(queries)
+    todo = list(range(len(queries)))
+    while todo:
+        scores, ids = retrieval_index.dense_search(index, queries[todo], [exclusions[i] for i in todo], fetch, nprobe)
+        again = []
+        for i, s, r in zip(todo, scores, ids):
+            live = r >= 0
+            found = [(float(a), int(b)) for a, b in zip(s[live], r[live])]
+            out[i] = found
+            if len(found) == fetch and num_candidates <= fetch and found[-1][0] == found[num_candidates - 1][0]:
+                again.append(i)  # the tie at the K-th score may go on past what was fetched
+        todo, fetch = again, fetch * 2
     return out
 
 
@@ -83,11 +91,6 @@ def cut(candidates: Sequence, num_candidates: int) -> list:
     for score, row in candidates:
         best[row] = score
     ranked = sorted(best.items(), key=lambda t: (-t[1], t[0]))
-    if len(ranked) > num_candidates:
-        boundary = ranked[num_candidates - 1][1]
-        tied = sum(1 for _, s in ranked if s == boundary)
-        if tied > TIE_SLACK:
-            raise TieOverflowError(f"{tied} candidates tie at score {boundary} (more than {TIE_SLACK})")
     return [row for row, _ in ranked[:num_candidates]]
 
 

@@ -57,13 +57,12 @@ def test_reranked_search_excludes_inside_the_search_and_matches_exact(tmp_path):
     assert np.mean([len(set(a) & set(b)) / 2 for a, b in zip(ids, exact)]) >= 0.95
 
 
-def test_cut_orders_by_score_then_row_and_refuses_unresolved_ties():
+def test_cut_orders_by_score_then_row_whatever_the_ties():
     cands = [(0.5, 9), (0.7, 4), (0.5, 2), (0.7, 1), (0.5, 9)]
     assert retrieval_ranges.cut(cands, 3) == [1, 4, 2]
     assert retrieval_ranges.cut(list(reversed(cands)), 3) == [1, 4, 2]  # arrival order does not matter
-    tied = [(0.5, r) for r in range(retrieval_ranges.TIE_SLACK + 2)]
-    with pytest.raises(retrieval_ranges.TieOverflowError):
-        retrieval_ranges.cut(tied, 2)
+    tied = [(0.5, r) for r in reversed(range(retrieval_ranges.TIE_SLACK + 4))]
+    assert retrieval_ranges.cut(tied, 2) == [0, 1]  # any number of ties: decided by row
 
 
 def test_ranges_partition_the_lists_and_their_candidates_union_to_the_whole_search():
@@ -113,8 +112,6 @@ def test_file_rows_reads_the_asked_rows_and_refuses_out_of_range(tmp_path):
         rows(np.array([50]))
 
 
-@pytest.mark.xfail(strict=True, raises=retrieval_ranges.TieOverflowError,
-                   reason="review33 finding, not fixed: range_candidates must fetch every row tied at its K-th score")
 @pytest.mark.parametrize("num_ranges", [1, 4])
 def test_duplicate_database_chunks_tied_at_the_top_are_decided_by_row_not_refused(num_ranges):
     """review33: a database holding 12 copies of one chunk (boilerplate: a licence header in 12 files) gives
@@ -134,3 +131,22 @@ def test_duplicate_database_chunks_tied_at_the_top_are_decided_by_row_not_refuse
                                                         2, 4)[0]]
     rows = retrieval_ranges.merge(q[0], cands, 2, 2, lambda ids: x[ids])
     assert rows.tolist() == dup_rows[:2].tolist()
+
+
+def test_a_tie_longer_than_the_fetch_is_fetched_whole_whatever_faiss_returns_first(monkeypatch):
+    """range_candidates against a search that returns tied rows highest row first (Faiss's order among equal
+    scores is its own): 30 rows tie at the top, K = 2 fetches 10, so the range must fetch again until the tie
+    ends, and the cut keeps rows 0 and 1 (score, then row), not the first two Faiss handed back."""
+    tied = np.arange(29, -1, -1)  # the order this fake search returns them in
+
+    def search(_index, queries, _exclusions, n, _nprobe):
+        got = tied[:n]
+        scores = np.full((len(queries), n), -1.0, np.float32)
+        ids = np.full((len(queries), n), -1, np.int64)
+        scores[:, :len(got)], ids[:, :len(got)] = 1.0, got
+        return scores, ids
+
+    monkeypatch.setattr(retrieval_index, "dense_search", search)
+    (cands,) = retrieval_ranges.range_candidates(None, np.zeros((1, 4), np.float32), [Exclusion(())], 2, 4)
+    assert sorted(r for _, r in cands) == list(range(30))
+    assert retrieval_ranges.cut(cands, 2) == [0, 1]
