@@ -28,7 +28,8 @@ EXACT = "Flat"
 AUTO = "auto"
 EXACT_MAX_CHUNKS = 50_000  # below this "auto" is exact search: small enough to scan every query
 # at or above this "auto" is IVF+PQ48 re-ranked from disk (56 B/vector resident instead of SQ8's 392): the
-# size where SQ8's resident codes pass ~0.5 GB per worker; recall measured by bench/retrieval_bench.py
+# size where SQ8's resident codes pass ~0.4 GB per worker (1 M x 392 B). Below it SQ8 stays: at 103,814 chunks
+# both reach recall@2 ~0.97 but SQ8 answers ~3x the queries/s (docs/RETRIEVAL.md, bench/retrieval_bench.py)
 COMPRESSED_MIN_CHUNKS = 1_000_000
 COMPRESSED_PQ = 48
 COMPRESSED_RERANK = 64
