@@ -5,6 +5,8 @@ from __future__ import annotations
 import filecmp
 import pathlib
 
+import pytest
+
 from pipeline.config import ShardConfig
 from pipeline.shard import shard_pipeline
 from tests.corpus_fixtures import write_good_corpus
@@ -28,3 +30,22 @@ def same_tree(a: pathlib.Path, b: pathlib.Path) -> None:
     assert files_a == files_b
     for rel in files_a:
         assert filecmp.cmp(a / rel, b / rel, shallow=False), f"{rel} differs"
+
+
+@pytest.fixture(scope="module")
+def dask_address():
+    """Two worker processes of one thread each on 127.0.0.1, closed at teardown (Beam's DaskRunner would
+    otherwise start its own local cluster and never close it). Workers are spawned, so they import pileprep
+    from this checkout through the parent's sys.path, as a cluster's workers import it from their image.
+    Used by tests/e2e/test_retrieval_dask.py and test_retrieval_ranges_sidecar.py."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                                  dashboard_address=None) as cluster:
+        yield cluster.scheduler_address
+        # DaskRunner's own Client (the default one) outlives the pipeline; closed before the cluster, or it
+        # retries the closed scheduler at exit
+        while True:
+            try:
+                distributed.default_client().close()
+            except ValueError:  # no default client left
+                break

@@ -5,29 +5,13 @@ translation keeps every tagged output of a ParDo in its main bag (pipeline/retri
 A tiny BM25 database on purpose (the Dask run is most of this module's time)."""
 from __future__ import annotations
 
-import pytest
-
 from pipeline.ops import runners
 from pipeline.retrieval import build
 from pipeline.retrieval.config import BuildConfig
-from tests.retrieval_fixtures import IN_MEMORY, same_tree, small_dataset
+from tests.retrieval_fixtures import IN_MEMORY, dask_address, same_tree, small_dataset  # noqa: F401 (a fixture)
 
 CHUNK = 32
 
-
-@pytest.fixture(scope="module")
-def dask_address():
-    """Two worker processes of one thread each on 127.0.0.1, closed at teardown (as in
-    tests/e2e/test_retrieval_ranges_sidecar.py: DaskRunner's own default Client is closed before the cluster)."""
-    distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None) as cluster:
-        yield cluster.scheduler_address
-        while True:
-            try:
-                distributed.default_client().close()
-            except ValueError:  # no default client left
-                break
 
 
 def test_bm25_build_on_dask_is_byte_identical_to_fnapi(tiny_tokenizer, dask_address, tmp_path):

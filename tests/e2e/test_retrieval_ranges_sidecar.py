@@ -17,7 +17,7 @@ from pipeline.errors import ConfigError
 from pipeline.ops import runners
 from pipeline.retrieval import build, neighbours
 from pipeline.retrieval.config import BuildConfig, NeighboursConfig
-from tests.retrieval_fixtures import IN_MEMORY, same_tree, small_dataset
+from tests.retrieval_fixtures import IN_MEMORY, dask_address, same_tree, small_dataset  # noqa: F401 (a fixture)
 from transforms.retrieval import retrieval_chunks
 
 pytestmark = pytest.mark.retrieval_scale
@@ -52,23 +52,6 @@ def sidecar(dataset, db, out: pathlib.Path, ranges: int, args) -> pathlib.Path:
 def r1(dataset, dense_db, tmp_path_factory):
     return sidecar(dataset, dense_db, tmp_path_factory.mktemp("rr1") / "r1", 1, IN_MEMORY)
 
-
-@pytest.fixture(scope="module")
-def dask_address():
-    """Two worker processes of one thread each on 127.0.0.1, closed at teardown (Beam's DaskRunner would
-    otherwise start its own local cluster and never close it). Workers are spawned, so they import pileprep
-    from this checkout through the parent's sys.path, as a cluster's workers import it from their image."""
-    distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
-                                  dashboard_address=None) as cluster:
-        yield cluster.scheduler_address
-        # DaskRunner's own Client (the default one) outlives the pipeline; closed before the cluster, or it
-        # retries the closed scheduler at exit
-        while True:
-            try:
-                distributed.default_client().close()
-            except ValueError:  # no default client left
-                break
 
 
 def test_sidecar_is_byte_identical_for_1_and_4_ranges_and_1_or_2_workers(dataset, dense_db, r1, tmp_path):
