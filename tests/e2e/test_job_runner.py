@@ -63,13 +63,23 @@ def db(dataset, tmp_path_factory):
 
 
 # ------------------------------------------------------------------------------------------ output kinds
-def test_neighbours_into_a_committed_dataset_is_refused_and_the_dataset_is_untouched(dataset, db):
-    before = dataset_files(dataset)
-    res = run_cli(["retrieval", "neighbours", "--dataset", str(dataset), "--db", str(db), "--output", str(dataset),
+@pytest.mark.parametrize("target", ["the input dataset", "another committed dataset"])
+def test_neighbours_into_a_committed_dataset_is_refused_and_the_dataset_is_untouched(dataset, db, tmp_path, target):
+    """Into its own --dataset: refused as an output overlapping an input (review33, pipeline/retrieval/config.py);
+    into another committed dataset: refused as an output holding another kind (pipeline/job.py)."""
+    import shutil
+
+    out = dataset
+    if target == "another committed dataset":
+        out = tmp_path / "other"
+        shutil.copytree(dataset, out, symlinks=True)
+    before = dataset_files(out)
+    res = run_cli(["retrieval", "neighbours", "--dataset", str(dataset), "--db", str(db), "--output", str(out),
                    "--neighbour-len", str(2 * CHUNK), *IN_MEMORY], timeout_s=120)
     line = _one_line(res.stderr)
-    assert res.returncode == 2 and f"--output {dataset}" in line and "holds a dataset" in line, res.stderr
-    assert dataset_files(dataset) == before
+    said = "overlaps --dataset" if out == dataset else "holds a dataset"
+    assert res.returncode == 2 and f"--output {out}" in line and said in line, res.stderr
+    assert dataset_files(out) == before
 
 
 def test_the_manifest_records_each_outputs_kind(dataset, db):
