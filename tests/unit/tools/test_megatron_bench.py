@@ -90,10 +90,16 @@ def _run(wall, cpu, tokens, rss):
     return {"wall": wall, "cpu_s": cpu, "tokens": tokens, "largest_mb": rss, "tree_mb": rss}
 
 
+def _two_sizes(fast, pileprep_cpu_at_1536: float = 66) -> list:
+    """The fast script and pileprep ("p") at 384 MB and 1536 MB, as bench/megatron_fast.py's rows."""
+    return [("384 MB", 10, None, {fast.FAST: _run(20, 25, 100e6, 2000), "p": _run(18, 30, 100e6, 500)}),
+            ("1536 MB", 40, None, {fast.FAST: _run(50, 65, 500e6, 7000),
+                                   "p": _run(38, pileprep_cpu_at_1536, 500e6, 520)})]
+
+
 def test_marginal_ratios_and_targets(capsys, bench):
     fast = bench("megatron_fast")
-    rows = [("384 MB", 10, None, {fast.FAST: _run(20, 25, 100e6, 2000), "p": _run(18, 30, 100e6, 500)}),
-            ("1536 MB", 40, None, {fast.FAST: _run(50, 65, 500e6, 7000), "p": _run(38, 66, 500e6, 520)})]
+    rows = _two_sizes(fast)
     fast.print_fast_tables(rows, ["p"], lambda tool, r: tool)
     out = capsys.readouterr().out
     # fast: 40 CPU-s over 400 M tokens = 0.100 per M; pileprep 36 over 400 M = 0.090: 0.90 of it
@@ -110,8 +116,7 @@ def test_a_negative_marginal_of_pileprep_is_no_verdict(capsys, bench):
     """review30: pileprep's CPU lower at the larger size (noise, a slow stretch under the small size's runs) made
     its marginal cost negative, and a negative ratio passed `<= 1.0` as "met"."""
     fast = bench("megatron_fast")
-    rows = [("384 MB", 10, None, {fast.FAST: _run(20, 25, 100e6, 2000), "p": _run(18, 30, 100e6, 500)}),
-            ("1536 MB", 40, None, {fast.FAST: _run(50, 65, 500e6, 7000), "p": _run(38, 20, 500e6, 520)})]
+    rows = _two_sizes(fast, pileprep_cpu_at_1536=20)
     fast.print_fast_tables(rows, ["p"], lambda tool, r: tool)
     out = capsys.readouterr().out
     assert "marginal CPU per token ÷ fast n/a (target <= 1.00): not measured" in out
