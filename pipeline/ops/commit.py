@@ -188,6 +188,9 @@ def commit_output(output_dir: str, kind: str, manifest_json: str, new_gen: str, 
     `dropped_generations` at once (retrieval stores, which nothing references by generation yet).
     """
     check_output_kind(output_dir, kind, foreign=False)  # (foreign files: checked at the run's start, pipeline/job.py)
+    # A worker killed mid-write leaves its temp file; Spark and Flink re-execute the bundle, whose own temp file is
+    # renamed into place, so the killed attempt's would otherwise be committed beside it (issue 31).
+    remove_temp_files(io_utils.join(output_dir, check_generation_name(new_gen)))
     current_gen = committed_generation_of(output_dir)
     if current_gen not in (expected_previous, new_gen):
         raise ConcurrentCommitError(
@@ -209,6 +212,25 @@ def commit_output(output_dir: str, kind: str, manifest_json: str, new_gen: str, 
         _check_deletable(old, output_dir, keep_paths)
         _remove_after_commit(old, "the previous generation")
     return path
+
+
+# What a killed writer leaves: transforms/io/io_utils.py _LocalAtomicWriter's `.part` and replace_atomically's
+# `.tmp` names (a unique 12-hex id each). Only this run's own directories are swept (its generation, its staging).
+TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.(part|tmp)")
+
+
+def remove_temp_files(directory: str) -> None:
+    """The temp files of killed writers under `directory` (local only: an object store never shows a part-written
+    object); links are not followed."""
+    if not io_utils.is_local(directory):
+        return
+    for dirpath, _dirs, names in os.walk(directory):
+        for name in names:
+            if TEMP_NAME.fullmatch(name):
+                try:
+                    os.unlink(os.path.join(dirpath, name))
+                except FileNotFoundError:
+                    pass
 
 
 def _remove_after_commit(path: str, what: str, remove=io_utils.delete_tree) -> None:

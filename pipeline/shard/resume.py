@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
 from apache_beam.io.filesystems import FileSystems
 
-from pipeline.ops import guards, progress
+from pipeline.ops import commit, guards, progress
 from pipeline.shard import input_digests, markers
 from pipeline.shard.markers import NEAR_DEDUP
 from transforms.io import io_utils
@@ -35,8 +34,6 @@ from transforms.shard.records import BadRecord
 
 LOG = logging.getLogger("pileprep.resume")
 RESUME_FILE = guards.RESUME_RECORD
-# What a killed writer leaves (transforms/io/io_utils.py: _LocalAtomicWriter's and replace_atomically's names)
-_TEMP_NAME = re.compile(r"\..+\.[0-9a-f]{12}\.(part|tmp)")
 CHECK_THREADS = 8  # one stat per file: on an object store the driver waits on round trips, not on a core
 NOTES_SHOWN = 5
 
@@ -114,19 +111,6 @@ def _mismatch(plan, staging_dir: str, enabled: bool) -> Optional[str]:
     return None
 
 
-def _remove_temp_files(directory: str) -> None:
-    """A killed writer's temp files (local only: an object store never shows a part-written object)."""
-    if not io_utils.is_local(directory):
-        return
-    for dirpath, _dirs, names in os.walk(directory):
-        for name in names:
-            if _TEMP_NAME.fullmatch(name):
-                try:
-                    os.unlink(os.path.join(dirpath, name))
-                except FileNotFoundError:
-                    pass
-
-
 def _discard_staging(staging_dir: str, data_dir: Optional[str]) -> None:
     io_utils.delete_tree(staging_dir)
     io_utils.delete_tree(progress.marker_dir(staging_dir))
@@ -160,8 +144,8 @@ def reconcile(plan, enabled: bool = True, live=frozenset()) -> Resumed:
         for note in notes:
             LOG.warning("%s", note)
         return Resumed(notes=tuple(notes))
-    _remove_temp_files(plan.staging_dir)
-    _remove_temp_files(plan.data_dir)
+    commit.remove_temp_files(plan.staging_dir)
+    commit.remove_temp_files(plan.data_dir)
     io_utils.delete_tree(progress.marker_dir(plan.staging_dir))  # counters start again; reused work re-counts
     names = markers.marker_names(plan.staging_dir)
 

@@ -74,3 +74,21 @@ def test_the_manifest_temp_file_has_a_unique_name(tmp_path):
     assert (out / "manifest.json.tmp").read_text() == "a user's file"
     assert Manifest.from_json((out / "manifest.json").read_text()).generation == GEN_A
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "manifest.json.tmp"]
+
+
+def test_a_killed_attempts_temp_file_in_the_new_generation_is_not_committed(tmp_path):
+    """Spark and Flink re-execute a bundle whose worker was killed mid-write: the retry's file is renamed into place,
+    the killed attempt's temp file stays behind. The commit removes it; a user's look-alike elsewhere is kept."""
+    out = tmp_path / "out"
+    (out / GEN_A / "sub").mkdir(parents=True)
+    (out / GEN_A / "train-00000-of-00001.tfrecord").write_bytes(b"x")
+    killed = [out / GEN_A / ".train-00000-of-00001.tfrecord.0123456789ab.part",
+              out / GEN_A / "sub" / ".f000000-read.jsonl.abcdef012345.tmp"]
+    for p in killed:
+        p.write_bytes(b"half")
+    (out / GEN_A / "notes.0123456789ab.part").write_bytes(b"not a temp name: no leading dot")
+    (tmp_path / ".mine.0123456789ab.part").write_bytes(b"outside the output")
+    commit.commit_dataset(str(out), make_manifest(GEN_A, [make_shard(GEN_A)]), None, str(out / "_staging" / GEN_A))
+    assert [p for p in killed if p.exists()] == []
+    assert (out / GEN_A / "notes.0123456789ab.part").exists() and (tmp_path / ".mine.0123456789ab.part").exists()
+    assert (out / GEN_A / "train-00000-of-00001.tfrecord").read_bytes() == b"x"

@@ -4,6 +4,7 @@ tokenizer."""
 from __future__ import annotations
 
 import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -57,3 +58,20 @@ def test_spot_check_totals_sum_the_units_counts():
     for u, counts in zip(units, ({"documents": 2, "bytes": 10}, {"documents": 1}, {})):
         u.spot_checked = counts
     assert tokenize_unit.spot_check_totals(units) == {"documents": 3, "bytes": 10}
+
+
+def test_a_re_executed_unit_leaves_one_copy_of_each_file_with_the_same_bytes(tiny_tokenizer, tmp_path):
+    """Spark and Flink re-execute a bundle (a killed SDK worker, a recomputed stage): the unit's files are named
+    after its chunk and written under temp names then renamed (transforms/io/io_utils.py open_write), so a second
+    attempt replaces the first's files with equal bytes, and the pack stage, which reads units by name, sees one
+    copy. A killed attempt's temp file is no unit file (pipeline/ops/commit.py remove_temp_files)."""
+    records = [(i + 1, pile_line(t, "Docs")) for i, t in enumerate(TEXTS)]
+    _sp, first = _unit(tiny_tokenizer, tmp_path, records)
+    before = {p: p.read_bytes() for p in sorted((tmp_path / "stage").rglob("*")) if p.is_file()}
+    killed = pathlib.Path(first.tokens_path).with_name(f".{pathlib.Path(first.tokens_path).name}.0123456789ab.part")
+    killed.write_bytes(b"half a tokens file")
+    _sp, second = _unit(tiny_tokenizer, tmp_path, records)
+    assert second == first  # the same unit: names, counts and paths
+    after = {p: p.read_bytes() for p in sorted((tmp_path / "stage").rglob("*")) if p.is_file() and p != killed}
+    assert after == before
+    assert killed.name not in {pathlib.Path(second.index_path).name, pathlib.Path(second.tokens_path).name}
