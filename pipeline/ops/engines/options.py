@@ -10,13 +10,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import subprocess
+import zipfile
 from typing import Optional
 
 from pipeline.errors import ConfigError
 
 JAR_FLAG = {"SparkRunner": "spark_job_server_jar", "FlinkRunner": "flink_job_server_jar"}
 LOCAL_MASTERS = ("[auto]", "[local]")
+# What Spark's SparkContext accepts as a master (SparkContext.createTaskScheduler); anything else fails only after
+# the job server has started (`Could not parse Master URL`). Beam's own default is local[4].
+SPARK_MASTER = re.compile(r"^(local(\[[0-9*]+(,[0-9]+)?\])?|local-cluster\[[0-9, ]+\]|yarn|"
+                          r"spark://[^/\s]+|k8s://\S+|mesos://\S+)$")
+SPARK_LOCAL = re.compile(r"^local(\[.+\])?$")  # apache_beam/runners/portability/spark_runner.py LOCAL_MASTER_PATTERN
+DOCKER_CHECK_TIMEOUT_S = 10.0
 
 
 def engine_of(runner: str) -> Optional[str]:
@@ -64,16 +73,55 @@ def check_engine_options(options: dict) -> list:
                               f"at run time): run `{make}` once; `{make}-cluster` prints the options")
         if not os.path.isfile(jar):
             raise ConfigError(f"--{flag}={jar}: no such file; run `{make}` (it fetches the job server)")
+        if not zipfile.is_zipfile(jar):  # else `java -jar` fails three times deep in Beam's job-server start-up
+            raise ConfigError(f"--{flag}={jar}: not a jar; run `{make}` (it fetches the job server) and pass "
+                              f"the jar `{make}-cluster` prints")
         launcher = options.get("job_server_java_launcher") or "java"
         if shutil.which(launcher) is None:
             raise ConfigError(f"--runner={runner}: no `{launcher}` to start the job server; install OpenJDK 17, "
                               f"then `{make}`")
     if engine == "spark":
-        master = str(options.get("spark_master_url") or "")
+        master = str(options.get("spark_master_url") or "local[4]")
+        if not SPARK_MASTER.match(master):
+            raise ConfigError(f"--spark_master_url={master}: not a Spark master URL (spark://HOST:PORT, local[N], "
+                              "yarn, k8s://...); `make spark-cluster` prints one")
         if master.startswith("spark://"):
             checks.append(("--spark_master_url", master, "the Spark master (make spark-cluster)"))
     else:
         master = str(options.get("flink_master") or "[auto]")
         if master not in LOCAL_MASTERS:
             checks.append(("--flink_master", master, "the Flink JobManager (make flink-cluster)"))
+    if environment(options, engine) == "DOCKER":
+        _require_docker(runner, make)
     return checks
+
+
+def environment(options: dict, engine: str) -> str:
+    """The SDK environment a Spark/Flink job would get: the given --environment_type, else Beam's default
+    (apache_beam/runners/portability/spark_runner.py, flink_runner.py `default_environment`: LOOPBACK for a local
+    master, DOCKER for a cluster)."""
+    given = str(options.get("environment_type") or "").upper()
+    if given:
+        return given
+    if engine == "spark":
+        local = bool(SPARK_LOCAL.match(str(options.get("spark_master_url") or "local[4]")))
+    else:
+        local = str(options.get("flink_master") or "[auto]") in LOCAL_MASTERS
+    return "LOOPBACK" if local else "DOCKER"
+
+
+def _require_docker(runner: str, make: str) -> None:
+    """A DOCKER environment needs a Docker daemon on every worker; without one on the driver's machine the job
+    fails only once an executor runs `docker run` (after the job server and the stages have started)."""
+    docker = shutil.which("docker")
+    try:
+        ok = docker is not None and subprocess.run(
+            [docker, "version", "--format", "{{.Server.Version}}"], capture_output=True,
+            timeout=DOCKER_CHECK_TIMEOUT_S, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        ok = False
+    if not ok:
+        raise ConfigError(f"--runner={runner} with --environment_type=DOCKER (Beam's default for a cluster master) "
+                          f"needs a Docker daemon and none answers here; use the PROCESS environment "
+                          f"`{make}-cluster` prints (--environment_type=PROCESS "
+                          "--environment_options=process_command=...)")

@@ -21,6 +21,13 @@ def _exe(tmp_path):
     return str(script)
 
 
+def _jar(tmp_path):
+    """A (empty) jar: a zip file, as the option check requires."""
+    jar = tmp_path / "j.jar"
+    zipfile.ZipFile(jar, "w").close()
+    return jar
+
+
 def test_spark_runner_without_a_job_server_jar_is_refused_naming_make_spark():
     with pytest.raises(ConfigError, match=r"--spark_job_server_jar.*make spark"):
         check_engine_options({"runner": "SparkRunner", "spark_master_url": "local[4]"})
@@ -32,8 +39,7 @@ def test_missing_jar_is_refused_naming_the_make_target(tmp_path):
 
 
 def test_missing_java_is_refused(tmp_path):
-    jar = tmp_path / "j.jar"
-    jar.write_bytes(b"")
+    jar = _jar(tmp_path)
     with pytest.raises(ConfigError, match=r"install OpenJDK 17.*make spark"):
         check_engine_options({"runner": "SparkRunner", "spark_job_server_jar": str(jar),
                               "job_server_java_launcher": str(tmp_path / "no-java")})
@@ -41,7 +47,8 @@ def test_missing_java_is_refused(tmp_path):
 
 def test_a_given_job_endpoint_needs_no_jar_and_masters_are_checked(tmp_path):
     checks = check_engine_options({"runner": "SparkRunner", "job_endpoint": "localhost:8099",
-                                   "spark_master_url": "spark://127.0.0.1:7077"})
+                                   "spark_master_url": "spark://127.0.0.1:7077", "environment_type": "PROCESS",
+                                   "environment_options": [f"process_command={_exe(tmp_path)}"]})
     assert [c[0] for c in checks] == ["--spark_master_url"]
     assert check_engine_options({"runner": "FlinkRunner", "job_endpoint": "x:1", "flink_master": "[auto]"}) == []
 
@@ -58,12 +65,12 @@ def test_process_environment_needs_an_executable_command(tmp_path):
 
 
 def test_preflight_names_an_unreachable_spark_master(tmp_path):
-    jar = tmp_path / "j.jar"
-    jar.write_bytes(b"")
+    jar = _jar(tmp_path)
     port = free_port()
     with pytest.raises(ConfigError, match=r"--spark_master_url=spark://127.0.0.1:\d+: nothing answers"):
         runners.preflight({"runner": "SparkRunner", "spark_job_server_jar": str(jar),
-                           "job_server_java_launcher": "sh", "spark_master_url": f"spark://127.0.0.1:{port}"})
+                           "job_server_java_launcher": "sh", "spark_master_url": f"spark://127.0.0.1:{port}",
+                           "environment_type": "PROCESS", "environment_options": [f"process_command={_exe(tmp_path)}"]})
 
 
 def test_pins_come_from_pyproject_and_key_the_cache(monkeypatch, tmp_path):
@@ -172,3 +179,57 @@ def test_ctrl_c_during_a_job_service_run_cancels_before_beams_handler_stops_the_
         assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # Beam's handler is back
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+# ------------------------------------------------------------------ review31: bad configurations fail before Beam
+
+
+def test_a_job_server_jar_that_is_not_a_jar_is_refused(tmp_path):
+    """A text file passed as the jar: `java -jar` failed three times inside Beam's job-server start-up (exit 1,
+    a traceback from a gRPC thread) instead of one exit-2 line."""
+    text = tmp_path / "beam-spark-job-server.jar"
+    text.write_text("root:x:0:0\n")
+    with pytest.raises(ConfigError, match=r"--spark_job_server_jar=.*: not a jar; run `make spark`"):
+        check_engine_options({"runner": "SparkRunner", "spark_job_server_jar": str(text),
+                              "job_server_java_launcher": "sh", "environment_type": "PROCESS",
+                              "environment_options": [f"process_command={_exe(tmp_path)}"]})
+
+
+@pytest.mark.parametrize("master", ["garbage", "spark:/127.0.0.1:7077", "127.0.0.1:7077", "local[x]", ""])
+def test_a_spark_master_url_spark_cannot_parse_is_refused(tmp_path, master):
+    """`--spark_master_url=garbage` reached Spark: `Could not parse Master URL` after the job server started."""
+    options = {"runner": "SparkRunner", "job_endpoint": "127.0.0.1:1", "spark_master_url": master,
+               "environment_type": "PROCESS", "environment_options": [f"process_command={_exe(tmp_path)}"]}
+    if master == "":  # not given: Beam's default local[4]
+        assert check_engine_options(options) == []
+        return
+    with pytest.raises(ConfigError, match=r"not a Spark master URL"):
+        check_engine_options(options)
+
+
+@pytest.mark.parametrize("master", ["local", "local[4]", "local[*]", "local[2,3]", "yarn", "k8s://https://h:443",
+                                    "spark://127.0.0.1:7077"])
+def test_spark_master_urls_spark_takes_pass(tmp_path, master):
+    checks = check_engine_options({"runner": "SparkRunner", "job_endpoint": "127.0.0.1:1",
+                                   "spark_master_url": master, "environment_type": "PROCESS",
+                                   "environment_options": [f"process_command={_exe(tmp_path)}"]})
+    assert [c[0] for c in checks] == (["--spark_master_url"] if master.startswith("spark://") else [])
+
+
+@pytest.mark.parametrize("options", [
+    {"runner": "SparkRunner", "spark_master_url": "spark://127.0.0.1:7077", "environment_type": "DOCKER"},
+    {"runner": "SparkRunner", "spark_master_url": "spark://127.0.0.1:7077"},  # Beam's default for a cluster
+    {"runner": "FlinkRunner", "flink_master": "127.0.0.1:8081"},
+    {"runner": "FlinkRunner", "flink_master": "[local]", "environment_type": "docker"}])
+def test_a_docker_environment_without_a_docker_daemon_is_refused(monkeypatch, tmp_path, options):
+    """`--environment_type=DOCKER` (or none with a cluster master) where no Docker daemon answers: the job ran
+    until an executor's `docker run` failed (exit 1, Beam's log); now exit 2 naming the PROCESS environment."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no docker here (a docker CLI without a daemon fails alike)
+    with pytest.raises(ConfigError, match=r"needs a Docker daemon.*make (spark|flink)-cluster"):
+        check_engine_options({**options, "job_endpoint": "127.0.0.1:1"})
+
+
+def test_local_masters_default_to_loopback_and_need_no_docker(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert check_engine_options({"runner": "SparkRunner", "job_endpoint": "127.0.0.1:1"}) == []
+    assert check_engine_options({"runner": "FlinkRunner", "job_endpoint": "127.0.0.1:1", "flink_master": "[auto]"}) == []
