@@ -86,13 +86,24 @@ def sdk_worker_script(state: pathlib.Path) -> pathlib.Path:
     return path
 
 
+# The job server's JVM ends with the driver process (SIGTERM when it dies: PR_SET_PDEATHSIG, util-linux setpriv
+# >= 2.33). In a session of its own nothing else reaches it once the driver is SIGKILLed (alone or with its process
+# group, as a scheduler's timeout does): it kept running the job, committed the dataset under the dead driver's
+# lock, and stayed, with its job port open on every interface, until killed by hand.
+JOB_SERVER_JAVA = """#!/bin/sh
+if setpriv --pdeathsig TERM true 2>/dev/null; then exec setsid setpriv --pdeathsig TERM java "$@"; fi
+exec setsid java "$@"
+"""
+
+
 def job_server_java(state: pathlib.Path) -> pathlib.Path:
-    """DIR/job-server-java: `--job_server_java_launcher`, java in a session of its own. Beam starts the job server
-    in the driver's process group (apache_beam/utils/subprocess_server.py), so a terminal's Ctrl-C would end it
-    before the driver could cancel the job through it (pipeline/ops/engines/submit.py); Beam still stops it."""
+    """DIR/job-server-java: `--job_server_java_launcher`, java in a session of its own that ends with the driver
+    (JOB_SERVER_JAVA). Beam starts the job server in the driver's process group
+    (apache_beam/utils/subprocess_server.py), so a terminal's Ctrl-C would end it before the driver could cancel
+    the job through it (pipeline/ops/engines/submit.py); Beam still stops it (SIGINT to its pid)."""
     path = state / "job-server-java"
     tmp = state / f".job-server-java.tmp-{os.getpid()}"
-    tmp.write_text('#!/bin/sh\nexec setsid java "$@"\n')
+    tmp.write_text(JOB_SERVER_JAVA)
     tmp.chmod(0o755)
     os.replace(tmp, path)
     return path

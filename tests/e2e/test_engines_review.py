@@ -1,0 +1,68 @@
+"""review31: what `make spark-cluster` / `make flink-cluster` hand a driver, attacked where no job run is needed.
+
+The job server's JVM is started by Beam through DIR/job-server-java (pipeline/ops/engines/cluster.py); these tests
+start that wrapper as Beam does (a child of a driver process) with a JVM that only waits, and look at what reaches
+it. Java is needed (marker engines: fails, never skips, without it).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from pipeline.ops.engines import cluster as engine_cluster
+from tests.ops_fixtures import kill_group
+
+pytestmark = [pytest.mark.engines, pytest.mark.timeout(120)]
+
+# A driver as Beam's is to its job server: it starts the launcher (apache_beam/utils/subprocess_server.py Popen, no
+# session of its own) and lives on; a terminal's Ctrl-C is handled (pipeline/job.py), not fatal, so it stays.
+DRIVER = ("import signal, subprocess, sys, time\n"
+          "signal.signal(signal.SIGINT, lambda *_: None)\n"
+          "subprocess.Popen(sys.argv[1:])\n"
+          "time.sleep(600)\n")
+WAIT_JAVA = "public class Wait { public static void main(String[] a) throws Exception { Thread.sleep(600000); } }\n"
+
+
+def _java_child(driver: subprocess.Popen, timeout_s: float = 60) -> psutil.Process:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for child in psutil.Process(driver.pid).children(recursive=True):
+            try:
+                if child.name() == "java":
+                    return child
+            except psutil.Error:
+                continue
+        time.sleep(0.1)
+    pytest.fail("the launcher started no java")
+
+
+def test_the_job_server_jvm_survives_ctrl_c_and_ends_with_a_sigkilled_driver(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) must not reach the job server (the driver cancels the job
+    through it first); a SIGKILLed driver must not leave it behind. Before the fix the JVM, in a session of its
+    own, outlived the driver: on Spark it ran the job on, committed the dataset under the dead driver's lock and
+    stayed with its job port open."""
+    source = tmp_path / "Wait.java"
+    source.write_text(WAIT_JAVA)
+    launcher = engine_cluster.job_server_java(tmp_path)
+    driver = subprocess.Popen([sys.executable, "-c", DRIVER, str(launcher), str(source)], start_new_session=True)
+    java = None
+    try:
+        java = _java_child(driver)
+        os.killpg(driver.pid, signal.SIGINT)
+        time.sleep(1.0)
+        assert java.is_running() and java.status() != psutil.STATUS_ZOMBIE, "Ctrl-C reached the job server"
+        driver.kill()
+        driver.wait(10)
+        gone, _alive = psutil.wait_procs([java], timeout=20)
+        assert gone, "the job server's JVM outlived its SIGKILLed driver"
+    finally:
+        if java is not None and java.is_running():
+            java.kill()
+        kill_group(driver)
+
