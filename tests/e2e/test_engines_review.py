@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -16,7 +17,8 @@ import psutil
 import pytest
 
 from pipeline.ops.engines import cluster as engine_cluster
-from tests.ops_fixtures import kill_group
+from pipeline.ops.engines import fetch
+from tests.ops_fixtures import free_port, kill_group
 
 pytestmark = [pytest.mark.engines, pytest.mark.timeout(120)]
 
@@ -66,3 +68,49 @@ def test_the_job_server_jvm_survives_ctrl_c_and_ends_with_a_sigkilled_driver(tmp
             java.kill()
         kill_group(driver)
 
+
+def _outside_address():
+    """An IPv4 address of this host that is not loopback (how another machine reaches it), else None."""
+    for addrs in psutil.net_if_addrs().values():
+        for a in addrs:
+            if a.family == socket.AF_INET and not a.address.startswith("127."):
+                return a.address
+    return None
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="Beam's Java gRPC servers bind every interface (ServerFactory: NettyServerBuilder.forPort); "
+                          "nothing in the launcher or the job server's flags binds them to 127.0.0.1 "
+                          "(docs/OPERATIONS.md, 'Spark and Flink')")
+def test_the_job_servers_job_port_is_not_reachable_from_other_machines(tmp_path):
+    """Beam's job service has no authentication: who reaches its job port lists the jobs, reads each pipeline
+    (the S3 keys inside the pickled DoFns: review31 decoded them through the host's outside address during a Spark
+    run) and can submit a pipeline whose PROCESS command the cluster runs. Here: the Spark job server as Beam starts
+    it, from the jar `make spark` built, and a connect to its job port through this host's non-loopback address."""
+    outside = _outside_address()
+    if outside is None:
+        pytest.skip("this host has no non-loopback IPv4 address to connect through")
+    pins = fetch.require("spark")
+    port = free_port()
+    cmd = [str(engine_cluster.job_server_java(tmp_path)), "-Xmx256m", "-jar", str(fetch.launcher_jar(pins)),
+           "--spark-master-url", "local[1]", "--artifacts-dir", str(tmp_path / "artifacts"), "--job-port",
+           str(port), "--artifact-port", "0", "--expansion-port", "0"]
+    # As Beam starts it: not a process-group leader, so `setsid` execs in place and this pid is the JVM's.
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        while not _connects("127.0.0.1", port):
+            assert server.poll() is None and time.monotonic() < deadline, "the job server did not start"
+            time.sleep(0.2)
+        assert not _connects(outside, port), f"the job port answers on {outside}:{port}"
+    finally:
+        server.kill()
+        server.wait(10)
+
+
+def _connects(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False

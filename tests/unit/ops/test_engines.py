@@ -232,4 +232,5 @@ def test_a_docker_environment_without_a_docker_daemon_is_refused(monkeypatch, tm
 def test_local_masters_default_to_loopback_and_need_no_docker(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
     assert check_engine_options({"runner": "SparkRunner", "job_endpoint": "127.0.0.1:1"}) == []
-    assert check_engine_options({"runner": "FlinkRunner", "job_endpoint": "127.0.0.1:1", "flink_master": "[auto]"}) == []
+    assert check_engine_options({"runner": "FlinkRunner", "job_endpoint": "127.0.0.1:1",
+                                 "flink_master": "[auto]"}) == []
