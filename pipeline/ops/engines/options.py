@@ -28,9 +28,19 @@ SPARK_LOCAL = re.compile(r"^local(\[.+\])?$")  # apache_beam/runners/portability
 DOCKER_CHECK_TIMEOUT_S = 10.0
 
 
+def runner_class(runner: str) -> str:
+    """The class name Beam runs for `--runner`: Beam takes a name in any case, with or without 'Runner'
+    (apache_beam/runners/runner.py create_runner; pipeline/options.py import_runner accepts the same), so
+    `--runner=spark` is SparkRunner and gets SparkRunner's checks."""
+    from apache_beam.runners import runner as beam_runner  # noqa: PLC0415
+
+    name = str(runner or "")
+    known = beam_runner._RUNNER_MAP  # noqa: SLF001 - the map Beam itself resolves --runner with
+    return known.get(name.lower(), known.get(name.lower() + "runner", name)).rsplit(".", 1)[-1]
+
+
 def engine_of(runner: str) -> Optional[str]:
-    name = str(runner or "").rsplit(".", 1)[-1]
-    return {"SparkRunner": "spark", "FlinkRunner": "flink"}.get(name)
+    return {"SparkRunner": "spark", "FlinkRunner": "flink"}.get(runner_class(runner))
 
 
 def process_command(options: dict) -> Optional[str]:
@@ -66,7 +76,7 @@ def check_engine_options(options: dict) -> list:
     make = f"make {engine}"
     endpoint = options.get("job_endpoint")
     if not endpoint or endpoint == "embed":
-        flag = JAR_FLAG[runner.rsplit(".", 1)[-1]]
+        flag = JAR_FLAG[runner_class(runner)]
         jar = options.get(flag)
         if not jar:
             raise ConfigError(f"--runner={runner} needs --{flag}=PATH (Beam would fetch a job server from Maven "

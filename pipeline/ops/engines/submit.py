@@ -24,6 +24,8 @@ import uuid
 
 from apache_beam.options.pipeline_options import PipelineOptions
 
+from pipeline.ops.engines.options import runner_class
+
 LOG = logging.getLogger("pileprep.engines")
 
 SECRET_OPTIONS = ("s3_access_key_id", "s3_secret_access_key", "s3_session_token")
@@ -33,8 +35,8 @@ FLINK_TERMINAL = ("FINISHED", "CANCELED", "FAILED", "SUSPENDED")
 
 
 def uses_job_service(options: PipelineOptions) -> bool:
-    runner = str(options.get_all_options(retain_unknown_options=True).get("runner") or "")
-    return runner.rsplit(".", 1)[-1] in JOB_SERVICE_RUNNERS
+    runner = options.get_all_options(retain_unknown_options=True).get("runner")
+    return runner_class(runner) in JOB_SERVICE_RUNNERS  # `--runner=flink` is FlinkRunner to Beam
 
 
 def for_submission(options: PipelineOptions) -> PipelineOptions:

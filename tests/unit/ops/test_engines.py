@@ -234,3 +234,26 @@ def test_local_masters_default_to_loopback_and_need_no_docker(monkeypatch, tmp_p
     assert check_engine_options({"runner": "SparkRunner", "job_endpoint": "127.0.0.1:1"}) == []
     assert check_engine_options({"runner": "FlinkRunner", "job_endpoint": "127.0.0.1:1",
                                  "flink_master": "[auto]"}) == []
+
+
+@pytest.mark.parametrize("runner", ["spark", "Spark", "sparkrunner", "SPARKRUNNER"])
+def test_every_name_beam_takes_for_spark_gets_the_checks(runner):
+    """Beam maps --runner case-insensitively, with or without 'Runner' (apache_beam/runners/runner.py, as
+    pipeline/options.py import_runner does): `--runner=spark` ran SparkRunner past every check, and Beam went to
+    fetch a job-server jar from Maven at run time."""
+    with pytest.raises(ConfigError, match=r"--spark_job_server_jar.*make spark"):
+        check_engine_options({"runner": runner, "spark_master_url": "local[4]"})
+
+
+@pytest.mark.parametrize("runner", ["flink", "FLINK", "flinkrunner", "sparkrunner", "portablerunner"])
+def test_every_name_beam_takes_for_a_job_service_runner_gets_no_s3_secret(runner):
+    """`--runner=flink` is FlinkRunner to Beam: its options reached the job server, S3 keys included (Flink
+    shows them as the job's configuration)."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline.ops.engines import submit
+
+    sent = submit.for_submission(PipelineOptions([f"--runner={runner}", "--s3_access_key_id=AKID",
+                                                  "--s3_secret_access_key=SECRET"]))
+    given = sent.get_all_options(drop_default=True, retain_unknown_options=True)
+    assert "s3_secret_access_key" not in given and "s3_access_key_id" not in given
