@@ -6,6 +6,7 @@ it. Java is needed (marker engines: fails, never skips, without it).
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -114,3 +115,20 @@ def _connects(host: str, port: int) -> bool:
             return True
     except OSError:
         return False
+
+
+@pytest.mark.timeout(90)
+def test_a_cluster_process_that_dies_at_start_up_fails_the_start_at_once_in_one_line(tmp_path):
+    """A master JVM that cannot start (here an option the JVM refuses, as a stray SPARK_MASTER_OPTS gives) stayed
+    a zombie child of `make spark-cluster`, whose pid and start time still matched: the start waited its whole
+    READY_TIMEOUT_S and said only 'not ready'. Now: the exit is seen, the line quotes the log, nothing is left."""
+    env = dict(os.environ, SPARK_MASTER_OPTS="-XX:+PileprepNoSuchOption")
+    started = time.monotonic()
+    with pytest.raises(fetch.EngineSetupError) as e:
+        engine_cluster.start_spark(tmp_path / "state", env=env)
+    assert time.monotonic() - started < 60
+    assert "master exited during start-up" in str(e.value) and "PileprepNoSuchOption" in str(e.value)
+    assert "\n" not in str(e.value)
+    record = json.loads((tmp_path / "state" / "cluster.json").read_text())
+    assert not [p for p in record["processes"] if psutil.pid_exists(p["pid"])
+                and psutil.Process(p["pid"]).status() != psutil.STATUS_ZOMBIE]

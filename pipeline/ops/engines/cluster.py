@@ -55,11 +55,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_time(pid: int) -> Optional[str]:
+def _stat(pid: int) -> tuple:
+    """(state, start time) from /proc/PID/stat, or (None, None)."""
     try:
-        return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+        fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return fields[0], fields[19]
     except (OSError, IndexError):
-        return None
+        return None, None
+
+
+def _recorded(p: dict) -> bool:
+    """The pid is still the process recorded (its start time matches), running or exited but not yet reaped: its
+    process group (the executors, the SDK workers) may outlive it."""
+    return bool(p.get("start")) and _stat(p["pid"])[1] == p["start"]
+
+
+def _alive(p: dict) -> bool:
+    """The process recorded, not exited: a child of this process that exited stays a zombie, with its /proc entry
+    and start time, until reaped (`_reap`)."""
+    return _recorded(p) and _stat(p["pid"])[0] not in ("Z", "X")
+
+
+def _reap(processes: list) -> None:
+    for p in processes:
+        try:
+            os.waitpid(p["pid"], os.WNOHANG)
+        except ChildProcessError:  # not this process's child (`stop` from another make run): init reaps it
+            pass
+
+
+def _log_tail(log: pathlib.Path, lines: int = 4) -> str:
+    """The log's last lines as one line (the make target's error is one line)."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    return " | ".join(ln.strip() for ln in text.strip().splitlines()[-lines:])[-600:]
 
 
 def _spawn(name: str, argv: list, state: pathlib.Path, env: dict) -> dict:
@@ -67,7 +95,7 @@ def _spawn(name: str, argv: list, state: pathlib.Path, env: dict) -> dict:
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                             cwd=str(state), start_new_session=True)
     log.close()
-    return {"name": name, "pid": proc.pid, "start": _start_time(proc.pid)}
+    return {"name": name, "pid": proc.pid, "start": _stat(proc.pid)[1]}
 
 
 def _write_json(path: pathlib.Path, data: dict) -> None:
@@ -121,9 +149,8 @@ def _wait(ready, cluster: Cluster, what: str) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         for p in cluster.processes:
-            if _start_time(p["pid"]) != p["start"]:
-                log = pathlib.Path(cluster.state_dir) / f"{p['name']}.log"
-                tail = log.read_text(errors="replace")[-1500:] if log.exists() else ""
+            if not _alive(p):
+                tail = _log_tail(pathlib.Path(cluster.state_dir) / f"{p['name']}.log")
                 stop(pathlib.Path(cluster.state_dir))
                 raise fetch.EngineSetupError(f"{cluster.engine}: {p['name']} exited during start-up: {tail}")
         if ready():
@@ -138,7 +165,7 @@ def _prepare(state: pathlib.Path) -> None:
     state.mkdir(parents=True, exist_ok=True)
     if (state / "cluster.json").exists():
         old = json.loads((state / "cluster.json").read_text())
-        if any(_start_time(p["pid"]) == p["start"] for p in old.get("processes", [])):
+        if any(_alive(p) for p in old.get("processes", [])):
             raise fetch.EngineSetupError(f"a cluster started from {state} is still running; stop it first "
                                          f"(make {old.get('engine', 'spark')}-cluster-stop)")
 
@@ -256,23 +283,24 @@ def start_flink(state: pathlib.Path, env: Optional[dict] = None) -> Cluster:
 
 
 def stop(state: pathlib.Path, grace_s: float = 3.0) -> int:
-    """End the process groups recorded in DIR/cluster.json that are still the processes started (pid and start
-    time match); returns how many were running."""
+    """End the process groups recorded in DIR/cluster.json whose leaders are still the processes started (pid and
+    start time match); returns how many were."""
     try:
         record = json.loads((state / "cluster.json").read_text())
     except (OSError, ValueError):
         return 0
-    live = [p for p in record.get("processes", []) if p.get("start") and _start_time(p["pid"]) == p["start"]]
+    live = [p for p in record.get("processes", []) if _recorded(p)]
     for p in live:
         try:
             os.killpg(p["pid"], signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
             pass
     deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_start_time(p["pid"]) == p["start"] for p in live):
+    while time.monotonic() < deadline and any(_alive(p) for p in live):
+        _reap(live)
         time.sleep(0.2)
     for p in live:
-        if _start_time(p["pid"]) == p["start"]:
+        if _recorded(p):
             try:
                 os.killpg(p["pid"], signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
