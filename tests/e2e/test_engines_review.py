@@ -19,7 +19,8 @@ import pytest
 
 from pipeline.ops.engines import cluster as engine_cluster
 from pipeline.ops.engines import fetch
-from tests.ops_fixtures import free_port, kill_group
+from tests.conftest import REPO
+from tests.ops_fixtures import free_port, kill_group, subprocess_env
 
 pytestmark = [pytest.mark.engines, pytest.mark.timeout(120)]
 
@@ -132,3 +133,28 @@ def test_a_cluster_process_that_dies_at_start_up_fails_the_start_at_once_in_one_
     record = json.loads((tmp_path / "state" / "cluster.json").read_text())
     assert not [p for p in record["processes"] if psutil.pid_exists(p["pid"])
                 and psutil.Process(p["pid"]).status() != psutil.STATUS_ZOMBIE]
+
+
+def test_ctrl_c_while_make_spark_cluster_starts_stops_what_it_started(tmp_path):
+    """Ctrl-C (SIGINT to the terminal's process group) once the master and workers are spawned, before they are
+    ready: the start printed a traceback and left all three JVMs running (each in a session of its own). Now:
+    one line, exit 130, and nothing of the cluster left."""
+    state = tmp_path / "state"
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.ops.engines.cluster", "start", "spark",
+                             "--state-dir", str(state)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=subprocess_env(PYTHONPATH=str(REPO)), cwd=str(REPO), start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        record = state / "cluster.json"
+        while not (record.exists() and "worker1" in record.read_text()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:]
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+        processes = json.loads(record.read_text())["processes"]
+        left = [p for p in processes if engine_cluster._alive(p)]  # noqa: SLF001 - the record's own test
+        assert proc.returncode == 130 and err.decode().count("\n") == 1 and "Traceback" not in err.decode(), err
+        assert left == []
+    finally:
+        kill_group(proc)
+        engine_cluster.stop(state)

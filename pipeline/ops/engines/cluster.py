@@ -326,6 +326,13 @@ def main(argv: Optional[list] = None) -> int:
     except fetch.EngineSetupError as e:
         fetch.say(str(e), error=True)
         return 2
+    except KeyboardInterrupt:  # the JVMs are in sessions of their own: Ctrl-C reaches only this process
+        if a.action == "start":
+            fetch.say(f"start interrupted; stopped the {stop(state)} process group(s) it had started from {state}",
+                      error=True)
+        else:
+            fetch.say(f"stop interrupted; run it again (--state-dir {state})", error=True)
+        return 130
     fetch.say(cluster.lines())
     return 0
 
