@@ -8,11 +8,15 @@ and `make spark-cluster` / `make flink-cluster` print the options that use them.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
 import shutil
+import socket
 import subprocess
+import urllib.error
+import urllib.request
 import zipfile
 from typing import Optional
 
@@ -26,6 +30,7 @@ SPARK_MASTER = re.compile(r"^(local(\[[0-9*]+(,[0-9]+)?\])?|local-cluster\[[0-9,
                           r"spark://[^/\s]+|k8s://\S+|mesos://\S+)$")
 SPARK_LOCAL = re.compile(r"^local(\[.+\])?$")  # apache_beam/runners/portability/spark_runner.py LOCAL_MASTER_PATTERN
 DOCKER_CHECK_TIMEOUT_S = 10.0
+FLINK_CHECK_TIMEOUT_S = 10.0
 
 
 def runner_class(runner: str) -> str:
@@ -100,6 +105,7 @@ def check_engine_options(options: dict) -> list:
     else:
         master = str(options.get("flink_master") or "[auto]")
         if master not in LOCAL_MASTERS:
+            _refuse_what_is_not_flink(master)
             checks.append(("--flink_master", master, "the Flink JobManager (make flink-cluster)"))
     if environment(options, engine) == "DOCKER":
         _require_docker(runner, make)
@@ -135,3 +141,24 @@ def _require_docker(runner: str, make: str) -> None:
                           f"needs a Docker daemon and none answers here; use the PROCESS environment "
                           f"`{make}-cluster` prints (--environment_type=PROCESS "
                           "--environment_options=process_command=...)")
+
+
+def _refuse_what_is_not_flink(master: str) -> None:
+    """ConfigError when something answers at `master` but not as a Flink JobManager's REST API (GET /config names
+    its flink-version): the job would start and fail minutes later (`Channel became inactive`, no flag named).
+    Nothing answering, or an answer too slow, is left to the preflight's connect (pipeline/ops/runners.py)."""
+    base = master if "://" in master else f"http://{master}"
+    try:
+        with urllib.request.urlopen(f"{base.rstrip('/')}/config", timeout=FLINK_CHECK_TIMEOUT_S) as r:  # noqa: S310
+            if json.loads(r.read()).get("flink-version"):
+                return
+    except urllib.error.HTTPError:
+        pass  # a web server, not Flink's REST API
+    except urllib.error.URLError:
+        return  # not reached (refused, no route, no such host)
+    except (TimeoutError, socket.timeout):
+        return
+    except (http.client.HTTPException, ConnectionError, ValueError, AttributeError):
+        pass  # answered, then closed or said something else
+    raise ConfigError(f"--flink_master={master}: something answers there, but not a Flink JobManager (its REST "
+                      "port, GET /config); `make flink-cluster` prints the address")

@@ -257,3 +257,56 @@ def test_every_name_beam_takes_for_a_job_service_runner_gets_no_s3_secret(runner
                                                   "--s3_secret_access_key=SECRET"]))
     given = sent.get_all_options(drop_default=True, retain_unknown_options=True)
     assert "s3_secret_access_key" not in given and "s3_access_key_id" not in given
+
+
+def _flink_options(tmp_path, master: str) -> dict:
+    return {"runner": "FlinkRunner", "job_endpoint": "127.0.0.1:1", "flink_master": master,
+            "environment_type": "PROCESS", "environment_options": [f"process_command={_exe(tmp_path)}"]}
+
+
+def test_a_flink_master_where_something_else_answers_is_refused(tmp_path):
+    """--flink_master at a port that answers but is no JobManager (here a socket that closes, as Spark's master
+    port does, and a web server): the job server started, submitted, and the job failed 70 s later with
+    `Channel became inactive` (exit 1), naming no flag."""
+    import http.server
+    import socket
+    import threading
+
+    closer = socket.socket()
+    closer.bind(("127.0.0.1", 0))
+    closer.listen(4)
+    closer.settimeout(0.1)
+    done = threading.Event()
+
+    def close_each():
+        while not done.is_set():
+            try:
+                conn, _ = closer.accept()
+            except OSError:
+                continue
+            conn.close()
+
+    threads = [threading.Thread(target=close_each)]
+    web = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threads.append(threading.Thread(target=web.serve_forever, kwargs={"poll_interval": 0.1}))
+    for t in threads:
+        t.start()
+    try:
+        for port in (closer.getsockname()[1], web.server_address[1]):
+            with pytest.raises(ConfigError, match=r"--flink_master=127.0.0.1:\d+: .*not a Flink JobManager"):
+                check_engine_options(_flink_options(tmp_path, f"127.0.0.1:{port}"))
+    finally:
+        done.set()
+        web.shutdown()
+        for t in threads:
+            t.join()
+        web.server_close()
+        closer.close()
+
+
+def test_a_flink_master_where_nothing_answers_is_left_to_the_preflights_connect(tmp_path):
+    port = free_port()
+    assert check_engine_options(_flink_options(tmp_path, f"127.0.0.1:{port}")) == \
+        [("--flink_master", f"127.0.0.1:{port}", "the Flink JobManager (make flink-cluster)")]
+    with pytest.raises(ConfigError, match="nothing answers"):
+        runners.preflight(_flink_options(tmp_path, f"127.0.0.1:{port}"))
