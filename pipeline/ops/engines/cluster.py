@@ -90,7 +90,13 @@ def _log_tail(log: pathlib.Path, lines: int = 4) -> str:
     return " | ".join(ln.strip() for ln in text.strip().splitlines()[-lines:])[-600:]
 
 
+# The state directories this process has started something from: only those does an interrupted start stop
+# (`main`); an interrupt before that must not stop a cluster an earlier start left running there.
+_SPAWNED_FROM: set = set()
+
+
 def _spawn(name: str, argv: list, state: pathlib.Path, env: dict) -> dict:
+    _SPAWNED_FROM.add(state)
     log = open(state / f"{name}.log", "ab")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                             cwd=str(state), start_new_session=True)
@@ -328,8 +334,8 @@ def main(argv: Optional[list] = None) -> int:
         return 2
     except KeyboardInterrupt:  # the JVMs are in sessions of their own: Ctrl-C reaches only this process
         if a.action == "start":
-            fetch.say(f"start interrupted; stopped the {stop(state)} process group(s) it had started from {state}",
-                      error=True)
+            n = stop(state) if state in _SPAWNED_FROM else 0
+            fetch.say(f"start interrupted; stopped the {n} process group(s) it had started from {state}", error=True)
         else:
             fetch.say(f"stop interrupted; run it again (--state-dir {state})", error=True)
         return 130
