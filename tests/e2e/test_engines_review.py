@@ -158,3 +158,21 @@ def test_ctrl_c_while_make_spark_cluster_starts_stops_what_it_started(tmp_path):
     finally:
         kill_group(proc)
         engine_cluster.stop(state)
+
+
+@pytest.mark.parametrize("engine,planted", [("spark", "master.log"), ("flink", "conf/flink-conf.yaml")])
+def test_a_start_never_follows_a_link_in_its_state_directory(tmp_path, engine, planted):
+    """A link where the start writes by name (a log it appends to, the Flink configuration it overwrites): the
+    start wrote through it into the file the link names. Now it refuses before starting anything."""
+    state = tmp_path / "state"
+    (state / "conf").mkdir(parents=True)
+    target = tmp_path / "someone-elses-file"
+    target.write_text("keep\n")
+    (state / planted).symlink_to(target)
+    starter = engine_cluster.start_spark if engine == "spark" else engine_cluster.start_flink
+    try:
+        with pytest.raises(fetch.EngineSetupError, match=r"holds links .*never follows one"):
+            starter(state)
+    finally:
+        engine_cluster.stop(state)  # what a start that followed the link would have left running
+    assert target.read_text() == "keep\n" and not (state / "cluster.json").exists()

@@ -169,6 +169,14 @@ def _wait(ready, cluster: Cluster, what: str) -> None:
 
 def _prepare(state: pathlib.Path) -> None:
     state.mkdir(parents=True, exist_ok=True)
+    # A start writes its logs, the Flink configuration and the workers' directories in DIR and DIR/conf by name:
+    # a link there would have it append to, overwrite or fill whatever the link names.
+    conf = state / "conf"
+    entries = [*state.iterdir(), *(conf.iterdir() if conf.is_dir() and not conf.is_symlink() else [])]
+    links = sorted(str(e.relative_to(state)) for e in entries if e.is_symlink())
+    if links:
+        raise fetch.EngineSetupError(f"{state} holds links ({', '.join(links)}); a start never follows one: remove "
+                                     "them or give another --state-dir")
     if (state / "cluster.json").exists():
         old = json.loads((state / "cluster.json").read_text())
         if any(_alive(p) for p in old.get("processes", [])):
