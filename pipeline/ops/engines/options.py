@@ -100,8 +100,9 @@ def check_engine_options(options: dict) -> list:
         if not SPARK_MASTER.match(master):
             raise ConfigError(f"--spark_master_url={master}: not a Spark master URL (spark://HOST:PORT, local[N], "
                               "yarn, k8s://...); `make spark-cluster` prints one")
-        if master.startswith("spark://"):
-            checks.append(("--spark_master_url", master, "the Spark master (make spark-cluster)"))
+        if master.startswith("spark://"):  # spark://H1:P1,H2:P2: standalone masters with ZooKeeper recovery
+            checks += [("--spark_master_url", f"spark://{one}", "the Spark master (make spark-cluster)")
+                       for one in master[len("spark://"):].split(",")]
     else:
         master = str(options.get("flink_master") or "[auto]")
         if master not in LOCAL_MASTERS:

@@ -310,3 +310,14 @@ def test_a_flink_master_where_nothing_answers_is_left_to_the_preflights_connect(
         [("--flink_master", f"127.0.0.1:{port}", "the Flink JobManager (make flink-cluster)")]
     with pytest.raises(ConfigError, match="nothing answers"):
         runners.preflight(_flink_options(tmp_path, f"127.0.0.1:{port}"))
+
+
+def test_a_spark_standalone_ha_master_url_checks_each_master(tmp_path):
+    """spark://h1:p1,h2:p2 (standalone masters with ZooKeeper recovery) is a Spark master URL: it was refused as
+    'nothing answers' (one connect to the host 'h1:p1,h2')."""
+    checks = check_engine_options({"runner": "SparkRunner", "job_endpoint": "127.0.0.1:1",
+                                   "spark_master_url": "spark://10.0.0.1:7077,10.0.0.2:7077",
+                                   "environment_type": "PROCESS",
+                                   "environment_options": [f"process_command={_exe(tmp_path)}"]})
+    assert [(c[0], c[1]) for c in checks] == [("--spark_master_url", "spark://10.0.0.1:7077"),
+                                              ("--spark_master_url", "spark://10.0.0.2:7077")]
