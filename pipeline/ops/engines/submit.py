@@ -40,13 +40,15 @@ def uses_job_service(options: PipelineOptions) -> bool:
 
 
 def for_submission(options: PipelineOptions) -> PipelineOptions:
-    """`options` for a job-service runner: without the S3 credentials, and with a `--job_name` of its own unless
-    one was given (the name Ctrl-C finds the job by on the engine: `cancel`); other runners' options unchanged."""
+    """`options` for a job-service runner: without the S3 credentials, and with a `--job_name` of its own (the
+    given one, if any, then a random suffix: the name Ctrl-C finds the job by on the engine, `cancel`); other
+    runners' options unchanged."""
     if not uses_job_service(options):
         return options
     given = options.get_all_options(drop_default=True, retain_unknown_options=True)
     sent = {k: v for k, v in given.items() if k not in SECRET_OPTIONS}
-    sent["job_name"] = given.get("job_name") or f"pileprep-{uuid.uuid4().hex[:16]}"
+    # This run's own name even when one is given: Ctrl-C cancels the Flink jobs of that name (`cancel`).
+    sent["job_name"] = f"{given.get('job_name') or 'pileprep'}-{uuid.uuid4().hex[:16]}"
     return PipelineOptions.from_dictionary(sent)
 
 

@@ -321,3 +321,19 @@ def test_a_spark_standalone_ha_master_url_checks_each_master(tmp_path):
                                    "environment_options": [f"process_command={_exe(tmp_path)}"]})
     assert [(c[0], c[1]) for c in checks] == [("--spark_master_url", "spark://10.0.0.1:7077"),
                                               ("--spark_master_url", "spark://10.0.0.2:7077")]
+
+
+def test_a_given_job_name_still_names_one_job_only():
+    """Ctrl-C cancels the Flink jobs named as this run's (submit.cancel_on_flink). A given `--job_name` was sent
+    as it was: two runs given one name (a scheduler's fixed name, a backfill) shared it, and Ctrl-C on one
+    cancelled the other's job too. The name sent keeps the given one as its prefix and is this run's own."""
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline.ops.engines import submit
+
+    def sent_name():
+        options = PipelineOptions(["--runner=FlinkRunner", "--job_name=nightly-shard"])
+        return submit.for_submission(options).get_all_options()["job_name"]
+
+    first, second = sent_name(), sent_name()
+    assert first.startswith("nightly-shard-") and second.startswith("nightly-shard-") and first != second
