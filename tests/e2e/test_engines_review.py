@@ -176,3 +176,19 @@ def test_a_start_never_follows_a_link_in_its_state_directory(tmp_path, engine, p
     finally:
         engine_cluster.stop(state)  # what a start that followed the link would have left running
     assert target.read_text() == "keep\n" and not (state / "cluster.json").exists()
+
+
+def test_a_start_refuses_a_state_directory_it_did_not_make(tmp_path):
+    """ENGINES_STATE naming a directory of something else (a Flink install's own conf/flink-conf.yaml): the start
+    overwrote that file, and sdk-worker, cluster.json, ... beside it. Now it refuses; a directory an earlier start
+    made (its cluster.json) is still taken."""
+    install = tmp_path / "flink"
+    (install / "conf").mkdir(parents=True)
+    (install / "conf" / "flink-conf.yaml").write_text("jobmanager.rpc.address: prod-jm\n")
+    try:
+        with pytest.raises(fetch.EngineSetupError, match="holds files no cluster start made"):
+            engine_cluster.start_flink(install)
+    finally:
+        engine_cluster.stop(install)
+    assert (install / "conf" / "flink-conf.yaml").read_text() == "jobmanager.rpc.address: prod-jm\n"
+    assert sorted(p.name for p in install.iterdir()) == ["conf"]

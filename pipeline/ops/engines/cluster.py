@@ -167,7 +167,7 @@ def _wait(ready, cluster: Cluster, what: str) -> None:
                                  f"(logs in {cluster.state_dir})")
 
 
-def _prepare(state: pathlib.Path) -> None:
+def _prepare(state: pathlib.Path, engine: str) -> None:
     state.mkdir(parents=True, exist_ok=True)
     # A start writes its logs, the Flink configuration and the workers' directories in DIR and DIR/conf by name:
     # a link there would have it append to, overwrite or fill whatever the link names.
@@ -182,11 +182,17 @@ def _prepare(state: pathlib.Path) -> None:
         if any(_alive(p) for p in old.get("processes", [])):
             raise fetch.EngineSetupError(f"a cluster started from {state} is still running; stop it first "
                                          f"(make {old.get('engine', 'spark')}-cluster-stop)")
+    elif any(state.iterdir()):
+        # Not a directory an earlier start made (its first write is cluster.json): the start would overwrite
+        # conf/flink-conf.yaml, sdk-worker, ... of whatever lives there (ENGINES_STATE=/opt/flink).
+        raise fetch.EngineSetupError(f"{state} holds files no cluster start made; give an empty or new --state-dir "
+                                     "(make: ENGINES_STATE=DIR)")
+    _write_json(state / "cluster.json", {"engine": engine, "state_dir": str(state), "processes": []})
 
 
 def start_spark(state: pathlib.Path, env: Optional[dict] = None, workers: int = 2) -> Cluster:
     pins = fetch.require("spark")
-    _prepare(state)
+    _prepare(state, "spark")
     home = fetch.engine_home(pins)
     port, ui = free_port(), free_port()
     env = dict(env or os.environ)
@@ -263,7 +269,7 @@ def _flink_tm_params(home: pathlib.Path, conf: pathlib.Path, env: dict) -> tuple
 
 def start_flink(state: pathlib.Path, env: Optional[dict] = None) -> Cluster:
     pins = fetch.require("flink")
-    _prepare(state)
+    _prepare(state, "flink")
     home = fetch.engine_home(pins)
     rpc, rest = free_port(), free_port()
     conf = state / "conf"
