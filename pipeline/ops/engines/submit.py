@@ -79,6 +79,8 @@ def wait_or_cancel(result, options: PipelineOptions, cancel_timeout_s: float = C
         while waiter.is_alive():
             waiter.join(0.2)  # short joins: the main thread takes SIGINT/SIGTERM between them
     except BaseException:
+        if main:  # a second Ctrl-C must not cut the cancel short: the job would run on unowned (bounded wait)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         cancel(result, options, waiter, cancel_timeout_s)
         raise
     finally:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import zipfile
 
 import pytest
@@ -337,3 +338,42 @@ def test_a_given_job_name_still_names_one_job_only():
 
     first, second = sent_name(), sent_name()
     assert first.startswith("nightly-shard-") and second.startswith("nightly-shard-") and first != second
+
+
+def test_a_second_ctrl_c_does_not_cut_the_cancel_short():
+    """Ctrl-C twice (an impatient operator): the second one, while the job was being cancelled, raised inside
+    the cancel, so the Flink JobManager was never asked (submit.cancel) and the job ran on, unowned, after the
+    driver had removed its staging. Now the cancel runs to its end (bounded by its timeout)."""
+    import signal
+    import threading
+
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.portability.api import beam_job_api_pb2
+    from apache_beam.runners.portability import portable_runner
+
+    from pipeline.ops.engines import submit
+
+    calls, ended = [], threading.Event()
+
+    class JobService:
+        def Cancel(self, request, timeout=None):  # noqa: N802 - the gRPC stub's name
+            calls.append("cancel")
+            os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C
+            time.sleep(0.3)
+            calls.append("cancel finished")
+            ended.set()
+
+    def states():
+        yield beam_job_api_pb2.JobStateEvent(state=beam_job_api_pb2.JobState.RUNNING)
+        ended.wait(10)
+        yield beam_job_api_pb2.JobStateEvent(state=beam_job_api_pb2.JobState.CANCELLED)
+
+    result = portable_runner.PipelineResult(JobService(), "j", iter([]), states())
+    previous = signal.signal(signal.SIGINT, lambda *_: calls.append("beam stops the job server"))
+    try:
+        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
+        with pytest.raises(KeyboardInterrupt):
+            submit.wait_or_cancel(result, PipelineOptions([]), cancel_timeout_s=5)
+        assert calls == ["cancel", "cancel finished"]
+    finally:
+        signal.signal(signal.SIGINT, previous)
