@@ -123,8 +123,10 @@ def sdk_worker_script(state: pathlib.Path) -> pathlib.Path:
 # The job server's JVM ends with the driver process (SIGTERM when it dies: PR_SET_PDEATHSIG, util-linux setpriv
 # >= 2.33). In a session of its own nothing else reaches it once the driver is SIGKILLed (alone or with its process
 # group, as a scheduler's timeout does): it kept running the job, committed the dataset under the dead driver's
-# lock, and stayed, with its job port open on every interface, until killed by hand.
+# lock, and stayed, with its job port open on every interface, until killed by hand. SPARK_LOCAL_IP: the Spark
+# driver inside the job server binds its web UI (with its stage kill links) to every interface without it.
 JOB_SERVER_JAVA = """#!/bin/sh
+export SPARK_LOCAL_IP=127.0.0.1
 if setpriv --pdeathsig TERM true 2>/dev/null; then exec setsid setpriv --pdeathsig TERM java "$@"; fi
 exec setsid java "$@"
 """
