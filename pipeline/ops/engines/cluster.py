@@ -177,6 +177,10 @@ def start_spark(state: pathlib.Path, env: Optional[dict] = None, workers: int = 
     return cluster
 
 
+# The TaskManager's heap holds the runner shuffle's pieces as they cross the data plane (a unit's tokens per
+# shard: they grow with --unit-mb, not with the corpus). At 1280m its heap was ~300 MB and the 384 MB bench corpus
+# ran it out of memory in a gRPC thread, which Flink only logs by default: the job then hung, RUNNING, with no
+# failure to restart. FAIL / exit-on-oom end that TaskManager instead, so the job fails or restarts.
 FLINK_CONF = """\
 jobmanager.rpc.address: 127.0.0.1
 jobmanager.bind-host: 127.0.0.1
@@ -189,7 +193,9 @@ taskmanager.bind-host: 127.0.0.1
 taskmanager.numberOfTaskSlots: 2
 parallelism.default: 2
 jobmanager.memory.process.size: 768m
-taskmanager.memory.process.size: 1280m
+taskmanager.memory.process.size: 2048m
+cluster.uncaught-exception-handling: FAIL
+taskmanager.jvm-exit-on-oom: true
 restart-strategy.type: fixed-delay
 restart-strategy.fixed-delay.attempts: 2
 restart-strategy.fixed-delay.delay: 1 s
