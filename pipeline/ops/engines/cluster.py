@@ -35,6 +35,8 @@ JOB_SERVER_HEAP = "-Xmx768m"
 # Python SDK workers are processes; without a cache the runner closes a stage's workers when the stage ends and the
 # next stage waits for new ones to import Beam and pileprep (measured: docs/OPERATIONS.md, "Spark and Flink").
 PROCESS_ARGS = ["--environment_type=PROCESS", "--environment_cache_millis=60000"]
+SPARK_EXCLUDE_ARGS = ["--job_server_jvm_properties=-Dspark.excludeOnFailure.enabled=true",
+                      "--job_server_jvm_properties=-Dspark.excludeOnFailure.killExcludedExecutors=true"]
 
 
 @dataclass
@@ -153,6 +155,13 @@ def start_spark(state: pathlib.Path, env: Optional[dict] = None, workers: int = 
         # Spark's event log, as EMR keeps one for its history server (what the tests read for secrets).
         "--job_server_jvm_properties=-Dspark.eventLog.enabled=true",
         f"--job_server_jvm_properties=-Dspark.eventLog.dir=file://{events}",
+        # A lost SDK worker: an executor keeps its job's SDK workers (Beam's Spark runner releases them only
+        # asynchronously, --environment_cache_millis after the last task: SparkExecutableStageContextFactory) and
+        # never checks that one is alive (DefaultJobBundleFactory), so every retry Spark makes on that executor
+        # fails at once and spark.task.maxFailures ends the job. Excluding the executor after a failed task
+        # sends the retry to another one, and killing it has the master start a fresh executor with fresh SDK
+        # workers (tests/e2e/test_engines_spark.py; docs/OPERATIONS.md "Spark and Flink").
+        *SPARK_EXCLUDE_ARGS,
         f"--job_server_java_launcher={job_server_java(state)}",
         *PROCESS_ARGS, f"--environment_options=process_command={script}"], str(state))
     spark_class = str(home / "bin" / "spark-class")

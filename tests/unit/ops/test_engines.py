@@ -129,6 +129,27 @@ def test_a_job_service_runner_gets_no_s3_secret_and_other_runners_keep_theirs():
     assert sent["job_name"].startswith("pileprep-")
 
 
+def test_the_pipeline_built_for_a_job_service_leaves_the_drivers_filesystems_their_credentials():
+    """Beam's Pipeline() hands its options, here the secret-less copy, to this process's filesystems; the driver
+    still reads and cleans its S3 staging after the job (pipeline/ops/engines/submit.py `pipeline`)."""
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline.ops.engines import submit
+    from transforms.io.filesystem_options import filesystem_options, set_filesystem_options
+
+    options = PipelineOptions(["--runner=PortableRunner", "--job_endpoint=localhost:1", "--s3_access_key_id=AKID",
+                               "--s3_secret_access_key=SECRET", "--s3_endpoint_url=http://127.0.0.1:9"])
+    try:
+        p = submit.pipeline(options)
+        assert not p.options.get_all_options(drop_default=True).get("s3_secret_access_key")  # not sent
+        given = FileSystems._pipeline_options.get_all_options(drop_default=True)  # what Beam's S3 client reads
+        assert given["s3_secret_access_key"] == "SECRET" and given["s3_access_key_id"] == "AKID"
+        assert filesystem_options()["s3_secret_access_key"] == "SECRET"
+    finally:
+        set_filesystem_options(PipelineOptions([]))
+
+
 def test_final_counters_take_the_markers_count_over_attempted_metrics():
     from pipeline.ops import progress
 
