@@ -193,3 +193,17 @@ def test_ctrl_c_during_a_job_service_run_cancels_before_beams_handler_stops_the_
         assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # Beam's handler is back
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_every_job_builds_its_pipeline_through_submit_pipeline():
+    """A job that built `beam.Pipeline(options=for_submission(...))` itself gave its driver the secret-less
+    options: retrieval's store job did (pipeline/retrieval/store_job.py), as the shard job had before
+    submit.pipeline. Only pipeline/ops/engines/submit.py may call for_submission."""
+    import pathlib
+    import re
+
+    repo = pathlib.Path(__file__).resolve().parents[3]
+    callers = [str(p.relative_to(repo)) for room in ("pipeline", "transforms", "trainer", "model_contract")
+               for p in sorted((repo / room).rglob("*.py"))
+               if re.search(r"\bfor_submission\(", p.read_text()) and p.name != "submit.py"]
+    assert callers == []
