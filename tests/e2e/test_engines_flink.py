@@ -15,8 +15,7 @@ import urllib.request
 
 import pytest
 
-from tests.engines_clusters import (FAKE_KEY_ID, FAKE_SECRET, SECRET_ARGS,  # noqa: F401
-                                    assert_identical, ctrl_c, engines_reference, files_holding, flink_cluster,
+from tests.engines_clusters import (FAKE_KEY_ID, FAKE_SECRET, SECRET_ARGS, assert_identical, ctrl_c, files_holding,
                                     kill_one_sdk_worker, run_summary, run_with_fault, shard_args)
 from tests.ops_fixtures import dataset_files, run_cli
 

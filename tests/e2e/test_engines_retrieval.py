@@ -20,8 +20,7 @@ import pytest
 
 from pipeline.retrieval import build, neighbours
 from pipeline.retrieval.config import BuildConfig, NeighboursConfig
-from tests.engines_clusters import (FAKE_KEY_ID, FAKE_SECRET, SECRET_ARGS, files_holding,  # noqa: F401
-                                    flink_cluster, spark_cluster)
+from tests.engines_clusters import (FAKE_KEY_ID, FAKE_SECRET, SECRET_ARGS, files_holding)
 from tests.ops_fixtures import run_cli
 from tests.retrieval_fixtures import IN_MEMORY, same_tree, small_dataset
 

@@ -14,9 +14,8 @@ import pathlib
 
 import pytest
 
-from tests.engines_clusters import (FAKE_KEY_ID, FAKE_SECRET, SECRET_ARGS, assert_identical,  # noqa: F401
-                                    engines_reference, files_holding, kill_one_sdk_worker, run_summary,
-                                    run_with_fault, shard_args, spark_cluster)
+from tests.engines_clusters import (FAKE_KEY_ID, FAKE_SECRET, SECRET_ARGS, assert_identical, files_holding,
+                                    kill_one_sdk_worker, run_summary, run_with_fault, shard_args)
 from tests.ops_fixtures import dataset_files, run_cli, s3_server, subprocess_env  # noqa: F401
 from tests.conftest import REPO
 
