@@ -186,10 +186,12 @@ def start_spark(state: pathlib.Path, env: Optional[dict] = None, workers: int = 
     return cluster
 
 
-# The TaskManager's heap holds the runner shuffle's pieces as they cross the data plane (a unit's tokens per
-# shard: they grow with --unit-mb, not with the corpus). At 1280m its heap was ~300 MB and the 384 MB bench corpus
-# ran it out of memory in a gRPC thread, which Flink only logs by default: the job then hung, RUNNING, with no
-# failure to restart. FAIL / exit-on-oom end that TaskManager instead, so the job fails or restarts.
+# The TaskManager's heap and direct memory hold the runner shuffle's data as it crosses the data plane: a
+# GroupByKey's output is one element per shard (its every piece), so they grow with the shard, not the corpus
+# (docs/OPERATIONS.md). At 1280m (heap ~300 MB, no task off-heap) the 384 MB bench corpus in 4 shards ran the heap
+# out in a gRPC thread, which Flink only logs by default: the job then hung, RUNNING, with no failure to restart;
+# at 2048m, 16 shards ran out of direct memory in the pack stage. FAIL / exit-on-oom end that TaskManager
+# instead, so the job fails (one line) rather than hangs.
 FLINK_CONF = """\
 jobmanager.rpc.address: 127.0.0.1
 jobmanager.bind-host: 127.0.0.1
@@ -202,7 +204,8 @@ taskmanager.bind-host: 127.0.0.1
 taskmanager.numberOfTaskSlots: 2
 parallelism.default: 2
 jobmanager.memory.process.size: 768m
-taskmanager.memory.process.size: 2048m
+taskmanager.memory.process.size: 2560m
+taskmanager.memory.task.off-heap.size: 512m
 cluster.uncaught-exception-handling: FAIL
 taskmanager.jvm-exit-on-oom: true
 restart-strategy.type: fixed-delay
