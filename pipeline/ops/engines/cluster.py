@@ -190,8 +190,9 @@ def start_spark(state: pathlib.Path, env: Optional[dict] = None, workers: int = 
 # GroupByKey's output is one element per shard (its every piece), so they grow with the shard, not the corpus
 # (docs/OPERATIONS.md). At 1280m (heap ~300 MB, no task off-heap) the 384 MB bench corpus in 4 shards ran the heap
 # out in a gRPC thread, which Flink only logs by default: the job then hung, RUNNING, with no failure to restart;
-# at 2048m, 16 shards ran out of direct memory in the pack stage. FAIL / exit-on-oom end that TaskManager
-# instead, so the job fails (one line) rather than hangs.
+# at 2048m, 16 shards ran out of direct memory in the pack stage. Hence task off-heap for the data plane's
+# buffers and a smaller managed pool (Flink's sorter; the task heap is ~670 MB at 2560m). FAIL / exit-on-oom end
+# an out-of-memory TaskManager instead, so the job fails (one line) rather than hangs.
 FLINK_CONF = """\
 jobmanager.rpc.address: 127.0.0.1
 jobmanager.bind-host: 127.0.0.1
@@ -206,6 +207,7 @@ parallelism.default: 2
 jobmanager.memory.process.size: 768m
 taskmanager.memory.process.size: 2560m
 taskmanager.memory.task.off-heap.size: 512m
+taskmanager.memory.managed.fraction: 0.2
 cluster.uncaught-exception-handling: FAIL
 taskmanager.jvm-exit-on-oom: true
 restart-strategy.type: fixed-delay
