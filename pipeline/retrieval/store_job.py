@@ -11,7 +11,6 @@ import dataclasses
 import logging
 from typing import Callable, Optional
 
-import apache_beam as beam
 
 from pipeline import job
 from pipeline.beam_glue import FilesystemOptions, pipeline_options, s3_options_of
@@ -76,7 +75,7 @@ class StoreJob(job.Job):
 
     def execute(self, plan):
         cancel.reset()
-        p = beam.Pipeline(options=submit.for_submission(self.options))
+        p = submit.pipeline(self.options)  # the driver keeps its S3 credentials (submit.py)
         self._build_pipeline(p, plan)
         submit.wait_or_cancel(p.run(), p.options)
 

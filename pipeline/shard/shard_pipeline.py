@@ -17,8 +17,6 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-import apache_beam as beam
-
 from pipeline import job
 from pipeline.beam_glue import chosen_running_mode, pipeline_options
 from pipeline.config import PILEPREP_VERSION, ShardConfig
@@ -195,7 +193,7 @@ def _execute(plan: JobPlan, options, log, progress_every_s) -> Executed:
         plan.input_bytes, len(plan.ledger), progress_every_s,
         on_progress=lambda pr: log.event("progress", **pr.to_dict()))
     with reporter:
-        p = beam.Pipeline(options=submit.for_submission(options))  # no S3 secret to an engine's UI
+        p = submit.pipeline(options)  # no S3 secret to an engine's UI; the driver keeps its credentials
         shuffle = graph.shuffle_for(p, plan)
         spread_chunks = graph.spread_chunks_needed(plan, options)
         LOG.info("shuffle: %s (--shuffle %s, runner %s)", shuffle, config.shuffle, type(p.runner).__name__)

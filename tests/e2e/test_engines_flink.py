@@ -15,8 +15,7 @@ import urllib.request
 
 import pytest
 
-from tests.engines_clusters import (FAKE_KEY_ID, FAKE_SECRET, SECRET_ARGS,  # noqa: F401
-                                    assert_identical, ctrl_c, engines_reference, files_holding, flink_cluster,
+from tests.engines_clusters import (FAKE_KEY_ID, FAKE_SECRET, SECRET_ARGS, assert_identical, ctrl_c, files_holding,
                                     kill_one_sdk_worker, run_summary, run_with_fault, shard_args)
 from tests.ops_fixtures import dataset_files, run_cli
 
@@ -56,6 +55,12 @@ def test_flink_cluster_near_dedup_output_is_byte_identical_and_keeps_secrets_out
     assert FAKE_SECRET not in shown and FAKE_KEY_ID not in shown
     assert files_holding(pathlib.Path(flink_cluster.state_dir), FAKE_SECRET, FAKE_KEY_ID) == []
     assert FAKE_SECRET not in res.stderr and FAKE_KEY_ID not in res.stderr
+    # The TaskManager the job ran on: a task heap that holds the runner shuffle's pieces, and an out-of-memory
+    # error that ends it instead of being logged while the job hangs (pipeline/ops/engines/cluster.py FLINK_CONF).
+    (tm,) = _rest(flink_cluster, "/taskmanagers")["taskmanagers"]
+    assert tm["memoryConfiguration"]["taskHeap"] >= 512 << 20, tm["memoryConfiguration"]
+    conf = {c["key"]: c["value"] for c in _rest(flink_cluster, "/jobmanager/config")}
+    assert (conf.get("cluster.uncaught-exception-handling"), conf.get("taskmanager.jvm-exit-on-oom")) == ("FAIL", "true")
 
 
 def test_flink_killed_sdk_worker_is_retried_and_the_output_is_the_uninterrupted_bytes(tmp_path, flink_cluster,

@@ -35,6 +35,8 @@ JOB_SERVER_HEAP = "-Xmx768m"
 # Python SDK workers are processes; without a cache the runner closes a stage's workers when the stage ends and the
 # next stage waits for new ones to import Beam and pileprep (measured: docs/OPERATIONS.md, "Spark and Flink").
 PROCESS_ARGS = ["--environment_type=PROCESS", "--environment_cache_millis=60000"]
+SPARK_EXCLUDE_ARGS = ["--job_server_jvm_properties=-Dspark.excludeOnFailure.enabled=true",
+                      "--job_server_jvm_properties=-Dspark.excludeOnFailure.killExcludedExecutors=true"]
 
 
 @dataclass
@@ -213,6 +215,13 @@ def start_spark(state: pathlib.Path, env: Optional[dict] = None, workers: int = 
         # Spark's event log, as EMR keeps one for its history server (what the tests read for secrets).
         "--job_server_jvm_properties=-Dspark.eventLog.enabled=true",
         f"--job_server_jvm_properties=-Dspark.eventLog.dir=file://{events}",
+        # A lost SDK worker: an executor keeps its job's SDK workers (Beam's Spark runner releases them only
+        # asynchronously, --environment_cache_millis after the last task: SparkExecutableStageContextFactory) and
+        # never checks that one is alive (DefaultJobBundleFactory), so every retry Spark makes on that executor
+        # fails at once and spark.task.maxFailures ends the job. Excluding the executor after a failed task
+        # sends the retry to another one, and killing it has the master start a fresh executor with fresh SDK
+        # workers (tests/e2e/test_engines_spark.py; docs/OPERATIONS.md "Spark and Flink").
+        *SPARK_EXCLUDE_ARGS,
         f"--job_server_java_launcher={job_server_java(state)}",
         *PROCESS_ARGS, f"--environment_options=process_command={script}"], str(state))
     spark_class = str(home / "bin" / "spark-class")
@@ -237,6 +246,13 @@ def start_spark(state: pathlib.Path, env: Optional[dict] = None, workers: int = 
     return cluster
 
 
+# The TaskManager's heap and direct memory hold the runner shuffle's data as it crosses the data plane: a
+# GroupByKey's output is one element per shard (its every piece), so they grow with the shard, not the corpus
+# (docs/OPERATIONS.md). At 1280m (heap ~300 MB, no task off-heap) the 384 MB bench corpus in 4 shards ran the heap
+# out in a gRPC thread, which Flink only logs by default: the job then hung, RUNNING, with no failure to restart;
+# at 2048m, 16 shards ran out of direct memory in the pack stage. Hence task off-heap for the data plane's
+# buffers and a smaller managed pool (Flink's sorter; the task heap is ~670 MB at 2560m). FAIL / exit-on-oom end
+# an out-of-memory TaskManager instead, so the job fails (one line) rather than hangs.
 FLINK_CONF = """\
 jobmanager.rpc.address: 127.0.0.1
 jobmanager.bind-host: 127.0.0.1
@@ -249,7 +265,11 @@ taskmanager.bind-host: 127.0.0.1
 taskmanager.numberOfTaskSlots: 2
 parallelism.default: 2
 jobmanager.memory.process.size: 768m
-taskmanager.memory.process.size: 1280m
+taskmanager.memory.process.size: 2560m
+taskmanager.memory.task.off-heap.size: 512m
+taskmanager.memory.managed.fraction: 0.2
+cluster.uncaught-exception-handling: FAIL
+taskmanager.jvm-exit-on-oom: true
 restart-strategy.type: fixed-delay
 restart-strategy.fixed-delay.attempts: 2
 restart-strategy.fixed-delay.delay: 1 s

@@ -6,6 +6,10 @@
   keeps them with the job. S3 credentials are therefore left out of that copy; the workers still get them, inside
   the plan pickled into the DoFns (pipeline/beam_glue.py `FilesystemOptions`, applied in every DoFn's setup), as
   they do on the local runner. The driver's own options (its lock, commit and preflight) keep them.
+- `pipeline(options)`: `beam.Pipeline` on that copy. Beam's `Pipeline()` hands its options to the process's
+  filesystems (apache_beam/pipeline.py, `FileSystems.set_options`), which would leave the driver's S3 client
+  without the credentials for what it reads after the job (progress markers, staging clean-up), and Beam's S3
+  layer retries that credential error as a server error, for minutes: the driver's filesystems get `options` back.
 - `wait_or_cancel(result)`: Ctrl-C (or SIGTERM) while a job runs on a cluster cancels it there before the job
   runner removes its staging and releases the lock (pipeline/job.py `_run`). Beam's own wait turns the signal
   into its cleanup, which stops the job server first: a Flink session cluster then keeps running the job with
@@ -22,9 +26,11 @@ import time
 import urllib.request
 import uuid
 
+import apache_beam as beam
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from pipeline.ops.engines.options import runner_class
+from transforms.io.filesystem_options import set_filesystem_options
 
 LOG = logging.getLogger("pileprep.engines")
 
@@ -50,6 +56,15 @@ def for_submission(options: PipelineOptions) -> PipelineOptions:
     # This run's own name even when one is given: Ctrl-C cancels the Flink jobs of that name (`cancel`).
     sent["job_name"] = f"{given.get('job_name') or 'pileprep'}-{uuid.uuid4().hex[:16]}"
     return PipelineOptions.from_dictionary(sent)
+
+
+def pipeline(options: PipelineOptions) -> beam.Pipeline:
+    """`beam.Pipeline(options=for_submission(options))`, this process's filesystems keeping `options`."""
+    sent = for_submission(options)
+    p = beam.Pipeline(options=sent)
+    if sent is not options:
+        set_filesystem_options(options)
+    return p
 
 
 def wait_or_cancel(result, options: PipelineOptions, cancel_timeout_s: float = CANCEL_TIMEOUT_S) -> None:

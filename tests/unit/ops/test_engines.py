@@ -137,6 +137,27 @@ def test_a_job_service_runner_gets_no_s3_secret_and_other_runners_keep_theirs():
     assert sent["job_name"].startswith("pileprep-")
 
 
+def test_the_pipeline_built_for_a_job_service_leaves_the_drivers_filesystems_their_credentials():
+    """Beam's Pipeline() hands its options, here the secret-less copy, to this process's filesystems; the driver
+    still reads and cleans its S3 staging after the job (pipeline/ops/engines/submit.py `pipeline`)."""
+    from apache_beam.io.filesystems import FileSystems
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from pipeline.ops.engines import submit
+    from transforms.io.filesystem_options import filesystem_options, set_filesystem_options
+
+    options = PipelineOptions(["--runner=PortableRunner", "--job_endpoint=localhost:1", "--s3_access_key_id=AKID",
+                               "--s3_secret_access_key=SECRET", "--s3_endpoint_url=http://127.0.0.1:9"])
+    try:
+        p = submit.pipeline(options)
+        assert not p.options.get_all_options(drop_default=True).get("s3_secret_access_key")  # not sent
+        given = FileSystems._pipeline_options.get_all_options(drop_default=True)  # what Beam's S3 client reads
+        assert given["s3_secret_access_key"] == "SECRET" and given["s3_access_key_id"] == "AKID"
+        assert filesystem_options()["s3_secret_access_key"] == "SECRET"
+    finally:
+        set_filesystem_options(PipelineOptions([]))
+
+
 def test_final_counters_take_the_markers_count_over_attempted_metrics():
     from pipeline.ops import progress
 
@@ -180,6 +201,20 @@ def test_ctrl_c_during_a_job_service_run_cancels_before_beams_handler_stops_the_
         assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # Beam's handler is back
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_every_job_builds_its_pipeline_through_submit_pipeline():
+    """A job that built `beam.Pipeline(options=for_submission(...))` itself gave its driver the secret-less
+    options: retrieval's store job did (pipeline/retrieval/store_job.py), as the shard job had before
+    submit.pipeline. Only pipeline/ops/engines/submit.py may call for_submission."""
+    import pathlib
+    import re
+
+    repo = pathlib.Path(__file__).resolve().parents[3]
+    callers = [str(p.relative_to(repo)) for room in ("pipeline", "transforms", "trainer", "model_contract")
+               for p in sorted((repo / room).rglob("*.py"))
+               if re.search(r"\bfor_submission\(", p.read_text()) and p.name != "submit.py"]
+    assert callers == []
 
 
 # ------------------------------------------------------------------ review31: bad configurations fail before Beam
