@@ -167,9 +167,10 @@ def test_final_counters_take_the_markers_count_over_attempted_metrics():
     assert progress.final_counters({"examples": 9}, {"examples": 0, "records": 3}) == {"examples": 9, "records": 3}
 
 
-def test_ctrl_c_during_a_job_service_run_cancels_before_beams_handler_stops_the_job_server():
-    """SIGINT while waiting: the job is cancelled through the job service first (Beam's own SIGINT handler, which
-    stops the job server, is held back), then the interrupt goes on as KeyboardInterrupt."""
+def _ctrl_c_while_waiting(cancel_body) -> list:
+    """SIGINT while submit.wait_or_cancel waits on a job-service result whose Cancel runs `cancel_body(calls)`;
+    KeyboardInterrupt must come out. Returns what was called: Cancel's entries, and "beam stops the job server" if
+    Beam's own SIGINT handler (the one installed before the wait) ran."""
     import signal
     import threading
 
@@ -183,7 +184,7 @@ def test_ctrl_c_during_a_job_service_run_cancels_before_beams_handler_stops_the_
 
     class JobService:
         def Cancel(self, request, timeout=None):  # noqa: N802 - the gRPC stub's name
-            calls.append("cancel")
+            cancel_body(calls)
             ended.set()
 
     def states():
@@ -197,10 +198,16 @@ def test_ctrl_c_during_a_job_service_run_cancels_before_beams_handler_stops_the_
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
         with pytest.raises(KeyboardInterrupt):
             submit.wait_or_cancel(result, PipelineOptions([]), cancel_timeout_s=5)
-        assert calls == ["cancel"]
         assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler  # Beam's handler is back
     finally:
         signal.signal(signal.SIGINT, previous)
+    return calls
+
+
+def test_ctrl_c_during_a_job_service_run_cancels_before_beams_handler_stops_the_job_server():
+    """SIGINT while waiting: the job is cancelled through the job service first (Beam's own SIGINT handler, which
+    stops the job server, is held back), then the interrupt goes on as KeyboardInterrupt."""
+    assert _ctrl_c_while_waiting(lambda calls: calls.append("cancel")) == ["cancel"]
 
 
 def test_every_job_builds_its_pipeline_through_submit_pipeline():
@@ -380,35 +387,11 @@ def test_a_second_ctrl_c_does_not_cut_the_cancel_short():
     the cancel, so the Flink JobManager was never asked (submit.cancel) and the job ran on, unowned, after the
     driver had removed its staging. Now the cancel runs to its end (bounded by its timeout)."""
     import signal
-    import threading
 
-    from apache_beam.options.pipeline_options import PipelineOptions
-    from apache_beam.portability.api import beam_job_api_pb2
-    from apache_beam.runners.portability import portable_runner
+    def cancel_interrupted(calls):
+        calls.append("cancel")
+        os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C
+        time.sleep(0.3)
+        calls.append("cancel finished")
 
-    from pipeline.ops.engines import submit
-
-    calls, ended = [], threading.Event()
-
-    class JobService:
-        def Cancel(self, request, timeout=None):  # noqa: N802 - the gRPC stub's name
-            calls.append("cancel")
-            os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C
-            time.sleep(0.3)
-            calls.append("cancel finished")
-            ended.set()
-
-    def states():
-        yield beam_job_api_pb2.JobStateEvent(state=beam_job_api_pb2.JobState.RUNNING)
-        ended.wait(10)
-        yield beam_job_api_pb2.JobStateEvent(state=beam_job_api_pb2.JobState.CANCELLED)
-
-    result = portable_runner.PipelineResult(JobService(), "j", iter([]), states())
-    previous = signal.signal(signal.SIGINT, lambda *_: calls.append("beam stops the job server"))
-    try:
-        threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT)).start()
-        with pytest.raises(KeyboardInterrupt):
-            submit.wait_or_cancel(result, PipelineOptions([]), cancel_timeout_s=5)
-        assert calls == ["cancel", "cancel finished"]
-    finally:
-        signal.signal(signal.SIGINT, previous)
+    assert _ctrl_c_while_waiting(cancel_interrupted) == ["cancel", "cancel finished"]
