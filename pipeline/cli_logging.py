@@ -80,10 +80,16 @@ def _user_view(worker_log, args):
         LOG.setLevel(saved[1])
 
 
-def _quiet_beam_import_warning(record: logging.LogRecord) -> bool:
-    """Beam warns on import that apitools is missing whenever the gcp extra is not installed; pileprep only
-    needs it for Dataflow, and checks for it when --runner names Dataflow (pipeline/options.py)."""
-    return not record.getMessage().startswith("apitools not found")
+def _quiet_beam_noise(record: logging.LogRecord) -> bool:
+    """Two warnings Beam gives on every run of a kind, which would follow pileprep's one last line:
+    - on import, that apitools is missing whenever the gcp extra is not installed; pileprep only needs it for
+      Dataflow, and checks for it when --runner names Dataflow (pipeline/options.py);
+    - at exit, "Really destroying service ..." with the job server's command line: Beam's normal stop of the
+      Spark/Flink job server it started (apache_beam/utils/subprocess_server.py logs every stop at WARNING)."""
+    message = record.getMessage()
+    if message.startswith("apitools not found"):
+        return False
+    return not (record.name == "apache_beam.utils.subprocess_server" and message.startswith("Really destroying"))
 
 
 def configure_logging(args=None) -> None:
@@ -91,7 +97,7 @@ def configure_logging(args=None) -> None:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
         for handler in logging.getLogger().handlers:
-            handler.addFilter(_quiet_beam_import_warning)
+            handler.addFilter(_quiet_beam_noise)
             handler.addFilter(RedactingFilter())  # credentials in URLs never reach a log line
         install_sink_formatters()  # ... nor a traceback's; and data in a record is inert (pipeline/ops/redaction.py)
     if args is not None:

@@ -46,8 +46,11 @@ def test_the_root_level_follows_verbose_and_quiet(verbose, quiet, level):
         root.setLevel(saved)
 
 
-def test_beams_apitools_import_warning_is_filtered_and_nothing_else():
-    def record(msg):
-        return logging.LogRecord("apache_beam", logging.WARNING, __file__, 1, msg, None, None)
-    assert not cli_logging._quiet_beam_import_warning(record("apitools not found; falling back"))
-    assert cli_logging._quiet_beam_import_warning(record("something else"))
+def test_beams_apitools_import_and_job_server_stop_warnings_are_filtered_and_nothing_else():
+    def record(msg, name="apache_beam"):
+        return logging.LogRecord(name, logging.WARNING, __file__, 1, msg, None, None)
+    stop = "Really destroying service at localhost:1 with cmd: ('java', '-jar', 'x.jar')"
+    assert not cli_logging._quiet_beam_noise(record("apitools not found; falling back"))
+    assert not cli_logging._quiet_beam_noise(record(stop, "apache_beam.utils.subprocess_server"))
+    assert cli_logging._quiet_beam_noise(record(stop))  # the same words from another logger are kept
+    assert cli_logging._quiet_beam_noise(record("something else", "apache_beam.utils.subprocess_server"))
