@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import functools
 import importlib.metadata
 import re
 import subprocess
@@ -56,8 +57,15 @@ def _third_party_imports(root: str) -> set:
     return found
 
 
+@functools.lru_cache(maxsize=1)
+def _module_distributions() -> dict:
+    """Top-level module -> distributions: one scan of every installed distribution's files (the test venv holds
+    torch and TensorFlow: a scan per imported module cost more CPU than the unit guard allows)."""
+    return importlib.metadata.packages_distributions()
+
+
 def _distribution_of(module: str) -> str:
-    dists = importlib.metadata.packages_distributions().get(module)
+    dists = _module_distributions().get(module)
     assert dists, f"{module} is imported but no installed distribution provides it"
     return dists[0].lower()
 
